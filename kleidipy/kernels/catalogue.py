@@ -1,0 +1,81 @@
+"""The catalogue: every matmul kernel and packer kleidipy implements, keyed by its KleidiAI name.
+
+Family modules in this package declare ``KERNELS`` (list of :class:`MatmulKernel`) and ``PACKERS``
+(list of :class:`Packer`); they are discovered here, so adding a family is adding a module.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+from functools import cache
+
+import kleidipy.kernels as _pkg
+from kleidipy.errors import UnknownKernelError
+from kleidipy.kernels.interface import MatmulKernel, Packer
+
+_NOT_FAMILIES = {"interface", "catalogue", "names"}
+
+
+@cache
+def _families() -> tuple:
+    mods = []
+    for info in sorted(pkgutil.iter_modules(_pkg.__path__), key=lambda i: i.name):
+        if info.name in _NOT_FAMILIES or info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{_pkg.__name__}.{info.name}")
+        if hasattr(mod, "KERNELS"):
+            mods.append(mod)
+    return tuple(mods)
+
+
+def _strip(name: str) -> str:
+    """Canonical key: the KleidiAI name without ``kai_run_`` / ``kai_`` and without a golden ``__rhs_*`` suffix."""
+    name = name.split("__")[0]
+    for prefix in ("kai_run_", "kai_"):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+@cache
+def _kernels() -> dict[str, MatmulKernel]:
+    return {kern.name: kern for mod in _families() for kern in mod.KERNELS}
+
+
+@cache
+def _packers() -> dict[str, Packer]:
+    return {p.name: p for mod in _families() for p in mod.PACKERS}
+
+
+def all_kernels() -> list[MatmulKernel]:
+    """Every matmul kernel (SME kernels unbound: call ``.bind(svl)``)."""
+    return list(_kernels().values())
+
+
+def all_packers() -> list[Packer]:
+    return list(_packers().values())
+
+
+def _unknown(kind: str, name: str, choices: list[str]) -> UnknownKernelError:
+    close = difflib.get_close_matches(_strip(name), choices, n=1, cutoff=0.5)
+    hint = f"; did you mean kai_{close[0]}?" if close else "; `kleidipy kernels` lists them"
+    return UnknownKernelError(f"unknown {kind} '{name}'{hint}")
+
+
+def get_kernel(name: str, svl_bits: int | None = None) -> MatmulKernel:
+    """The kernel called ``name`` (with or without ``kai_``/``kai_run_``), bound to ``svl_bits`` if SME."""
+    kernels = _kernels()
+    key = _strip(name)
+    if key not in kernels:
+        raise _unknown("kernel", name, list(kernels))
+    return kernels[key].bind(svl_bits)
+
+
+def get_packer(name: str) -> Packer:
+    packers = _packers()
+    key = _strip(name)
+    if key not in packers:
+        raise _unknown("packer", name, list(packers))
+    return packers[key]
