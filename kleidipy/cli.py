@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import platform
 import sys
 
 from kleidipy.errors import KleidipyError
@@ -24,6 +26,63 @@ def _cmd_golden(args: argparse.Namespace) -> int:
     failed = len(results) - passed
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
+
+
+def _target(args: argparse.Namespace):  # noqa: ANN202
+    """Resolve --target / KLEIDIPY_TARGET / host, saying so in one line when the target is the virtual default."""
+    from kleidipy.target import resolve_target
+
+    target = resolve_target(getattr(args, "target", None))
+    if target.source == "default":
+        print(
+            f"kleidipy: no Arm matmul features on this {platform.machine()} host: "
+            f"targeting a {target.describe()} (choose with --target or KLEIDIPY_TARGET)",
+            file=sys.stderr,
+        )
+    return target
+
+
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    from kleidipy.kernels.catalogue import all_kernels, get_kernel
+    from kleidipy.target import WEIGHT_TYPES, select_kernels
+
+    target = _target(args)
+    if args.explain:
+        from kleidipy.kernels.names import format_explanation
+
+        svl = target.svl_bits if target.svl_bits else 512
+        kern = None
+        with contextlib.suppress(KleidipyError):  # a packer name is decoded all the same
+            kern = get_kernel(args.explain, svl)
+        print(format_explanation(args.explain, svl_bits=svl))
+        if kern is not None:
+            print(
+                f"\nat SVL {svl}: m_step={kern.m_step} n_step={kern.n_step} mr={kern.mr} nr={kern.nr} "
+                f"kr={kern.kr} sr={kern.sr}"
+                + (f"; LHS packer kai_run_{kern.lhs_packer.name}" if kern.lhs_packer else "; LHS read as f32")
+                + f"; RHS packer kai_run_{kern.rhs_packer.name}"
+            )
+        return 0
+    selected = {}
+    for wtype in WEIGHT_TYPES:
+        try:
+            pair = select_kernels(wtype, target)
+        except KleidipyError:
+            continue
+        selected.setdefault(pair.gemm.name, []).append(f"{wtype} GEMM")
+        selected.setdefault(pair.gemv.name, []).append(f"{wtype} GEMV")
+    print(f"target: {target.describe()}")
+    header = f"{'kernel':<70} {'family':<18} {'tier':<7} {'kind':<4} {'mr':>3} {'nr':>3} {'kr':>2} {'sr':>2} "
+    print(header + f"{'m_step':>6} {'n_step':>6}  selected")
+    for kern in sorted(all_kernels(), key=lambda k: (k.family, k.tier, k.kind, k.name)):
+        kern = kern.bind(target.svl_bits)
+        mr = kern.mr if kern.lhs_packer else "-"
+        sel = ", ".join(selected.get(kern.name, []))
+        print(
+            f"kai_{kern.name:<66} {kern.family:<18} {kern.tier:<7} {kern.kind:<4} {mr:>3} {kern.nr:>3} {kern.kr:>2} "
+            f"{kern.sr:>2} {kern.m_step:>6} {kern.n_step:>6}  {sel}"
+        )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
     p.set_defaults(func=_cmd_golden)
+
+    p = sub.add_parser(
+        "kernels",
+        help="list the micro-kernel catalogue, or decode a KleidiAI kernel name",
+        description="List every matmul kernel (family, tier, mr/nr/kr/sr, m_step/n_step at the target's SVL) and "
+        "mark the ones the target selects per weight type (SME2 -> I8MM -> DotProd, as llama.cpp). "
+        "With --explain NAME, decode a KleidiAI kernel or packer name token by token.",
+    )
+    p.add_argument("--explain", metavar="NAME", help="decode this kernel/packer name (e.g. kai_matmul_clamp_f32_...)")
+    _add_target_arg(p)
+    p.set_defaults(func=_cmd_kernels)
     return parser
+
+
+def _add_target_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        metavar="T",
+        help="Arm CPU to target: sme2[:svl=128..2048], sme[:svl=N], i8mm, dotprod or host "
+        "(default: $KLEIDIPY_TARGET, else the host; a virtual sme2:svl=512 CPU on non-Arm hosts)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,7 +132,9 @@ def verify_run(
         if key not in packed_cache:
             rhs_args = _rhs_inputs(run["rhs_input"], case["inputs"], golden, n)
             rhs = rhs_args.pop("rhs")
-            packed_cache[key] = rhs_packer.run(n, k, kern.nr, kern.kr, kern.sr, rhs, bl=bl, execution=execution, **rhs_args)
+            packed_cache[key] = rhs_packer.run(
+                n, k, kern.nr, kern.kr, kern.sr, rhs, bl=bl, execution=execution, **rhs_args
+            )
         rhs_ours = packed_cache[key]
         rhs_gold = golden.array(run["files"]["rhs_packed"])
         if rhs_ours.size != rhs_gold.size or not np.array_equal(np.asarray(rhs_ours), rhs_gold):
@@ -169,7 +171,9 @@ def _first_diff(what: str, ours: np.ndarray, gold: np.ndarray) -> str:
     a = ours.view(np.uint32) if ours.dtype == np.float32 else ours
     b = gold.view(np.uint32) if gold.dtype == np.float32 else gold
     idx = np.flatnonzero(a != b)
-    return f"{what} differs at {idx.size} of {a.size} elements, first at {idx[0]}: {ours[idx[0]]} vs golden {gold[idx[0]]}"
+    return (
+        f"{what} differs at {idx.size} of {a.size} elements, first at {idx[0]}: {ours[idx[0]]} vs golden {gold[idx[0]]}"
+    )
 
 
 def iter_runs(golden: GoldenSet) -> Iterator[tuple[dict, dict]]:

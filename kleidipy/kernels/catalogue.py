@@ -1,6 +1,6 @@
 """The catalogue: every matmul kernel and packer kleidipy implements, keyed by its KleidiAI name.
 
-Family modules in this package declare ``KERNELS`` (list of :class:`MatmulKernel`) and ``PACKERS``
+Family modules in this package declare ``KERNELS`` (list of :class:`MatmulKernel`) and/or ``PACKERS``
 (list of :class:`Packer`); they are discovered here, so adding a family is adding a module.
 """
 
@@ -25,7 +25,7 @@ def _families() -> tuple:
         if info.name in _NOT_FAMILIES or info.name.startswith("_"):
             continue
         mod = importlib.import_module(f"{_pkg.__name__}.{info.name}")
-        if hasattr(mod, "KERNELS"):
+        if hasattr(mod, "KERNELS") or hasattr(mod, "PACKERS"):
             mods.append(mod)
     return tuple(mods)
 
@@ -41,12 +41,12 @@ def _strip(name: str) -> str:
 
 @cache
 def _kernels() -> dict[str, MatmulKernel]:
-    return {kern.name: kern for mod in _families() for kern in mod.KERNELS}
+    return {kern.name: kern for mod in _families() for kern in getattr(mod, "KERNELS", [])}
 
 
 @cache
 def _packers() -> dict[str, Packer]:
-    return {p.name: p for mod in _families() for p in mod.PACKERS}
+    return {p.name: p for mod in _families() for p in getattr(mod, "PACKERS", [])}
 
 
 def all_kernels() -> list[MatmulKernel]:

@@ -426,7 +426,13 @@ class MatmulKernel:
         g = self._geo()
         packer = self.lhs_packer if side == "lhs" else self.rhs_packer
         want = PackedLayout(
-            packer.name if packer else "", layout.rows, k, g.mr if side == "lhs" else g.nr, g.kr, g.sr, self.bl
+            packer.name if packer else "",
+            layout.rows,
+            k,
+            g.mr if side == "lhs" else g.nr,
+            g.kr,
+            g.sr,
+            self.bl,
         )
         if (layout.packer, layout.k, layout.mr_or_nr, layout.kr, layout.sr, layout.bl) != (
             want.packer,

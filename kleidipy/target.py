@@ -1,0 +1,232 @@
+"""Targets: the Arm CPU whose KleidiAI kernels kleidipy runs, and llama.cpp's kernel selection for it.
+
+A :class:`Target` is a set of Arm features (dotprod, i8mm, sme, sme2, ...) and, with SME, a streaming
+vector length. It decides *which* layouts and kernels are used; how they execute on the host (numpy
+reference, numba JIT, emulator) is chosen separately. On an aarch64 Linux host the features come from
+HWCAP/HWCAP2 (``getauxval``) and the SVL from ``prctl(PR_SME_GET_VL)``; elsewhere the default target is
+a virtual SME2 CPU with SVL 512. Users name a target with ``--target`` or ``KLEIDIPY_TARGET``:
+``sme2:svl=512``, ``sme:svl=256``, ``i8mm``, ``dotprod``, ``host``.
+
+Selection follows llama.cpp's KleidiAI tables (spec §6.2): per weight type, the first entry whose
+required features the target has, in the order SME2 → I8MM → DotProd; one RHS packing (made with the
+GEMM kernel's nr/kr/sr) serves the GEMM (m > 1) and the GEMV (m == 1) of a pair.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from dataclasses import dataclass, field
+
+from kleidipy.errors import TargetError
+from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.kernels.interface import MatmulKernel, check_svl
+
+# Linux arm64 auxiliary-vector bits (asm/hwcap.h).
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+_HWCAP_BITS = {"dotprod": 1 << 20, "sve": 1 << 22}
+_HWCAP2_BITS = {"sve2": 1 << 1, "i8mm": 1 << 13, "bf16": 1 << 14, "sme": 1 << 23, "sme2": 1 << 37}
+_PR_SME_GET_VL, _PR_SME_VL_LEN_MASK = 64, 0xFFFF
+
+#: features each named target has (a CPU with SME2 has the NEON extensions too).
+_NAMED = {
+    "sme2": frozenset({"dotprod", "i8mm", "bf16", "sme", "sme2"}),
+    "sme": frozenset({"dotprod", "i8mm", "bf16", "sme"}),
+    "i8mm": frozenset({"dotprod", "i8mm", "bf16"}),
+    "dotprod": frozenset({"dotprod"}),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """An Arm CPU as far as KleidiAI kernel choice is concerned."""
+
+    name: str
+    features: frozenset[str]
+    svl_bits: int | None = None
+    virtual: bool = True  # True unless detected on the host we run on
+    source: str = ""  # how it was chosen: "detected", "--target", "KLEIDIPY_TARGET", "default"
+
+    def has(self, *features: str) -> bool:
+        return set(features) <= self.features
+
+    def describe(self) -> str:
+        svl = f", SVL {self.svl_bits}" if self.svl_bits else ""
+        kind = "virtual " if self.virtual else ""
+        feats = ", ".join(sorted(self.features)) or "no Arm matmul features"
+        return f"{kind}{self.name.upper()} CPU{svl} ({feats})"
+
+
+def parse_target(spec: str, source: str = "--target") -> Target:
+    """Parse ``sme2[:svl=N]``, ``sme[:svl=N]``, ``i8mm``, ``dotprod`` or ``host``."""
+    text = spec.strip().lower()
+    if text in ("host", "auto", ""):
+        return detect_target()
+    name, _, opts = text.partition(":")
+    if name not in _NAMED:
+        raise TargetError(f"unknown target '{spec}': use sme2[:svl=N], sme[:svl=N], i8mm, dotprod or host")
+    svl = None
+    for opt in filter(None, opts.split(",")):
+        key, _, value = opt.partition("=")
+        if key != "svl" or not value.isdigit():
+            raise TargetError(f"target '{spec}': unknown option '{opt}' (only svl=BITS)")
+        svl = int(value)
+    if name in ("sme", "sme2"):
+        try:
+            svl = check_svl(svl or 512)
+        except Exception as exc:
+            raise TargetError(f"target '{spec}': {exc}") from None
+    elif svl is not None:
+        raise TargetError(f"target '{spec}': svl applies only to sme/sme2 targets")
+    return Target(name, _NAMED[name], svl, virtual=True, source=source)
+
+
+def _host_arm_features() -> tuple[frozenset[str], int | None]:
+    """Arm features of this host from the auxiliary vector (Linux aarch64 only)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    getauxval = libc.getauxval
+    getauxval.restype = ctypes.c_ulong
+    getauxval.argtypes = [ctypes.c_ulong]
+    hwcap, hwcap2 = getauxval(_AT_HWCAP), getauxval(_AT_HWCAP2)
+    feats = {f for f, bit in _HWCAP_BITS.items() if hwcap & bit}
+    feats |= {f for f, bit in _HWCAP2_BITS.items() if hwcap2 & bit}
+    svl = None
+    if "sme" in feats:
+        ret = libc.prctl(_PR_SME_GET_VL, 0, 0, 0, 0)
+        if ret > 0:
+            svl = (ret & _PR_SME_VL_LEN_MASK) * 8
+    return frozenset(feats), svl
+
+
+def detect_target() -> Target:
+    """The host as a target; a virtual SME2 CPU with SVL 512 when the host has no Arm matmul features."""
+    if platform.machine().lower() in ("aarch64", "arm64") and platform.system() == "Linux":
+        feats, svl = _host_arm_features()
+        for name in ("sme2", "sme", "i8mm", "dotprod"):
+            if name in feats and (name not in ("sme", "sme2") or svl):
+                return Target(name, feats, svl if name in ("sme", "sme2") else None, virtual=False, source="detected")
+    return Target("sme2", _NAMED["sme2"], 512, virtual=True, source="default")
+
+
+def resolve_target(spec: str | None = None) -> Target:
+    """``spec`` if given, else ``$KLEIDIPY_TARGET``, else the detected host (or the virtual SME2 default)."""
+    if spec:
+        return parse_target(spec, "--target")
+    env = os.environ.get("KLEIDIPY_TARGET")
+    if env:
+        return parse_target(env, "KLEIDIPY_TARGET")
+    return detect_target()
+
+
+# --------------------------------------------------------------------------------------------- selection
+
+
+@dataclass(frozen=True)
+class KernelPair:
+    """What a target runs for one weight type: a GEMM (m > 1) and a GEMV (m == 1) sharing one RHS packing."""
+
+    weight_type: str
+    requires: frozenset[str]
+    gemm: MatmulKernel
+    gemv: MatmulKernel
+    notes: tuple[str, ...] = field(default=())
+
+    def for_m(self, m: int) -> MatmulKernel:
+        return self.gemv if m == 1 else self.gemm
+
+
+#: (weight type, required features, GEMM kernel, GEMV kernel) in llama.cpp's order (spec §6.2).
+#: Q4_1 and the F16 NEON/F32 entries are kleidipy's own (llama.cpp runs them without KleidiAI).
+_TABLE: tuple[tuple[str, frozenset[str], str, str], ...] = (
+    (
+        "q4_0",
+        frozenset({"sme2"}),
+        "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
+        "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot",
+    ),
+    (
+        "q4_0",
+        frozenset({"i8mm", "dotprod"}),
+        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
+        "matmul_clamp_f32_qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod",
+    ),
+    (
+        "q4_0",
+        frozenset({"dotprod"}),
+        "matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod",
+        "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod",
+    ),
+    (
+        "q8_0",
+        frozenset({"sme2"}),
+        "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa",
+        "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot",
+    ),
+    (
+        "q8_0",
+        frozenset({"i8mm", "dotprod"}),
+        "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm",
+        "matmul_clamp_f32_qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod",
+    ),
+    (
+        "q8_0",
+        frozenset({"dotprod"}),
+        "matmul_clamp_f32_qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod",
+        "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod",
+    ),
+    (
+        "q4_1",
+        frozenset({"sme2"}),
+        "matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa",
+        "matmul_clamp_f32_qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot",
+    ),
+    (
+        "q4_1",
+        frozenset({"i8mm", "dotprod"}),
+        "matmul_clamp_f32_qsi8d32p4x8_qai4c32p4x8_8x4_neon_i8mm",
+        "matmul_clamp_f32_qsi8d32p1x8_qai4c32p4x8_1x4_neon_dotprod",
+    ),
+    (
+        "q4_1",
+        frozenset({"dotprod"}),
+        "matmul_clamp_f32_qsi8d32p4x4_qai4c32p4x4_8x4_neon_dotprod",
+        "matmul_clamp_f32_qsi8d32p1x4_qai4c32p4x4_1x4_neon_dotprod",
+    ),
+    (
+        "f16",
+        frozenset({"sme2"}),
+        "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa",
+        "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa",
+    ),
+    (
+        "f16",
+        frozenset({"bf16"}),
+        "matmul_clamp_f32_bf16p8x4_bf16p12x4b_8x12_neon_mmla",
+        "matmul_clamp_f32_bf16p1x4_bf16p12x4b_1x36_neon_dot",
+    ),
+    (
+        "f16",
+        frozenset(),
+        "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
+        "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
+    ),
+)
+
+WEIGHT_TYPES = ("q4_0", "q8_0", "q4_1", "f16")
+
+
+def selection_table() -> tuple[tuple[str, frozenset[str], str, str], ...]:
+    """The raw table: (weight type, required features, GEMM name, GEMV name), in priority order."""
+    return _TABLE
+
+
+def select_kernels(weight_type: str, target: Target) -> KernelPair:
+    """The first table entry for ``weight_type`` whose required features ``target`` has."""
+    wtype = weight_type.lower()
+    if wtype not in WEIGHT_TYPES:
+        raise TargetError(f"no KleidiAI kernels for weight type '{weight_type}' (supported: {', '.join(WEIGHT_TYPES)})")
+    for typ, requires, gemm, gemv in _TABLE:
+        if typ == wtype and target.has(*requires):
+            return KernelPair(wtype, requires, get_kernel(gemm, target.svl_bits), get_kernel(gemv, target.svl_bits))
+    raise TargetError(f"target {target.describe()} has no kernel for {weight_type}")
