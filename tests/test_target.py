@@ -1,0 +1,70 @@
+"""Target parsing, host detection fallback and llama.cpp-order kernel selection."""
+
+import pytest
+
+from kleidipy.errors import TargetError
+from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.target import WEIGHT_TYPES, detect_target, parse_target, resolve_target, select_kernels, selection_table
+
+
+def test_default_on_non_arm_host_is_virtual_sme2_512(monkeypatch):
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    t = detect_target()
+    assert (t.name, t.svl_bits, t.virtual, t.source) == ("sme2", 512, True, "default")
+
+
+@pytest.mark.parametrize(
+    "spec,name,svl",
+    [
+        ("sme2:svl=512", "sme2", 512),
+        ("SME2:svl=128", "sme2", 128),
+        ("sme", "sme", 512),
+        ("i8mm", "i8mm", None),
+        ("dotprod", "dotprod", None),
+    ],
+)
+def test_parse_named_targets(spec, name, svl):
+    t = parse_target(spec)
+    assert (t.name, t.svl_bits) == (name, svl)
+
+
+@pytest.mark.parametrize("spec", ["avx512", "sme2:svl=384", "sme2:svl=4096", "sme2:vl=512", "i8mm:svl=512"])
+def test_bad_targets_raise(spec):
+    with pytest.raises(TargetError):
+        parse_target(spec)
+
+
+def test_env_target(monkeypatch):
+    monkeypatch.setenv("KLEIDIPY_TARGET", "dotprod")
+    assert resolve_target().name == "dotprod"
+    assert resolve_target("i8mm").name == "i8mm"
+
+
+def test_selection_follows_llama_cpp_order():
+    sme2, i8mm, dot = parse_target("sme2:svl=512"), parse_target("i8mm"), parse_target("dotprod")
+    q4 = select_kernels("q4_0", sme2)
+    assert q4.gemm.name.endswith("qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa")
+    assert q4.gemv.name.endswith("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot")
+    assert (q4.gemm.mr, q4.gemm.nr, q4.gemv.nr) == (16, 64, 64)
+    assert select_kernels("q4_0", i8mm).gemm.name.endswith("16x4_neon_i8mm")
+    assert select_kernels("q4_0", i8mm).gemv.name.endswith("1x4x32_neon_dotprod")
+    assert select_kernels("q4_0", dot).gemm.name.endswith("qsi4c32p4x4_16x4_neon_dotprod")
+    assert select_kernels("q8_0", sme2).gemv.name.endswith("qsi8cxp4vlx4_1x4vl_sme2_dot")
+    assert select_kernels("q8_0", dot).gemm.name.endswith("qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod")
+    assert select_kernels("q4_0", parse_target("sme2:svl=128")).gemm.nr == 16
+
+
+def test_every_table_entry_exists_and_pairs_share_rhs_layout():
+    for _wtype, _requires, gemm_name, gemv_name in selection_table():
+        for svl in (128, 512, 2048):
+            gemm, gemv = get_kernel(gemm_name, svl), get_kernel(gemv_name, svl)
+            assert gemm.rhs_packer.name == gemv.rhs_packer.name
+            assert (gemm.nr, gemm.kr, gemm.sr) == (gemv.nr, gemv.kr, gemv.sr)
+    for wtype in WEIGHT_TYPES:
+        for spec in ("sme2:svl=1024", "i8mm", "dotprod"):
+            assert select_kernels(wtype, parse_target(spec)).weight_type == wtype
+
+
+def test_unknown_weight_type():
+    with pytest.raises(TargetError, match="no KleidiAI kernels for weight type"):
+        select_kernels("q5_k", parse_target("sme2"))
