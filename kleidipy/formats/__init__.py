@@ -1,0 +1,200 @@
+"""GGML tensor formats: a registry keyed by GGML type (elements per block, bytes per block, quantize,
+dequantize) and the block helpers the format modules share.
+
+Q4_0, Q4_1 and Q8_0 (``q4_0``, ``q4_1``, ``q8_0``) follow ggml's reference quantizers bit for bit; F16 and
+F32 are in ``f16``; the other types a GGUF model may carry are dequantize-only (``other``), so the runtime
+can re-quantize them at load. Block arrays are uint8 ``[rows, k // block_size, type_size]`` (a flat array
+of the same bytes is accepted wherever ``rows`` and ``k`` are given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from kleidipy.errors import (
+    BufferSizeError,
+    DTypeError,
+    KernelShapeError,
+    KleidipyError,
+    NonFiniteInputError,
+)
+
+#: Elements per block of Q4_0, Q4_1 and Q8_0 (QK4_0 = QK4_1 = QK8_0).
+QK = 32
+#: Elements handled per vectorised step when quantizing (keeps temporaries in cache).
+_CHUNK_ELEMENTS = 1 << 18
+
+
+class UnsupportedTensorTypeError(KleidipyError, ValueError):
+    """A GGML tensor type kleidipy cannot quantize or dequantize."""
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def rows_f32(x: np.ndarray, block_size: int, who: str) -> np.ndarray:
+    """Validate float32 rows [rows, k] for a quantizer: k a multiple of block_size, all values finite.
+
+    ggml's reference quantizers are undefined for NaN/Inf (float->int conversion of NaN), so they are refused.
+    """
+    arr = np.asarray(x)
+    if arr.dtype != np.float32:
+        raise DTypeError(f"{who}: input must be float32, got {arr.dtype}")
+    if arr.ndim != 2:
+        raise KernelShapeError(f"{who}: input must be 2-D [rows, k], got shape {arr.shape}")
+    if arr.shape[1] % block_size:
+        raise KernelShapeError(f"{who}: k={arr.shape[1]} is not a multiple of the block size {block_size}")
+    if not np.isfinite(arr).all():
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+        raise NonFiniteInputError(f"{who}: input has NaN/Inf (first at index {bad})")
+    return np.ascontiguousarray(arr)
+
+
+def block_view(
+    blocks: np.ndarray, block_size: int, type_size: int, who: str, rows: int | None = None, k: int | None = None
+) -> np.ndarray:
+    """uint8 view [rows, k // block_size, type_size] of GGML blocks.
+
+    ``rows``/``k`` may be omitted when ``blocks`` already has that 3-D shape.
+    """
+    arr = np.asarray(blocks)
+    if arr.dtype != np.uint8:
+        raise DTypeError(f"{who}: blocks must be uint8, got {arr.dtype}")
+    if rows is None or k is None:
+        if arr.ndim != 3 or arr.shape[2] != type_size:
+            raise KernelShapeError(
+                f"{who}: pass rows and k, or blocks shaped [rows, k/{block_size}, {type_size}] (got {arr.shape})"
+            )
+        rows, k = arr.shape[0], arr.shape[1] * block_size
+    if rows < 0 or k < 0 or k % block_size:
+        raise KernelShapeError(f"{who}: k={k} is not a multiple of the block size {block_size}")
+    need = rows * (k // block_size) * type_size
+    if arr.size != need:
+        raise BufferSizeError(f"{who}: {arr.size} bytes given, {rows}x{k} needs {need}")
+    return np.ascontiguousarray(arr).reshape(rows, k // block_size, type_size)
+
+
+def row_chunks(rows: int, k: int) -> Iterator[slice]:
+    """Row ranges of about _CHUNK_ELEMENTS elements (at least one row), covering range(rows)."""
+    step = max(1, _CHUNK_ELEMENTS // max(k, 1))
+    for start in range(0, rows, step):
+        yield slice(start, min(rows, start + step))
+
+
+def fp16_field(view: np.ndarray, offset: int) -> np.ndarray:
+    """The little-endian fp16 bit pattern at byte ``offset`` of every block: uint16 [rows, nb]."""
+    return view[..., offset].astype(np.uint16) | (view[..., offset + 1].astype(np.uint16) << 8)
+
+
+def store_fp16_field(view: np.ndarray, offset: int, bits: np.ndarray) -> None:
+    view[..., offset] = bits & 0xFF
+    view[..., offset + 1] = bits >> 8
+
+
+def split_nibbles(qs: np.ndarray) -> np.ndarray:
+    """GGML 4-bit ``qs[..., 16]`` -> codes ``[..., 32]`` in element order: byte j holds element j in its low
+    nibble and element j+16 in its high nibble (KleidiAI's ``s16s0``)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def join_nibbles(codes: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`split_nibbles`: codes ``[..., 32]`` (0..15) -> ``qs[..., 16]``."""
+    codes = codes.astype(np.uint8)
+    return codes[..., :16] | (codes[..., 16:] << 4)
+
+
+def c_trunc_code(v: np.ndarray, top: int) -> np.ndarray:
+    """ggml's ``MIN(top, (int8_t)v)`` for v >= 0: truncation toward zero, capped at ``top``.
+
+    A non-finite v only arises when 1/d overflows (a block whose largest magnitude is below ~1e-37); C leaves
+    that conversion undefined and x86 yields 0, which is what this returns.
+    """
+    return np.where(np.isfinite(v), np.minimum(np.trunc(v), top), 0).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class TensorFormat:
+    """One GGML tensor type: ``quantize(x f32 [rows, k]) -> bytes`` (None: dequantize-only) and
+    ``dequantize(data, rows, k) -> f32 [rows, k]``."""
+
+    ggml_type: GGMLQuantizationType
+    block_size: int
+    type_size: int
+    dequantize: Callable[[np.ndarray, int, int], np.ndarray]
+    quantize: Callable[[np.ndarray], np.ndarray] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.ggml_type.name
+
+    def row_bytes(self, k: int) -> int:
+        if k % self.block_size:
+            raise KernelShapeError(f"{self.name}: k={k} is not a multiple of the block size {self.block_size}")
+        return k // self.block_size * self.type_size
+
+
+@cache
+def _registry() -> dict[GGMLQuantizationType, TensorFormat]:
+    from kleidipy.formats import f16, other, q4_0, q4_1, q8_0
+
+    def fmt(t: GGMLQuantizationType, dequantize: Callable, quantize: Callable | None = None) -> TensorFormat:
+        block_size, type_size = GGML_QUANT_SIZES[t]
+        return TensorFormat(t, block_size, type_size, dequantize, quantize)
+
+    T = GGMLQuantizationType
+    reg = {
+        T.F32: fmt(T.F32, f16.dequantize_f32, f16.quantize_f32),
+        T.F16: fmt(T.F16, f16.dequantize, f16.quantize),
+        T.Q4_0: fmt(T.Q4_0, q4_0.dequantize, q4_0.quantize),
+        T.Q4_1: fmt(T.Q4_1, q4_1.dequantize, q4_1.quantize),
+        T.Q8_0: fmt(T.Q8_0, q8_0.dequantize, q8_0.quantize),
+    }
+    for t in other.SUPPORTED:
+        reg[t] = fmt(t, other.dequantizer(t))
+    return reg
+
+
+def ggml_type(t: GGMLQuantizationType | int | str) -> GGMLQuantizationType:
+    """A GGML type from its enum, number or name ("Q4_0")."""
+    try:
+        if isinstance(t, str):
+            return GGMLQuantizationType[t.upper()]
+        return GGMLQuantizationType(t)
+    except (KeyError, ValueError):
+        raise UnsupportedTensorTypeError(f"unknown GGML tensor type {t!r}") from None
+
+
+def get_format(t: GGMLQuantizationType | int | str) -> TensorFormat:
+    """The :class:`TensorFormat` of a GGML type; UnsupportedTensorTypeError if kleidipy cannot read it."""
+    gt = ggml_type(t)
+    reg = _registry()
+    if gt not in reg:
+        names = ", ".join(f.name for f in reg.values())
+        raise UnsupportedTensorTypeError(f"GGML tensor type {gt.name} is not supported (supported: {names})")
+    return reg[gt]
+
+
+def supported_types() -> list[GGMLQuantizationType]:
+    return list(_registry())
+
+
+def quantize(x: np.ndarray, t: GGMLQuantizationType | int | str) -> np.ndarray:
+    """Quantize float32 rows [rows, k] to GGML type ``t`` (Q4_0, Q4_1, Q8_0, F16, F32)."""
+    f = get_format(t)
+    if f.quantize is None:
+        quantizable = ", ".join(g.name for g in _registry().values() if g.quantize is not None)
+        raise UnsupportedTensorTypeError(f"kleidipy cannot quantize to {f.name} (only to {quantizable})")
+    return f.quantize(x)
+
+
+def dequantize(data: np.ndarray, t: GGMLQuantizationType | int | str, rows: int, k: int) -> np.ndarray:
+    """float32 [rows, k] values of a GGML tensor of type ``t`` (raw bytes or its natural dtype)."""
+    return get_format(t).dequantize(data, rows, k)

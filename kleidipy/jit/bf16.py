@@ -1,0 +1,249 @@
+"""Numba code of the F16 weight routes: BF16 packers and BFMOPA/BFMMLA/BFDOT kernels, f32 packer and FMLA kernel.
+
+Each function mirrors a numpy reference in ``kleidipy.kernels.bf16p_bf16p`` / ``kleidipy.kernels.f32_f32p``
+bit for bit. The BF16 arithmetic is the FPCR.EBF = 0 ``BFDotAdd`` described there: every product and sum is
+rounded to odd in float32, denormal inputs and results are flushed to zero, NaN results are the default NaN.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from kleidipy.jit.numerics import fma32
+
+#: the float32 default NaN (what FPCR.DN = 1 arithmetic returns for any NaN result).
+DEFAULT_NAN_BITS = 0x7FC00000
+_MIN_NORMAL = 2.0**-126
+_OVERFLOW = 2.0**128
+_LOW29 = (1 << 29) - 1  # the float64 fraction bits below float32 precision
+
+
+@intrinsic
+def _f64_bits(typingctx, x):
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, b):
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, b):
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+# --------------------------------------------------------------------------------------------- bf16 numerics
+
+
+@numba.njit(inline="always", cache=True)
+def bf16_round(x):
+    """bf16 bit pattern of a float32 value, rounded to nearest even (BFCVT); NaN stays a quiet NaN."""
+    u = np.int64(_f32_bits(np.float32(x)))
+    if x != x:
+        return np.uint16((u >> 16) | 0x40)
+    return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+
+@numba.njit(inline="always", cache=True)
+def bf16_value(bits):
+    """float64 value of a bf16 bit pattern, flushed to zero when denormal (EBF = 0 input flush)."""
+    v = np.float64(_bits_f32(np.uint32(bits) << np.uint32(16)))
+    if abs(v) < _MIN_NORMAL:
+        return 0.0 * v
+    return v
+
+
+@numba.njit(inline="always", cache=True)
+def _round_to_odd(s, err):
+    """float32 round-to-odd of the exact value s + err (s = float64 rounding, err = its exact error),
+    flushed to zero below 2^-126, ±inf from 2^128, default NaN for NaN. Returns a float64 holding it."""
+    if s != s:
+        return np.float64(_bits_f32(np.uint32(DEFAULT_NAN_BITS)))
+    b = _f64_bits(s)
+    if err != 0.0 and (b & 1) == 0:  # round to odd in float64 first (exact value lies strictly beyond s)
+        b += 1 if (err > 0.0) == (s > 0.0) else -1
+    t = _bits_f64(b & ~np.int64(_LOW29))
+    if abs(t) < _MIN_NORMAL:
+        return 0.0 * s
+    if abs(t) >= _OVERFLOW:
+        return t * np.inf
+    f = _f32_bits(np.float32(t))
+    if b & _LOW29:
+        f |= np.uint32(1)
+    return np.float64(_bits_f32(f))
+
+
+@numba.njit(inline="always", cache=True)
+def ro_add(x, y):
+    """float32 x + y rounded to odd, FTZ (inputs are float64 holding float32 values)."""
+    if abs(x) < _MIN_NORMAL:
+        x = 0.0 * x
+    if abs(y) < _MIN_NORMAL:
+        y = 0.0 * y
+    s = x + y
+    bp = s - x
+    err = (y - bp) + (x - (s - bp))
+    if s != s or abs(s) == np.inf:
+        err = 0.0
+    return _round_to_odd(s, err)
+
+
+@numba.njit(inline="always", cache=True)
+def bfdotadd(acc, a0, b0, a1, b1):
+    """BFDotAdd with FPCR.EBF = 0: acc + (a0*b0 + a1*b1), each of the four steps rounded to odd (FTZ)."""
+    return ro_add(acc, ro_add(_round_to_odd(a0 * b0, 0.0), _round_to_odd(a1 * b1, 0.0)))
+
+
+# --------------------------------------------------------------------------------------------- packers
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_lhs_bf16(lhs, mr, kr, pad_first_row):
+    """LHS rows [m, k] f32 -> bf16 groups of mr rows x (kp/kr chunks of mr rows x kr); kp = roundup(k, kr).
+
+    Padding rows are 0, or copies of the group's first row when ``pad_first_row``."""
+    m, k = lhs.shape
+    kp = (k + kr - 1) // kr * kr
+    groups = (m + mr - 1) // mr
+    out = np.zeros(groups * mr * kp, dtype=np.uint16)
+    for g in range(groups):
+        for r in range(mr):
+            row = g * mr + r
+            if row >= m:
+                if not pad_first_row:
+                    continue
+                row = g * mr
+            for kk in range(k):
+                idx = ((g * (kp // kr) + kk // kr) * mr + r) * kr + kk % kr
+                out[idx] = bf16_round(lhs[row, kk])
+    return out.view(np.uint8)
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_rhs_bf16_kxn(rhs, bias, nr, kr):
+    """RHS K x N f32 -> groups of nr columns: nr f32 bias, then kp/kr chunks of nr columns x kr bf16."""
+    k, n = rhs.shape
+    kp = (k + kr - 1) // kr * kr
+    groups = (n + nr - 1) // nr
+    stride = nr * 4 + nr * kp * 2
+    out = np.zeros(groups * stride, dtype=np.uint8)
+    for g in range(groups):
+        base = g * stride
+        head = out[base : base + nr * 4].view(np.float32)
+        data = out[base + nr * 4 : base + stride].view(np.uint16)
+        for c in range(nr):
+            col = g * nr + c
+            if col >= n:
+                break
+            head[c] = bias[col]
+            for kk in range(k):
+                data[((kk // kr) * nr + c) * kr + kk % kr] = bf16_round(rhs[kk, col])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_rhs_x32_kxn(rhs, bias, nr):
+    """RHS K x N f32 -> groups of nr columns: nr f32 bias, then for each k the nr f32 of row k."""
+    k, n = rhs.shape
+    groups = (n + nr - 1) // nr
+    out = np.zeros(groups * nr * (1 + k), dtype=np.float32)
+    for g in range(groups):
+        base = g * nr * (1 + k)
+        for c in range(nr):
+            col = g * nr + c
+            if col >= n:
+                break
+            out[base + c] = bias[col]
+            for kk in range(k):
+                out[base + (1 + kk) * nr + c] = rhs[kk, col]
+    return out.view(np.uint8)
+
+
+# --------------------------------------------------------------------------------------------- kernels
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_bf16(m, n, k, lhs, rhs, mr, nr, kr, two_accumulators):
+    """dst[m, n] of packed BF16 LHS (groups of mr rows) and RHS (groups of nr columns, bias first).
+
+    One accumulator per output starting at the bias takes every K pair in order (BFMOPA / BFMMLA); with
+    ``two_accumulators`` (the BFDOT GEMV) even pairs go to one started at the bias, odd pairs to one started
+    at 0, and the two are added at the end in float32 (FADDP, round to nearest)."""
+    kp = (k + kr - 1) // kr * kr
+    chunks = kp // kr
+    lhs16 = lhs.view(np.uint16)
+    rstride = nr * 4 + nr * kp * 2
+    a = np.empty((m, kp), dtype=np.float64)
+    for i in range(m):
+        for kk in range(kp):
+            a[i, kk] = bf16_value(lhs16[(((i // mr) * chunks + kk // kr) * mr + i % mr) * kr + kk % kr])
+    b = np.empty((n, kp), dtype=np.float64)
+    bias = np.empty(n, dtype=np.float64)
+    for j in range(n):
+        base = (j // nr) * rstride
+        bias[j] = rhs[base : base + nr * 4].view(np.float32)[j % nr]
+        data = rhs[base + nr * 4 : base + rstride].view(np.uint16)
+        for kk in range(kp):
+            b[j, kk] = bf16_value(data[((kk // kr) * nr + j % nr) * kr + kk % kr])
+    out = np.empty((m, n), dtype=np.float32)
+    for i in range(m):
+        for j in range(n):
+            acc0 = bias[j]
+            acc1 = 0.0
+            for p in range(kp // 2):
+                if two_accumulators and p % 2 == 1:
+                    acc1 = bfdotadd(acc1, a[i, 2 * p], b[j, 2 * p], a[i, 2 * p + 1], b[j, 2 * p + 1])
+                else:
+                    acc0 = bfdotadd(acc0, a[i, 2 * p], b[j, 2 * p], a[i, 2 * p + 1], b[j, 2 * p + 1])
+            if two_accumulators:
+                out[i, j] = np.float32(acc0) + np.float32(acc1)
+            else:
+                out[i, j] = np.float32(acc0)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_f32_fma(m, n, k, lhs, rhs, nr):
+    """dst[m, n] = bias + sum_k lhs[., k] * rhs[k, .] as one fused multiply-add per k, in k order (FMLA)."""
+    r = rhs.view(np.float32)
+    gstride = nr * (1 + k)
+    out = np.empty((m, n), dtype=np.float32)
+    for j in range(n):
+        base = (j // nr) * gstride
+        c = j % nr
+        for i in range(m):
+            acc = r[base + c]
+            for kk in range(k):
+                acc = fma32(lhs[i * k + kk], r[base + (1 + kk) * nr + c], acc)
+            out[i, j] = acc
+    return out
