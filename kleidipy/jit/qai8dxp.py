@@ -1,0 +1,273 @@
+"""Numba code of the two ``qai8dxp`` families (Q8_0 ``qsi8cxp`` and per-channel int4 ``qsi4cxp``).
+
+It owns the jit execution of: the LHS quantize+pack ``lhs_quant_pack_qai8dxp_f32``, the three RHS packers
+(``qsi8cxp_qsi8cx_neon``, ``qsi4cxp_qs4cxs1s0``, ``qsi4cxps1s0_qsu4cxs1s0_neon``), llama.cpp's Q8_0 per-channel
+re-quantization and the matmul kernels of both families. Every function is bit-exact with the numpy
+reference of ``kleidipy.kernels.qai8dxp_qsi8cxp`` / ``qai8dxp_qsi4cxp`` (same bytes in, same bytes out).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kleidipy.jit.numerics import fma_f32, round_away
+
+#: float epilogues of the kernels (see ``Recipe`` in kleidipy.kernels.qai8dxp_qsi8cxp)
+RECIPE_FMUL_FADD = 0
+RECIPE_FMA_BIAS = 1
+
+#: rows of LHS broadcast at once by the matmul kernel (each costs one group's data size of scratch)
+_ROW_BLOCK = 4
+#: int32 lanes the matmul kernel accumulates a group's products in (rounded to a multiple of nr·blen)
+_DOT_WIDTH = 256
+
+
+# --------------------------------------------------------------------------------------------- LHS
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz"})
+def _row_min_max(x):
+    """min and max of a finite float32 row (exact in any order; the fastmath flags only let it vectorise)."""
+    mn = x[0]
+    mx = x[0]
+    for v in x:
+        mn = min(mn, v)
+        mx = max(mx, v)
+    return mn, mx
+
+
+@numba.njit(cache=True, nogil=True)
+def lhs_quant_pack_qai8dxp(lhs, mr, kbl, row_offset, k_int, out):
+    """Quantize rows of ``lhs`` (float32 [m, k]) asymmetrically per row and write them into ``out``.
+
+    Row i goes to position ``row_offset + i`` of the group sequence; a group of mr rows is
+    mr·(k_int + 8) bytes: int8 data in kbl-chunks, then mr int32 ``-zero_point``, then mr f32 ``1/scale``.
+    """
+    m, k = lhs.shape
+    stride = mr * (k_int + 8)
+    out_i8 = out.view(np.int8)
+    out_i32 = out.view(np.int32)
+    out_f32 = out.view(np.float32)
+    qrow = np.empty(k_int, np.int8)
+    f0 = np.float32(0.0)
+    qmin = np.float32(-128.0)
+    qmax = np.float32(127.0)
+    for i in range(m):
+        x = lhs[i]
+        mn, mx = _row_min_max(x)
+        rmin = f0 if f0 < mn else mn
+        rmax = f0 if f0 > mx else mx
+        scale = np.float32(1.0) if rmin == rmax else np.float32(np.float32(255.0) / np.float32(rmax - rmin))
+        recip = np.float32(np.float32(1.0) / scale) if scale != f0 else f0
+        dmin = np.float32(rmin * scale)
+        dmax = np.float32(rmax * scale)
+        err = np.float32(np.float32(qmin + dmin) + np.float32(qmax + dmax))
+        zp = np.float32(qmin - dmin) if err > f0 else np.float32(qmax - dmax)
+        zp = max(zp, qmin)
+        zp = min(zp, qmax)
+        nzp = np.int32(np.rint(zp))
+        for j in range(k_int):
+            v = np.float32(x[min(j, k - 1)] * scale)
+            q = np.int64(round_away(v)) + nzp
+            q = max(min(q, 127), -128)
+            qrow[j] = q
+        pos = row_offset + i
+        base = (pos // mr) * stride
+        r = pos % mr
+        for c in range(k_int // kbl):
+            dst = base + c * mr * kbl + r * kbl
+            for t in range(kbl):
+                out_i8[dst + t] = qrow[c * kbl + t]
+        out_i32[(base + mr * k_int) // 4 + r] = -nzp
+        out_f32[(base + mr * k_int + 4 * mr) // 4 + r] = recip
+
+
+# --------------------------------------------------------------------------------------------- RHS
+
+
+@numba.njit(cache=True, nogil=True)
+def _load_weights(rows, codes_u4, src, k, w):
+    """Signed weights of source row ``src`` into w (int8, zero past k): int8 rows as they are, or unsigned
+    4-bit codes (element k in nibble k%2 of byte k//2) minus the zero point 8."""
+    if codes_u4:
+        for kk in range(k):
+            w[kk] = ((np.int32(rows[src, kk >> 1]) >> ((kk & 1) * 4)) & 15) - 8
+    else:
+        for kk in range(k):
+            w[kk] = rows[src, kk]
+    w[k:] = 0
+
+
+@numba.njit(cache=True, nogil=True)
+def rhs_pack_per_channel(
+    rows, codes_u4, k, scale, bias, has_bias, nr, blen, k_lo, k_hi, sum_multiplier, scale_multiplier,
+    zero_padding, out,
+):  # fmt: skip
+    """Pack n output channels into groups of nr columns: data, then nr int32 row sums, nr f32 scales,
+    nr f32 biases.
+
+    The data layout is given by ``k_lo``/``k_hi`` (the K index held by each byte of a group's data, as in
+    ``RhsDataLayout``; byte e belongs to column (e // blen) % nr): an int8 value, or two nibbles w & 15 when
+    ``k_hi`` is not empty. Row sums are ``sum_multiplier``·Σw, scales are multiplied by ``scale_multiplier``
+    when it is not 0. Padding columns copy column n−1, or stay all 0 with ``zero_padding``.
+    """
+    n = rows.shape[0]
+    data = k_lo.size
+    nibbles = k_hi.size > 0
+    k_int = data * 2 // nr if nibbles else data // nr
+    period = nr * blen
+    chunks = data // period
+    stride = data + 12 * nr
+    out_i32 = out.view(np.int32)
+    out_f32 = out.view(np.float32)
+    w = np.empty(k_int, np.int8)
+    for g in range((n + nr - 1) // nr):
+        base = g * stride
+        for col in range(nr):
+            if g * nr + col >= n and zero_padding:
+                continue
+            src = min(g * nr + col, n - 1)
+            _load_weights(rows, codes_u4, src, k, w)
+            for c in range(chunks):
+                e0 = c * period
+                for b in range(blen):
+                    lo = w[k_lo[e0 + b]]
+                    if nibbles:
+                        out[base + e0 + col * blen + b] = (lo & 15) | ((w[k_hi[e0 + b]] & 15) << 4)
+                    else:
+                        out[base + e0 + col * blen + b] = np.uint8(lo & 255)
+            rsum = np.int64(0)
+            for kk in range(k):
+                rsum += w[kk]
+            params = (base + data) // 4
+            out_i32[params + col] = np.int32(rsum * sum_multiplier)
+            sc = scale[src]
+            out_f32[params + nr + col] = np.float32(sc * scale_multiplier) if scale_multiplier != 0 else sc
+            out_f32[params + 2 * nr + col] = bias[src] if has_bias else np.float32(0.0)
+
+
+# --------------------------------------------------------------------------------------------- Q8_0
+
+
+@numba.njit(cache=True, nogil=True)
+def requantize_q8_0(blocks, f16_table, q, scale):
+    """llama.cpp's Q8_0 → per-channel int8: v = f32(d)·qs (exact), scale = f32(amax/127), q = lround(v/scale)."""
+    n, nb = blocks.shape[0], blocks.shape[1]
+    v = np.empty(nb * 32, np.float32)
+    for row in range(n):
+        amax = np.float32(0.0)
+        for b in range(nb):
+            d = f16_table[np.int64(blocks[row, b, 0]) | (np.int64(blocks[row, b, 1]) << 8)]
+            for j in range(32):
+                x = np.float32(d * np.float32(np.int8(blocks[row, b, 2 + j])))
+                v[b * 32 + j] = x
+                amax = max(amax, abs(x))
+        sc = np.float32(amax / np.float32(127.0)) if amax > 0 else np.float32(0.0)
+        inv = np.float32(np.float32(1.0) / sc) if sc > 0 else np.float32(0.0)
+        scale[row] = sc
+        for j in range(nb * 32):
+            r = np.int64(round_away(np.float32(v[j] * inv)))
+            q[row, j] = max(min(r, 127), -127)
+
+
+# --------------------------------------------------------------------------------------------- kernels
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_dot_i8(rhs_i8, rbase, lb, data, width, buf):
+    """buf[q] = Σ_s lb[s·width + q]·rhs[rbase + s·width + q] (int32, wrapping) over one group's int8 data."""
+    buf[:] = 0
+    full = data // width * width
+    for s in range(0, full, width):
+        a = lb[s : s + width]
+        b = rhs_i8[rbase + s : rbase + s + width]
+        for q in range(width):
+            buf[q] += np.int16(a[q]) * np.int16(b[q])
+    a = lb[full:data]
+    b = rhs_i8[rbase + full : rbase + data]
+    for q in range(data - full):
+        buf[q] += np.int16(a[q]) * np.int16(b[q])
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_dot_i4(rhs_u8, rbase, lb_lo, lb_hi, data, width, buf):
+    """As _group_dot_i8 for bytes of two signed nibbles: low nibble × lb_lo + high nibble × lb_hi."""
+    buf[:] = 0
+    for s in range(0, data, width):
+        cnt = min(width, data - s)
+        a_lo = lb_lo[s : s + cnt]
+        a_hi = lb_hi[s : s + cnt]
+        b = rhs_u8[rbase + s : rbase + s + cnt]
+        for q in range(cnt):
+            byte = np.int16(b[q])
+            lo = ((byte & 15) ^ 8) - 8
+            hi = ((byte >> 4) ^ 8) - 8
+            buf[q] += lo * np.int16(a_lo[q]) + hi * np.int16(a_hi[q])
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_qai8dxp(
+    m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
+):
+    """dst[m, n] (unclamped) of a qai8dxp kernel from its packed buffers.
+
+    Byte e of a packed RHS group's data belongs to column (e // blen) % nr and multiplies the LHS value of K
+    index k_lo[e] (int8 data), or holds two signed nibbles multiplying k_lo[e] and k_hi[e] (int4 data, each
+    nibble weighing ``nibble_factor``: 16 for the NEON ``<<4`` format, 1 for the SME2 one). Each LHS row is
+    broadcast once into that byte order, so a group is one long elementwise product. The int32 accumulator
+    gets −zp·Σw (integer MLA, wrapping), then F = f32(acc), S = f32(scale·recip) and ``recipe`` gives
+    f32(f32(F·S) + bias) or fma(S, F, bias).
+    """
+    nibbles = nibble_factor != 0
+    data = k_lo.size
+    period = nr * blen
+    width = period * max(1, _DOT_WIDTH // period)
+    gstride = data + 12 * nr
+    lstride = mr * (k_int + 8)
+    lpos_lo = np.empty(data, np.int64)
+    lpos_hi = np.empty(data if nibbles else 0, np.int64)
+    for e in range(data):
+        lpos_lo[e] = (k_lo[e] // kbl) * mr * kbl + k_lo[e] % kbl
+        if nibbles:
+            lpos_hi[e] = (k_hi[e] // kbl) * mr * kbl + k_hi[e] % kbl
+    lb_lo = np.empty((_ROW_BLOCK, data), np.int8)
+    lb_hi = np.empty((_ROW_BLOCK, data if nibbles else 0), np.int8)
+    buf = np.empty(width, np.int32)
+    rhs_i8 = rhs_u8.view(np.int8)
+    rhs_i32 = rhs_u8.view(np.int32)
+    rhs_f32 = rhs_u8.view(np.float32)
+    for i0 in range(0, m, _ROW_BLOCK):
+        rows = min(_ROW_BLOCK, m - i0)
+        for ii in range(rows):
+            lbase = ((i0 + ii) // mr) * lstride + ((i0 + ii) % mr) * kbl
+            for e in range(data):
+                lb_lo[ii, e] = lhs_i8[lbase + lpos_lo[e]]
+            for e in range(lpos_hi.size):
+                lb_hi[ii, e] = lhs_i8[lbase + lpos_hi[e]]
+        for g in range((n + nr - 1) // nr):
+            rbase = g * gstride
+            params = (rbase + data) // 4
+            for ii in range(rows):
+                i = i0 + ii
+                pl = (i // mr) * lstride // 4 + mr * k_int // 4 + i % mr
+                off = np.int64(lhs_i32[pl])
+                recip = lhs_f32[pl + mr]
+                if nibbles:
+                    _group_dot_i4(rhs_u8, rbase, lb_lo[ii], lb_hi[ii], data, width, buf)
+                else:
+                    _group_dot_i8(rhs_i8, rbase, lb_lo[ii], data, width, buf)
+                for col in range(min(nr, n - g * nr)):
+                    dot = np.int64(0)
+                    for rep in range(0, width, period):
+                        for b in range(blen):
+                            dot += buf[rep + col * blen + b]
+                    if nibbles:
+                        dot *= nibble_factor
+                    acc = np.float32(np.int32(dot + off * np.int64(rhs_i32[params + col])))
+                    sc = np.float32(rhs_f32[params + nr + col] * recip)
+                    bias = rhs_f32[params + 2 * nr + col]
+                    if recipe == RECIPE_FMA_BIAS:
+                        out[i, g * nr + col] = fma_f32(sc, acc, bias)
+                    else:
+                        out[i, g * nr + col] = np.float32(np.float32(acc * sc) + bias)

@@ -1,0 +1,454 @@
+"""Numba code of the Q4_0 family (``qsi8d32p`` LHS × ``qsi4c32p`` RHS): the LHS quantize+pack, the three RHS
+packs, the matmul cores and GET_ROWS, each reading and writing the same packed bytes as the numpy reference
+in ``kleidipy/kernels/qsi8d32p_qsi4c32p.py``.
+
+Layout identifiers (one per packed format; the kernels module maps packers to them):
+
+* LHS ``LHS_QSI8D32P``: ``lhs_quant_pack_qsi8d32p_f32`` (and ``…4x8sb…``): per block, mr fp16 scales then
+  mr × 32 int8 in chunks of kbl = kr/sr values per row.
+* LHS ``LHS_QSI8D32P_NEON``: ``lhs_quant_pack_qsi8d32p_f32_neon``: all int8 in chunks of kr values per row,
+  then all fp16 scales block-major.
+* RHS ``RHS_SCALEF16``: ``qsi4c32pscalef16`` (NEON): per block, nr fp16 d then 32/kr segments of nr × kr/2
+  bytes (GGML qs XOR 0x88: signed nibbles of k and k+16).
+* RHS ``RHS_S1S0``: ``qsi4c32ps1s0scalef16`` (SME2): uint16 of 4 unsigned codes per (K group of 4, column),
+  then fp16 d block-major.
+* RHS ``RHS_S4S0``: ``qsi4c32ps4s0sf16`` (SME1): uint32 per (8-value packet, column), byte j = signed nibbles of
+  k = 8p+j (low) and 8p+j+4 (high); then fp16(d/16) block-major (the kernel's dot is 16 × the true dot).
+
+The matmul arithmetic (spec §5.2): per block an exact int32 dot ``a``, ``S = f32(s_L·s_R) + 0`` (FMLALB/FCVTL
+products are exact; a −0 product becomes +0), then ``acc = fma(f32(a), S, acc)`` block after block from
+``acc = +0`` — or from ``acc = −0`` for the MOPA kernels, whose first block is an FMUL (fma(x, y, −0) rounds
+exactly as x·y and keeps a −0 product).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kleidipy.jit.numerics import F16_TABLE, fma32, round_away, round_even
+
+LHS_QSI8D32P = 0
+LHS_QSI8D32P_NEON = 1
+
+RHS_SCALEF16 = 0
+RHS_S1S0 = 1
+RHS_S4S0 = 2
+
+#: Q4_0 block: 2 bytes fp16 d + 16 bytes of codes.
+BLOCK_BYTES = 18
+#: Columns decoded together by the GEMM loop nest (a multiple of nr is used, at least nr).
+PANEL_COLS = 64
+#: Up to this many LHS rows, the GEMV loop nest (no decode pass) is used.
+FEW_ROWS = 2
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def f32_to_f16_bits(bits):
+    """fp16 bit pattern of a float32 given by its bit pattern, rounded to nearest even (FCVT; numpy's NaN rule)."""
+    bits = np.int64(bits)
+    sign = (bits >> 16) & 0x8000
+    e = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    if e == 0xFF:  # Inf, or NaN keeping its top payload bits
+        return np.uint16(sign | 0x7C00 | max(mant >> 13, 1 if mant else 0))
+    exp = e - 127 + 15
+    if exp >= 31:
+        return np.uint16(sign | 0x7C00)
+    if exp <= 0:  # fp16 subnormal (or zero below half the smallest one)
+        if exp < -10:
+            return np.uint16(sign)
+        shift = 14 - exp
+        full = mant | 0x800000
+        h = full >> shift
+        rem = full & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+    else:
+        h = (exp << 10) | (mant >> 13)
+        rem = mant & 0x1FFF
+        half = 0x1000
+    if rem > half or (rem == half and (h & 1) != 0):
+        h += 1  # a carry into the exponent gives the next binade, or Inf
+    return np.uint16(sign | h)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sext4(nibble):
+    """Two's-complement value of a 4-bit field."""
+    return np.int32((nibble ^ 8) - 8)
+
+
+# --------------------------------------------------------------------------------------------- LHS
+
+
+@numba.njit(cache=True, nogil=True)
+def lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even):
+    """Quantize float32 rows lhs [m, k] per 32-block and pack them (first row at position ``row_offset``).
+
+    amax = max|x|, sf = f32(amax/127), inv = f32(1/sf) (0 if sf is 0), q = round(f32(x·inv)) (roundf, or
+    ties-to-even when ``ties_even``), stored scale fp16(sf). ``kbl`` is the chunk of K values per row.
+    """
+    m, k = lhs.shape
+    nb = k // 32
+    groups = (row_offset + m + mr - 1) // mr
+    stride = mr * nb * 34
+    out = np.zeros(groups * stride, np.uint8)
+    out_i8 = out.view(np.int8)
+    sf = np.empty(nb, np.float32)
+    sf_bits = sf.view(np.uint32)
+    qrow = np.empty(32, np.int8)
+    zero = np.float32(0.0)
+    for i in range(m):
+        x = lhs[i]
+        x_bits = x.view(np.uint32)
+        pr = row_offset + i
+        base = (pr // mr) * stride
+        r = pr % mr
+        for b in range(nb):
+            k0 = b * 32
+            # max |x| as the largest magnitude bit pattern (same order as the floats, NaN excluded upstream)
+            amax_bits = np.uint32(0)
+            for t in range(32):
+                a = x_bits[k0 + t] & np.uint32(0x7FFFFFFF)
+                amax_bits = max(amax_bits, a)
+            sf_bits[b] = amax_bits
+            s = np.float32(sf[b] / np.float32(127.0))
+            inv = np.float32(np.float32(1.0) / s) if s != zero else zero
+            sf[b] = s
+            for t in range(32):
+                v = np.float32(x[k0 + t] * inv)
+                qrow[t] = np.int8(round_even(v) if ties_even else round_away(v))
+            data = base + b * mr * 34 + 2 * mr if layout == LHS_QSI8D32P else base + b * mr * 32
+            for c in range(32 // kbl):
+                dst = data + c * mr * kbl + r * kbl
+                for t in range(kbl):
+                    out_i8[dst + t] = qrow[c * kbl + t]
+        for b in range(nb):
+            h = f32_to_f16_bits(sf_bits[b])
+            so = base + b * mr * 34 + 2 * r if layout == LHS_QSI8D32P else base + mr * nb * 32 + 2 * (b * mr + r)
+            out[so] = np.uint8(h & 0xFF)
+            out[so + 1] = np.uint8(h >> 8)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack_lhs(m, k, mr, kbl, lhs, layout):
+    """int8 values q [m, k] and float32 scales [m, k/32] of a packed LHS."""
+    nb = k // 32
+    stride = mr * nb * 34
+    lhs_i8 = lhs.view(np.int8)
+    q = np.empty((m, k), np.int8)
+    scale = np.empty((m, nb), np.float32)
+    for i in range(m):
+        base = (i // mr) * stride
+        r = i % mr
+        for b in range(nb):
+            if layout == LHS_QSI8D32P:
+                so = base + b * mr * 34 + 2 * r
+                data = base + b * mr * 34 + 2 * mr
+            else:
+                so = base + mr * nb * 32 + 2 * (b * mr + r)
+                data = base + b * mr * 32
+            scale[i, b] = F16_TABLE[np.int64(lhs[so]) | (np.int64(lhs[so + 1]) << 8)]
+            for c in range(32 // kbl):
+                src = data + c * mr * kbl + r * kbl
+                for t in range(kbl):
+                    q[i, b * 32 + c * kbl + t] = lhs_i8[src + t]
+    return q, scale
+
+
+# --------------------------------------------------------------------------------------------- RHS packs
+
+
+@numba.njit(cache=True, nogil=True)
+def rhs_pack_qsi4c32pscalef16(blocks, nr, kr):
+    """NEON layout from GGML Q4_0 blocks [n, nb, 18]; padding rows copy row n-1."""
+    n, nb, _ = blocks.shape
+    groups = (n + nr - 1) // nr
+    stride = nr * nb * BLOCK_BYTES
+    half = kr // 2
+    out = np.empty(groups * stride, np.uint8)
+    for row in range(groups * nr):
+        src = min(row, n - 1)
+        g = row // nr
+        r = row % nr
+        for b in range(nb):
+            base = g * stride + b * nr * BLOCK_BYTES
+            out[base + 2 * r] = blocks[src, b, 0]
+            out[base + 2 * r + 1] = blocks[src, b, 1]
+            for s in range(32 // kr):
+                dst = base + 2 * nr + s * nr * half + r * half
+                for t in range(half):
+                    out[dst + t] = blocks[src, b, 2 + s * half + t] ^ np.uint8(0x88)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def rhs_pack_qsi4c32ps1s0scalef16(blocks, nr):
+    """SME2 layout from GGML Q4_0 blocks [n, nb, 18]; padding rows are 0."""
+    n, nb, _ = blocks.shape
+    groups = (n + nr - 1) // nr
+    stride = nr * nb * BLOCK_BYTES
+    out = np.zeros(groups * stride, np.uint8)
+    for row in range(n):
+        g = row // nr
+        r = row % nr
+        base = g * stride
+        for b in range(nb):
+            for q in range(8):  # 4-value K group 32b + 4q .. +3
+                word = np.uint32(0)
+                for e in range(4):
+                    j = 4 * q + e
+                    byte = blocks[row, b, 2 + j % 16]
+                    code = (byte >> 4) if j >= 16 else (byte & np.uint8(15))
+                    word |= np.uint32(code) << (4 * e)
+                dst = base + 2 * ((b * 8 + q) * nr + r)
+                out[dst] = np.uint8(word & 0xFF)
+                out[dst + 1] = np.uint8(word >> 8)
+            so = base + nr * nb * 16 + 2 * (b * nr + r)
+            out[so] = blocks[row, b, 0]
+            out[so + 1] = blocks[row, b, 1]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def rhs_pack_qsi4c32ps4s0sf16(blocks, nr):
+    """SME1 layout from GGML Q4_0 blocks [n, nb, 18]; stored scale fp16(f32(d)/16); padding rows are 0."""
+    n, nb, _ = blocks.shape
+    groups = (n + nr - 1) // nr
+    stride = nr * nb * BLOCK_BYTES
+    out = np.zeros(groups * stride, np.uint8)
+    scaled = np.empty(1, np.float32)
+    scaled_bits = scaled.view(np.uint32)
+    sixteenth = np.float32(0.0625)
+    for row in range(n):
+        g = row // nr
+        r = row % nr
+        base = g * stride
+        for b in range(nb):
+            for p in range(4):  # 8-value packet 32b + 8p .. +7
+                dst = base + 4 * ((b * 4 + p) * nr + r)
+                for j in range(4):
+                    lo = 8 * p + j
+                    hi = lo + 4
+                    c_lo = blocks[row, b, 2 + lo % 16] >> 4 if lo >= 16 else blocks[row, b, 2 + lo] & np.uint8(15)
+                    c_hi = blocks[row, b, 2 + hi % 16] >> 4 if hi >= 16 else blocks[row, b, 2 + hi] & np.uint8(15)
+                    out[dst + j] = np.uint8(c_lo | (c_hi << 4)) ^ np.uint8(0x88)
+            d_bits = np.int64(blocks[row, b, 0]) | (np.int64(blocks[row, b, 1]) << 8)
+            scaled[0] = F16_TABLE[d_bits] * sixteenth
+            h = f32_to_f16_bits(scaled_bits[0])
+            so = base + nr * nb * 16 + 2 * (b * nr + r)
+            out[so] = np.uint8(h & 0xFF)
+            out[so + 1] = np.uint8(h >> 8)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- RHS decode
+# In every layout the data of (group g, block b) is 16·nr contiguous bytes; byte p = (o·nr + r)·inner + t
+# (o < 16/inner) belongs to column r and holds two values of the block: k_lo[o·inner + t] in its low nibble and
+# k_hi[o·inner + t] in its high nibble. A nibble's value is ((nibble ^ flip) − 8): flip 8 for the signed
+# (XOR 0x88) layouts, 0 for the unsigned SME2 codes.
+
+
+@numba.njit(cache=True, nogil=True)
+def rhs_block_map(layout, kr):
+    """(inner, k_lo [16], k_hi [16], flip) of a packed RHS layout (see the comment above)."""
+    if layout == RHS_SCALEF16:
+        inner = kr // 2
+    elif layout == RHS_S1S0:
+        inner = 2
+    else:
+        inner = 4
+    k_lo = np.empty(16, np.int64)
+    k_hi = np.empty(16, np.int64)
+    for o in range(16 // inner):
+        for t in range(inner):
+            if layout == RHS_SCALEF16:  # segment o of kr/2 bytes: GGML qs bytes, elements j and j+16
+                lo, hi = o * inner + t, o * inner + t + 16
+            elif layout == RHS_S1S0:  # uint16 of K group o: nibbles 2t, 2t+1
+                lo, hi = 4 * o + 2 * t, 4 * o + 2 * t + 1
+            else:  # uint32 of packet o: elements 8o+t and 8o+t+4
+                lo, hi = 8 * o + t, 8 * o + t + 4
+            k_lo[o * inner + t] = lo
+            k_hi[o * inner + t] = hi
+    flip = 0 if layout == RHS_S1S0 else 8
+    return inner, k_lo, k_hi, flip
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rhs_data_offset(layout, nr, nb, g, b):
+    base = g * nr * nb * BLOCK_BYTES
+    if layout == RHS_SCALEF16:
+        return base + b * nr * BLOCK_BYTES + 2 * nr
+    return base + b * nr * 16
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rhs_scale(rhs, layout, nr, nb, g, b, r):
+    """Stored scale (float32) of column r of group g, block b."""
+    base = g * nr * nb * BLOCK_BYTES
+    if layout == RHS_SCALEF16:
+        so = base + b * nr * BLOCK_BYTES + 2 * r
+    else:
+        so = base + nr * nb * 16 + 2 * (b * nr + r)
+    return F16_TABLE[np.int64(rhs[so]) | (np.int64(rhs[so + 1]) << 8)]
+
+
+@numba.njit(cache=True, nogil=True)
+def _decode_rhs_panel(rhs, layout, nr, kr, nb, col0, ncols, b, w_t, scale):
+    """Values of block b for columns col0 .. col0+ncols-1 (col0 a multiple of nr) into w_t [32, ncols]
+    (K-major), their stored scales into scale [ncols]."""
+    inner, k_lo, k_hi, flip = rhs_block_map(layout, kr)
+    for gc in range(0, ncols, nr):
+        g = (col0 + gc) // nr
+        cols = min(nr, ncols - gc)
+        data = _rhs_data_offset(layout, nr, nb, g, b)
+        for o in range(16 // inner):
+            if nr >= 4 * inner:  # wide groups (SME): the column loop innermost, contiguous stores
+                for t in range(inner):
+                    lo_row = w_t[k_lo[o * inner + t], gc : gc + cols]
+                    hi_row = w_t[k_hi[o * inner + t], gc : gc + cols]
+                    src = data + o * nr * inner + t
+                    for r in range(cols):
+                        byte = np.int32(rhs[src + r * inner])
+                        lo_row[r] = ((byte & 15) ^ flip) - 8
+                        hi_row[r] = ((byte >> 4) ^ flip) - 8
+            else:  # narrow groups (NEON nr=4): each column's run of inner bytes innermost
+                for r in range(cols):
+                    src = data + (o * nr + r) * inner
+                    for t in range(inner):
+                        byte = np.int32(rhs[src + t])
+                        w_t[k_lo[o * inner + t], gc + r] = ((byte & 15) ^ flip) - 8
+                        w_t[k_hi[o * inner + t], gc + r] = ((byte >> 4) ^ flip) - 8
+        for r in range(cols):
+            scale[gc + r] = _rhs_scale(rhs, layout, nr, nb, g, b, r)
+
+
+# --------------------------------------------------------------------------------------------- matmul
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _accumulate(acc, dot, dot_multiplier, s_l, s_r):
+    """One block of the §5.2 recipe: fma(f32(a), f32(s_L·s_R) + 0, acc)."""
+    s = np.float32(s_l * s_r) + np.float32(0.0)
+    return fma32(np.float32(dot * dot_multiplier), s, acc)
+
+
+@numba.njit(cache=True, nogil=True)
+def _matmul_panels(q, lhs_scale, n, nr, kr, rhs, rhs_layout, out):
+    """GEMM loop nest: per panel of columns and block, decode the RHS once (K-major), then int32 dots of every
+    row vectorised across columns, then the float recipe."""
+    m, k = q.shape
+    nb = k // 32
+    dot_multiplier = 16 if rhs_layout == RHS_S4S0 else 1
+    panel = max(nr, (PANEL_COLS // nr) * nr)
+    w_t = np.empty((32, panel), np.int32)
+    rhs_scale = np.empty(panel, np.float32)
+    dots = np.empty(panel, np.int32)
+    for col0 in range(0, n, panel):
+        ncols = min(panel, n - col0)
+        for b in range(nb):
+            _decode_rhs_panel(rhs, rhs_layout, nr, kr, nb, col0, ncols, b, w_t, rhs_scale)
+            for i in range(m):
+                dots[:ncols] = 0
+                for t in range(32):
+                    qv = np.int32(q[i, b * 32 + t])
+                    for j in range(ncols):
+                        dots[j] += qv * w_t[t, j]
+                acc = out[i, col0 : col0 + ncols]
+                for j in range(ncols):
+                    acc[j] = _accumulate(acc[j], dots[j], dot_multiplier, lhs_scale[i, b], rhs_scale[j])
+
+
+@numba.njit(cache=True, nogil=True)
+def _matmul_rows(q, lhs_scale, n, nr, kr, rhs, rhs_layout, out):
+    """GEMV loop nest: per row and block, the LHS values laid out like the RHS bytes, then every group's packed
+    bytes are multiplied in place (vectorised, no decode pass) and summed per column."""
+    m, k = q.shape
+    nb = k // 32
+    dot_multiplier = 16 if rhs_layout == RHS_S4S0 else 1
+    inner, k_lo, k_hi, flip = rhs_block_map(rhs_layout, kr)
+    span = nr * inner  # bytes of one o-slice of a group's block
+    q_lo = np.empty(16 * nr, np.int32)
+    q_hi = np.empty(16 * nr, np.int32)
+    partial = np.empty(span, np.int32)
+    for i in range(m):
+        for b in range(nb):
+            for o in range(16 // inner):
+                for r in range(nr):
+                    for t in range(inner):
+                        p = (o * nr + r) * inner + t
+                        q_lo[p] = q[i, b * 32 + k_lo[o * inner + t]]
+                        q_hi[p] = q[i, b * 32 + k_hi[o * inner + t]]
+            for g in range((n + nr - 1) // nr):
+                data = _rhs_data_offset(rhs_layout, nr, nb, g, b)
+                partial[:] = 0
+                for o in range(16 // inner):
+                    src = data + o * span
+                    for j in range(span):
+                        byte = np.int32(rhs[src + j])
+                        lo = ((byte & 15) ^ flip) - 8
+                        hi = ((byte >> 4) ^ flip) - 8
+                        partial[j] += lo * q_lo[o * span + j] + hi * q_hi[o * span + j]
+                for r in range(min(nr, n - g * nr)):
+                    dot = np.int32(0)
+                    for t in range(inner):
+                        dot += partial[r * inner + t]
+                    s_r = _rhs_scale(rhs, rhs_layout, nr, nb, g, b, r)
+                    col = g * nr + r
+                    out[i, col] = _accumulate(out[i, col], dot, dot_multiplier, lhs_scale[i, b], s_r)
+
+
+@numba.njit(cache=True, nogil=True)
+def _matmul(m, n, k, mr, kbl, nr, kr, lhs, rhs, lhs_layout, rhs_layout, first_block_fmul):
+    """Unclamped float32 [m, n] of packed LHS × packed RHS (the §5.2 recipe, blocks in order)."""
+    q, lhs_scale = _unpack_lhs(m, k, mr, kbl, lhs, lhs_layout)
+    zero = np.float32(0.0)
+    out = np.empty((m, n), np.float32)
+    out[:, :] = -zero if first_block_fmul else zero
+    if m <= FEW_ROWS:
+        _matmul_rows(q, lhs_scale, n, nr, kr, rhs, rhs_layout, out)
+    else:
+        _matmul_panels(q, lhs_scale, n, nr, kr, rhs, rhs_layout, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, mr, nr, kr, sr, lhs, rhs):
+    """NEON kernels (dotprod / i8mm): ``lhs_quant_pack_qsi8d32p_f32`` LHS × ``qsi4c32pscalef16`` RHS."""
+    return _matmul(m, n, k, mr, kr // sr, nr, kr, lhs, rhs, LHS_QSI8D32P, RHS_SCALEF16, False)
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_qsi8d32p_qsi4c32ps1s0scalef16(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+    """SME2 kernels: ``lhs_quant_pack_qsi8d32p_f32_neon`` LHS (kr 4) × ``qsi4c32ps1s0scalef16`` RHS."""
+    return _matmul(m, n, k, mr, 4, nr, 4, lhs, rhs, LHS_QSI8D32P_NEON, RHS_S1S0, first_block_fmul)
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_qsi8d32p_qsi4c32ps4s0sf16(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+    """SME1 kernels: ``lhs_quant_pack_qsi8d32p_f32_neon`` LHS (kr 4) × ``qsi4c32ps4s0sf16`` RHS."""
+    return _matmul(m, n, k, mr, 4, nr, 4, lhs, rhs, LHS_QSI8D32P_NEON, RHS_S4S0, first_block_fmul)
+
+
+# --------------------------------------------------------------------------------------------- GET_ROWS
+
+
+@numba.njit(cache=True, nogil=True)
+def get_rows(rhs, rows, k, nr, kr, layout):
+    """float32 [len(rows), k]: value·d of the selected output channels, read from a packed RHS."""
+    nb = k // 32
+    inner, k_lo, k_hi, flip = rhs_block_map(layout, kr)
+    out = np.empty((rows.size, k), np.float32)
+    for i in range(rows.size):
+        g = rows[i] // nr
+        r = rows[i] % nr
+        for b in range(nb):
+            d = _rhs_scale(rhs, layout, nr, nb, g, b, r)
+            data = _rhs_data_offset(layout, nr, nb, g, b)
+            for o in range(16 // inner):
+                for t in range(inner):
+                    byte = np.int32(rhs[data + (o * nr + r) * inner + t])
+                    out[i, b * 32 + k_lo[o * inner + t]] = np.float32(((byte & 15) ^ flip) - 8) * d
+                    out[i, b * 32 + k_hi[o * inner + t]] = np.float32(((byte >> 4) ^ flip) - 8) * d
+    return out
