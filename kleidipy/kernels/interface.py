@@ -5,8 +5,9 @@ A family module (``kernels/<family>.py``) subclasses :class:`LhsPacker`, :class:
 everything the families share: KleidiAI's size/offset functions, argument validation, clamping, the
 llama.cpp thread split and the :class:`PackedBuffer` provenance check.
 
-Executions: ``"reference"`` (plain numpy: the readable statement of the math) and ``"jit"`` (numba); both
-are bit-exact with KleidiAI. ``"isa"`` (instruction-level emulation) is registered by the emulator.
+Executions: ``"reference"`` (plain numpy: the readable statement of the math), ``"jit"`` (numba) and
+``"isa"`` (the instruction-level emulator in :mod:`kleidipy.emulator`, kernels only: packers run their
+reference under it); all bit-exact with KleidiAI.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kleidipy.errors import (
 )
 from kleidipy.numerics import FLT_MAX, clamp_f32
 
-EXECUTIONS = ("reference", "jit")
+EXECUTIONS = ("reference", "jit", "isa")
 DEFAULT_EXECUTION = "jit"
 #: SVL values (bits) an SME/SME2 kernel can be built for.
 SVL_CHOICES = (128, 256, 512, 1024, 2048)
@@ -195,7 +196,7 @@ class LhsPacker(Packer):
         self.check_args(m, k, mr, kr, sr, bl)
         rows = as_f32_rows(lhs, m, k, self.name, lhs_stride)
         check_finite(rows, self.name)
-        impl = self._reference if execution == "reference" else self._jit
+        impl = self._jit if execution == "jit" else self._reference
         size = self.get_lhs_packed_size(m + m_idx_start % mr, k, mr, kr, sr, bl)
         out = np.zeros(size, dtype=np.uint8)
         if m_idx_start % mr == 0 and threads > 1 and m > mr:
@@ -278,7 +279,7 @@ class RhsPacker(Packer):
         for name in self.inputs:
             if given[name] is None:
                 raise KernelShapeError(f"{self.name}: needs the '{name}' input")
-        impl = self._reference if execution == "reference" else self._jit
+        impl = self._jit if execution == "jit" else self._reference
         packed = impl(n, k, nr, kr, sr, bl, rhs, scale=scale, zero=zero, bias=bias)
         expected = self.get_rhs_packed_size(n, k, nr, kr, sr, bl)
         assert packed.size == expected, (self.name, packed.size, expected)
@@ -511,7 +512,7 @@ class MatmulKernel:
                 f"n={n}, k={k} needs {self.rhs_packed_size(n, k)}"
             )
         out = self._dst_view(dst, m, n, dst_stride_row)
-        impl = self._reference if execution == "reference" else self._jit
+        impl = {"reference": self._reference, "jit": self._jit, "isa": self._isa}[execution]
         g = self._geo()
         if threads > 1 and n > g.n_step:
             per_n = roundup(-(-n // threads), g.n_step)
@@ -552,6 +553,12 @@ class MatmulKernel:
 
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def _isa(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """Instruction-level emulation of this kernel (NotImplementedError if the emulator does not cover it)."""
+        from kleidipy.emulator import emulate_kernel
+
+        return emulate_kernel(self, m, n, k, lhs, rhs)
 
 
 # --------------------------------------------------------------------------------------------- threads
