@@ -1,0 +1,152 @@
+"""The CPU backend, as ggml-cpu's KleidiAI trait: repack every matmul weight once at load, then run MUL_MAT.
+
+At load (:meth:`KleidiBackend.__call__`, a :class:`~kleidipy.model.weights.LinearFactory`), a GGUF weight is
+turned into the RHS packer's inputs (Q4_0 blocks verbatim; Q8_0 requantized per channel as llama.cpp does;
+Q4_1 codes + f32 scale/offset; F16/F32 as f32 K×N) and packed with the GEMM kernel the target selects — one
+packed copy serves the GEMM and the GEMV of the pair. Other GGUF types are dequantized and requantized to a
+supported format, with a one-line notice. At run time :func:`compute_forward_mul_mat` quantizes+packs the
+activations with the chosen kernel's LHS packer and runs the GEMM when m > 1, the GEMV when m == 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGMLQuantizationType as GGMLType
+
+from kleidipy import formats
+from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
+from kleidipy.kernels.interface import MatmulKernel
+from kleidipy.kernels.qai8dxp_qsi8cxp import requantize_q8_0_per_channel
+from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
+from kleidipy.model.weights import check_activations
+from kleidipy.target import KernelPair, Target, select_kernels
+
+#: GGML types the kernels take directly, and the kernel weight type each maps to.
+_DIRECT = {
+    GGMLType.Q4_0: "q4_0",
+    GGMLType.Q8_0: "q8_0",
+    GGMLType.Q4_1: "q4_1",
+    GGMLType.F16: "f16",
+    GGMLType.F32: "f16",
+}
+#: Other types: the format they are requantized to (≥ 5-bit sources keep 8 bits; 4-bit and lower go to Q4_0).
+_REQUANT_TO_Q8_0 = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K, GGMLType.BF16}
+
+
+@dataclass
+class KernelCall:
+    """What one MUL_MAT ran (handed to the trace hook when tracing is on)."""
+
+    weight: str
+    kernel: MatmulKernel
+    m: int
+    n: int
+    k: int
+    lhs_bytes: int
+    rhs_bytes: int
+    lhs_seconds: float = 0.0
+    matmul_seconds: float = 0.0
+
+
+#: Trace hook: called after every MUL_MAT with a KernelCall (None: tracing off, no cost).
+TRACE_HOOK: Callable[[KernelCall], None] | None = None
+
+
+class RepackedLinear:
+    """A weight repacked for one KernelPair: ``y = x @ Wᵀ`` through the KleidiAI kernels."""
+
+    def __init__(self, name: str, pair: KernelPair, n: int, k: int, packed: np.ndarray, backend: KleidiBackend):
+        self.name, self.pair, self.n, self.k, self.packed = name, pair, n, k, packed
+        self.backend = backend
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return compute_forward_mul_mat(self, check_activations(x, self.k))
+
+
+def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray:
+    """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule)."""
+    m = x.shape[0]
+    kern = weight.pair.for_m(m)
+    be = weight.backend
+    hook = TRACE_HOOK
+    if hook is None:
+        lhs = kern.pack_lhs(x, m, weight.k, execution=be.execution, threads=be.threads)
+        return kern.run(m, weight.n, weight.k, lhs, weight.packed, execution=be.execution, threads=be.threads)
+    from time import perf_counter
+
+    t0 = perf_counter()
+    lhs = kern.pack_lhs(x, m, weight.k, execution=be.execution, threads=be.threads)
+    t1 = perf_counter()
+    out = kern.run(m, weight.n, weight.k, lhs, weight.packed, execution=be.execution, threads=be.threads)
+    t2 = perf_counter()
+    hook(
+        KernelCall(
+            weight.name, kern, m, weight.n, weight.k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1
+        )
+    )
+    return out
+
+
+@dataclass
+class KleidiBackend:
+    """LinearFactory that repacks GGUF weights for the target's kernels (see module docstring)."""
+
+    target: Target
+    execution: str = "jit"
+    threads: int = 1
+    notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
+    #: called after each weight is repacked: (name, packer name, packed bytes)
+    on_repack: Callable[[str, str, int], None] | None = None
+    _noticed: set = field(default_factory=set)
+
+    def __call__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RepackedLinear:
+        k, n = int(shape[0]), int(shape[1])
+        ggml_type, raw = self.supported(name, GGMLType(ggml_type), n, k, raw)
+        pair = select_kernels(_DIRECT[ggml_type], self.target)
+        rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
+        packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
+        if self.on_repack:
+            self.on_repack(name, pair.gemm.rhs_packer.name, int(packed.nbytes))
+        return RepackedLinear(name, pair, n, k, packed, self)
+
+    def supported(self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray) -> tuple[GGMLType, np.ndarray]:
+        """A type the kernels take: itself, or the weight dequantized and requantized (with a one-line notice)."""
+        if ggml_type in _DIRECT:
+            return ggml_type, raw
+        target_type = GGMLType.Q8_0 if ggml_type in _REQUANT_TO_Q8_0 else GGMLType.Q4_0
+        if ggml_type not in self._noticed:
+            self._noticed.add(ggml_type)
+            self.notice(
+                f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to "
+                f"{target_type.name} (first: {name})"
+            )
+        values = formats.dequantize(raw, ggml_type, n, k)
+        return target_type, formats.quantize(values, target_type)
+
+
+def packer_inputs(
+    ggml_type: GGMLType, n: int, k: int, raw: np.ndarray, gemm: MatmulKernel, execution: str
+) -> tuple[np.ndarray, dict]:
+    """(rhs, packer keywords) for the raw GGUF bytes of a weight the kernels take (see module docstring)."""
+    if ggml_type == GGMLType.Q4_0:
+        return np.asarray(raw, dtype=np.uint8).reshape(n, -1), {}
+    if ggml_type == GGMLType.Q8_0:
+        q, scale = requantize_q8_0_per_channel(raw, n, k, execution=execution)
+        return q, {"scale": scale}
+    if ggml_type == GGMLType.Q4_1:
+        codes, scale, zero = q4_1_to_qai4c32(np.asarray(raw, dtype=np.uint8), n, k, order=_q4_1_order(gemm))
+        return codes, {"scale": scale, "zero": zero}
+    if ggml_type == GGMLType.F16:
+        rhs, bias = f16_nxk_to_f32_kxn(np.asarray(raw).view(np.float16).reshape(n, k))
+        return rhs, {"bias": bias}
+    values = np.asarray(raw).view(np.float32).reshape(n, k)
+    return np.ascontiguousarray(values.T), {"bias": np.zeros(n, np.float32)}
+
+
+def _q4_1_order(kern: MatmulKernel) -> str:
+    """The nibble order (s0s1 or s1s0) the Q4_1 RHS packer of ``kern`` reads, from its KleidiAI name."""
+    return "s1s0" if "qau4c32s1s0" in kern.rhs_packer.name else "s0s1"
