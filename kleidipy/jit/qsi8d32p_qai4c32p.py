@@ -179,9 +179,11 @@ def get_rows(rhs, rows, k, nr, chunk, neon):
 
 
 @numba.njit(cache=True, nogil=True)
-def _matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
-    """The shared compute loop. Columns go in tiles of TILE_N, decoded once and transposed so that the integer
-    dots and the float steps run across the tile's columns; LHS rows go 4 at a time (zero rows pad m)."""
+def matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
+    """The compute loop of every kernel (lhs/rhs: writable C-contiguous uint8; ``chunk`` as in :func:`_byte_offsets`).
+
+    Columns go in tiles of TILE_N, decoded once and transposed so that the integer dots and the float steps run
+    across the tile's columns; LHS rows go 4 at a time (zero rows pad m)."""
     nb = k // BL
     stride = nr * (nb * RHS_BLOCK_BYTES + 4)
     rhs_f32 = rhs.view(np.float32)
@@ -234,19 +236,16 @@ def _matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def matmul_neon(m, n, k, mr, nr, kbl, lhs, rhs):
+def matmul_neon(m: int, n: int, k: int, mr: int, nr: int, kbl: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """The four NEON kernels (i8mm / dotprod, GEMM / GEMV): float32 [m, n], unclamped."""
-    return _matmul(m, n, k, mr, nr, kbl, kbl, lhs, rhs, True, False)
+    return matmul(m, n, k, mr, nr, kbl, kbl, lhs, rhs, True, False)
 
 
-@numba.njit(cache=True, nogil=True)
-def matmul_sme2_mopa(m, n, k, mr, nr, lhs, rhs):
+def matmul_sme2_mopa(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """``…1vlx4vl_sme2_mopa``: float32 [m, n], unclamped (first block's zero term is an FMUL)."""
-    return _matmul(m, n, k, mr, nr, SME_LHS_KBL, SME_CHUNK, lhs, rhs, False, True)
+    return matmul(m, n, k, mr, nr, SME_LHS_KBL, SME_CHUNK, lhs, rhs, False, True)
 
 
-@numba.njit(cache=True, nogil=True)
-def matmul_sme2_dot(m, n, k, mr, nr, lhs, rhs):
+def matmul_sme2_dot(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """``…1x4vl_sme2_dot``: float32 [m, n], unclamped (accumulator starts at +0)."""
-    return _matmul(m, n, k, mr, nr, SME_LHS_KBL, SME_CHUNK, lhs, rhs, False, False)
+    return matmul(m, n, k, mr, nr, SME_LHS_KBL, SME_CHUNK, lhs, rhs, False, False)

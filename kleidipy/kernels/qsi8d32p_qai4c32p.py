@@ -65,6 +65,11 @@ def _f32_fields(raw: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(raw).view("<f4")
 
 
+def _writable(arr: np.ndarray) -> np.ndarray:
+    """A writable C-contiguous array for the numba code (one compiled signature; read-only input is copied)."""
+    return np.require(arr, requirements=["C", "W"])
+
+
 def _bytes(values: np.ndarray) -> np.ndarray:
     """The little-endian bytes of float32 values (last axis ×4)."""
     return np.ascontiguousarray(values, dtype="<f4").view(np.uint8)
@@ -129,7 +134,7 @@ class LhsQuantPackQsi8d32pscalef32F32Neon(LhsPacker):
         return np.concatenate([data.view(np.uint8), _bytes(params)], axis=-1).reshape(-1)
 
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        return _jit.lhs_quant_pack(np.ascontiguousarray(lhs), mr, kr // sr, row_offset)
+        return _jit.lhs_quant_pack(_writable(lhs), mr, kr // sr, row_offset)
 
 
 # --------------------------------------------------------------------------------------------- RHS
@@ -143,7 +148,7 @@ def _inputs_f32(arr: np.ndarray | None, size: int, what: str, who: str) -> np.nd
         raise DTypeError(f"{who}: {what} must be float32, got {a.dtype}")
     if a.size < size:
         raise BufferSizeError(f"{who}: {what} holds {a.size} values, {size} needed")
-    return np.ascontiguousarray(a.reshape(-1)[:size])
+    return _writable(a.reshape(-1)[:size])
 
 
 def codes_to_u(codes: np.ndarray, order: CodeOrder) -> np.ndarray:
@@ -181,7 +186,7 @@ class Qai4c32pRhsPacker(RhsPacker):
         if codes.size < n * k // 2:
             raise BufferSizeError(f"{self.name}: rhs holds {codes.size} bytes, n={n}, k={k} needs {n * k // 2}")
         nb = k // BL
-        codes = np.ascontiguousarray(codes.reshape(-1)[: n * k // 2]).reshape(n, k // 2)
+        codes = _writable(codes.reshape(-1)[: n * k // 2]).reshape(n, k // 2)
         scale = _inputs_f32(scale, n * nb, "scale", self.name).reshape(n, nb)
         zero = _inputs_f32(zero, n * nb, "zero", self.name).reshape(n, nb)
         return codes, scale, zero, _inputs_f32(bias, n, "bias", self.name)
@@ -272,7 +277,7 @@ class Qai4c32pRhsPacker(RhsPacker):
         size = self.get_rhs_packed_size(n, k, nr, kr, sr)
         if buf.size < size:
             raise BufferSizeError(f"{self.name}: packed RHS is {buf.size} bytes, n={n}, k={k} needs {size}")
-        buf = buf[:size]
+        buf = _writable(buf[:size])
         if execution == "jit":
             return _jit.get_rows(buf, idx, k, nr, self.chunk(kr, sr), self.neon)
         w, zero, scale, _ = self.unpack(buf, n, k, nr, kr, sr)
@@ -382,17 +387,21 @@ class Qsi8d32pQai4c32pKernel(MatmulKernel):
 
     alt_rhs_packers: tuple[RhsPacker, ...] = ()
 
-    def _check_layout(self, buf: np.ndarray, side: str, rows: int, k: int) -> None:
+    def as_rhs_packer_buffer(self, buf: np.ndarray) -> np.ndarray:
+        """``buf``, relabelled as written by ``rhs_packer`` when an alternative packer wrote it (same bytes)."""
         layout = getattr(buf, "layout", None)
-        if side == "rhs" and layout is not None and layout.packer in {p.name for p in self.alt_rhs_packers}:
-            buf = PackedBuffer(buf, replace(layout, packer=self.rhs_packer.name))
-        super()._check_layout(buf, side, rows, k)
+        if layout is not None and layout.packer in {p.name for p in self.alt_rhs_packers}:
+            return PackedBuffer(buf, replace(layout, packer=self.rhs_packer.name))
+        return buf
+
+    def _check_layout(self, buf: np.ndarray, side: str, rows: int, k: int) -> None:
+        super()._check_layout(self.as_rhs_packer_buffer(buf) if side == "rhs" else buf, side, rows, k)
 
     def _operands(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> tuple:
         g = self._geo()
         lhs = lhs[: self.lhs_packed_size(m, k)]
         rhs = rhs[: self.rhs_packer.get_rhs_packed_size(n, k, g.nr, g.kr, g.sr)]
-        return g, np.ascontiguousarray(lhs), np.ascontiguousarray(rhs)
+        return g, _writable(lhs), _writable(rhs)
 
     def _reference(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         g, lhs, rhs = self._operands(m, n, k, lhs, rhs)
@@ -412,13 +421,10 @@ def get_rows(
     kernel: MatmulKernel, rhs_packed: np.ndarray, rows: np.ndarray, n: int, k: int, *, execution: str | None = None
 ) -> np.ndarray:
     """GET_ROWS from an RHS packed for ``kernel`` (bound to its SVL for SME2): float32 [len(rows), k]."""
-    packer = kernel.rhs_packer
-    if not isinstance(packer, Qai4c32pRhsPacker):
+    if not isinstance(kernel, Qsi8d32pQai4c32pKernel):
         raise KernelShapeError(f"{kernel.name} does not read a qai4c32p RHS")
-    layout = getattr(rhs_packed, "layout", None)
-    if layout is not None and layout.packer in {p.name for p in getattr(kernel, "alt_rhs_packers", ())}:
-        rhs_packed = PackedBuffer(rhs_packed, replace(layout, packer=packer.name))
-    return packer.get_rows(rhs_packed, rows, n, k, kernel.nr, kernel.kr, kernel.sr, execution=execution)
+    packed = kernel.as_rhs_packer_buffer(rhs_packed)
+    return kernel.rhs_packer.get_rows(packed, rows, n, k, kernel.nr, kernel.kr, kernel.sr, execution=execution)
 
 
 LHS_PACKER = LhsQuantPackQsi8d32pscalef32F32Neon()
