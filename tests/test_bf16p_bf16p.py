@@ -21,8 +21,9 @@ from kleidipy.golden import GoldenSet, iter_runs, verify_run
 from kleidipy.jit import bf16 as jit
 from kleidipy.kernels import bf16p_bf16p as fam
 from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.kernels.interface import EXECUTIONS
 from kleidipy.numerics import FLT_MAX, bf16_bits_to_f32, f32_to_bf16_bits
+
+EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py
 
 SME2 = "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa"
 SME1 = "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme_mopa"

