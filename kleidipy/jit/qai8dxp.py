@@ -67,18 +67,20 @@ def lhs_quant_pack_qai8dxp(lhs, mr, kbl, row_offset, k_int, out):
         zp = max(zp, qmin)
         zp = min(zp, qmax)
         nzp = np.int32(np.rint(zp))
-        for j in range(k_int):
-            v = np.float32(x[min(j, k - 1)] * scale)
-            q = np.int64(round_away(v)) + nzp
-            q = max(min(q, 127), -128)
-            qrow[j] = q
+        for j in range(k):
+            q = np.int32(round_away(np.float32(x[j] * scale))) + nzp
+            qrow[j] = max(min(q, 127), -128)
+        qrow[k:] = qrow[k - 1]
         pos = row_offset + i
         base = (pos // mr) * stride
         r = pos % mr
-        for c in range(k_int // kbl):
-            dst = base + c * mr * kbl + r * kbl
-            for t in range(kbl):
-                out_i8[dst + t] = qrow[c * kbl + t]
+        if mr == 1:
+            out_i8[base : base + k_int] = qrow
+        else:
+            for c in range(k_int // kbl):
+                dst = base + c * mr * kbl + r * kbl
+                for t in range(kbl):
+                    out_i8[dst + t] = qrow[c * kbl + t]
         out_i32[(base + mr * k_int) // 4 + r] = -nzp
         out_f32[(base + mr * k_int + 4 * mr) // 4 + r] = recip
 
@@ -101,9 +103,21 @@ def _load_weights(rows, codes_u4, src, k, w):
 
 @numba.njit(cache=True, nogil=True)
 def rhs_pack_per_channel(
-    rows, codes_u4, k, scale, bias, has_bias, nr, blen, k_lo, k_hi, sum_multiplier, scale_multiplier,
-    zero_padding, out,
-):  # fmt: skip
+    rows,
+    codes_u4,
+    k,
+    scale,
+    bias,
+    has_bias,
+    nr,
+    blen,
+    k_lo,
+    k_hi,
+    sum_multiplier,
+    scale_multiplier,
+    zero_padding,
+    out,
+):
     """Pack n output channels into groups of nr columns: data, then nr int32 row sums, nr f32 scales,
     nr f32 biases.
 
@@ -175,35 +189,44 @@ def requantize_q8_0(blocks, f16_table, q, scale):
 
 
 @numba.njit(cache=True, nogil=True)
-def _group_dot_i8(rhs_i8, rbase, lb, data, width, buf):
-    """buf[q] = Σ_s lb[s·width + q]·rhs[rbase + s·width + q] (int32, wrapping) over one group's int8 data."""
-    buf[:] = 0
-    full = data // width * width
-    for s in range(0, full, width):
-        a = lb[s : s + width]
-        b = rhs_i8[rbase + s : rbase + s + width]
-        for q in range(width):
-            buf[q] += np.int16(a[q]) * np.int16(b[q])
-    a = lb[full:data]
-    b = rhs_i8[rbase + full : rbase + data]
-    for q in range(data - full):
-        buf[q] += np.int16(a[q]) * np.int16(b[q])
+def _group_dot_i8(rhs_i8, rbase, lb, rows, data, width, bufs):
+    """bufs[r, q] = Σ_s lb[r, s + q]·rhs[rbase + s + q] (s in steps of width; int32, wrapping) for the
+    ``rows`` broadcast LHS rows over one group's int8 data (four rows share each RHS load)."""
+    bufs[:rows] = 0
+    for s in range(0, data, width):
+        cnt = min(width, data - s)
+        b = rhs_i8[rbase + s : rbase + s + cnt]
+        if rows == _ROW_BLOCK:
+            a0, a1, a2, a3 = lb[0, s : s + cnt], lb[1, s : s + cnt], lb[2, s : s + cnt], lb[3, s : s + cnt]
+            c0, c1, c2, c3 = bufs[0], bufs[1], bufs[2], bufs[3]
+            for q in range(cnt):
+                w = np.int16(b[q])
+                c0[q] += np.int16(a0[q]) * w
+                c1[q] += np.int16(a1[q]) * w
+                c2[q] += np.int16(a2[q]) * w
+                c3[q] += np.int16(a3[q]) * w
+        else:
+            for r in range(rows):
+                a = lb[r, s : s + cnt]
+                c = bufs[r]
+                for q in range(cnt):
+                    c[q] += np.int16(a[q]) * np.int16(b[q])
 
 
 @numba.njit(cache=True, nogil=True)
-def _group_dot_i4(rhs_u8, rbase, lb_lo, lb_hi, data, width, buf):
+def _group_dot_i4(rhs_u8, rbase, lb_lo, lb_hi, rows, data, width, bufs):
     """As _group_dot_i8 for bytes of two signed nibbles: low nibble × lb_lo + high nibble × lb_hi."""
-    buf[:] = 0
+    bufs[:rows] = 0
     for s in range(0, data, width):
         cnt = min(width, data - s)
-        a_lo = lb_lo[s : s + cnt]
-        a_hi = lb_hi[s : s + cnt]
         b = rhs_u8[rbase + s : rbase + s + cnt]
-        for q in range(cnt):
-            byte = np.int16(b[q])
-            lo = ((byte & 15) ^ 8) - 8
-            hi = ((byte >> 4) ^ 8) - 8
-            buf[q] += lo * np.int16(a_lo[q]) + hi * np.int16(a_hi[q])
+        for r in range(rows):
+            a_lo = lb_lo[r, s : s + cnt]
+            a_hi = lb_hi[r, s : s + cnt]
+            c = bufs[r]
+            for q in range(cnt):
+                byte = np.int16(b[q])
+                c[q] += (((byte & 15) ^ 8) - 8) * np.int16(a_lo[q]) + (((byte >> 4) ^ 8) - 8) * np.int16(a_hi[q])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -233,7 +256,7 @@ def matmul_qai8dxp(
             lpos_hi[e] = (k_hi[e] // kbl) * mr * kbl + k_hi[e] % kbl
     lb_lo = np.empty((_ROW_BLOCK, data), np.int8)
     lb_hi = np.empty((_ROW_BLOCK, data if nibbles else 0), np.int8)
-    buf = np.empty(width, np.int32)
+    bufs = np.empty((_ROW_BLOCK, width), np.int32)
     rhs_i8 = rhs_u8.view(np.int8)
     rhs_i32 = rhs_u8.view(np.int32)
     rhs_f32 = rhs_u8.view(np.float32)
@@ -248,20 +271,20 @@ def matmul_qai8dxp(
         for g in range((n + nr - 1) // nr):
             rbase = g * gstride
             params = (rbase + data) // 4
+            if nibbles:
+                _group_dot_i4(rhs_u8, rbase, lb_lo, lb_hi, rows, data, width, bufs)
+            else:
+                _group_dot_i8(rhs_i8, rbase, lb_lo, rows, data, width, bufs)
             for ii in range(rows):
                 i = i0 + ii
                 pl = (i // mr) * lstride // 4 + mr * k_int // 4 + i % mr
                 off = np.int64(lhs_i32[pl])
                 recip = lhs_f32[pl + mr]
-                if nibbles:
-                    _group_dot_i4(rhs_u8, rbase, lb_lo[ii], lb_hi[ii], data, width, buf)
-                else:
-                    _group_dot_i8(rhs_i8, rbase, lb_lo[ii], data, width, buf)
                 for col in range(min(nr, n - g * nr)):
                     dot = np.int64(0)
                     for rep in range(0, width, period):
                         for b in range(blen):
-                            dot += buf[rep + col * blen + b]
+                            dot += bufs[ii, rep + col * blen + b]
                     if nibbles:
                         dot *= nibble_factor
                     acc = np.float32(np.int32(dot + off * np.int64(rhs_i32[params + col])))

@@ -61,7 +61,6 @@ class RhsPackNxkQsi4cxpQs4cxs1s0(Qsi4cxpRhsPacker):
         return RhsDataLayout(blen, 16, (e // blen) % nr, k_lo, k_lo + 16)
 
 
-
 class RhsPackNxkQsi4cxps1s0Qsu4cxs1s0Neon(Qsi4cxpRhsPacker):
     """``kai_run_rhs_pack_nxk_qsi4cxps1s0_qsu4cxs1s0_neon`` (SME2 kernels).
 
@@ -78,7 +77,6 @@ class RhsPackNxkQsi4cxps1s0Qsu4cxs1s0Neon(Qsi4cxpRhsPacker):
         e = np.arange(nr * k_int // 2)
         k_lo = (e // (nr * blen)) * kr + 2 * (e % blen)
         return RhsDataLayout(blen, 1, (e // blen) % nr, k_lo, k_lo + 1)
-
 
 
 RHS_PACKER_NEON = RhsPackNxkQsi4cxpQs4cxs1s0()

@@ -15,6 +15,7 @@ The per-channel int4 family (``qai8dxp_qsi4cxp``) reuses the LHS packer, the RHS
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
@@ -119,7 +120,11 @@ class LhsQuantPackQai8dxpF32(LhsPacker):
         data[rows], offsets[rows], recips[rows] = q, -nzp, recip
         chunks = data.reshape(groups, mr, k_int // kbl, kbl).transpose(0, 2, 1, 3).reshape(groups, -1)
         packed = np.concatenate(
-            [chunks.view(np.uint8), offsets.reshape(groups, mr).view(np.uint8), recips.reshape(groups, mr).view(np.uint8)],
+            [
+                chunks.view(np.uint8),
+                offsets.reshape(groups, mr).view(np.uint8),
+                recips.reshape(groups, mr).view(np.uint8),
+            ],
             axis=1,
         )
         return packed.reshape(-1)
@@ -173,10 +178,11 @@ class PerChannelRhsPacker(RhsPacker):
 
     blocked = False
     inputs = ("scale",)
-    #: KleidiAI's ``params.lhs_zero_point`` as llama.cpp passes it (the packers assert 1 for int4).
-    lhs_zero_point = 1
+    #: row sums are sum_multiplier·Σw
     sum_multiplier = 1
+    #: stored scales are f32(scale·scale_multiplier) (None: stored as given)
     scale_multiplier: float | None = None
+    #: padding columns are all 0 (else they copy column n−1)
     zero_padding = False
     #: numpy dtype of the ``rhs`` input
     rhs_dtype: type = np.int8
@@ -207,7 +213,9 @@ class PerChannelRhsPacker(RhsPacker):
         """The signed weight values w [n, k] (int32) that ``rhs`` holds."""
         raise NotImplementedError
 
-    def _channel_inputs(self, n: int, scale: np.ndarray, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    def _channel_inputs(
+        self, n: int, scale: np.ndarray, bias: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         out = []
         for what, arr in (("scale", scale), ("bias", bias)):
             if arr is None:
@@ -228,7 +236,9 @@ class PerChannelRhsPacker(RhsPacker):
         if arr.dtype != self.rhs_dtype:
             raise DTypeError(f"{self.name}: rhs must be {np.dtype(self.rhs_dtype)}, got {arr.dtype}")
         if arr.size < n * row_bytes:
-            raise BufferSizeError(f"{self.name}: rhs holds {arr.size} values, n={n} rows of {row_bytes} need {n * row_bytes}")
+            raise BufferSizeError(
+                f"{self.name}: rhs holds {arr.size} values, n={n} rows of {row_bytes} need {n * row_bytes}"
+            )
         return np.ascontiguousarray(arr).reshape(-1)[: n * row_bytes].reshape(n, row_bytes)
 
     def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
@@ -252,7 +262,10 @@ class PerChannelRhsPacker(RhsPacker):
             data = ((values[rows, lay.k_lo] & 15) | ((values[rows, lay.k_hi] & 15) << 4)).astype(np.uint8)
         else:
             data = values[rows, lay.k_lo].astype(np.int8).view(np.uint8)
-        params = [a.astype(dt).reshape(groups, nr).view(np.uint8) for a, dt in ((sums, np.int32), (scales, np.float32), (biases, np.float32))]
+        params = [
+            a.astype(dt).reshape(groups, nr).view(np.uint8)
+            for a, dt in ((sums, np.int32), (scales, np.float32), (biases, np.float32))
+        ]
         return np.concatenate([data, *params], axis=1).reshape(-1)
 
     def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
@@ -260,13 +273,26 @@ class PerChannelRhsPacker(RhsPacker):
         lay = self.layout(k, nr, kr, sr)
         out = np.zeros(self.get_rhs_packed_size(n, k, nr, kr, sr), dtype=np.uint8)
         jit.rhs_pack_per_channel(
-            self.rhs_rows(rhs, n, k), self.rhs_dtype == np.uint8, k, scale, scale if bias is None else bias,
-            bias is not None, nr, lay.blen, lay.k_lo, lay.k_hi, self.sum_multiplier,
-            np.float32(self.scale_multiplier or 0), self.zero_padding, out,
-        )  # fmt: skip
+            self.rhs_rows(rhs, n, k),
+            self.rhs_dtype == np.uint8,
+            k,
+            scale,
+            scale if bias is None else bias,
+            bias is not None,
+            nr,
+            lay.blen,
+            lay.k_lo,
+            lay.k_hi,
+            self.sum_multiplier,
+            np.float32(self.scale_multiplier or 0),
+            self.zero_padding,
+            out,
+        )
         return out
 
-    def unpack(self, rhs: np.ndarray, n: int, k: int, nr: int, kr: int, sr: int):  # noqa: ANN201
+    def unpack(
+        self, rhs: np.ndarray, n: int, k: int, nr: int, kr: int, sr: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Read n columns of a packed RHS as a kernel does: the int weights it multiplies W [n, k_int] (int64;
         16·w for the NEON int4 format), int32 row sums, f32 scales, f32 biases (each [n])."""
         lay = self.layout(k, nr, kr, sr)
@@ -301,12 +327,14 @@ def _layout(cls: type[PerChannelRhsPacker], k_int: int, nr: int, kr: int, sr: in
 class RhsPackNxkQsi8cxpQsi8cxNeon(PerChannelRhsPacker):
     """``kai_run_rhs_pack_nxk_qsi8cxp_qsi8cx_neon``: int8 weights [n, k] + f32 scale [n] (+ bias).
 
-    int8 (col, k) at (k//kr)·nr·kr + col·kr + k%kr of the group, 0 for k ≥ K; row sums = lhs_zero_point·Σq;
-    the scale is stored as given (``scale_multiplier`` is not applied); padding columns copy column n−1.
+    int8 (col, k) at (k//kr)·nr·kr + col·kr + k%kr of the group, 0 for k ≥ K; row sums = lhs_zero_point·Σq
+    with llama.cpp's ``params.lhs_zero_point`` = 1; the scale is stored as given (``params.scale_multiplier``
+    is not applied); padding columns copy column n−1.
     """
 
     name = "rhs_pack_nxk_qsi8cxp_qsi8cx_neon"
     rhs_dtype = np.int8
+    sum_multiplier = 1  # params.lhs_zero_point
 
     def data_bytes(self, k: int, nr: int) -> int:
         return nr * k_internal(k)
@@ -324,7 +352,6 @@ class RhsPackNxkQsi8cxpQsi8cxNeon(PerChannelRhsPacker):
 
     def weights(self, rhs: np.ndarray, n: int, k: int) -> np.ndarray:
         return self.rhs_rows(rhs, n, k).astype(np.int32)
-
 
 
 RHS_PACKER = RhsPackNxkQsi8cxpQsi8cxNeon()
@@ -376,8 +403,9 @@ class Recipe(IntEnum):
     acc = Σ q·W + (−zp)·Σw; then F = f32(acc) (SCVTF, RNE: rounds once |acc| > 2^24) and S = f32(scale_R·recip_L).
 
     The SME2 qsi4cxp MOPA kernel did this correction in float up to at least v1.16
-    (f32(f32(−zp)·f32(Σw))·S added by FMLA); the v1.30 golden data matches the integer correction in every
-    element and the float one in none of 13..706 differing elements per run, so it is FMUL_FADD here.
+    (C = f32(f32(−zp)·f32(Σw))·S, out = fma(S, f32(dot), C) + bias). The v1.30 golden data rules that out:
+    it differs from the golden dst in 13 to 706 elements per run, while the integer correction matches every
+    element, so that kernel is FMUL_FADD here.
     """
 
     #: out = f32(f32(F·S) + bias)  — NEON (FMUL, FADD), SME/SME2 MOPA
@@ -400,7 +428,7 @@ class Qai8dxpMatmulKernel(MatmulKernel):
         acc = wrap_i32(q.astype(np.int64) @ w.T + offsets[:, None].astype(np.int64) * sums[None, :]).astype(np.float32)
         s = scales[None, :] * recip[:, None]
         if self.recipe == Recipe.FMA_BIAS:
-            return fma_f32(s, acc, np.broadcast_to(biases, acc.shape))
+            return fma_f32(s, acc, biases[None, :])
         return acc * s + biases
 
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -410,26 +438,46 @@ class Qai8dxpMatmulKernel(MatmulKernel):
         rhs = np.ascontiguousarray(rhs[: self.rhs_packed_size(n, k)])
         out = np.empty((m, n), dtype=np.float32)
         jit.matmul_qai8dxp(
-            m, n, k_internal(k), lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs,
-            g.mr, g.kr // g.sr, g.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi, int(self.recipe), out,
-        )  # fmt: skip
+            m,
+            n,
+            k_internal(k),
+            lhs.view(np.int8),
+            lhs.view(np.int32),
+            lhs.view(np.float32),
+            rhs,
+            g.mr,
+            g.kr // g.sr,
+            g.nr,
+            lay.blen,
+            lay.nibble_factor,
+            lay.k_lo,
+            lay.k_hi,
+            int(self.recipe),
+            out,
+        )
         return out
 
 
-def neon_geometry(m_step: int, mr: int, kr: int, sr: int, nr: int = 4) -> object:
+def neon_geometry(m_step: int, mr: int, kr: int, sr: int, nr: int = 4) -> Callable[[int], Geometry]:
     """Geometry of a NEON kernel (fixed; ``vl`` is ignored)."""
     geo = Geometry(m_step, nr, mr, nr, kr, sr)
     return lambda vl: geo
 
 
-def sme_geometry(gemm: bool, kr: int = 4) -> object:
-    """Geometry of an SME kernel: 1VL×4VL tiles (GEMM) or 1×4VL (GEMV), kr = 4, sr = 1."""
-    return lambda vl: Geometry(vl if gemm else 1, 4 * vl, vl if gemm else 1, 4 * vl, kr, 1)
+def sme_geometry(gemm: bool) -> Callable[[int], Geometry]:
+    """Geometry of an SME kernel from VL (32-bit lanes): 1VL×4VL tiles (GEMM) or 1×4VL (GEMV), kr = 4, sr = 1."""
+    return lambda vl: Geometry(vl if gemm else 1, 4 * vl, vl if gemm else 1, 4 * vl, 4, 1)
 
 
 def make_kernel(
-    name: str, family: str, tier: str, rhs_packer: PerChannelRhsPacker, geometry: object, recipe: Recipe
+    name: str,
+    family: str,
+    tier: str,
+    rhs_packer: PerChannelRhsPacker,
+    geometry: Callable[[int], Geometry],
+    recipe: Recipe,
 ) -> Qai8dxpMatmulKernel:
+    """A qai8dxp kernel (GEMV when mr = 1) reading the qai8dxp LHS and ``rhs_packer``'s layout."""
     kind = "gemv" if geometry(4).mr == 1 else "gemm"
     return Qai8dxpMatmulKernel(
         name, family, tier, kind, LHS_PACKER, rhs_packer, geometry, bl=None, flags={"recipe": recipe}
