@@ -72,12 +72,6 @@ def f32_to_f16_bits(bits):
     return np.uint16(sign | h)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _sext4(nibble):
-    """Two's-complement value of a 4-bit field."""
-    return np.int32((nibble ^ 8) - 8)
-
-
 # --------------------------------------------------------------------------------------------- LHS
 
 
@@ -106,11 +100,11 @@ def lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even):
         r = pr % mr
         for b in range(nb):
             k0 = b * 32
-            # max |x| as the largest magnitude bit pattern (same order as the floats, NaN excluded upstream)
+            # amax: the largest |x| bit pattern (ordered as the floats; no NaN here), an integer max that
+            # vectorises; sf[b] holds amax until it is replaced by the scale
             amax_bits = np.uint32(0)
             for t in range(32):
-                a = x_bits[k0 + t] & np.uint32(0x7FFFFFFF)
-                amax_bits = max(amax_bits, a)
+                amax_bits = max(amax_bits, x_bits[k0 + t] & np.uint32(0x7FFFFFFF))
             sf_bits[b] = amax_bits
             s = np.float32(sf[b] / np.float32(127.0))
             inv = np.float32(np.float32(1.0) / s) if s != zero else zero
@@ -287,10 +281,8 @@ def _rhs_data_offset(layout, nr, nb, g, b):
 def _rhs_scale(rhs, layout, nr, nb, g, b, r):
     """Stored scale (float32) of column r of group g, block b."""
     base = g * nr * nb * BLOCK_BYTES
-    if layout == RHS_SCALEF16:
-        so = base + b * nr * BLOCK_BYTES + 2 * r
-    else:
-        so = base + nr * nb * 16 + 2 * (b * nr + r)
+    neon = layout == RHS_SCALEF16
+    so = base + (b * nr * BLOCK_BYTES + 2 * r if neon else nr * nb * 16 + 2 * (b * nr + r))
     return F16_TABLE[np.int64(rhs[so]) | (np.int64(rhs[so + 1]) << 8)]
 
 

@@ -25,6 +25,7 @@ from kleidipy.kernels.interface import (
     MatmulKernel,
     PackedBuffer,
     RhsPacker,
+    as_u8,
     check_execution,
 )
 from kleidipy.numerics import f16_bits_to_f32, f32_to_f16_bits, fma_f32, round_away, round_even
@@ -47,6 +48,14 @@ def _fp16_le_bytes(bits: np.ndarray) -> np.ndarray:
 def _fp16_from_le_bytes(raw: np.ndarray) -> np.ndarray:
     """uint16 values of little-endian byte pairs: shape (..., 2n) -> (..., n)."""
     return np.ascontiguousarray(raw).view("<u2").astype(np.uint16)
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """A read-only contiguous view: the jit functions then see one array type (one numba compilation) whether
+    the caller's buffer is writable or not (golden files are read-only)."""
+    view = np.ascontiguousarray(arr).view(np.ndarray)
+    view.flags.writeable = False
+    return view
 
 
 def _sext4(nibbles: np.ndarray) -> np.ndarray:
@@ -132,7 +141,7 @@ class _Qsi8d32pLhsPacker(LhsPacker):
         return self._place(q_all, s_all, mr, self.chunk(kr, sr))
 
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        rows = np.ascontiguousarray(lhs, dtype=np.float32)
+        rows = _frozen(np.asarray(lhs, dtype=np.float32))
         return jit.lhs_quant_pack_qsi8d32p(rows, mr, self.chunk(kr, sr), row_offset, self.layout, self.ties_even)
 
     def _place(self, q: np.ndarray, scale_bits: np.ndarray, mr: int, kbl: int) -> np.ndarray:
@@ -254,18 +263,32 @@ class _Qsi4c32pRhsPacker(RhsPacker):
         if self.fixed_kr_sr is not None and (kr, sr) != self.fixed_kr_sr:
             raise KernelShapeError(f"{self.name}: takes only kr={self.fixed_kr_sr[0]}, sr={self.fixed_kr_sr[1]}")
 
-    def run(self, n: int, k: int, nr: int, kr: int, sr: int, rhs: np.ndarray, **kw) -> PackedBuffer:  # noqa: ANN003
-        """Pack n rows of GGML Q4_0 blocks (uint8 [n, k/32, 18] or flat). Keywords as :meth:`RhsPacker.run`."""
-        for name in ("scale", "zero", "bias"):
-            if kw.get(name) is not None:
+    def run(
+        self,
+        n: int,
+        k: int,
+        nr: int,
+        kr: int,
+        sr: int,
+        rhs: np.ndarray,
+        *,
+        bl: int | None = None,
+        scale: np.ndarray | None = None,
+        zero: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        execution: str | None = None,
+    ) -> PackedBuffer:
+        """Pack n rows of GGML Q4_0 blocks (uint8 [n, k/32, 18] or flat); scale, zero and bias must be None."""
+        for name, given in (("scale", scale), ("zero", zero), ("bias", bias)):
+            if given is not None:
                 raise KernelShapeError(f"{self.name}: takes no '{name}' input (Q4_0 scales are in the blocks)")
-        return super().run(n, k, nr, kr, sr, rhs, **kw)
+        return super().run(n, k, nr, kr, sr, rhs, bl=bl, execution=execution)
 
     def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
         return self._pack(q4_0_blocks(rhs, n, k, self.name), nr, kr)
 
     def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
-        return self._pack_jit(q4_0_blocks(rhs, n, k, self.name), nr, kr)
+        return self._pack_jit(_frozen(q4_0_blocks(rhs, n, k, self.name)), nr, kr)
 
     def _pack(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
         raise NotImplementedError
@@ -305,10 +328,7 @@ class _Qsi4c32pRhsPacker(RhsPacker):
                 f"{self.name}: buffer was packed by {layout.packer} (k={layout.k}, nr={layout.mr_or_nr}, "
                 f"kr={layout.kr}); GET_ROWS asked for k={k}, nr={nr}, kr={kr}"
             )
-        buf = np.asarray(rhs_packed)
-        if buf.dtype != np.uint8:
-            raise DTypeError(f"{self.name}: packed RHS must be uint8, got {buf.dtype}")
-        buf = np.ascontiguousarray(buf).reshape(-1)
+        buf = as_u8(rhs_packed, f"{self.name} packed RHS")
         need = self.get_rhs_packed_size(n, k, nr, kr, sr)
         if buf.size < need:
             raise BufferSizeError(f"{self.name}: packed RHS is {buf.size} bytes, n={n}, k={k} needs {need}")
@@ -319,7 +339,7 @@ class _Qsi4c32pRhsPacker(RhsPacker):
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise KernelShapeError(f"{self.name}: row ids must be in [0, {n}), got [{idx.min()}, {idx.max()}]")
         if execution == "jit":
-            return jit.get_rows(buf, idx, k, nr, kr, self.layout)
+            return jit.get_rows(_frozen(buf), _frozen(idx), k, nr, kr, self.layout)
         w, scale = self.unpack(buf, n, k, nr, kr)
         return (w[idx].reshape(idx.size, k // BL, BL) * scale[idx][:, :, None]).astype(np.float32).reshape(idx.size, k)
 
@@ -442,6 +462,23 @@ class RhsPackNxkQsi4c32ps4s0sf16Qsu4c32s16s0Neon(_Qsi4c32pRhsPacker):
         return w[:n], f16_bits_to_f32(scales.reshape(groups * nr, nb)[:n])
 
 
+LHS_QSI8D32P_F32 = LhsQuantPackQsi8d32pF32()
+LHS_QSI8D32P4X8SB_F32_NEON = LhsQuantPackQsi8d32p4x8sbF32Neon()
+LHS_QSI8D32P_F32_NEON = LhsQuantPackQsi8d32pF32Neon()
+RHS_QSI4C32PSCALEF16 = RhsPackNxkQsi4c32pscalef16Qsu4c32s16s0()
+RHS_QSI4C32PS1S0SCALEF16_NEON = RhsPackNxkQsi4c32ps1s0scalef16Qsu4c32s16s0Neon()
+RHS_QSI4C32PS4S0SF16_NEON = RhsPackNxkQsi4c32ps4s0sf16Qsu4c32s16s0Neon()
+
+PACKERS = [
+    LHS_QSI8D32P_F32,
+    LHS_QSI8D32P4X8SB_F32_NEON,
+    LHS_QSI8D32P_F32_NEON,
+    RHS_QSI4C32PSCALEF16,
+    RHS_QSI4C32PS1S0SCALEF16_NEON,
+    RHS_QSI4C32PS4S0SF16_NEON,
+]
+
+
 # --------------------------------------------------------------------------------------------- kernels
 
 
@@ -469,8 +506,8 @@ def block_scaled_sum(
 #: ``(m, n, k, mr, nr, lhs_u8, rhs_u8, first_block_fmul) -> float32 [m, n]`` (another implementation with the
 #: same signature and bytes can be put here, e.g. an AVX-512 VNNI one for the SME2 layout).
 SME_JIT_COMPUTE: dict[str, Callable[..., np.ndarray]] = {
-    "rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon": jit.matmul_qsi8d32p_qsi4c32ps1s0scalef16,
-    "rhs_pack_nxk_qsi4c32ps4s0sf16_qsu4c32s16s0_neon": jit.matmul_qsi8d32p_qsi4c32ps4s0sf16,
+    RHS_QSI4C32PS1S0SCALEF16_NEON.name: jit.matmul_qsi8d32p_qsi4c32ps1s0scalef16,
+    RHS_QSI4C32PS4S0SF16_NEON.name: jit.matmul_qsi8d32p_qsi4c32ps4s0sf16,
 }
 
 
@@ -490,6 +527,7 @@ class Qsi8d32pQsi4c32pKernel(MatmulKernel):
 
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         g = self._geo()
+        lhs, rhs = _frozen(lhs), _frozen(rhs)
         if self.is_sme:
             compute = SME_JIT_COMPUTE[self.rhs_packer.name]
             return compute(m, n, k, g.mr, g.nr, lhs, rhs, self.flags.get("first_block_fmul", False))
@@ -500,23 +538,6 @@ class Qsi8d32pQsi4c32pKernel(MatmulKernel):
         if side == "lhs" and layout is not None and layout.packer in {p.name for p in self.alt_lhs_packers}:
             buf = PackedBuffer(buf, replace(layout, packer=self.lhs_packer.name))
         super()._check_layout(buf, side, rows, k)
-
-
-LHS_QSI8D32P_F32 = LhsQuantPackQsi8d32pF32()
-LHS_QSI8D32P4X8SB_F32_NEON = LhsQuantPackQsi8d32p4x8sbF32Neon()
-LHS_QSI8D32P_F32_NEON = LhsQuantPackQsi8d32pF32Neon()
-RHS_QSI4C32PSCALEF16 = RhsPackNxkQsi4c32pscalef16Qsu4c32s16s0()
-RHS_QSI4C32PS1S0SCALEF16_NEON = RhsPackNxkQsi4c32ps1s0scalef16Qsu4c32s16s0Neon()
-RHS_QSI4C32PS4S0SF16_NEON = RhsPackNxkQsi4c32ps4s0sf16Qsu4c32s16s0Neon()
-
-PACKERS = [
-    LHS_QSI8D32P_F32,
-    LHS_QSI8D32P4X8SB_F32_NEON,
-    LHS_QSI8D32P_F32_NEON,
-    RHS_QSI4C32PSCALEF16,
-    RHS_QSI4C32PS1S0SCALEF16_NEON,
-    RHS_QSI4C32PS4S0SF16_NEON,
-]
 
 
 def _sme_gemm(vl: int) -> Geometry:
@@ -534,38 +555,39 @@ def _neon(m_step: int, mr: int, kr: int) -> Callable[[int], Geometry]:
     return geometry
 
 
-def _kernel(name: str, tier: str, kind: str, geometry: Callable[[int], Geometry], **kw) -> Qsi8d32pQsi4c32pKernel:  # noqa: ANN003
-    sme = tier in ("sme", "sme2")
-    if sme:
-        rhs = RHS_QSI4C32PS1S0SCALEF16_NEON if tier == "sme2" else RHS_QSI4C32PS4S0SF16_NEON
+def _kernel(
+    name: str,
+    tier: str,
+    kind: str,
+    geometry: Callable[[int], Geometry],
+    first_block_fmul: bool = False,
+    alt_lhs_packers: tuple[LhsPacker, ...] = (),
+) -> Qsi8d32pQsi4c32pKernel:
+    """A kernel with the packers of its tier: SME2 / SME1 RHS layouts with the SME LHS, or the NEON pair."""
+    if tier in ("sme", "sme2"):
         lhs = LHS_QSI8D32P_F32_NEON
+        rhs = RHS_QSI4C32PS1S0SCALEF16_NEON if tier == "sme2" else RHS_QSI4C32PS4S0SF16_NEON
     else:
-        rhs, lhs = RHS_QSI4C32PSCALEF16, LHS_QSI8D32P_F32
-    return Qsi8d32pQsi4c32pKernel(name, FAMILY, tier, kind, lhs, rhs, geometry, **kw)
+        lhs, rhs = LHS_QSI8D32P_F32, RHS_QSI4C32PSCALEF16
+    flags = {"first_block_fmul": True} if first_block_fmul else {}
+    return Qsi8d32pQsi4c32pKernel(
+        name, FAMILY, tier, kind, lhs, rhs, geometry, flags=flags, alt_lhs_packers=alt_lhs_packers
+    )
 
 
-_MOPA = {"first_block_fmul": True}
 #: llama.cpp's I8MM GEMM packs its LHS with the 4x8sb packer (ties to even); the golden pairing uses the generic one.
 _I8MM_ALT = (LHS_QSI8D32P4X8SB_F32_NEON,)
 
 KERNELS = [
-    _kernel("matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa", "sme2", "gemm", _sme_gemm, flags=_MOPA),
+    _kernel("matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa", "sme2", "gemm", _sme_gemm, True),
     _kernel("matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", "sme2", "gemv", _sme_gemv),
-    _kernel("matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme_mopa", "sme", "gemm", _sme_gemm, flags=_MOPA),
+    _kernel("matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme_mopa", "sme", "gemm", _sme_gemm, True),
     _kernel("matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme_dot", "sme", "gemv", _sme_gemv),
     _kernel(
-        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
-        "i8mm",
-        "gemm",
-        _neon(16, 4, 16),
-        alt_lhs_packers=_I8MM_ALT,
+        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", "i8mm", "gemm", _neon(16, 4, 16), False, _I8MM_ALT
     ),
     _kernel(
-        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm",
-        "i8mm",
-        "gemm",
-        _neon(8, 4, 16),
-        alt_lhs_packers=_I8MM_ALT,
+        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "i8mm", "gemm", _neon(8, 4, 16), False, _I8MM_ALT
     ),
     _kernel("matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", "dotprod", "gemm", _neon(16, 4, 8)),
     _kernel("matmul_clamp_f32_qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod", "dotprod", "gemv", _neon(1, 1, 16)),
