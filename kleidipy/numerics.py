@@ -70,6 +70,23 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return out
 
 
+def fmax_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Arm FMAX on non-NaN float32: like max, but max(+0, -0) is +0 whatever the order."""
+    a, b = np.float32(a) if np.isscalar(a) else a, np.float32(b) if np.isscalar(b) else b
+    return np.where(a == b, np.where(a == 0, a + b, a), np.maximum(a, b)).astype(np.float32)
+
+
+def fmin_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Arm FMIN on non-NaN float32: like min, but min(+0, -0) is -0 whatever the order."""
+    a, b = np.float32(a) if np.isscalar(a) else a, np.float32(b) if np.isscalar(b) else b
+    return np.where(a == b, np.where(a == 0, -((-a) + (-b)), a), np.minimum(a, b)).astype(np.float32)
+
+
 def clamp_f32(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """KleidiAI's clamp: FMAX with min then FMIN with max, in float32."""
-    return np.minimum(np.maximum(np.asarray(x, dtype=np.float32), np.float32(lo)), np.float32(hi))
+    """KleidiAI's clamp: FMAX with min, then FMIN with max, in float32 (signed zeros as Arm orders them).
+
+    Only a ±0 bound can tie with a value of the other sign; without one, a plain clip is the same thing.
+    """
+    if lo != 0 and hi != 0:
+        return np.clip(np.asarray(x, dtype=np.float32), np.float32(lo), np.float32(hi))
+    return fmin_f32(fmax_f32(np.asarray(x, dtype=np.float32), np.float32(lo)), np.float32(hi))
