@@ -1,0 +1,433 @@
+"""GGUF loading and validation: tiny llama/qwen2 files written with gguf.GGUFWriter, then corrupted."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kleidipy.errors import KleidipyError
+from kleidipy.model.gguf_file import (
+    GGUFError,
+    GGUFFile,
+    GGUFFormatError,
+    GGUFMetadataError,
+    GGUFOpenError,
+    GGUFTensorError,
+    RopeType,
+    UnsupportedArchitectureError,
+    UnsupportedModelError,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiny model files (also used by test_model_arch.py)
+
+TINY = dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=80, n_ctx=64)
+
+
+def tiny_kv(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int, n_ctx: int):
+    return {
+        f"{arch}.block_count": n_layer,
+        f"{arch}.context_length": n_ctx,
+        f"{arch}.embedding_length": n_embd,
+        f"{arch}.feed_forward_length": n_ff,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_head_kv,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-5,
+        f"{arch}.rope.freq_base": 10000.0 if arch == "llama" else 1000000.0,
+        f"{arch}.vocab_size": n_vocab,
+    }
+
+
+def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
+                 seed: int = 0, tied: bool | None = None, **_: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """Random float32 tensors in numpy order (reversed ggml shape); qwen2 gets biases and an output.weight."""
+    rng = np.random.default_rng(seed)
+    hd = n_embd // n_head
+    tied = arch == "llama" if tied is None else tied
+
+    def mat(n: int, k: int) -> np.ndarray:
+        return (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"token_embd.weight": rng.standard_normal((n_vocab, n_embd)).astype(np.float32)}
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm(n_embd)
+        t[p + "attn_q.weight"] = mat(n_head * hd, n_embd)
+        t[p + "attn_k.weight"] = mat(n_head_kv * hd, n_embd)
+        t[p + "attn_v.weight"] = mat(n_head_kv * hd, n_embd)
+        t[p + "attn_output.weight"] = mat(n_embd, n_head * hd)
+        if arch == "qwen2":
+            t[p + "attn_q.bias"] = (0.1 * rng.standard_normal(n_head * hd)).astype(np.float32)
+            t[p + "attn_k.bias"] = (0.1 * rng.standard_normal(n_head_kv * hd)).astype(np.float32)
+            t[p + "attn_v.bias"] = (0.1 * rng.standard_normal(n_head_kv * hd)).astype(np.float32)
+        t[p + "ffn_norm.weight"] = norm(n_embd)
+        t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
+        t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
+        t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
+    t["output_norm.weight"] = norm(n_embd)
+    if not tied:
+        t["output.weight"] = mat(n_vocab, n_embd)
+    return t
+
+
+def write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], types: dict | None = None) -> Path:
+    """Write a GGUF file: kv values typed as llama.cpp's converter does (uint32, float32, string, bool, arrays);
+    tensors as F32 unless ``types`` maps a name (or "*" for every 2-D weight) to another ggml type."""
+    types = types or {}
+    w = gguf.GGUFWriter(path, arch)
+    for key, value in kv.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+    for name, arr in tensors.items():
+        ty = types.get(name, types.get("*", T.F32) if arr.ndim == 2 else T.F32)
+        if ty == T.F32:
+            w.add_tensor(name, arr.astype(np.float32))
+        elif ty == T.F16:
+            w.add_tensor(name, arr.astype(np.float16))
+        elif ty == T.I32:
+            w.add_tensor(name, arr.astype(np.int32))
+        else:
+            q = gguf.quants.quantize(arr, ty)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=ty)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def tiny_model(tmp_path: Path, arch: str = "llama", name: str = "tiny.gguf", types: dict | None = None,
+               kv: dict | None = None, drop: tuple[str, ...] = (), extra: dict | None = None,
+               seed: int = 0, tied: bool | None = None, **hp: int) -> Path:  # fmt: skip
+    """A tiny valid model file; ``kv`` overrides/adds metadata (value None removes a key), ``drop`` removes
+    tensors, ``extra`` adds or replaces tensors."""
+    h = {**TINY, **hp}
+    meta = {**tiny_kv(arch, **h), **(kv or {})}
+    meta = {k: v for k, v in meta.items() if v is not None}
+    tensors = tiny_tensors(arch, seed=seed, tied=tied, **h)
+    tensors = {k: v for k, v in tensors.items() if k not in drop}
+    tensors.update(extra or {})
+    return write_gguf(tmp_path / name, arch, meta, tensors, types)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def raises_one_line(exc: type[Exception], path: Path, *match: str):
+    """Context manager: the error is ``exc`` (a KleidipyError), one line, naming the file and each ``match``."""
+
+    class _Check:
+        def __enter__(self):
+            self.ctx = pytest.raises(exc)
+            self.info = self.ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *args):
+            suppressed = self.ctx.__exit__(*args)
+            msg = str(self.info.value)
+            assert isinstance(self.info.value, KleidipyError)
+            assert "\n" not in msg and str(path) in msg, msg
+            for m in match:
+                assert m in msg, (m, msg)
+            return suppressed
+
+    return _Check()
+
+
+def tensor_info_offset(data: bytes, name: str) -> int:
+    """Offset of the n_dims field of tensor ``name``'s info record."""
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = data.find(key, 24)
+    assert at > 0
+    return at + len(key)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# valid files
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_model_opens(tmp_path: Path, arch: str) -> None:
+    path = tiny_model(tmp_path, arch, types={"*": T.Q8_0, "blk.0.ffn_up.weight": T.Q4_1, "output.weight": T.F16})
+    g = GGUFFile(path)
+    hp = g.hparams
+    assert g.version == 3 and g.alignment == 32 and g.architecture == arch
+    assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_ff, hp.n_vocab, hp.n_ctx_train) == (
+        2, 64, 4, 2, 96, 80, 64,
+    )  # fmt: skip
+    assert (hp.head_dim, hp.n_rot, hp.n_group, hp.n_embd_q, hp.n_embd_kv) == (16, 16, 2, 64, 32)
+    assert hp.rope_type == (RopeType.NORM if arch == "llama" else RopeType.NEOX)
+    assert hp.rope_freq_base == (10000.0 if arch == "llama" else 1e6)
+    assert hp.rope_freq_scale == 1.0 and hp.rope_scaling == "none"
+    assert hp.rms_eps == pytest.approx(1e-5)
+    assert hp.tied_embeddings == (arch == "llama")
+    assert len(g.tensors) == (20 if arch == "llama" else 27)
+    q = g.tensor("blk.0.attn_q.weight")
+    assert q.ggml_type == T.Q8_0 and q.shape == (64, 64) and q.data.shape == (64, 68) and q.data.dtype == np.uint8
+    assert g.tensor("blk.0.ffn_up.weight").ggml_type == T.Q4_1
+    assert g.tensor("output_norm.weight").data.shape == (1, 256)
+
+
+def test_tensor_data_is_a_view_of_the_file(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path)
+    g = GGUFFile(path)
+    raw = path.read_bytes()
+    for t in g.tensors.values():
+        assert not t.data.flags.owndata and not t.data.flags.writeable
+        assert t.data.tobytes() == raw[t.offset : t.offset + t.data.size]
+        assert t.offset % g.alignment == 0
+    src = tiny_tensors("llama", **TINY)
+    for name, arr in src.items():
+        np.testing.assert_array_equal(g.tensor(name).to_float(), arr)
+
+
+def test_metadata_accessors(tmp_path: Path) -> None:
+    kv = {"general.name": "tiny", "test.flag": True, "test.list": ["a", "bé"], "test.ints": [1, 2, 3]}
+    path = tiny_model(tmp_path, kv=kv)
+    g = GGUFFile(path)
+    assert g.get_str("general.name") == "tiny"
+    assert g.get_int("llama.block_count") == 2
+    assert g.get_float("llama.rope.freq_base") == 10000.0
+    assert g.get_bool("test.flag") is True
+    assert g.get_array("test.list") == ["a", "bé"] and g.get_array("test.ints") == [1, 2, 3]
+    assert g.array_length("test.ints") == 3 and g.array_length("absent") is None
+    assert g.get_int("absent", 7) == 7 and g.get_str("absent", None) is None
+    assert "general.name" in g and "absent" not in g and "general.architecture" in list(g.keys())
+    assert g.value_type("test.list") == gguf.GGUFValueType.ARRAY and g.value_type("absent") is None
+    with raises_one_line(GGUFMetadataError, path, "'llama.block_count'", "UINT32", "string"):
+        g.get_str("llama.block_count")
+    with raises_one_line(GGUFMetadataError, path, "'general.name'", "integer"):
+        g.get_int("general.name")
+    with raises_one_line(GGUFMetadataError, path, "missing metadata key 'absent'"):
+        g.get_float("absent")
+    with raises_one_line(GGUFTensorError, path, "missing tensor 'nope'"):
+        g.tensor("nope")
+
+
+def test_vocab_size_from_tokenizer_and_rope_options(tmp_path: Path) -> None:
+    tokens = [f"t{i}" for i in range(TINY["n_vocab"])]
+    kv = {
+        "llama.vocab_size": None,
+        "tokenizer.ggml.tokens": tokens,
+        "llama.rope.dimension_count": 8,
+        "llama.rope.scaling.type": "linear",
+        "llama.rope.scaling.factor": 4.0,
+        "llama.attention.head_count_kv": [2, 2],
+    }
+    path = tiny_model(tmp_path, kv=kv, extra={"rope_freqs.weight": np.ones(4, np.float32)})
+    hp = GGUFFile(path).hparams
+    assert hp.n_vocab == 80 and hp.n_rot == 8 and hp.rope_freq_scale == 0.25 and hp.rope_scaling == "linear"
+    assert hp.n_head_kv == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad files
+
+
+def test_missing_and_unreadable(tmp_path: Path) -> None:
+    with raises_one_line(GGUFOpenError, tmp_path / "absent.gguf", "cannot open"):
+        GGUFFile(tmp_path / "absent.gguf")
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with raises_one_line(GGUFFormatError, empty, "truncated"):
+        GGUFFile(empty)
+
+
+@pytest.mark.parametrize(
+    ("head", "match"),
+    [
+        (b"GGUX", "bad magic"),
+        (b"\x00\x00\x00\x00", "bad magic"),
+        (b"GGUF" + struct.pack("<I", 1), "unsupported GGUF version 1"),
+        (b"GGUF" + struct.pack("<I", 4), "unsupported GGUF version 4"),
+        (b"GGUF" + struct.pack(">I", 3), "big-endian"),
+        (b"GG", "truncated"),
+        (b"GGUF\x03", "truncated"),
+    ],
+)
+def test_bad_magic_and_version(tmp_path: Path, head: bytes, match: str) -> None:
+    path = tiny_model(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(head + data[len(head) :] if len(head) >= 8 else head)
+    with raises_one_line(GGUFFormatError, path, match):
+        GGUFFile(path)
+
+
+def test_truncated_header(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path)
+    g = GGUFFile(path)
+    data = path.read_bytes()
+    header_end = min(t.offset for t in g.tensors.values())
+    for cut in (8, 16, 23, 24, 40, 100, header_end // 2, header_end - 40):
+        path.write_bytes(data[:cut])
+        with raises_one_line(GGUFFormatError, path, "truncated"):
+            GGUFFile(path)
+
+
+def test_tensor_past_end_of_file(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path)
+    g = GGUFFile(path)
+    last = max(g.tensors.values(), key=lambda t: t.offset)
+    data = path.read_bytes()
+    path.write_bytes(data[: last.offset + 10])
+    with raises_one_line(GGUFTensorError, path, f"tensor '{last.name}'", "past the end of the file", "truncated"):
+        GGUFFile(path)
+
+
+def test_tensor_offset_past_end_and_misaligned(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path)
+    data = bytearray(path.read_bytes())
+    at = tensor_info_offset(bytes(data), "output_norm.weight")
+    off_at = at + 4 + 8 * 1 + 4
+    (offset,) = struct.unpack_from("<Q", data, off_at)
+    struct.pack_into("<Q", data, off_at, offset + len(data))
+    path.write_bytes(bytes(data))
+    with raises_one_line(GGUFTensorError, path, "'output_norm.weight'", "past the end"):
+        GGUFFile(path)
+    struct.pack_into("<Q", data, off_at, offset + 4)
+    path.write_bytes(bytes(data))
+    with raises_one_line(GGUFTensorError, path, "'output_norm.weight'", "alignment"):
+        GGUFFile(path)
+
+
+def test_unknown_tensor_type_and_bad_dims(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path)
+    good = path.read_bytes()
+    data = bytearray(good)
+    at = tensor_info_offset(good, "blk.1.ffn_up.weight")
+    struct.pack_into("<I", data, at + 4 + 16, 99)
+    path.write_bytes(bytes(data))
+    with raises_one_line(GGUFTensorError, path, "'blk.1.ffn_up.weight'", "unknown ggml type 99"):
+        GGUFFile(path)
+    data = bytearray(good)
+    struct.pack_into("<I", data, at + 4 + 16, int(T.Q8_0))  # 64-wide rows of Q8_0 are fine, 96 would be too
+    struct.pack_into("<Q", data, at + 4, 40)  # ne[0] = 40: not a multiple of 32
+    path.write_bytes(bytes(data))
+    with raises_one_line(GGUFTensorError, path, "'blk.1.ffn_up.weight'", "multiple of 32"):
+        GGUFFile(path)
+    data = bytearray(good)
+    struct.pack_into("<I", data, at, 7)  # 7 dims
+    path.write_bytes(bytes(data))
+    with pytest.raises(GGUFFormatError):
+        GGUFFile(path)
+
+
+def test_missing_unexpected_and_misshaped_tensors(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path, drop=("blk.1.ffn_gate.weight",))
+    with raises_one_line(GGUFTensorError, path, "missing tensor 'blk.1.ffn_gate.weight'"):
+        GGUFFile(path)
+    path = tiny_model(tmp_path, "qwen2", drop=("blk.0.attn_k.bias",))
+    with raises_one_line(GGUFTensorError, path, "missing tensor 'blk.0.attn_k.bias'"):
+        GGUFFile(path)
+    path = tiny_model(tmp_path, extra={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)})
+    with raises_one_line(GGUFTensorError, path, "unexpected tensor 'blk.0.ffn_gate_inp.weight'"):
+        GGUFFile(path)
+    path = tiny_model(tmp_path, extra={"blk.1.attn_k.weight": np.zeros((64, 64), np.float32)})
+    with raises_one_line(GGUFTensorError, path, "'blk.1.attn_k.weight'", "[64, 64]", "[64, 32]"):
+        GGUFFile(path)
+    path = tiny_model(tmp_path, extra={"token_embd.weight": np.zeros((81, 64), np.float32)})
+    with raises_one_line(GGUFTensorError, path, "'token_embd.weight'", "[64, 81]"):
+        GGUFFile(path)
+    path = tiny_model(tmp_path, types={"blk.0.attn_q.weight": T.I32})
+    with raises_one_line(GGUFTensorError, path, "'blk.0.attn_q.weight'", "unsupported type I32"):
+        GGUFFile(path)
+    path = tiny_model(tmp_path, types={"output_norm.weight": T.Q8_0}, extra={"output_norm.weight": np.ones(64)})
+    with raises_one_line(GGUFTensorError, path, "'output_norm.weight'", "unsupported type Q8_0"):
+        GGUFFile(path)
+
+
+def test_unknown_architecture(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "gpt2.gguf", "gpt2", tiny_kv("gpt2", **TINY), tiny_tensors("llama", **TINY))
+    with raises_one_line(UnsupportedArchitectureError, path, "'gpt2'", "llama, qwen2"):
+        GGUFFile(path)
+    w = gguf.GGUFWriter(tmp_path / "noarch.gguf", "llama")
+    w.kv_data[0].pop("general.architecture")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with raises_one_line(GGUFMetadataError, tmp_path / "noarch.gguf", "missing metadata key 'general.architecture'"):
+        GGUFFile(tmp_path / "noarch.gguf")
+
+
+@pytest.mark.parametrize(
+    ("kv", "exc", "match"),
+    [
+        ({"llama.block_count": None}, GGUFMetadataError, "missing metadata key 'llama.block_count'"),
+        ({"llama.block_count": "two"}, GGUFMetadataError, "'llama.block_count' has type STRING"),
+        ({"llama.block_count": 0}, GGUFMetadataError, "block_count = 0"),
+        ({"llama.attention.head_count_kv": 3}, GGUFMetadataError, "must divide head_count = 4"),
+        ({"llama.attention.layer_norm_rms_epsilon": None}, GGUFMetadataError, "layer_norm_rms_epsilon"),
+        ({"llama.rope.freq_base": -1.0}, GGUFMetadataError, "rope.freq_base"),
+        ({"llama.rope.dimension_count": 17}, GGUFMetadataError, "rope.dimension_count = 17"),
+        ({"llama.embedding_length": 66}, GGUFMetadataError, "not a multiple of head_count"),
+        ({"llama.vocab_size": 81}, GGUFTensorError, "'token_embd.weight'"),
+        ({"llama.rope.scaling.type": "yarn"}, UnsupportedModelError, "rope scaling 'yarn'"),
+        ({"llama.expert_count": 8}, UnsupportedModelError, "mixture-of-experts"),
+        ({"llama.attention.head_count_kv": [2, 1]}, UnsupportedModelError, "per-layer"),
+        ({"llama.attention.key_length": 16, "llama.attention.value_length": 8}, UnsupportedModelError, "value=8"),
+        ({"tokenizer.ggml.tokens": ["a", "b"]}, GGUFMetadataError, "does not match the 2 tokenizer tokens"),
+        ({"general.alignment": 3}, GGUFFormatError, "alignment"),
+    ],
+)
+def test_bad_hyper_parameters(tmp_path: Path, kv: dict, exc: type[GGUFError], match: str) -> None:
+    path = tiny_model(tmp_path, kv=kv)
+    with raises_one_line(exc, path, match):
+        GGUFFile(path)
+
+
+def test_duplicate_key_and_tensor(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path, kv={"zz.aaa": 1, "zz.bbb": 2})
+    GGUFFile(path)
+    path.write_bytes(path.read_bytes().replace(b"zz.bbb", b"zz.aaa"))
+    with raises_one_line(GGUFFormatError, path, "corrupt GGUF header", "zz.aaa"):
+        GGUFFile(path)
+    path = tiny_model(tmp_path)
+    path.write_bytes(path.read_bytes().replace(b"blk.1.ffn_up.weight", b"blk.1.ffn_dn.weight", 1))
+    with raises_one_line(GGUFTensorError, path, "unexpected tensor 'blk.1.ffn_dn.weight'"):
+        GGUFFile(path)
+    path.write_bytes(path.read_bytes().replace(b"blk.1.ffn_dn.weight", b"blk.1.ffn_up.weight", 1))
+    path.write_bytes(path.read_bytes().replace(b"blk.0.attn_v.weight", b"blk.0.attn_k.weight", 1))
+    with raises_one_line(GGUFFormatError, path, "duplicated tensor", "blk.0.attn_k.weight"):
+        GGUFFile(path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_files_raise_only_gguf_errors(tmp_path: Path, data: st.DataObject) -> None:
+    path = tmp_path / "fuzz_src.gguf"
+    if not path.exists():
+        tiny_model(tmp_path, "qwen2", name="fuzz_src.gguf", n_layer=1)
+    raw = bytearray(path.read_bytes())
+    header_end = min(t.offset for t in GGUFFile(path).tensors.values())
+    n = data.draw(st.integers(1, 6))
+    for _ in range(n):
+        i = data.draw(st.integers(0, header_end - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    fuzzed = tmp_path / "fuzzed.gguf"
+    fuzzed.write_bytes(bytes(raw))
+    try:
+        GGUFFile(fuzzed)
+    except GGUFError as e:
+        assert "\n" not in str(e) and str(fuzzed) in str(e)
