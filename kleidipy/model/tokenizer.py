@@ -523,11 +523,14 @@ def _clean_spaces(buf: bytearray) -> bytearray:
 # GGUF metadata
 
 
-def gguf_metadata(reader: gguf.GGUFReader, prefix: str = "tokenizer.") -> dict[str, Any]:
-    """The GGUF key/values whose keys start with ``prefix`` as plain Python values. Strings are decoded with
-    ``surrogateescape`` so that token texts keep their exact bytes."""
+def gguf_metadata(
+    source: gguf.GGUFReader | Mapping[str, gguf.ReaderField], prefix: str = "tokenizer."
+) -> dict[str, Any]:
+    """The GGUF key/values (of a reader, or a mapping of its fields) whose keys start with ``prefix``, as plain
+    Python values. Strings are decoded with ``surrogateescape`` so that token texts keep their exact bytes."""
     out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
+    fields = source.fields if isinstance(source, gguf.GGUFReader) else source
+    for key, field in fields.items():
         if not key.startswith(prefix) or not field.types:
             continue
         if field.types[-1] == gguf.GGUFValueType.STRING:

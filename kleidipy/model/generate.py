@@ -1,0 +1,168 @@
+"""The generate loop: load a model end to end, then prefill (GEMM) and decode (GEMV) with streaming output.
+
+:class:`Engine` opens a GGUF (a path or a catalogue name, pulled on first use), builds the tokenizer and chat
+template from its metadata, repacks every matmul weight once for the target's kernels (progress bar), and
+builds the architecture. :meth:`Engine.generate` yields text pieces as tokens are sampled and records
+:class:`Timings` (load, repack, prefill and decode tokens/s) the way llama.cpp's tools report them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from kleidipy.backend import KleidiBackend
+from kleidipy.errors import KleidipyError
+from kleidipy.model.chat_template import ChatTemplate
+from kleidipy.model.gguf_file import GGUFFile
+from kleidipy.model.llama import Llama
+from kleidipy.model.pull import resolve_model
+from kleidipy.model.qwen2 import Qwen2
+from kleidipy.model.sampler import Sampler, SamplingParams
+from kleidipy.model.tokenizer import StreamDetokenizer, Tokenizer, gguf_metadata
+from kleidipy.target import Target, resolve_target
+
+ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2}
+
+
+class PromptError(KleidipyError, ValueError):
+    """A prompt that cannot be run: empty, or longer than the context."""
+
+
+@dataclass
+class Timings:
+    """Wall-clock seconds of each stage and the token counts, as llama.cpp's timing summary."""
+
+    load_s: float = 0.0
+    repack_s: float = 0.0
+    n_prompt: int = 0
+    prefill_s: float = 0.0
+    n_decoded: int = 0
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.n_prompt / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.n_decoded / self.decode_s if self.decode_s else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"load {self.load_s:.2f} s (repack {self.repack_s:.2f} s) | prefill {self.n_prompt} tokens "
+            f"{self.prefill_tps:.1f} t/s | decode {self.n_decoded} tokens {self.decode_tps:.1f} t/s"
+        )
+
+
+@dataclass
+class Engine:
+    """A loaded model ready to generate (see the module docstring)."""
+
+    model: str | Path
+    target: Target | None = None
+    threads: int = 1
+    execution: str = "jit"
+    n_ctx: int | None = None
+    kv_dtype: type = np.float16
+    progress: bool = True
+    notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
+
+    def __post_init__(self) -> None:
+        t0 = time.perf_counter()
+        self.target = self.target or resolve_target()
+        self.path = resolve_model(self.model, progress=self.progress)
+        self.gguf = GGUFFile(self.path)
+        metadata = gguf_metadata(self.gguf.fields)
+        self.tokenizer = Tokenizer(metadata)
+        self.chat_template = ChatTemplate.from_metadata(metadata)
+        n_weights = sum(len(t.shape) == 2 for t in self.gguf.tensors.values())
+        n_weights -= 0 if self.gguf.hparams.tied_embeddings else 1  # token_embd is only read by rows
+        bar = tqdm(
+            total=n_weights, desc="repack", unit="tensor", disable=not self.progress, file=sys.stderr, leave=False
+        )
+        self.backend = KleidiBackend(
+            self.target, self.execution, self.threads, notice=self.notice, on_repack=lambda *_: bar.update()
+        )
+        t1 = time.perf_counter()
+        arch = ARCHITECTURES[self.gguf.architecture]
+        self.lm = arch(self.gguf, linear=self.backend, n_ctx=self.n_ctx, kv_dtype=self.kv_dtype)
+        bar.close()
+        t2 = time.perf_counter()
+        self.timings = Timings(load_s=t2 - t0, repack_s=t2 - t1)
+
+    @property
+    def context_length(self) -> int:
+        return self.lm.n_ctx
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token ids of ``messages`` rendered with the model's chat template (special tokens parsed)."""
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    def prompt(self, text: str) -> list[int]:
+        """Token ids of a plain-text prompt (BOS as the vocabulary says; special-token text is not parsed)."""
+        return self.tokenizer.encode(text, add_special=True, parse_special=False)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int = 128,
+        params: SamplingParams | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        keep_cache: bool = False,
+    ) -> Iterator[str]:
+        """Yield the text pieces of up to ``max_tokens`` sampled tokens (stops at end-of-generation or a ``stop``
+        string). Prefill runs the prompt as one batch (GEMM), decode one token at a time (GEMV)."""
+        ids = list(prompt_ids)
+        if not ids:
+            raise PromptError("the prompt is empty")
+        if max_tokens < 0:
+            raise PromptError(f"max_tokens must be >= 0, got {max_tokens}")
+        if not keep_cache:
+            self.lm.reset()
+        if self.lm.n_past + len(ids) > self.lm.n_ctx:
+            raise PromptError(
+                f"the prompt is {len(ids)} tokens, more than the context of {self.lm.n_ctx - self.lm.n_past} left"
+            )
+        params = params or SamplingParams(temperature=0.0)
+        sampler = Sampler(params, seed=seed)
+        detok = StreamDetokenizer(self.tokenizer)
+        history = list(ids)
+        t = self.timings
+        t.n_prompt, t.n_decoded, t.decode_s = len(ids), 0, 0.0
+        t0 = time.perf_counter()
+        logits = self.lm.forward(ids)
+        t.prefill_s = time.perf_counter() - t0
+        text = ""
+        for i in range(max_tokens):
+            token = sampler(logits, history)
+            if self.tokenizer.is_eog(token):
+                break
+            history.append(token)
+            piece = detok.push(token)
+            text += piece
+            hit = next((s for s in stop if s and s in text), None)
+            if hit:  # yield what comes before the stop string, and stop
+                cut = text.index(hit) - (len(text) - len(piece))
+                if cut > 0:
+                    yield piece[:cut]
+                return
+            if piece:
+                yield piece
+            if i + 1 == max_tokens or self.lm.n_past >= self.lm.n_ctx:
+                break
+            t0 = time.perf_counter()
+            logits = self.lm.forward([token])
+            t.decode_s += time.perf_counter() - t0
+            t.n_decoded += 1
+        tail = detok.flush()
+        if tail:
+            yield tail
