@@ -1,0 +1,103 @@
+"""Llama (Touvron et al., 2023) as llama.cpp runs it: token embedding, then n_layer pre-norm decoder blocks
+
+    h   = x + Attention(RMSNorm(x))       GQA self-attention, RoPE on q and k (NORM: adjacent pairs)
+    out = h + SwiGLU(RMSNorm(h))          down(silu(gate(h)) * up(h))
+
+then a final RMSNorm and the LM head (``output.weight``, or ``token_embd.weight`` when tied, as in SmolLM2).
+Optional q/k/v/output biases are used when the file has them. The shared ops and their numerics are in
+:mod:`kleidipy.model.layers`; tensor names and shapes are validated by :mod:`kleidipy.model.gguf_file`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kleidipy.model.gguf_file import GGUFFile, UnsupportedArchitectureError
+from kleidipy.model.kv_cache import KVCache
+from kleidipy.model.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiGLU
+from kleidipy.model.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
+
+#: context size when none is given (capped by the training context), as llama.cpp's CLI default
+DEFAULT_N_CTX = 4096
+
+
+class LlamaBlock:
+    """One pre-norm decoder block: attention and feed-forward, each around a residual connection."""
+
+    def __init__(self, attn_norm: RMSNorm, attention: SelfAttention, ffn_norm: RMSNorm, ffn: SwiGLU) -> None:
+        self.attn_norm, self.attention, self.ffn_norm, self.ffn = attn_norm, attention, ffn_norm, ffn
+
+    def __call__(self, x: np.ndarray, start: int, cache: KVCache, keep: slice | None = None) -> np.ndarray:
+        h = x + self.attention(self.attn_norm(x), start, cache)
+        if keep is not None:  # last layer: only the rows whose logits are wanted go on
+            h = h[keep]
+        return h + self.ffn(self.ffn_norm(h))
+
+
+class Llama(CausalLM):
+    """A llama-architecture model from a GGUF file; weights go through ``linear`` (the matmul backend)."""
+
+    architecture = "llama"
+
+    def __init__(
+        self,
+        model: GGUFFile,
+        linear: LinearFactory = FloatLinear.from_gguf,
+        embedding: EmbeddingFactory = RowEmbedding.from_gguf,
+        n_ctx: int | None = None,
+        kv_dtype: type = np.float16,
+        n_ubatch: int = 512,
+    ) -> None:
+        if model.architecture != self.architecture:
+            raise UnsupportedArchitectureError(
+                f"{model.path}: architecture '{model.architecture}' is not '{self.architecture}'"
+            )
+        hp = model.hparams
+        n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
+
+        def weight(name: str):
+            t = model.tensor(name)
+            return linear(name, t.ggml_type, t.shape, t.data)
+
+        def vector(name: str) -> np.ndarray | None:
+            return model.tensors[name].to_float() if name in model.tensors else None
+
+        rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx, vector("rope_freqs.weight"))
+        blocks = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            attention = SelfAttention(
+                layer=i,
+                wq=weight(p + "attn_q.weight"),
+                wk=weight(p + "attn_k.weight"),
+                wv=weight(p + "attn_v.weight"),
+                wo=weight(p + "attn_output.weight"),
+                rope=rope,
+                n_head=hp.n_head,
+                n_head_kv=hp.n_head_kv,
+                head_dim=hp.head_dim,
+                bq=vector(p + "attn_q.bias"),
+                bk=vector(p + "attn_k.bias"),
+                bv=vector(p + "attn_v.bias"),
+                bo=vector(p + "attn_output.bias"),
+            )
+            ffn = SwiGLU(weight(p + "ffn_gate.weight"), weight(p + "ffn_up.weight"), weight(p + "ffn_down.weight"))
+            blocks.append(
+                LlamaBlock(
+                    RMSNorm(vector(p + "attn_norm.weight"), hp.rms_eps),
+                    attention,
+                    RMSNorm(vector(p + "ffn_norm.weight"), hp.rms_eps),
+                    ffn,
+                )
+            )
+        embd = model.tensor("token_embd.weight")
+        super().__init__(
+            hparams=hp,
+            embedding=embedding("token_embd.weight", embd.ggml_type, embd.shape, embd.data),
+            blocks=blocks,
+            output_norm=RMSNorm(vector("output_norm.weight"), hp.rms_eps),
+            lm_head=weight("token_embd.weight" if hp.tied_embeddings else "output.weight"),
+            n_ctx=n_ctx,
+            kv_dtype=kv_dtype,
+            n_ubatch=n_ubatch,
+        )

@@ -1,0 +1,134 @@
+"""Next-token sampling with llama.cpp's semantics (its default sampler chain, without DRY/typical/XTC):
+
+    penalties -> top-k -> top-p -> min-p -> temperature -> dist
+
+* penalties (last ``repeat_last_n`` tokens of the history; -1: all): a token seen ``c`` times gets
+  ``logit * r`` if ``logit <= 0`` else ``logit / r``, then ``- c * frequency - presence``.
+* top-k (``k <= 0``: off) keeps the k largest logits; top-p (``p >= 1``: off) keeps the shortest prefix of the
+  candidates sorted by probability whose float32 running sum reaches p; min-p (``p <= 0``: off) keeps logits
+  ``>= max + log(p)``; top-p and min-p see the logits before temperature, as in llama.cpp.
+* temperature ``t <= 0`` is greedy (argmax of the penalized logits); otherwise logits are divided by t and one
+  token is drawn from the softmax with a seeded ``numpy.random.Generator`` (same seed -> same tokens).
+
+Candidates are ordered by logit, ties going to the lower token id, so greedy picks the lowest id among equal
+maxima.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kleidipy.errors import KleidipyError
+
+
+class SamplingError(KleidipyError, ValueError):
+    """Invalid sampling parameters or logits (wrong shape, NaN)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """llama.cpp's sampling parameters (defaults are llama.cpp's common defaults)."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        values = (self.temperature, self.top_p, self.min_p, self.repeat_penalty)
+        if not all(np.isfinite(v) for v in values) or self.repeat_penalty <= 0 or self.repeat_last_n < -1:
+            raise SamplingError(f"invalid sampling parameters: {self}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def greedy(logits: np.ndarray) -> int:
+    """Argmax, ties going to the lowest token id."""
+    return int(np.argmax(logits))
+
+
+def _check_logits(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits)
+    if logits.ndim != 1 or logits.size == 0 or np.isnan(logits).any():
+        raise SamplingError(f"logits must be a non-empty 1-D array without NaN, got shape {logits.shape}")
+    return logits
+
+
+def _softmax_f32(logits: np.ndarray) -> np.ndarray:
+    """llama.cpp's softmax over candidates sorted by logit: expf(l - max) / sequential float32 sum."""
+    e = np.exp(logits - logits[0])
+    return e / np.cumsum(e)[-1]
+
+
+class Sampler:
+    """Draws next tokens from logits; ``Sampler(params, seed)`` is reproducible for a given seed."""
+
+    def __init__(self, params: SamplingParams = SamplingParams(), seed: int | None = None) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(seed)
+
+    def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """float32 logits with the repetition/frequency/presence penalties of ``history`` applied (a copy)."""
+        p = self.params
+        out = np.array(logits, dtype=np.float32)
+        n = len(history) if p.repeat_last_n == -1 else p.repeat_last_n
+        neutral = p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
+        if n == 0 or neutral or not len(history):
+            return out
+        counts = Counter(int(t) for t in list(history)[-n:])
+        ids = np.fromiter(counts, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= out.size:
+            raise SamplingError(f"history holds token ids outside [0, {out.size})")
+        c = np.fromiter(counts.values(), dtype=np.float32)
+        r = np.float32(p.repeat_penalty)
+        x = out[ids]
+        x = np.where(x <= 0, x * r, x / r)
+        out[ids] = x - (c * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty))
+        return out
+
+    def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids left after penalties, top-k, top-p and min-p (sorted by logit, ties by id) and their
+        float32 logits after temperature (unscaled when greedy)."""
+        p = self.params
+        x = self.penalize(_check_logits(logits), history)
+        n = x.size
+        if 0 < p.top_k < n:
+            kth = np.partition(x, n - p.top_k)[n - p.top_k]
+            above = np.flatnonzero(x > kth)
+            ids = np.concatenate([above, np.flatnonzero(x == kth)[: p.top_k - above.size]])
+        else:
+            ids = np.arange(n)
+        ids = ids[np.lexsort((ids, -x[ids]))]
+        lg = x[ids]
+        if p.top_p < 1.0:
+            reached = np.flatnonzero(np.cumsum(_softmax_f32(lg)) >= np.float32(p.top_p))
+            if reached.size:
+                ids, lg = ids[: reached[0] + 1], lg[: reached[0] + 1]
+        if p.min_p > 0.0:
+            keep = lg >= lg[0] + np.log(np.float32(p.min_p))
+            ids, lg = ids[keep], lg[keep]
+        if not p.greedy:
+            lg = lg / np.float32(p.temperature)
+        return ids, lg
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """The next token id."""
+        if self.params.greedy:  # the filters never drop the maximum: argmax of the penalized logits
+            return greedy(self.penalize(_check_logits(logits), history))
+        ids, lg = self.candidates(logits, history)
+        cum = np.cumsum(_softmax_f32(lg))
+        i = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
+        return int(ids[min(i, ids.size - 1)])
