@@ -109,6 +109,76 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine(args: argparse.Namespace):  # noqa: ANN202
+    from kleidipy.model.generate import Engine
+
+    return Engine(
+        args.model,
+        target=_target(args),
+        threads=args.threads,
+        execution=args.execution,
+        n_ctx=args.ctx_size,
+        progress=not args.quiet,
+    )
+
+
+def _sampling(args: argparse.Namespace):  # noqa: ANN202
+    from kleidipy.model.sampler import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from kleidipy.model.generate import PromptError
+
+    if not args.prompt:
+        raise PromptError("the prompt is empty")
+    engine = _engine(args)
+    ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else engine.prompt(args.prompt)
+    if not args.chat:
+        print(args.prompt, end="", flush=True)
+    for piece in engine.generate(ids, args.n_predict, _sampling(args), seed=args.seed):
+        print(piece, end="", flush=True)
+    print()
+    if not args.quiet:
+        print(engine.timings.summary(), file=sys.stderr)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("kleidipy chat: type a message, Ctrl-C stops a reply, Ctrl-D (or /exit) quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = ""
+        try:
+            for piece in engine.generate(engine.chat_prompt(messages), args.n_predict, _sampling(args), seed=args.seed):
+                reply += piece
+                print(piece, end="", flush=True)
+        except KeyboardInterrupt:
+            print(" [stopped]", end="")
+        print()
+        messages.append({"role": "assistant", "content": reply})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kleidipy",
@@ -154,6 +224,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="catalogue name, e.g. smollm2-135m-instruct or qwen2.5-coder-0.5b-instruct")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_pull)
+
+    for name, help_text, desc in (
+        (
+            "run",
+            "generate text from a prompt (streams the answer)",
+            "Load a GGUF model (repacking every weight once for the target's kernels), run the prompt as one "
+            "batch (GEMM kernels) and decode token by token (GEMV kernels), streaming the text; ends with a "
+            "one-line timing summary on stderr.",
+        ),
+        (
+            "chat",
+            "interactive chat with the model's chat template",
+            "Chat with a model using the chat template stored in its GGUF; history is kept; Ctrl-C stops a reply.",
+        ),
+    ):
+        p = sub.add_parser(name, help=help_text, description=desc)
+        p.add_argument(
+            "-m",
+            "--model",
+            default="smollm2-135m-instruct",
+            help="GGUF file or catalogue name (default: smollm2-135m-instruct, pulled on first use)",
+        )
+        if name == "run":
+            p.add_argument("-p", "--prompt", required=True, help="the prompt text")
+            p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+        else:
+            p.add_argument("--system", help="system message")
+        p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate at most (default 128)")
+        p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
+        p.add_argument("-c", "--ctx-size", type=int, default=None, help="context size (default: the model's)")
+        p.add_argument("--temp", type=float, default=0.0 if name == "run" else 0.8, help="temperature (0 = greedy)")
+        p.add_argument("--top-k", type=int, default=40, help="top-k sampling (default 40, 0 = off)")
+        p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default 0.95)")
+        p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling (default 0.05)")
+        p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1.0 = off)")
+        p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same text)")
+        p.add_argument(
+            "--execution",
+            default="jit",
+            choices=list(interface.EXECUTIONS),
+            help="how kernels run on this host: jit (default), reference (numpy) or isa (emulator, slow)",
+        )
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or timing line")
+        _add_target_arg(p)
+        p.set_defaults(func=_cmd_run if name == "run" else _cmd_chat)
 
     p = sub.add_parser("models", help="list the model catalogue and what is pulled")
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")
