@@ -18,7 +18,8 @@ def chain_model(logits: list[float], history: list[int], p: SamplingParams) -> l
     (id, logit) pairs, best first, ties by id."""
     f32 = np.float32
     x = [f32(v) for v in logits]
-    window = history if p.repeat_last_n == -1 else history[len(history) - p.repeat_last_n :] if p.repeat_last_n else []
+    n = len(history) if p.repeat_last_n == -1 else p.repeat_last_n
+    window = history[max(0, len(history) - n) :]
     neutral = p.repeat_penalty == 1 and p.frequency_penalty == 0 and p.presence_penalty == 0
     if not neutral:
         for t in set(window):
