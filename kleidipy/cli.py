@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
+import os
+
+# One BLAS thread: the kernels do their own threading (-t), and a second BLAS pool fights it on small machines.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
 import contextlib
 import platform
 import sys

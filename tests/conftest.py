@@ -1,5 +1,9 @@
 """Shared test fixtures: where the shared golden/reference data lives."""
 
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels thread themselves; keep BLAS out of the way
+
 from pathlib import Path
 
 import pytest
