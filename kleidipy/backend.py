@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
@@ -22,7 +23,6 @@ from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
 from kleidipy.kernels.interface import MatmulKernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import requantize_q8_0_per_channel
 from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
-from kleidipy.model.weights import check_activations
 from kleidipy.target import KernelPair, Target, select_kernels
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
@@ -57,37 +57,37 @@ TRACE_HOOK: Callable[[KernelCall], None] | None = None
 
 
 class RepackedLinear:
-    """A weight repacked for one KernelPair: ``y = x @ Wᵀ`` through the KleidiAI kernels."""
+    """A weight repacked for one KernelPair: ``y = x @ Wᵀ`` through the KleidiAI kernels.
+
+    The packed buffer is validated once here; each call only quantizes+packs the activations and runs the
+    pair's GEMV (m == 1) or GEMM (m > 1).
+    """
 
     def __init__(self, name: str, pair: KernelPair, n: int, k: int, packed: np.ndarray, backend: KleidiBackend):
-        self.name, self.pair, self.n, self.k, self.packed = name, pair, n, k, packed
-        self.backend = backend
+        self.name, self.pair, self.n, self.k, self.packed, self.backend = name, pair, n, k, packed, backend
+        opts = {"execution": backend.execution, "threads": backend.threads}
+        self.gemm = pair.gemm.prepare(n, k, packed, **opts)
+        self.gemv = pair.gemv.prepare(n, k, packed, **opts) if pair.gemv is not pair.gemm else self.gemm
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return compute_forward_mul_mat(self, check_activations(x, self.k))
+        return compute_forward_mul_mat(self, x)
 
 
 def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray:
     """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule)."""
     m = x.shape[0]
-    kern = weight.pair.for_m(m)
-    be = weight.backend
+    run = weight.gemv if m == 1 else weight.gemm
     hook = TRACE_HOOK
     if hook is None:
-        lhs = kern.pack_lhs(x, m, weight.k, execution=be.execution, threads=be.threads)
-        return kern.run(m, weight.n, weight.k, lhs, weight.packed, execution=be.execution, threads=be.threads)
-    from time import perf_counter
-
+        return run(x)
+    # Traced: the same kernels through the public API, timing the LHS pack and the matmul separately.
+    kern, (n, k), be = weight.pair.for_m(m), (weight.n, weight.k), weight.backend
     t0 = perf_counter()
-    lhs = kern.pack_lhs(x, m, weight.k, execution=be.execution, threads=be.threads)
+    lhs = kern.pack_lhs(x, m, k, execution=be.execution, threads=be.threads)
     t1 = perf_counter()
-    out = kern.run(m, weight.n, weight.k, lhs, weight.packed, execution=be.execution, threads=be.threads)
+    out = kern.run(m, n, k, lhs, weight.packed, execution=be.execution, threads=be.threads)
     t2 = perf_counter()
-    hook(
-        KernelCall(
-            weight.name, kern, m, weight.n, weight.k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1
-        )
-    )
+    hook(KernelCall(weight.name, kern, m, n, k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1))
     return out
 
 

@@ -346,10 +346,12 @@ class MatmulKernel:
         return replace(self, svl_bits=check_svl(svl_bits or 512))
 
     def _geo(self) -> Geometry:
-        vl = (self.svl_bits or 512) // 32 if self.is_sme else 0
-        return self.geometry(vl)
+        geo = self.__dict__.get("_geometry_cache")
+        if geo is None:
+            vl = (self.svl_bits or 512) // 32 if self.is_sme else 0
+            geo = self.__dict__["_geometry_cache"] = self.geometry(vl)
+        return geo
 
-    # --- KleidiAI getters -----------------------------------------------------------------------
     def get_m_step(self) -> int:
         return self._geo().m_step
 
@@ -513,20 +515,66 @@ class MatmulKernel:
             )
         out = self._dst_view(dst, m, n, dst_stride_row)
         impl = {"reference": self._reference, "jit": self._jit, "isa": self._isa}[execution]
-        g = self._geo()
-        if threads > 1 and n > g.n_step:
-            per_n = roundup(-(-n // threads), g.n_step)
-            starts = list(range(0, n, per_n))
+        out[:, :] = clamp_f32(self._compute(impl, m, n, k, lhs, rhs, threads), clamp_min, clamp_max)
+        return out
 
-            def run_slice(n_start: int) -> None:
-                n_cnt = min(per_n, n - n_start)
-                off = self.get_rhs_packed_offset(n_start, k)
-                res = impl(m, n_cnt, k, lhs, rhs[off:])
-                out[:, n_start : n_start + n_cnt] = clamp_f32(res, clamp_min, clamp_max)
+    def prepare(
+        self, n: int, k: int, rhs_packed: np.ndarray, *, execution: str | None = None, threads: int = 1
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """Validate packed weights once and return ``x -> x·Wᵀ`` (float32 [m, k] -> [m, n], no clamping).
 
-            parallel_map(run_slice, starts, threads)
-        else:
-            out[:, :] = clamp_f32(impl(m, n, k, lhs, rhs), clamp_min, clamp_max)
+        This is what a runtime calls per MUL_MAT: the returned function only checks the activations (dtype,
+        shape, finite) and runs the LHS quantize+pack and the kernel, as ``pack_lhs`` + ``run`` would.
+        """
+        execution = check_execution(execution)
+        self.check_args(self.mr if self.kind == "gemm" else 1, n, k)
+        self._check_layout(rhs_packed, "rhs", n, k)
+        rhs = as_u8(rhs_packed, f"{self.name} RHS")
+        if rhs.size < self.rhs_packed_size(n, k):
+            raise BufferSizeError(f"{self.name}{self._svl_text()}: RHS packed buffer is too small for n={n}, k={k}")
+        impl = {"reference": self._reference, "jit": self._jit, "isa": self._isa}[execution]
+        g, packer, bl = self._geo(), self.lhs_packer, self.bl
+        pack = None
+        if packer is not None:
+            pack = packer._jit if execution == "jit" else packer._reference
+            packer.check_args(1, k, g.mr, g.kr, g.sr, bl)
+
+        def matmul(x: np.ndarray) -> np.ndarray:
+            if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
+                raise DTypeError(f"{self.name}: activations must be float32 [m, {k}], got {x.dtype} {x.shape}")
+            m = x.shape[0]
+            if self.kind == "gemv" and m != 1:
+                raise KernelShapeError(f"{self.name}: GEMV kernel takes m == 1, got m={m}")
+            if pack is None:
+                check_finite(x, self.name)
+                lhs = np.ascontiguousarray(x).reshape(-1)
+            else:
+                check_finite(x, packer.name)
+                if threads > 1 and m > g.mr:
+                    lhs = packer.run(m, k, g.mr, g.kr, g.sr, x, bl=bl, execution=execution, threads=threads)
+                    lhs = lhs.view(np.ndarray)
+                else:
+                    lhs = pack(np.ascontiguousarray(x), g.mr, g.kr, g.sr, bl, 0)
+            out = self._compute(impl, m, n, k, lhs, rhs, threads)
+            return np.clip(out, -FLT_MAX, FLT_MAX, out=out)  # llama.cpp's clamp range: ±inf -> ±FLT_MAX
+
+        return matmul
+
+    def _compute(
+        self, impl: Callable, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int
+    ) -> np.ndarray:
+        """Unclamped [m, n]; with threads > 1 the columns are split in multiples of n_step (llama.cpp's split)."""
+        n_step = self._geo().n_step
+        if threads <= 1 or n <= n_step:
+            return impl(m, n, k, lhs, rhs)
+        out = np.empty((m, n), dtype=np.float32)
+        per_n = roundup(-(-n // threads), n_step)
+
+        def run_slice(n_start: int) -> None:
+            n_cnt = min(per_n, n - n_start)
+            out[:, n_start : n_start + n_cnt] = impl(m, n_cnt, k, lhs, rhs[self.get_rhs_packed_offset(n_start, k) :])
+
+        parallel_map(run_slice, list(range(0, n, per_n)), threads)
         return out
 
     def _dst_view(self, dst: np.ndarray | None, m: int, n: int, dst_stride_row: int | None) -> np.ndarray:
