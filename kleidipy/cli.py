@@ -184,6 +184,28 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "assistant", "content": reply})
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kleidipy.trace import run_trace
+
+    print(
+        run_trace(
+            args.model,
+            args.prompt,
+            args.n_predict,
+            _target(args),
+            args.threads,
+            json_out=args.json,
+            chrome_trace_path=Path(args.chrome_trace) if args.chrome_trace else None,
+            execution=args.execution,
+            n_ctx=args.ctx_size,
+            chat=args.chat,
+        )
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kleidipy",
@@ -274,6 +296,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or timing line")
         _add_target_arg(p)
         p.set_defaults(func=_cmd_run if name == "run" else _cmd_chat)
+
+    from kleidipy.trace import DEFAULT_PROMPT
+
+    p = sub.add_parser(
+        "trace",
+        help="run a short generation and show each stage's call stack down to the micro-kernels",
+        description="Run a model and print, per stage (model load, prefill, decode), the call stack from the "
+        "runtime operation down to the KleidiAI packers and kernels that ran, with call counts, time and bytes "
+        "per kernel and per weight. --json for machines, --chrome-trace FILE for Perfetto / chrome://tracing.",
+    )
+    p.add_argument("-m", "--model", default="smollm2-135m-instruct", help="GGUF file or catalogue name")
+    p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("-n", "--n-predict", type=int, default=8, help="tokens to decode (default 8)")
+    p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context size (default: the model's)")
+    p.add_argument("--execution", default="jit", choices=list(interface.EXECUTIONS), help="kernel execution")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--chrome-trace", metavar="FILE", help="also write a Chrome trace-event file")
+    _add_target_arg(p)
+    p.set_defaults(func=_cmd_trace)
 
     p = sub.add_parser("models", help="list the model catalogue and what is pulled")
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")
