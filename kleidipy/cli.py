@@ -206,6 +206,24 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_layout(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kleidipy.layout import render_layout
+
+    m = n = k = None
+    if args.shape:
+        try:
+            m, n, k = (int(v) for v in args.shape.split(","))
+        except ValueError:
+            raise KleidipyError(f"--shape takes M,N,K (three integers), got {args.shape!r}") from None
+    dims = {"m": m, **({"n": n, "k": k} if n is not None else {})}
+    print(
+        render_layout(args.kernel, svl_bits=args.svl, out=Path(args.out) if args.out else None, text=args.text, **dims)
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kleidipy",
@@ -317,6 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chrome-trace", metavar="FILE", help="also write a Chrome trace-event file")
     _add_target_arg(p)
     p.set_defaults(func=_cmd_trace)
+
+    p = sub.add_parser(
+        "layout",
+        help="picture of a kernel's packed LHS/RHS layouts, made by running its packers",
+        description="Show where every element goes: the RHS as given (e.g. Q4_0 blocks), the packed RHS and the "
+        "quantized+packed LHS, each byte or nibble labelled 'row,k'. The map comes from running the real packers "
+        "on label-encoding inputs. Default: the seeds' example (LHS [16,64], RHS [64,64] Q4_0, SVL 512, SME2 MOPA).",
+    )
+    p.add_argument(
+        "--kernel",
+        default="kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
+        help="catalogue kernel name (default: the SME2 Q4_0 MOPA GEMM)",
+    )
+    p.add_argument("--shape", metavar="M,N,K", help="problem shape (default 16,64,64; m=1 for GEMV kernels)")
+    p.add_argument("--svl", type=int, default=512, help="SME streaming vector length in bits (default 512)")
+    p.add_argument("--out", metavar="FILE", help="write a picture (.png or .svg)")
+    p.add_argument("--text", action="store_true", help="print the full byte-by-byte table")
+    p.set_defaults(func=_cmd_layout)
 
     p = sub.add_parser("models", help="list the model catalogue and what is pulled")
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")

@@ -1,0 +1,196 @@
+"""Pictures of KleidiAI packed layouts, generated from the real packers (``kleidipy layout``).
+
+For a catalogue kernel and a small shape this package finds, for every byte (or nibble) of the packed RHS, of
+the RHS as given (GGML blocks or the packer's input) and of the packed LHS, which logical value it holds —
+element (row, k), block scale (row, block), per-row sum/scale/bias — by running the kernel's own packers on
+label-encoding inputs (:mod:`kleidipy.layout.probe`, :mod:`kleidipy.layout.encodings`). Nothing is drawn from a
+description of the layout: a packer change shows up in the picture.
+
+Outputs: a text table (:mod:`kleidipy.layout.text`, stable, for terminals and snapshot tests) and a matplotlib
+picture (:mod:`kleidipy.layout.plot`, PNG or SVG; needs the ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kleidipy.errors import KernelShapeError, KleidipyError
+from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.kernels.interface import MatmulKernel, check_svl
+from kleidipy.layout import encodings
+from kleidipy.layout.probe import BufferMap, Field, Region, trace
+
+__all__ = [
+    "BufferMap",
+    "Field",
+    "LayoutError",
+    "LayoutMaps",
+    "Panel",
+    "Region",
+    "default_m",
+    "layout_maps",
+    "render_layout",
+]
+
+#: the seeds' example: LHS [16, 64] F32 x RHS [64, 64] Q4_0 at SVL 512
+DEFAULT_KERNEL = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
+DEFAULT_SHAPE = (16, 64, 64)
+DEFAULT_SVL = 512
+#: the largest buffer (bytes) a map is made for: pictures are for small shapes
+MAX_BYTES = 32768
+PICTURE_SUFFIXES = (".png", ".svg")
+
+
+class LayoutError(KleidipyError, ValueError):
+    """A layout picture that cannot be made: unknown output extension, unwritable path, shape too large."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One buffer of the picture: what it is (``title``, ``detail``) and its label map."""
+
+    title: str
+    detail: str
+    map: BufferMap
+    #: bytes of the layout's repeating unit (a tensor row, a packed group of rows), for wrapping the picture
+    period: int
+
+
+@dataclass(frozen=True)
+class LayoutMaps:
+    """The label maps of a kernel's buffers at one shape: RHS as given (if any), RHS packed, LHS packed (if any)."""
+
+    kernel: MatmulKernel
+    m: int
+    n: int
+    k: int
+    rhs_source: Panel | None
+    rhs: Panel
+    lhs: Panel | None
+
+    @property
+    def panels(self) -> tuple[Panel, ...]:
+        return tuple(p for p in (self.rhs_source, self.rhs, self.lhs) if p is not None)
+
+    @property
+    def heading(self) -> str:
+        kern = self.kernel
+        svl = f" at SVL {kern.svl_bits}" if kern.is_sme else ""
+        return f"{kern.kai_name}{svl}: m={self.m}, n={self.n}, k={self.k}"
+
+    @property
+    def geometry(self) -> str:
+        kern = self.kernel
+        bl = "" if kern.bl is None else f", bl={kern.bl}"
+        return f"mr={kern.mr}, nr={kern.nr}, kr={kern.kr}, sr={kern.sr}{bl} ({kern.tier} {kern.kind})"
+
+
+def default_m(kernel: MatmulKernel) -> int:
+    """The default LHS rows: 1 for a GEMV kernel, else the seeds' 16."""
+    return 1 if kernel.kind == "gemv" else DEFAULT_SHAPE[0]
+
+
+def _check_shape(kern: MatmulKernel, m: int, n: int, k: int) -> None:
+    kern.check_args(m, n, k)
+    if k < 2:
+        raise KernelShapeError(f"{kern.name}: a layout map needs k >= 2 (with k=1 a row's value and its per-row "
+                               "parameters cannot be told apart)")  # fmt: skip
+    sizes = {"RHS": kern.rhs_packed_size(n, k), "LHS": kern.lhs_packed_size(m, k)}
+    for side, size in sizes.items():
+        if size > MAX_BYTES:
+            raise LayoutError(
+                f"{side} packed buffer of {size} B at m={m}, n={n}, k={k} is too large to draw "
+                f"(at most {MAX_BYTES} B): use a smaller --shape"
+            )
+
+
+def layout_maps(kernel_name: str, m: int | None = None, n: int = 64, k: int = 64, svl_bits: int = 512) -> LayoutMaps:
+    """Label maps of the kernel's buffers at LHS [m, k] x RHS [n, k] (m defaults to :func:`default_m`).
+
+    Raises UnknownKernelError (closest name suggested), KernelShapeError (a shape the kernel cannot take, SVL not
+    a power of two in 128..2048) or LayoutError (buffers too large to draw).
+    """
+    check_svl(svl_bits)
+    kern = get_kernel(kernel_name, svl_bits)
+    m = default_m(kern) if m is None else m
+    _check_shape(kern, m, n, k)
+    rhs_packer = kern.rhs_packer
+    source_title, channels = encodings.lookup(encodings.RHS_FORMATS, rhs_packer.name)(n, k, rhs_packer)
+
+    def run_rhs(inputs: encodings.RhsInputs) -> dict[str, np.ndarray]:
+        source, kwargs = inputs
+        packed = kern.pack_rhs(n, k, execution="reference", **kwargs)
+        return {"source": source, "packed": packed}
+
+    rhs_maps = trace(channels, run_rhs)
+    geo = f"nr={kern.nr}, kr={kern.kr}, sr={kern.sr}" + ("" if kern.bl is None else f", bl={kern.bl}")
+    rhs = Panel(
+        f"RHS packed by {rhs_packer.kai_name}",
+        f"n={n}, k={k}, {geo}",
+        rhs_maps["packed"],
+        kern.rhs_packed_size(kern.nr, k),
+    )
+    source = Panel(f"RHS as given: {source_title}", f"n={n}, k={k}", rhs_maps["source"], rhs_maps["source"].size // n)
+    lhs = None
+    if kern.lhs_packer is not None:
+        lhs_channels = encodings.lookup(encodings.LHS_FORMATS, kern.lhs_packer.name)(m, k)
+        lhs_maps = trace(lhs_channels, lambda x: {"packed": kern.pack_lhs(x, m, k, execution="reference")})
+        geo = f"mr={kern.mr}, kr={kern.kr}, sr={kern.sr}" + ("" if kern.bl is None else f", bl={kern.bl}")
+        lhs = Panel(
+            f"LHS packed by {kern.lhs_packer.kai_name}",
+            f"m={m}, k={k}, {geo}",
+            lhs_maps["packed"],
+            kern.lhs_packed_size(kern.mr, k),
+        )
+    return LayoutMaps(kern, m, n, k, source, rhs, lhs)
+
+
+def _check_out(out: Path) -> Path:
+    out = Path(out)
+    if out.suffix.lower() not in PICTURE_SUFFIXES:
+        raise LayoutError(f"cannot write '{out}': the picture format is chosen by the extension, .png or .svg")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise LayoutError(f"cannot write '{out}': folder '{parent}' does not exist")
+    if out.is_dir():
+        raise LayoutError(f"cannot write '{out}': it is a folder")
+    existed = out.exists()
+    try:  # fail before the work, not after it
+        out.open("ab").close()
+    except OSError as exc:
+        raise LayoutError(f"cannot write '{out}': {exc.strerror or exc}") from exc
+    if not existed:
+        out.unlink()
+    return out
+
+
+def render_layout(
+    kernel_name: str,
+    m: int | None = None,
+    n: int = 64,
+    k: int = 64,
+    svl_bits: int = DEFAULT_SVL,
+    out: Path | None = None,
+    text: bool = False,
+) -> str:
+    """``kleidipy layout``: the layout of a kernel's buffers at LHS [m, k] x RHS [n, k].
+
+    Writes the picture to ``out`` (.png or .svg) when given. Returns the full text table when ``text`` is true,
+    else a short summary (heading and regions) to print.
+    """
+    from kleidipy.layout.text import summary, text_table
+
+    if out is not None:
+        out = _check_out(out)
+    maps = layout_maps(kernel_name, m, n, k, svl_bits)
+    if out is not None:
+        from kleidipy.layout.plot import draw
+
+        draw(maps, out)
+    result = text_table(maps) if text else summary(maps)
+    if out is not None and not text:
+        result += f"\nwrote {out}\n"
+    return result
