@@ -224,6 +224,18 @@ def _cmd_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_emulate(args: argparse.Namespace) -> int:
+    from kleidipy.emulator import emulate_report
+
+    try:
+        m, n, k = (int(v) for v in args.shape.split(","))
+    except ValueError:
+        raise KleidipyError(f"--shape takes M,N,K (three integers), got {args.shape!r}") from None
+    report = emulate_report(args.kernel, m, n, k, args.svl, args.trace, args.seed)
+    print(report)
+    return 0 if "bit-exact with the jit execution: yes" in report else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kleidipy",
@@ -353,6 +365,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="write a picture (.png or .svg)")
     p.add_argument("--text", action="store_true", help="print the full byte-by-byte table")
     p.set_defaults(func=_cmd_layout)
+
+    p = sub.add_parser(
+        "emulate",
+        help="run a kernel on the instruction-level emulator: instruction counts, optional step-by-step trace",
+        description="Run one kernel's real instruction sequence (SME2 ZA tiles, LUTI4, SMOPA, SDOT; NEON SMMLA/SDOT) "
+        "on packed random inputs, check the result against the jit execution bit for bit, and print the "
+        "instruction counts and bytes moved; --trace adds a readable log of the first K block.",
+    )
+    p.add_argument(
+        "--kernel",
+        default="kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
+        help="catalogue kernel name (default: the SME2 Q4_0 MOPA GEMM)",
+    )
+    p.add_argument("--shape", default="16,64,64", metavar="M,N,K", help="problem shape (default 16,64,64)")
+    p.add_argument("--svl", type=int, default=512, help="SME streaming vector length in bits (default 512)")
+    p.add_argument("--trace", action="store_true", help="print the step-by-step log of the first block")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.set_defaults(func=_cmd_emulate)
 
     p = sub.add_parser("models", help="list the model catalogue and what is pulled")
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")

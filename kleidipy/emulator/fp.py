@@ -1,0 +1,56 @@
+"""Exact lane-wise floating-point primitives the emulated instructions share (numba, compiled once and cached).
+
+numpy has no fused multiply-add and no round-to-odd, so the instructions that need them (FMLA/FMLALB/FMLALT and
+the FPCR.EBF = 0 BF16 dot products of BFMOPA/BFMMLA/BFDOT) call these loops over their lanes. The scalar
+semantics are kleidipy's: :func:`kleidipy.jit.numerics.fma32` (one rounding) and :func:`kleidipy.jit.bf16.bfdotadd`
+(every step rounded to odd, denormals flushed).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kleidipy.jit.bf16 import bf16_value, bfdotadd
+from kleidipy.jit.numerics import fma32
+
+
+@numba.njit(cache=True, nogil=True)
+def fma_lanes(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 a·b + c per lane with a single rounding (1-D arrays of equal length)."""
+    out = np.empty(c.size, dtype=np.float32)
+    for i in range(c.size):
+        out[i] = fma32(a[i], b[i], c[i])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def bf16_outer_pairs(acc: np.ndarray, a_bits: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
+    """acc[i, j] ← BFDotAdd(acc[i, j], a[i, 0]·b[j, 0] + a[i, 1]·b[j, 1]) for bf16 pairs a [rows, 2], b [cols, 2]
+    (uint16 bit patterns) and a float32 accumulator tile [rows, cols] (BFMOPA; BFMMLA/BFDOT use it per lane)."""
+    out = np.empty_like(acc)
+    for i in range(acc.shape[0]):
+        a0 = bf16_value(a_bits[i, 0])
+        a1 = bf16_value(a_bits[i, 1])
+        for j in range(acc.shape[1]):
+            out[i, j] = np.float32(
+                bfdotadd(np.float64(acc[i, j]), a0, bf16_value(b_bits[j, 0]), a1, bf16_value(b_bits[j, 1]))
+            )
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def bf16_dot_lanes(acc: np.ndarray, a_bits: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
+    """acc[l] ← BFDotAdd(acc[l], a[l, 0]·b[l, 0] + a[l, 1]·b[l, 1]) per lane (BFDOT, vector form)."""
+    out = np.empty_like(acc)
+    for i in range(acc.size):
+        out[i] = np.float32(
+            bfdotadd(
+                np.float64(acc[i]),
+                bf16_value(a_bits[i, 0]),
+                bf16_value(b_bits[i, 0]),
+                bf16_value(a_bits[i, 1]),
+                bf16_value(b_bits[i, 1]),
+            )
+        )
+    return out
