@@ -9,7 +9,7 @@ from kleidipy.cli import main
 from kleidipy.golden import verify
 
 
-@pytest.mark.parametrize("execution", ["reference", "jit"])
+@pytest.mark.parametrize("execution", ["reference", "jit"])  # isa: tests/test_emulator.py
 def test_golden_set_passes(golden_dir, execution):
     results, skipped = verify(golden_dir, [execution])
     failures = [r.line() for r in results if not r.ok]
