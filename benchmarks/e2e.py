@@ -1,0 +1,199 @@
+"""End-to-end benchmark: prefill (pp) and decode (tg) tokens/s, kleidipy vs llama.cpp, with the bandwidth roofline.
+
+    python benchmarks/e2e.py                 # pp512 / tg128 at 1 and 2 threads, all models
+    python benchmarks/e2e.py --quick         # pp64 / tg16, one repetition
+    python benchmarks/e2e.py --models smollm2-q4_0,tinyllama-q4_0 --threads 1
+
+Models: SmolLM2-135M (Q4_1 as shipped, and Q4_0 made by `kleidipy quantize --pure`), Qwen2.5-Coder-0.5B (as
+shipped, a Q4_K_M mix that kleidipy requantizes at load, and Q4_0), and a TinyLlama-1.1B-shaped random-weight Q4_0
+model written here. llama.cpp numbers come from llama-cpp-python when it is importable (same files, same
+threads, same run). The decode roofline is weight bytes per token / measured memory read bandwidth.
+Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kleidipy.backend import KleidiBackend  # noqa: E402
+from kleidipy.model.gguf_file import GGUFFile  # noqa: E402
+from kleidipy.model.llama import Llama  # noqa: E402
+from kleidipy.model.pull import cache_dir, pull  # noqa: E402
+from kleidipy.model.qwen2 import Qwen2  # noqa: E402
+from kleidipy.model.synthetic import TINYLLAMA_1_1B, write_random_llama  # noqa: E402
+from kleidipy.target import resolve_target  # noqa: E402
+
+
+def bench_dir() -> Path:
+    d = cache_dir().parent / "bench"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def model_files() -> dict[str, Path | callable]:
+    """Model key -> a function making (or finding) its GGUF file."""
+
+    def quantized(name: str, key: str):  # noqa: ANN202
+        def make() -> Path:
+            from kleidipy.quantize import quantize_gguf
+
+            dst = bench_dir() / f"{key}.gguf"
+            if not dst.exists():
+                quantize_gguf(pull(name), dst, "q4_0", pure=True, progress=False)
+            return dst
+
+        return make
+
+    def tinyllama() -> Path:
+        dst = bench_dir() / "tinyllama-1.1b-random-q4_0.gguf"
+        if not dst.exists():
+            write_random_llama(dst, TINYLLAMA_1_1B)
+        return dst
+
+    return {
+        "smollm2-q4_1": lambda: pull("smollm2-135m-instruct"),
+        "smollm2-q4_0": quantized("smollm2-135m-instruct", "smollm2-q4_0"),
+        "qwen25-q4_k_m": lambda: pull("qwen2.5-coder-0.5b-instruct"),
+        "qwen25-q4_0": quantized("qwen2.5-coder-0.5b-instruct", "qwen25-q4_0"),
+        "tinyllama-q4_0": tinyllama,
+    }
+
+
+@numba.njit(nogil=True, cache=True)
+def _read_sum(a: np.ndarray) -> np.int64:
+    s = np.int64(0)
+    for i in range(a.size):
+        s += a[i]
+    return s
+
+
+def memory_bandwidth_gbs(size: int = 1 << 30, reps: int = 3) -> float:
+    """Single-thread read bandwidth: best of ``reps`` passes over a ``size``-byte int64 array."""
+    a = np.ones(size // 8, dtype=np.int64)
+    _read_sum(a[:16])
+    best = min(_timed(lambda: _read_sum(a)) for _ in range(reps))
+    return size / best / 1e9
+
+
+def _timed(fn) -> float:  # noqa: ANN001
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def weight_bytes(g: GGUFFile) -> int:
+    """Bytes of matmul weights read per decoded token (the LM head included, embeddings rows excluded)."""
+    total = sum(t.data.nbytes for name, t in g.tensors.items() if len(t.shape) == 2 and name != "token_embd.weight")
+    if "output.weight" not in g.tensors:
+        total += g.tensors["token_embd.weight"].data.nbytes
+    return total
+
+
+def bench_kleidipy(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int, target) -> tuple[list, list]:  # noqa: ANN001
+    g = GGUFFile(path)
+    arch = {"llama": Llama, "qwen2": Qwen2}[g.architecture]
+    lm = arch(g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=n_prompt + n_gen + 8)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, g.hparams.n_vocab, n_prompt)
+    lm.forward(ids[:8])  # warm-up: JIT caches, page-in
+    lm.reset()
+    pp, tg = [], []
+    for _ in range(reps):
+        lm.reset()
+        pp.append(n_prompt / _timed(lambda: lm.forward(ids)))
+        tok = int(ids[-1])
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            tok = int(np.argmax(lm.forward([tok])))
+        tg.append(n_gen / (time.perf_counter() - t0))
+    return pp, tg
+
+
+def bench_llama_cpp(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int) -> tuple[list, list] | None:
+    try:
+        from llama_cpp import Llama as LlamaCpp
+    except ImportError:
+        return None
+    llm = LlamaCpp(
+        model_path=str(path),
+        n_ctx=n_prompt + n_gen + 8,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=max(n_prompt, 8),
+        verbose=False,
+    )
+    rng = np.random.default_rng(0)
+    ids = [int(i) for i in rng.integers(3, llm.n_vocab(), n_prompt)]
+    llm.eval(ids[:8])
+    pp, tg = [], []
+    for _ in range(reps):
+        llm.reset()
+        pp.append(n_prompt / _timed(lambda: llm.eval(ids)))
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        tg.append(n_gen / (time.perf_counter() - t0))
+    llm.close()
+    return pp, tg
+
+
+def _fmt(values: list[float] | None) -> str:
+    if not values:
+        return "—"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.1f} ± {sd:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="pp64 / tg16, one repetition")
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--reps", type=int, default=2)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--models", default=",".join(model_files()))
+    ap.add_argument("--target", default=None, help="kleidipy target (default: host / virtual sme2:svl=512)")
+    ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if importable")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n_prompt, args.n_gen, args.reps = 64, 16, 1
+    target = resolve_target(args.target)
+    files = model_files()
+    bw = memory_bandwidth_gbs()
+    print(f"target {target.describe()}; memory read bandwidth (1 thread) {bw:.1f} GB/s", file=sys.stderr)
+    pp_name, tg_name = f"pp{args.n_prompt}", f"tg{args.n_gen}"
+    print(
+        f"| model | size | threads | kleidipy {pp_name} | llama.cpp {pp_name} | ratio | kleidipy {tg_name} "
+        f"| llama.cpp {tg_name} | ratio | decode roofline | % of roofline |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for key in args.models.split(","):
+        path = files[key]()
+        wbytes = weight_bytes(GGUFFile(path))
+        roof = bw * 1e9 / wbytes
+        for threads in (int(t) for t in args.threads.split(",")):
+            pp, tg = bench_kleidipy(path, threads, args.n_prompt, args.n_gen, args.reps, target)
+            ref = None if args.no_llama_cpp else bench_llama_cpp(path, threads, args.n_prompt, args.n_gen, args.reps)
+            ratio_pp = f"{statistics.mean(pp) / statistics.mean(ref[0]):.2f}x" if ref else "—"
+            ratio_tg = f"{statistics.mean(tg) / statistics.mean(ref[1]):.2f}x" if ref else "—"
+            print(
+                f"| {key} | {wbytes / 2**20:.0f} MiB | {threads} | {_fmt(pp)} | {_fmt(ref and ref[0])} | {ratio_pp} "
+                f"| {_fmt(tg)} | {_fmt(ref and ref[1])} | {ratio_tg} | {roof:.1f} t/s "
+                f"| {100 * statistics.mean(tg) / roof:.0f} % |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
