@@ -25,6 +25,7 @@ import numpy as np
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 from kleidipy.jit import qai8dxp as jit
 from kleidipy.jit.numerics import F16_TABLE
+from kleidipy.jit.qai8dxp_vnni import best_matmul_qai8dxp
 from kleidipy.kernels.interface import (
     Geometry,
     LhsPacker,
@@ -43,6 +44,9 @@ LHS_PARAM_BYTES = 8
 RHS_PARAM_BYTES = 12
 
 FAMILY = "qai8dxp_qsi8cxp"
+#: jit matmul of both qai8dxp families on this host: AVX-512 VNNI for the SME int8 layouts where available,
+#: else (and for every other layout) the portable numba loop; same arguments, bit-identical results.
+MATMUL_COMPUTE = best_matmul_qai8dxp()
 
 
 def k_internal(k: int) -> int:
@@ -437,7 +441,7 @@ class Qai8dxpMatmulKernel(MatmulKernel):
         lhs = lhs[: self.lhs_packed_size(m, k)]
         rhs = np.ascontiguousarray(rhs[: self.rhs_packed_size(n, k)])
         out = np.empty((m, n), dtype=np.float32)
-        jit.matmul_qai8dxp(
+        MATMUL_COMPUTE(
             m,
             n,
             k_internal(k),

@@ -39,6 +39,7 @@ import numpy as np
 
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
 from kleidipy.jit import qsi8d32p_qai4c32p as _jit
+from kleidipy.jit import qsi8d32p_qai4c32p_vnni as _vnni
 from kleidipy.kernels.interface import (
     Geometry,
     LhsPacker,
@@ -51,6 +52,11 @@ from kleidipy.kernels.interface import (
 from kleidipy.numerics import F16_BITS_TO_F32, fma_f32, round_even
 
 FAMILY = "qsi8d32p_qai4c32p"
+#: jit compute of the SME2 kernels on this host: AVX-512 VNNI where available, else the portable numba loops
+#: (same signature ``(m, n, k, mr, nr, lhs_u8, rhs_u8) -> float32 [m, n]`` and bit-identical results).
+SME2_MOPA_COMPUTE = _vnni.best_matmul_sme2_mopa()
+SME2_DOT_COMPUTE = _vnni.best_matmul_sme2_dot()
+
 BL = _jit.BL
 LHS_BLOCK_BYTES = _jit.LHS_BLOCK_BYTES
 RHS_BLOCK_BYTES = _jit.RHS_BLOCK_BYTES
@@ -413,7 +419,7 @@ class Qsi8d32pQai4c32pKernel(MatmulKernel):
         g, lhs, rhs = self._operands(m, n, k, lhs, rhs)
         if self.rhs_packer.neon:
             return _jit.matmul_neon(m, n, k, g.mr, g.nr, g.kr // g.sr, lhs, rhs)
-        compute = _jit.matmul_sme2_mopa if self.flags.get("first_block_fmul") else _jit.matmul_sme2_dot
+        compute = SME2_MOPA_COMPUTE if self.flags.get("first_block_fmul") else SME2_DOT_COMPUTE
         return compute(m, n, k, g.mr, g.nr, lhs, rhs)
 
 

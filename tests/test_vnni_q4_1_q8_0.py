@@ -1,0 +1,280 @@
+"""AVX-512 VNNI execution of the Q4_1 (kleidipy.jit.qsi8d32p_qai4c32p_vnni) and Q8_0 (kleidipy.jit.qai8dxp_vnni)
+SME2-layout kernels: bit for bit equal to the portable jit functions they replace and to the families' numpy
+references on random shapes with tails and every SVL; through the public kernels (clamp, threads, golden runs)
+after switching them in; the fallbacks for other layouts and for hosts without AVX-512 VNNI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kleidipy.jit import qai8dxp as q8_jit
+from kleidipy.jit import qai8dxp_vnni as q8_vnni
+from kleidipy.jit import qsi8d32p_qai4c32p as q41_jit
+from kleidipy.jit import qsi8d32p_qai4c32p_vnni as q41_vnni
+from kleidipy.kernels import qai8dxp_qsi8cxp as q8_fam
+from kleidipy.kernels import qsi8d32p_qai4c32p as q41_fam
+from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.numerics import FLT_MAX
+
+needs_vnni = pytest.mark.skipif(not q41_vnni.HAVE_VNNI, reason="host lacks AVX-512 VNNI")
+SVLS = (128, 256, 512, 1024, 2048)
+HYP = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+Q41_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa"
+Q41_DOT = "matmul_clamp_f32_qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot"
+Q8_KERNELS = [
+    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa",
+    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot",
+    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa",
+    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot",
+]
+
+
+def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def lhs_rows(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
+    """float32 rows of mixed magnitudes, with an all-zero 32-block in the first row."""
+    x = rng.normal(size=(m, k)) * rng.choice([1e-3, 1.0, 1e3], size=(m, 1))
+    x = x.astype(np.float32)
+    x[0, : min(k, 32)] = 0.0
+    return x
+
+
+def mixed_f32(rng: np.random.Generator, shape: tuple[int, ...], lo: float, hi: float) -> np.ndarray:
+    """Mixed-sign float32 of magnitudes in [lo, hi] (log-uniform), with some ±0 and subnormals."""
+    mag = np.exp(rng.uniform(np.log(lo), np.log(hi), size=shape)) * rng.choice([-1.0, 1.0], size=shape)
+    v = mag.astype(np.float32)
+    v[rng.random(shape) < 0.05] = 0.0
+    v[rng.random(shape) < 0.05] = -0.0
+    v[rng.random(shape) < 0.03] = np.float32(1e-40)
+    return v
+
+
+# --------------------------------------------------------------------------------------------- Q4_1
+
+
+def q41_operands(kern, m: int, n: int, k: int, seed: int, with_bias: bool = True):  # noqa: ANN001, ANN201
+    """Packed LHS and RHS (the family's jit packers) for a Q4_1 kernel; bias with −0.0 entries."""
+    rng = np.random.default_rng(seed)
+    nb = k // 32
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scale = mixed_f32(rng, (n, nb), 1e-4, 0.1)
+    zero = mixed_f32(rng, (n, nb), 1e-3, 1.0)
+    bias = np.where(rng.random(n) < 0.3, np.float32(-0.0), rng.normal(size=n)).astype(np.float32) if with_bias else None
+    lhs = q41_fam.LHS_PACKER.run(m, k, kern.mr, kern.kr, kern.sr, lhs_rows(rng, m, k), bl=32, execution="jit")
+    rhs = kern.rhs_packer.run(n, k, kern.nr, kern.kr, kern.sr, codes, bl=32, scale=scale, zero=zero, bias=bias)
+    return lhs, rhs
+
+
+def q41_functions(kern) -> tuple:  # noqa: ANN001
+    """(VNNI function, portable jit function) of a Q4_1 SME2 kernel."""
+    if kern.flags.get("first_block_fmul"):
+        return q41_vnni.matmul_sme2_mopa, q41_vnni.PORTABLE_MOPA
+    return q41_vnni.matmul_sme2_dot, q41_vnni.PORTABLE_DOT
+
+
+@needs_vnni
+@HYP
+@given(
+    m=st.integers(1, 21),
+    n=st.integers(1, 200),
+    nb=st.integers(1, 6),
+    svl=st.sampled_from(SVLS),
+    gemv=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_q4_1_random_shapes(m: int, n: int, nb: int, svl: int, gemv: bool, seed: int) -> None:
+    kern = get_kernel(Q41_DOT if gemv else Q41_MOPA, svl)
+    m = 1 if gemv else m
+    k = 32 * nb
+    lhs, rhs = q41_operands(kern, m, n, k, seed, with_bias=seed % 4 != 0)
+    ours, portable = q41_functions(kern)
+    lhs_u8, rhs_u8 = np.asarray(lhs), np.asarray(rhs)
+    got = ours(m, n, k, kern.mr, kern.nr, lhs_u8, rhs_u8)
+    assert bits_equal(got, portable(m, n, k, kern.mr, kern.nr, lhs_u8, rhs_u8))
+    assert bits_equal(got, kern._reference(m, n, k, lhs_u8, rhs_u8))
+
+
+@needs_vnni
+@pytest.mark.parametrize("svl", [128, 512, 2048])
+def test_q4_1_model_shapes(svl: int) -> None:
+    """SmolLM2-like K (576 = 18 blocks), m across the direct/panel switch, n with a tail of 1..63 columns."""
+    for name, m in ((Q41_DOT, 1), (Q41_MOPA, 1), (Q41_MOPA, 2), (Q41_MOPA, 3), (Q41_MOPA, 9), (Q41_MOPA, 33)):
+        kern = get_kernel(name, svl)
+        n, k = 3 * kern.nr + 37, 576
+        lhs, rhs = q41_operands(kern, m, n, k, svl + m)
+        ours, portable = q41_functions(kern)
+        lhs_u8, rhs_u8 = np.asarray(lhs), np.asarray(rhs)
+        assert bits_equal(
+            ours(m, n, k, kern.mr, kern.nr, lhs_u8, rhs_u8), portable(m, n, k, kern.mr, kern.nr, lhs_u8, rhs_u8)
+        )
+
+
+@needs_vnni
+def test_q4_1_mopa_keeps_negative_zero() -> None:
+    """An all-zero LHS (row sums and recips +0) against negative zeros and scales: every term is −0. The MOPA
+    recipe's first zero term is an FMUL, so its sum stays −0 (and a −0 bias keeps it); the dot kernel's fma
+    from +0 gives +0."""
+    m, n, k = 1, 64, 64
+    rng = np.random.default_rng(3)
+    x = np.zeros((m, k), np.float32)
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scale = np.full((n, k // 32), -1.0, np.float32)
+    zero = np.full((n, k // 32), -1.0, np.float32)
+    bias = np.full(n, -0.0, np.float32)
+    for name, sign in ((Q41_MOPA, 0x80000000), (Q41_DOT, 0)):
+        kern = get_kernel(name, 512)
+        lhs = q41_fam.LHS_PACKER.run(m, k, kern.mr, kern.kr, kern.sr, x, bl=32, execution="jit")
+        rhs = kern.rhs_packer.run(n, k, kern.nr, kern.kr, kern.sr, codes, bl=32, scale=scale, zero=zero, bias=bias)
+        ours, _ = q41_functions(kern)
+        got = ours(m, n, k, kern.mr, kern.nr, np.asarray(lhs), np.asarray(rhs))
+        assert (got.view(np.uint32) == sign).all(), name
+        assert bits_equal(got, kern._reference(m, n, k, np.asarray(lhs), np.asarray(rhs)))
+
+
+# --------------------------------------------------------------------------------------------- Q8_0
+
+
+def q8_operands(kern, m: int, n: int, k: int, seed: int):  # noqa: ANN001, ANN201
+    """Packed LHS and RHS (the family's jit packers) for a Q8_0 kernel; int8 weights include −128."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    scale = mixed_f32(rng, (n,), 1e-4, 0.1)
+    bias = np.where(rng.random(n) < 0.3, np.float32(-0.0), rng.normal(size=n)).astype(np.float32)
+    lhs = q8_fam.LHS_PACKER.run(m, k, kern.mr, kern.kr, kern.sr, lhs_rows(rng, m, k), execution="jit")
+    rhs = kern.rhs_packer.run(n, k, kern.nr, kern.kr, kern.sr, w, scale=scale, bias=bias)
+    return np.asarray(lhs), np.asarray(rhs)
+
+
+def q8_call(fn, kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
+    """Call a ``matmul_qai8dxp`` the way Qai8dxpMatmulKernel._jit does."""
+    lay = kern.rhs_packer.layout(k, kern.nr, kern.kr, kern.sr)
+    lhs = lhs[: kern.lhs_packed_size(m, k)]
+    rhs = np.ascontiguousarray(rhs[: kern.rhs_packed_size(n, k)])
+    out = np.empty((m, n), np.float32)
+    args = (lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs, kern.mr, kern.kr // kern.sr, kern.nr)
+    fn(m, n, q8_fam.k_internal(k), *args, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi, int(kern.recipe), out)
+    return out
+
+
+@needs_vnni
+@HYP
+@given(
+    m=st.integers(1, 21),
+    n=st.integers(1, 200),
+    k=st.integers(1, 200),
+    svl=st.sampled_from(SVLS),
+    name=st.sampled_from(Q8_KERNELS),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_q8_0_random_shapes(m: int, n: int, k: int, svl: int, name: str, seed: int) -> None:
+    kern = get_kernel(name, svl)
+    m = 1 if kern.kind == "gemv" else m
+    lhs, rhs = q8_operands(kern, m, n, k, seed)
+    got = q8_call(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+    assert bits_equal(got, q8_call(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+    assert bits_equal(got, kern._reference(m, n, k, lhs, rhs))
+
+
+@needs_vnni
+@pytest.mark.parametrize("svl", [128, 512, 2048])
+def test_q8_0_wrapping_and_large_accumulators(svl: int) -> None:
+    """Arbitrary stored row sums (the correction wraps modulo 2^32) and dots past 2^24 (SCVTF rounds)."""
+    rng = np.random.default_rng(svl)
+    for name, m in ((Q8_KERNELS[0], 7), (Q8_KERNELS[1], 1)):
+        kern = get_kernel(name, svl)
+        n, k = kern.nr + 21, 4000
+        w = np.full((n, k), 127, np.int8)
+        w[::3] = -128
+        scale = np.full(n, 1e-6, np.float32)
+        x = np.full((m, k), 1.0, np.float32)
+        x[:, ::7] = 0.5
+        lhs = np.asarray(q8_fam.LHS_PACKER.run(m, k, kern.mr, kern.kr, kern.sr, x, execution="jit"))
+        rhs = np.asarray(kern.rhs_packer.run(n, k, kern.nr, kern.kr, kern.sr, w, scale=scale)).copy()
+        got = q8_call(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+        assert np.abs(got).max() / 1e-6 * 255 > 2**25  # |acc| past 2^24 (S = 1e-6 / 255: the LHS spans [0, 1])
+        assert bits_equal(got, q8_call(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+        k_int = q8_fam.k_internal(k)
+        stride = kern.rhs_packer.get_rhs_packed_stride(k, kern.nr, kern.kr, kern.sr)
+        for g in range(-(-n // kern.nr)):  # random int32 row sums
+            sums = rhs[g * stride + kern.nr * k_int :][: 4 * kern.nr].view(np.int32)
+            sums[:] = rng.integers(-(2**31), 2**31, kern.nr)
+        got = q8_call(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+        assert bits_equal(got, q8_call(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+        assert bits_equal(got, kern._reference(m, n, k, lhs, rhs))
+
+
+@needs_vnni
+def test_q8_0_other_layouts_fall_back() -> None:
+    """NEON int8 layouts (nr = 4, kr = 4 or 8) and the int4 per-channel family go to the portable function."""
+    for name in (
+        "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod",
+        "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm",
+    ):
+        kern = get_kernel(name, None)
+        m = 1 if kern.kind == "gemv" else 5
+        lhs, rhs = q8_operands(kern, m, 37, 70, 1)
+        assert bits_equal(
+            q8_call(q8_vnni.matmul_qai8dxp, kern, m, 37, 70, lhs, rhs), kern._reference(m, 37, 70, lhs, rhs)
+        )
+    int4 = get_kernel("matmul_clamp_f32_qai8dxp1x4_qsi4cxp4vlx4_1x4vl_sme2_sdot", 512)  # kr = 4, nr = 64: int4
+    rng = np.random.default_rng(2)
+    m, n, k = 1, 40, 64
+    lhs = np.asarray(int4.lhs_packer.run(m, k, int4.mr, int4.kr, int4.sr, lhs_rows(rng, m, k), execution="jit"))
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    rhs = np.asarray(int4.rhs_packer.run(n, k, int4.nr, int4.kr, int4.sr, codes, scale=mixed_f32(rng, (n,), 1e-3, 1.0)))
+    assert bits_equal(q8_call(q8_vnni.matmul_qai8dxp, int4, m, n, k, lhs, rhs), int4._reference(m, n, k, lhs, rhs))
+
+
+# --------------------------------------------------------------------------------------------- switched in
+
+
+def test_families_run_the_best_compute_for_this_host() -> None:
+    """The public kernels' jit execution uses the VNNI functions where the host has AVX-512 VNNI."""
+    assert q41_fam.SME2_MOPA_COMPUTE is q41_vnni.best_matmul_sme2_mopa()
+    assert q41_fam.SME2_DOT_COMPUTE is q41_vnni.best_matmul_sme2_dot()
+    assert q8_fam.MATMUL_COMPUTE is q8_vnni.best_matmul_qai8dxp()
+
+
+@HYP
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 300),
+    nb=st.integers(1, 4),
+    svl=st.sampled_from([128, 512, 2048]),
+    which=st.sampled_from([Q41_MOPA, Q41_DOT, *Q8_KERNELS]),
+    clamp=st.sampled_from([(-FLT_MAX, FLT_MAX), (-0.5, 0.75), (0.0, 0.0), (-3.0, -1.0)]),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_public_kernels_jit_equals_reference(
+    m: int, n: int, nb: int, svl: int, which: str, clamp: tuple, threads: int, seed: int
+) -> None:
+    kern = get_kernel(which, svl)
+    m = 1 if kern.kind == "gemv" else m
+    q4_1 = "qai4c32p" in which
+    k = 32 * nb if q4_1 else 32 * nb - seed % 32
+    lhs, rhs = (q41_operands if q4_1 else q8_operands)(kern, m, n, k, seed)
+    want = kern.run(m, n, k, lhs, rhs, None, None, *clamp, execution="reference")
+    got = kern.run(m, n, k, lhs, rhs, None, None, *clamp, execution="jit", threads=threads)
+    assert bits_equal(got, want)
+
+
+# --------------------------------------------------------------------------------------------- selectors
+
+
+def test_selectors(monkeypatch: pytest.MonkeyPatch) -> None:
+    have = q41_vnni.HAVE_VNNI
+    assert (q41_vnni.best_matmul_sme2_mopa() is q41_vnni.matmul_sme2_mopa) == have
+    assert (q41_vnni.best_matmul_sme2_dot() is q41_vnni.matmul_sme2_dot) == have
+    assert (q8_vnni.best_matmul_qai8dxp() is q8_vnni.matmul_qai8dxp) == have
+    monkeypatch.setattr(q41_vnni, "HAVE_VNNI", False)
+    monkeypatch.setattr(q8_vnni, "HAVE_VNNI", False)
+    assert q41_vnni.best_matmul_sme2_mopa() is q41_jit.matmul_sme2_mopa
+    assert q41_vnni.best_matmul_sme2_dot() is q41_jit.matmul_sme2_dot
+    assert q8_vnni.best_matmul_qai8dxp() is q8_jit.matmul_qai8dxp
