@@ -13,9 +13,10 @@ block after block, from ``acc = +0`` — or ``acc = −0`` for the MOPA kernel, 
 
 How: 16 columns per 512-bit vector (4 K values per 32-bit lane, as kr = 4). ``vpdpbusd`` multiplies the
 unsigned codes u (nibbles spread to bytes) by the broadcast signed LHS bytes; the integer accumulator of a
-block starts at −8·Σ q_L (per row and block), which makes it Σ q_L·(u − 8) exactly. A register tile of rows ×
-4 vectors is generated in LLVM IR. With few rows the codes are spread on the fly; otherwise a panel of 64
-columns is spread to bytes once and reused by every row tile.
+block starts at −8·Σ q_L (per row and block, precomputed), which makes it Σ q_L·(u − 8) exactly. A register
+tile of up to 4 rows × 4 vectors is generated in LLVM IR (:mod:`kleidipy.jit.vnni`); the codes are spread to
+bytes on the fly from the packed RHS (``vpmultishiftqb``), panel (64 columns) by panel: the first row tile
+streams the panel from memory with prefetching (the GEMV is memory-bound), the next ones read it from L2.
 """
 
 from __future__ import annotations
@@ -27,20 +28,21 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.jit import vnni
 from kleidipy.jit.numerics import F16_TABLE
-from kleidipy.jit.vnni import F32, F32X16, I32, I32X16, I64, HOST_ISA
+from kleidipy.jit.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64
 
-#: 16 columns per vector, 4 vectors per tile: a panel of 64 columns.
+#: columns per vector; vectors per tile: a panel of 64 columns.
 VEC_COLS = 16
 PANEL_VECS = 4
 PANEL_COLS = VEC_COLS * PANEL_VECS
-#: bytes of one spread K group of a panel (64 columns × 4 codes).
-PANEL_GROUP_BYTES = PANEL_COLS * 4
-#: rows of a register tile reading a spread panel; up to this many rows the codes are spread on the fly.
-import os
-PANEL_TILE_ROWS = int(os.environ.get('TR', 4))
-DIRECT_MAX_ROWS = 3
+#: rows of a full register tile (4 rows × 4 vectors of int32 accumulators + 4 RHS vectors fit in 32 zmm).
+TILE_ROWS = 4
+#: the tiles prefetch the packed RHS this many K groups ahead.
+PREFETCH_GROUPS = 32
+#: the integer parameters handed to the IR code in one int64 array (see ``_compute``).
+PARAMS = ("lstride", "mr", "nb", "rstride", "nr", "n", "ldo", "prefetch")
 
 
 def _i64(value: int) -> ir.Constant:
@@ -48,204 +50,280 @@ def _i64(value: int) -> ir.Constant:
 
 
 class _Tile:
-    """IR of one rows × 4-vector tile over all K blocks; ``rhs_codes``/``rhs_scales`` say where the RHS comes from."""
+    """IR of a tile: up to 4 rows × the 64 columns of a panel (4 vectors of 16), all K blocks.
 
-    def __init__(self, context, builder, native: bool, rows_max: int) -> None:  # noqa: ANN001
-        self.context = context
+    The RHS comes from ``codes(v, g)`` (i32x16 of spread codes of vector v, K group g) and ``scales(v, blk)``
+    (float32 s_R), read from the packed RHS; rows are read from the packed LHS and the per-row terms.
+    """
+
+    def __init__(self, builder, native: bool, params) -> None:  # noqa: ANN001
         self.builder = builder
         self.native = native
-        self.rows_max = rows_max
+        pptr = builder.bitcast(params, I64.as_pointer())
+        for i, name in enumerate(PARAMS):
+            setattr(self, name, builder.load(builder.gep(pptr, [_i64(i)])))
 
-    def rows(self, lhs, lstride, mr, i0, rows, corr, sl, nb):  # noqa: ANN001, ANN201
-        """Per tile row (rows past ``rows`` repeat the last one): LHS data offset, corr and sL pointers."""
+    def rows(self, rows_max: int, lhs, corr, sl, i0, rows):  # noqa: ANN001, ANN201
+        """Per tile row (rows past ``rows`` repeat the last one): pointers to its LHS bytes, corr and s_L.
+
+        corr/s_L are laid out as the packed LHS scales: [group][block][mr].
+        """
         b = self.builder
         out = []
-        for r in range(self.rows_max):
-            last = b.sub(rows, _i64(1))
-            rr = b.select(b.icmp_signed("<", _i64(r), rows), _i64(r), last)
+        for r in range(rows_max):
+            rr = b.select(b.icmp_signed("<", _i64(r), rows), _i64(r), b.sub(rows, _i64(1)))
             i = b.add(i0, rr)
-            data = b.add(b.mul(b.udiv(i, mr), lstride), b.mul(b.urem(i, mr), _i64(4)))
-            terms = b.mul(b.mul(i, nb), _i64(4))
+            g = b.udiv(i, self.mr)
+            rin = b.urem(i, self.mr)
+            data = b.add(b.mul(g, self.lstride), b.mul(rin, _i64(4)))
+            terms = b.mul(b.add(b.mul(b.mul(g, self.nb), self.mr), rin), _i64(4))
             out.append((vnni.byte_ptr(b, lhs, data), vnni.byte_ptr(b, corr, terms), vnni.byte_ptr(b, sl, terms)))
         return out
 
-    def run(self, row_ptrs, mr, nb, rhs_codes, rhs_scales, init, acc_mem=None):  # noqa: ANN001, ANN201
-        """Accumulate all blocks; returns the float32 accumulators [row][vector] (allocas, or in acc_mem)."""
+    def run(self, row_ptrs, codes, scales, acc_mem, init):  # noqa: ANN001, ANN201
+        """Accumulate every block into float32 accumulators [row][vector] kept in acc_mem (64 B each), from init."""
         b = self.builder
-        if acc_mem is None:
-            facc = [
-                [cgutils.alloca_once_value(b, vnni.splat(b, init, F32X16)) for _ in range(PANEL_VECS)]
-                for _ in row_ptrs
-            ]
-        else:
-            facc = [
-                [b.bitcast(vnni.byte_ptr(b, acc_mem, 64 * (PANEL_VECS * r + v)), F32X16.as_pointer())
-                 for v in range(PANEL_VECS)]
-                for r in range(len(row_ptrs))
-            ]
-            for row in facc:
-                for p in row:
-                    b.store(vnni.splat(b, init, F32X16), p, align=4)
+        nvec = PANEL_VECS
+        facc = [[vnni.byte_ptr(b, acc_mem, 64 * (nvec * r + v)) for v in range(nvec)] for r in range(len(row_ptrs))]
+        for row in facc:
+            for p in row:
+                vnni.store(b, vnni.splat(b, init, F32X16), p)
         zero = vnni.const_splat(F32X16, 0.0)
-        kgroup = b.mul(mr, _i64(4))
-        with cgutils.for_range(b, nb) as loop:
+        kgroup = b.mul(self.mr, _i64(4))  # bytes of one K group of the LHS; also the per-block step of corr/s_L
+        iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(nvec)] for _ in row_ptrs]
+        with cgutils.for_range(b, self.nb) as loop:
             blk = loop.index
-            iacc = []
             lrow = []
-            for data, corr, _ in row_ptrs:
-                c = b.load(b.bitcast(vnni.byte_ptr(b, corr, b.mul(blk, _i64(4))), I32.as_pointer()))
-                iacc.append([vnni.splat(b, c, I32X16)] * PANEL_VECS)
+            for r, (data, corr, _) in enumerate(row_ptrs):
+                c = vnni.load(b, vnni.byte_ptr(b, corr, b.mul(blk, kgroup)), I32)
+                for v in range(nvec):
+                    b.store(vnni.splat(b, c, I32X16), iacc[r][v])
                 lrow.append(vnni.byte_ptr(b, data, b.mul(blk, b.mul(kgroup, _i64(8)))))
-            for t in range(8):
-                g = b.add(b.mul(blk, _i64(8)), _i64(t))
-                codes = [rhs_codes(v, g) for v in range(PANEL_VECS)]
+            # a real loop over the 8 K groups (opaque count: not fully unrolled) keeps the scheduler from
+            # hoisting the loads of all groups above the dot products (register spills)
+            with cgutils.for_range(b, vnni.opaque(b, _i64(8))) as inner:
+                t = inner.index
+                g = b.add(b.mul(blk, _i64(8)), t)
+                vec = [codes(v, g) for v in range(nvec)]
                 for r, ptr in enumerate(lrow):
-                    q = vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, _i64(t))), I32)
-                    q = vnni.splat(b, q, I32X16)
-                    iacc[r] = [vnni.dpbusd(b, iacc[r][v], codes[v], q, self.native) for v in range(PANEL_VECS)]
-            s_r = [rhs_scales(v, blk) for v in range(PANEL_VECS)]
+                    q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, t)), I32), I32X16)
+                    for v in range(nvec):
+                        b.store(vnni.dpbusd(b, b.load(iacc[r][v]), vec[v], q, self.native), iacc[r][v])
+            s_r = [scales(v, blk) for v in range(nvec)]
+            acc_base = vnni.opaque(b, acc_mem)  # keep the float accumulators in memory (not promoted)
             for r, (_, _, sl) in enumerate(row_ptrs):
-                s_l = b.load(b.bitcast(vnni.byte_ptr(b, sl, b.mul(blk, _i64(4))), F32.as_pointer()))
-                s_l = vnni.splat(b, s_l, F32X16)
-                for v in range(PANEL_VECS):
+                s_l = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, sl, b.mul(blk, kgroup)), F32), F32X16)
+                for v in range(nvec):
                     scale = vnni.fma(b, s_l, s_r[v], zero)
-                    dot = b.sitofp(iacc[r][v], F32X16)
-                    b.store(vnni.fma(b, dot, scale, b.load(facc[r][v], align=4)), facc[r][v], align=4)
+                    dot = b.sitofp(b.load(iacc[r][v]), F32X16)
+                    p = vnni.byte_ptr(b, acc_base, 64 * (nvec * r + v))
+                    vnni.store(b, vnni.fma(b, dot, scale, vnni.load(b, p, F32X16)), p)
         return facc
 
-    def store(self, facc, out, ldo, i0, rows, j0, n) -> None:  # noqa: ANN001
-        """Store rows < ``rows`` and vectors whose first column is < n to out[(i0 + r)·ldo + j0 + 16v]."""
+    def store(self, facc, out, i0, rows, j0, paired: bool) -> None:  # noqa: ANN001
+        """Store rows < ``rows`` to out[(i0 + r)·ldo + j0 ...] (``paired``: the accumulators are in PAIR_LANES
+        order). ldo covers whole panels: vectors past n land in padding columns."""
         b = self.builder
         for r, accs in enumerate(facc):
-            for v, acc in enumerate(accs):
-                col = b.add(j0, _i64(VEC_COLS * v))
-                ok = b.and_(b.icmp_signed("<", _i64(r), rows), b.icmp_signed("<", col, n))
-                with b.if_then(ok):
-                    off = b.mul(b.add(b.mul(b.add(i0, _i64(r)), ldo), col), _i64(4))
-                    vnni.store(b, b.load(acc, align=4), vnni.byte_ptr(b, out, off))
+            values = [vnni.load(b, acc, F32X16) for acc in accs]
+            if paired:
+                values = [x for v in range(0, PANEL_VECS, 2) for x in vnni.unpair(b, values[v], values[v + 1])]
+            with b.if_then(b.icmp_signed("<", _i64(r), rows)):
+                row = b.add(b.mul(b.add(i0, _i64(r)), self.ldo), j0)
+                for v, value in enumerate(values):
+                    index = b.add(row, _i64(VEC_COLS * v))
+                    vnni.store(b, value, vnni.byte_ptr(b, out, b.mul(index, _i64(4))))
+
+    def source(self, rhs, j0, contiguous: bool):  # noqa: ANN001, ANN201
+        """The packed RHS of the panel: codes spread to bytes on the fly, fp16 scales converted per block.
+
+        ``contiguous``: nr is a multiple of 64, so the 4 vectors are side by side in one group (vectors past
+        n read the group's padding columns). Otherwise each vector is located on its own, and vectors past n
+        re-read the first one (their group may not exist).
+        """
+        b = self.builder
+        scale_region = b.mul(b.mul(self.nr, self.nb), _i64(16))
+        bases = []
+        for v in range(1 if contiguous else PANEL_VECS):
+            col = b.add(j0, _i64(VEC_COLS * v))
+            col = b.select(b.icmp_signed("<", col, self.n), col, j0)
+            group = b.mul(b.udiv(col, self.nr), self.rstride)
+            r2 = b.mul(b.urem(col, self.nr), _i64(2))
+            data = vnni.byte_ptr(b, rhs, b.add(group, r2))
+            bases.append((data, vnni.byte_ptr(b, rhs, b.add(b.add(group, scale_region), r2))))
+        step = b.mul(self.nr, _i64(2))
+        if contiguous:  # vectors in PAIR_LANES order: (0, 1) from columns j0 .. j0+31, (2, 3) from the next 32
+            data, scale = bases[0]
+            pairs = {}
+
+            def codes(v: int, g):  # noqa: ANN001, ANN202
+                if v % 2 == 0:
+                    ptr = vnni.byte_ptr(b, data, b.add(b.mul(g, step), _i64(32 * v)))
+                    vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, self.prefetch)))
+                    pairs[v] = vnni.spread_nibble_pairs(b, ptr, self.native)
+                return pairs[v - v % 2][v % 2]
+
+            def scales(v: int, blk):  # noqa: ANN001, ANN202
+                ptr = vnni.byte_ptr(b, scale, b.add(b.mul(blk, step), _i64(32 * (v - v % 2))))
+                if v % 2 == 0:
+                    vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, b.udiv(self.prefetch, _i64(4)))))
+                return vnni.f16_to_f32(b, ptr, self.native, vnni.PAIR_LANES[v % 2])
+
+        else:
+
+            def codes(v: int, g):  # noqa: ANN001, ANN202
+                return vnni.spread_nibbles(b, vnni.byte_ptr(b, bases[v][0], b.mul(g, step)), self.native)
+
+            def scales(v: int, blk):  # noqa: ANN001, ANN202
+                return vnni.f16_to_f32(b, vnni.byte_ptr(b, bases[v][1], b.mul(blk, step)), self.native)
+
+        return codes, scales
 
 
-def _direct_source(tile: _Tile, rhs, rstride, nr, nb, j0, n):  # noqa: ANN001, ANN202
-    """RHS read from the packed buffer: codes spread on the fly, fp16 scales converted per block."""
-    b = tile.builder
-    bases = []
-    for v in range(PANEL_VECS):
-        col = b.add(j0, _i64(VEC_COLS * v))
-        col = b.select(b.icmp_signed("<", col, n), col, j0)  # vectors past n re-read the first one
-        group = b.mul(b.udiv(col, nr), rstride)
-        r2 = b.mul(b.urem(col, nr), _i64(2))
-        data = vnni.byte_ptr(b, rhs, b.add(group, r2))
-        scales = vnni.byte_ptr(b, rhs, b.add(b.add(group, b.mul(b.mul(nr, nb), _i64(16))), r2))
-        bases.append((data, scales))
-    step = b.mul(nr, _i64(2))
-
-    def codes(v: int, g):  # noqa: ANN001, ANN202
-        return vnni.spread_nibbles(b, vnni.byte_ptr(b, bases[v][0], b.mul(g, step)), tile.native)
-
-    def scales(v: int, blk):  # noqa: ANN001, ANN202
-        return vnni.f16_to_f32(b, vnni.byte_ptr(b, bases[v][1], b.mul(blk, step)), tile.native)
-
-    return codes, scales
+def _array_ptrs(context, builder, signature, args):  # noqa: ANN001, ANN202
+    """The arguments, arrays replaced by i8* to their data."""
+    return [
+        vnni.array_ptr(context, builder, ty, val) if isinstance(ty, types.Array) else val
+        for ty, val in zip(signature.args, args, strict=True)
+    ]
 
 
-def _panel_source(tile: _Tile, scr, srf):  # noqa: ANN001, ANN202
-    """RHS read from a spread panel: codes [K group][4 vectors][64 B], float32 scales [block][64]."""
-    b = tile.builder
+def _make_tile(rows_max: int, contiguous: bool):  # noqa: ANN202
+    """Intrinsic ``tile(isa, params, lhs, corr, sl, rhs, out, acc, i0, rows, j0, init)``: rows i0 .. i0+rows-1
+    (rows <= rows_max; more rows repeat the last) × the 64 columns from j0 of out, from ``init``.
+    ``contiguous``: nr is a multiple of 64 (see ``_Tile.source``)."""
 
-    def codes(v: int, g):  # noqa: ANN001, ANN202
-        off = b.add(b.mul(g, _i64(PANEL_GROUP_BYTES)), _i64(64 * v))
-        return vnni.load(b, vnni.byte_ptr(b, scr, off), I32X16)
-
-    def scales(v: int, blk):  # noqa: ANN001, ANN202
-        off = b.mul(b.add(b.mul(blk, _i64(PANEL_COLS)), _i64(VEC_COLS * v)), _i64(4))
-        return vnni.load(b, vnni.byte_ptr(b, srf, off), F32X16)
-
-    return codes, scales
-
-
-_LHS_ARGS = (types.int64, types.int64, types.int64, types.int64)  # lstride, mr, i0, rows
-
-
-def _make_direct_tile(rows_max: int):  # noqa: ANN202
     @intrinsic
-    def direct_tile(typingctx, isa, lhs, lstride, mr, i0, rows, corr, sl, nb, rhs, rstride, nr, j0, n, out, ldo, init):
-        sig = types.void(
-            isa, lhs, *_LHS_ARGS, corr, sl, types.int64, rhs, types.int64, types.int64,
-            types.int64, types.int64, out, types.int64, types.float32,
-        )  # fmt: skip
+    def tile(typingctx, isa, params, lhs, corr, sl, rhs, out, acc, i0, rows, j0, init):
+        i64 = types.int64
+        sig = types.void(isa, params, lhs, corr, sl, rhs, out, acc, i64, i64, i64, types.float32)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            (_, lhs_v, lstride_v, mr_v, i0_v, rows_v, corr_v, sl_v, nb_v, rhs_v, rstride_v, nr_v, j0_v, n_v,
-             out_v, ldo_v, init_v) = args  # fmt: skip
-            a = signature.args
-            tile = _Tile(context, builder, vnni.isa_native(a[0]), rows_max)
-            ptr = lambda i, v: vnni.array_ptr(context, builder, a[i], v)  # noqa: E731
-            row_ptrs = tile.rows(ptr(1, lhs_v), lstride_v, mr_v, i0_v, rows_v, ptr(6, corr_v), ptr(7, sl_v), nb_v)
-            codes, scales = _direct_source(tile, ptr(9, rhs_v), rstride_v, nr_v, nb_v, j0_v, n_v)
-            facc = tile.run(row_ptrs, mr_v, nb_v, codes, scales, init_v)
-            tile.store(facc, ptr(14, out_v), ldo_v, i0_v, rows_v, j0_v, n_v)
+            _, params_p, lhs_p, corr_p, sl_p, rhs_p, out_p, acc_p, i0_v, rows_v, j0_v, init_v = _array_ptrs(
+                context, builder, signature, args
+            )
+            t = _Tile(builder, vnni.isa_native(signature.args[0]), params_p)
+            row_ptrs = t.rows(rows_max, lhs_p, corr_p, sl_p, i0_v, rows_v)
+            codes, scales = t.source(rhs_p, j0_v, contiguous)
+            facc = t.run(row_ptrs, codes, scales, acc_p, init_v)
+            t.store(facc, out_p, i0_v, rows_v, j0_v, contiguous)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    return direct_tile
+    return tile
 
 
-def _make_panel_tile(rows_max: int):  # noqa: ANN202
-    @intrinsic
-    def panel_tile(typingctx, isa, lhs, lstride, mr, i0, rows, corr, sl, nb, scr, srf, j0, n, out, ldo, init, acc):
-        sig = types.void(
-            isa, lhs, *_LHS_ARGS, corr, sl, types.int64, scr, srf, types.int64, types.int64, out, types.int64,
-            types.float32, acc
-        )  # fmt: skip
-
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            (_, lhs_v, lstride_v, mr_v, i0_v, rows_v, corr_v, sl_v, nb_v, scr_v, srf_v, j0_v, n_v, out_v, ldo_v,
-             init_v, acc_v) = args  # fmt: skip
-            a = signature.args
-            tile = _Tile(context, builder, vnni.isa_native(a[0]), rows_max)
-            ptr = lambda i, v: vnni.array_ptr(context, builder, a[i], v)  # noqa: E731
-            row_ptrs = tile.rows(ptr(1, lhs_v), lstride_v, mr_v, i0_v, rows_v, ptr(6, corr_v), ptr(7, sl_v), nb_v)
-            codes, scales = _panel_source(tile, ptr(9, scr_v), ptr(10, srf_v))
-            facc = tile.run(row_ptrs, mr_v, nb_v, codes, scales, init_v, ptr(16, acc_v))
-            tile.store(facc, ptr(13, out_v), ldo_v, i0_v, rows_v, j0_v, n_v)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return panel_tile
-
-
-_direct_tile_1 = _make_direct_tile(1)
-_direct_tile_2 = _make_direct_tile(2)
-_direct_tile_3 = _make_direct_tile(3)
-_panel_tile = _make_panel_tile(PANEL_TILE_ROWS)
+#: tiles by rows, for nr a multiple of 64 (the tail rows of m get an exact tile)
+_TILES = tuple(_make_tile(rows, True) for rows in range(1, TILE_ROWS + 1))
+#: nr = 16 or 32 (SVL 128/256): one row (the GEMV) or 4 (tail rows repeat the last)
+_TILE_1_SINGLE = _make_tile(1, False)
+_TILE_4_SINGLE = _make_tile(TILE_ROWS, False)
 
 
 @intrinsic
-def _spread_panel(typingctx, isa, rhs, rstride, nr, nb, j0, n, scr, srf):
-    """Spread the codes of the 64 columns from j0 to bytes and their fp16 scales to float32 (vectors past n
-    repeat the first one)."""
-    sig = types.void(isa, rhs, types.int64, types.int64, types.int64, types.int64, types.int64, scr, srf)
+def _block_sums16(typingctx, isa, lhs, base, mr, nb, corr, corr_off):
+    """corr[corr_off + b·mr + r] = −8·Σ q_L of row r, block b of the LHS group at byte ``base`` (mr % 16 == 0)."""
+    sig = types.void(isa, lhs, types.int64, types.int64, types.int64, corr, types.int64)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        _, rhs_v, rstride_v, nr_v, nb_v, j0_v, n_v, scr_v, srf_v = args
-        a = signature.args
-        tile = _Tile(context, builder, vnni.isa_native(a[0]), 0)
-        codes, scales = _direct_source(
-            tile, vnni.array_ptr(context, builder, a[1], rhs_v), rstride_v, nr_v, nb_v, j0_v, n_v
-        )
-        scr_p = vnni.array_ptr(context, builder, a[7], scr_v)
-        srf_p = vnni.array_ptr(context, builder, a[8], srf_v)
+        _, lhs_p, base_v, mr_v, nb_v, corr_p, off_v = _array_ptrs(context, builder, signature, args)
+        native = vnni.isa_native(signature.args[0])
         b = builder
-        with cgutils.for_range(b, b.mul(nb_v, _i64(8))) as loop:
-            base = b.mul(loop.index, _i64(PANEL_GROUP_BYTES))
-            for v in range(PANEL_VECS):
-                vnni.store(b, codes(v, loop.index), vnni.byte_ptr(b, scr_p, b.add(base, _i64(64 * v))))
+        eights = vnni.const_splat(I32X16, 0x08080808)
+        chunks = b.udiv(mr_v, _i64(VEC_COLS))
+        kgroup = b.mul(mr_v, _i64(4))
+        with cgutils.for_range(b, nb_v) as blk, cgutils.for_range(b, chunks) as chunk:
+            start = b.add(b.add(base_v, b.mul(blk.index, b.mul(kgroup, _i64(8)))), b.mul(chunk.index, _i64(64)))
+            acc = vnni.const_splat(I32X16, 0)
+            for t in range(8):
+                data = vnni.load(b, vnni.byte_ptr(b, lhs_p, b.add(start, b.mul(kgroup, _i64(t)))), I32X16)
+                acc = vnni.dpbusd(b, acc, eights, data, native)
+            idx = b.add(b.add(off_v, b.mul(blk.index, mr_v)), b.mul(chunk.index, _i64(VEC_COLS)))
+            vnni.store(b, b.neg(acc), vnni.byte_ptr(b, corr_p, b.mul(idx, _i64(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _f16_to_f32_vectors(typingctx, isa, src, src_off, count16, dst, dst_off):
+    """dst[dst_off + x] = float32 of the fp16 at src byte src_off + 2x, for x < 16·count16."""
+    sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        _, src_p, src_off_v, count_v, dst_p, dst_off_v = _array_ptrs(context, builder, signature, args)
+        native = vnni.isa_native(signature.args[0])
+        b = builder
+        with cgutils.for_range(b, count_v) as loop:
+            x = b.mul(loop.index, _i64(VEC_COLS))
+            value = vnni.f16_to_f32(b, vnni.byte_ptr(b, src_p, b.add(src_off_v, b.mul(x, _i64(2)))), native)
+            vnni.store(b, value, vnni.byte_ptr(b, dst_p, b.mul(b.add(dst_off_v, x), _i64(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _quantize_row(typingctx, isa, row, nb, out, dst, step, sf, sf_off, sf_step):
+    """Quantize one float32 row per 32-block (§4.3/4.4, roundf) into the packed LHS: the 4 int8 of K group G at
+    out[dst + G·step]; the float32 scale of block b at sf[sf_off + b·sf_step]."""
+    sig = types.void(isa, row, types.int64, out, types.int64, types.int64, sf, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        _, row_p, nb_v, out_p, dst_v, step_v, sf_p, sf_off_v, sf_step_v = _array_ptrs(context, builder, signature, args)
+        b = builder
+        half = vnni.const_splat(F32X16, 0.5)
         with cgutils.for_range(b, nb_v) as loop:
-            base = b.mul(loop.index, _i64(PANEL_COLS * 4))
-            for v in range(PANEL_VECS):
-                vnni.store(b, scales(v, loop.index), vnni.byte_ptr(b, srf_p, b.add(base, _i64(64 * v))))
+            blk = loop.index
+            x = [
+                vnni.load(b, vnni.byte_ptr(b, row_p, b.add(b.mul(blk, _i64(128)), _i64(64 * h))), F32X16)
+                for h in (0, 1)
+            ]
+            mags = [b.and_(b.bitcast(v, I32X16), vnni.const_splat(I32X16, 0x7FFFFFFF)) for v in x]
+            amax = b.bitcast(
+                vnni.reduce_umax(b, b.select(b.icmp_unsigned(">", mags[0], mags[1]), mags[0], mags[1])), F32
+            )
+            scale = b.fdiv(amax, ir.Constant(F32, 127.0))
+            nonzero = b.fcmp_ordered("!=", scale, ir.Constant(F32, 0.0))
+            inv = vnni.splat(b, b.select(nonzero, b.fdiv(ir.Constant(F32, 1.0), scale), ir.Constant(F32, 0.0)), F32X16)
+            q = []
+            for v in x:
+                y = b.fmul(v, inv)
+                t = b.fptosi(y, I32X16)  # toward zero; then roundf: ± 1 when the dropped fraction is >= 0.5
+                frac = b.fsub(y, b.sitofp(t, F32X16))
+                up = b.zext(b.fcmp_ordered(">=", frac, half), I32X16)
+                down = b.zext(b.fcmp_ordered("<=", frac, b.fneg(half)), I32X16)
+                q.append(b.trunc(b.sub(b.add(t, up), down), ir.VectorType(ir.IntType(8), 16)))
+            both = b.shuffle_vector(
+                q[0], q[1], ir.Constant(ir.VectorType(I32, 32), [ir.Constant(I32, i) for i in range(32)])
+            )
+            words = b.bitcast(both, ir.VectorType(I32, 8))
+            base = b.add(dst_v, b.mul(b.mul(blk, _i64(8)), step_v))
+            for g in range(8):
+                word = b.extract_element(words, ir.Constant(I32, g))
+                vnni.store(b, word, vnni.byte_ptr(b, out_p, b.add(base, b.mul(step_v, _i64(g)))))
+            sf_index = b.add(sf_off_v, b.mul(blk, sf_step_v))
+            vnni.store(b, scale, vnni.byte_ptr(b, sf_p, b.mul(sf_index, _i64(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_to_f16_vectors(typingctx, isa, src, src_off, count16, dst, dst_off):
+    """fp16 bits (RNE) of src[src_off + x] at dst byte dst_off + 2x, for x < 16·count16."""
+    sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        _, src_p, src_off_v, count_v, dst_p, dst_off_v = _array_ptrs(context, builder, signature, args)
+        native = vnni.isa_native(signature.args[0])
+        b = builder
+        with cgutils.for_range(b, count_v) as loop:
+            x = b.mul(loop.index, _i64(VEC_COLS))
+            value = vnni.load(b, vnni.byte_ptr(b, src_p, b.mul(b.add(src_off_v, x), _i64(4))), F32X16)
+            bits = vnni.f32_to_f16(b, value, native)
+            vnni.store(b, bits, vnni.byte_ptr(b, dst_p, b.add(dst_off_v, b.mul(x, _i64(2)))))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -255,58 +333,111 @@ def _spread_panel(typingctx, isa, rhs, rstride, nr, nb, j0, n, scr, srf):
 
 
 @numba.njit(cache=True, nogil=True)
-def _lhs_terms(m, k, mr, lhs):
-    """Per row and block of a packed LHS: the correction −8·Σ q_L (int32) and the float32 scale s_L."""
+def _lhs_terms(isa, m, k, mr, lhs):
+    """Per row and block of a packed LHS, laid out [group][block][mr]: −8·Σ q_L (int32) and s_L (float32)."""
     nb = k // 32
+    groups = (m + mr - 1) // mr
     stride = mr * nb * 34
     lhs_i8 = lhs.view(np.int8)
-    corr = np.empty(m * nb, np.int32)
-    sl = np.empty(m * nb, np.float32)
-    for i in range(m):
-        base = (i // mr) * stride
-        r = i % mr
-        for b in range(nb):
-            s = 0
-            for t in range(8):
-                off = base + ((8 * b + t) * mr + r) * 4
-                for e in range(4):
-                    s += lhs_i8[off + e]
-            corr[i * nb + b] = -8 * s
-            so = base + mr * nb * 32 + 2 * (b * mr + r)
-            sl[i * nb + b] = F16_TABLE[np.int64(lhs[so]) | (np.int64(lhs[so + 1]) << 8)]
+    corr = np.empty(groups * nb * mr, np.int32)
+    sl = np.empty(groups * nb * mr, np.float32)
+    for g in range(groups):
+        base = g * stride
+        off = g * nb * mr
+        if mr % VEC_COLS == 0:
+            _block_sums16(isa, lhs, base, mr, nb, corr, off)
+        else:
+            for b in range(nb):
+                for r in range(mr):
+                    s = 0
+                    for t in range(8):
+                        o = base + ((8 * b + t) * mr + r) * 4
+                        s += np.int32(lhs_i8[o]) + np.int32(lhs_i8[o + 1]) + np.int32(lhs_i8[o + 2]) + lhs_i8[o + 3]
+                    corr[off + b * mr + r] = -8 * s
+        count = nb * mr
+        vec = count // VEC_COLS
+        scales = base + mr * nb * 32
+        _f16_to_f32_vectors(isa, lhs, scales, vec, sl, off)
+        for x in range(vec * VEC_COLS, count):
+            sl[off + x] = F16_TABLE[np.int64(lhs[scales + 2 * x]) | (np.int64(lhs[scales + 2 * x + 1]) << 8)]
     return corr, sl
 
 
 @numba.njit(cache=True, nogil=True)
 def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     nb = k // 32
-    ldo = (n + VEC_COLS - 1) // VEC_COLS * VEC_COLS
+    ldo = (n + PANEL_COLS - 1) // PANEL_COLS * PANEL_COLS  # whole panels: tiles store 64 columns
+    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, PREFETCH_GROUPS], np.int64)  # PARAMS
     out = np.empty((m, ldo), np.float32)
     flat = out.reshape(-1)
-    corr, sl = _lhs_terms(m, k, mr, lhs)
+    corr, sl = _lhs_terms(isa, m, k, mr, lhs)
     init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
-    lstride = mr * nb * 34
-    rstride = nr * nb * 18
-    if m <= DIRECT_MAX_ROWS:
-        for j0 in range(0, n, PANEL_COLS):
-            if m == 1:
-                _direct_tile_1(isa, lhs, lstride, mr, 0, m, corr, sl, nb, rhs, rstride, nr, j0, n, flat, ldo, init)
-            elif m == 2:
-                _direct_tile_2(isa, lhs, lstride, mr, 0, m, corr, sl, nb, rhs, rstride, nr, j0, n, flat, ldo, init)
+    acc = np.empty(TILE_ROWS * PANEL_COLS, np.float32)
+    t1, t2, t3, t4 = _TILES
+    for j0 in range(0, n, PANEL_COLS):  # the first row tile streams the panel from memory, the others from L2
+        for i0 in range(0, m, TILE_ROWS):
+            rows = min(TILE_ROWS, m - i0)
+            if nr % PANEL_COLS:
+                if m == 1:
+                    _TILE_1_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+                else:
+                    _TILE_4_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+            elif rows == 4:
+                t4(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+            elif rows == 3:
+                t3(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+            elif rows == 2:
+                t2(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
             else:
-                _direct_tile_3(isa, lhs, lstride, mr, 0, m, corr, sl, nb, rhs, rstride, nr, j0, n, flat, ldo, init)
-    else:
-        scr = np.empty(nb * 8 * PANEL_GROUP_BYTES, np.uint8)
-        srf = np.empty(nb * PANEL_COLS, np.float32)
-        acc = np.empty(PANEL_TILE_ROWS * PANEL_COLS, np.float32)
-        for j0 in range(0, n, PANEL_COLS):
-            _spread_panel(isa, rhs, rstride, nr, nb, j0, n, scr, srf)
-            for i0 in range(0, m, PANEL_TILE_ROWS):
-                rows = min(PANEL_TILE_ROWS, m - i0)
-                _panel_tile(isa, lhs, lstride, mr, i0, rows, corr, sl, nb, scr, srf, j0, n, flat, ldo, init, acc)
+                t1(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
     if ldo != n:
         return np.ascontiguousarray(out[:, :n])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _lhs_pack(isa, lhs, mr, row_offset):
+    m, k = lhs.shape
+    nb = k // 32
+    groups = (row_offset + m + mr - 1) // mr
+    stride = mr * nb * 34
+    out = np.zeros(groups * stride, np.uint8)
+    vec = (groups * nb * mr + VEC_COLS - 1) // VEC_COLS
+    sf = np.zeros(vec * VEC_COLS, np.float32)  # [group][block][mr], as the packed scales
+    for i in range(m):
+        g = (row_offset + i) // mr
+        r = (row_offset + i) % mr
+        _quantize_row(isa, lhs[i], nb, out, g * stride + 4 * r, 4 * mr, sf, g * nb * mr + r, mr)
+    bits = np.empty(vec * VEC_COLS * 2, np.uint8)
+    _f32_to_f16_vectors(isa, sf, 0, vec, bits, 0)
+    scale_bytes = nb * mr * 2
+    for g in range(groups):
+        out[g * stride + mr * nb * 32 : (g + 1) * stride] = bits[g * scale_bytes : (g + 1) * scale_bytes]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _compute_vnni512(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+    return _compute(vnni.VNNI512, m, n, k, mr, nr, lhs, rhs, first_block_fmul)
+
+
+@numba.njit(cache=True, nogil=True)
+def _compute_portable(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+    return _compute(vnni.PORTABLE, m, n, k, mr, nr, lhs, rhs, first_block_fmul)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lhs_pack_vnni512(lhs, mr, row_offset):
+    return _lhs_pack(vnni.VNNI512, lhs, mr, row_offset)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lhs_pack_portable(lhs, mr, row_offset):
+    return _lhs_pack(vnni.PORTABLE, lhs, mr, row_offset)
+
+
+_COMPUTE = {vnni.VNNI512: _compute_vnni512, vnni.PORTABLE: _compute_portable}
+_LHS_PACK = {vnni.VNNI512: _lhs_pack_vnni512, vnni.PORTABLE: _lhs_pack_portable}
 
 
 def compute(
@@ -322,7 +453,32 @@ def compute(
 ) -> np.ndarray:
     """Unclamped float32 [m, n] = packed LHS (§4.4, mr rows per group) × packed RHS (§4.1, nr per group).
 
-    ``rhs_u8`` starts at the first group used; buffers must be large enough (the caller validates sizes).
-    ``first_block_fmul`` selects the MOPA recipe (first block FMUL). Releases the GIL.
+    ``rhs_u8`` starts at the first group used. ``first_block_fmul`` selects the MOPA recipe (first block FMUL).
+    Checks dtypes and sizes (the tiles read without bounds checks); releases the GIL.
     """
-    return _compute(isa, m, n, k, mr, nr, lhs_u8, rhs_u8, bool(first_block_fmul))
+    if m < 1 or n < 1 or k < 1 or k % 32:
+        raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
+    if mr < 1 or nr < VEC_COLS or nr % VEC_COLS:
+        raise KernelShapeError(f"mr={mr}, nr={nr}: nr must be a multiple of {VEC_COLS} (4·VL)")
+    for what, buf, need in (
+        ("LHS", lhs_u8, -(-m // mr) * mr * k // 32 * 34),
+        ("RHS", rhs_u8, -(-n // nr) * nr * k // 32 * 18),
+    ):
+        if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+            raise DTypeError(f"packed {what} must be a contiguous 1-D uint8 array, got {buf.dtype} {buf.shape}")
+        if buf.size < need:
+            raise BufferSizeError(f"packed {what} is {buf.size} bytes, m={m}, n={n}, k={k} need {need}")
+    return _COMPUTE[isa](m, n, k, mr, nr, lhs_u8, rhs_u8, bool(first_block_fmul))
+
+
+def lhs_quant_pack_qsi8d32p_f32_neon(
+    lhs: np.ndarray, mr: int, row_offset: int = 0, isa: vnni.Isa = HOST_ISA
+) -> np.ndarray:
+    """``kai_run_lhs_quant_pack_qsi8d32p_f32_neon`` (§4.4, kr = 4) of finite float32 rows lhs [m, k]: the packed
+    bytes (row i at position row_offset + i of its group; padding rows 0). Releases the GIL.
+
+    Per 32-block: amax = max|x|, s = f32(amax/127), inv = f32(1/s) (0 if s is 0), q = roundf(f32(x·inv)),
+    stored scale fp16(s) (RNE). The same bytes as the family's packer wherever 1/s is finite (amax ≥ ~4e-37).
+    """
+    rows = np.ascontiguousarray(lhs, dtype=np.float32)
+    return _LHS_PACK[isa](rows, mr, row_offset)

@@ -1,10 +1,11 @@
 """AVX-512 VNNI building blocks for numba kernels: host feature check, ISA markers and llvmlite IR emitters.
 
-Kernels written with these helpers are compiled per :class:`Isa` (an argument of the jitted function, so the
-numba cache holds one version per ISA): ``VNNI512`` emits ``vpdpbusd``/``vpmultishiftqb``/``vcvtph2ps``,
-``PORTABLE`` emits plain LLVM vector IR (zext/sext/mul/shuffle, integer fp16 decoding) that any LLVM target
-compiles. Both give the same bits: the integer dot products are exact and the fp16 conversions are exact.
-``HOST_ISA`` is ``VNNI512`` when llvmlite reports AVX-512 F/BW/VNNI on the host CPU, else ``PORTABLE``.
+Kernels written with these helpers are compiled per :class:`Isa` (an argument or a global of the jitted
+function, so the numba cache holds one version per ISA): ``VNNI512`` emits ``vpdpbusd``, ``vpmultishiftqb``
+(with AVX-512 VBMI) and ``vcvtph2ps``/``vcvtps2ph`` (F16C); ``PORTABLE`` emits plain LLVM vector IR
+(zext/sext/mul/shuffle, integer fp16 conversions) that any LLVM target compiles. Both give the same bits: the
+integer dot products and the fp16 conversions are exact. ``HOST_ISA`` is ``VNNI512`` when llvmlite reports
+AVX-512 F/BW/VNNI on the host CPU, else ``PORTABLE``.
 
 Vectors are 512 bits: ``I32X16`` (4 bytes per 32-bit lane for the dot products), ``F32X16``.
 """
@@ -17,9 +18,13 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.extending import NativeValue
+from numba.core.imputils import lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl, unbox
 
-_FEATURES = {name for name, on in llvm.get_host_cpu_features().items() if on}
+try:
+    _FEATURES = {name for name, on in llvm.get_host_cpu_features().items() if on}
+except RuntimeError:  # llvmlite cannot read the features on some hosts: use the portable code
+    _FEATURES = set()
 #: the host can run vpdpbusd on zmm registers.
 HAS_AVX512_VNNI = {"avx512f", "avx512bw", "avx512vnni"} <= _FEATURES
 #: the host has vpmultishiftqb (AVX-512 VBMI) and vcvtph2ps (F16C).
@@ -43,7 +48,8 @@ F32X16 = ir.VectorType(F32, 16)
 
 
 class Isa:
-    """Which instructions a kernel is compiled with (pass it to the jitted kernel as an argument)."""
+    """Which instructions a kernel is compiled with: an argument of the jitted kernel, or a global it reads
+    (typing an Isa argument at each call costs ~2 µs; a global costs nothing)."""
 
     def __init__(self, name: str, native: bool) -> None:
         self.name = name
@@ -75,6 +81,11 @@ def _typeof_isa(val: Isa, c: object) -> IsaType:
 @unbox(IsaType)
 def _unbox_isa(typ: IsaType, obj: object, c: object) -> NativeValue:
     return NativeValue(c.context.get_dummy_value())
+
+
+@lower_constant(IsaType)
+def _constant_isa(context, builder, ty, pyval):  # noqa: ANN001, ANN202
+    return context.get_dummy_value()
 
 
 VNNI512 = Isa("vnni512", True)
@@ -158,27 +169,57 @@ def dpbusd(builder: ir.IRBuilder, acc: ir.Value, a_u8: ir.Value, b_s8: ir.Value,
     return total
 
 
-#: vpmultishiftqb control: output byte e of a qword takes the 8 bits at offset 4e of the source qword.
-_NIBBLE_OFFSETS = ir.Constant(I8X64, [ir.Constant(I8, 4 * (e % 8)) for e in range(64)])
+def _multishift_offsets(first_bit: int) -> ir.Constant:
+    """vpmultishiftqb control: byte e of every qword takes the 8 bits at first_bit + 4e of the source qword."""
+    return ir.Constant(I8X64, [ir.Constant(I8, first_bit + 4 * (e % 8)) for e in range(64)])
+
+
+def _spread_words(builder: ir.IRBuilder, words: ir.Value) -> ir.Value:
+    """i32x16 lanes holding a uint16 each -> byte e of lane j = (u16 >> 4e) & 15 (plain shifts and masks)."""
+    x = builder.and_(builder.or_(words, builder.shl(words, const_splat(I32X16, 8))), const_splat(I32X16, 0x00FF00FF))
+    return builder.and_(builder.or_(x, builder.shl(x, const_splat(I32X16, 4))), const_splat(I32X16, 0x0F0F0F0F))
 
 
 def spread_nibbles(builder: ir.IRBuilder, ptr: ir.Value, native: bool) -> ir.Value:
     """Load 16 uint16 at ptr; lane j of the i32x16 result holds the four 4-bit fields of uint16 j, one per byte
     (LSB first): byte 4j+e = (u16[j] >> 4e) & 15."""
     if native and HAS_AVX512_VBMI:
-        pairs = builder.zext(load(builder, ptr, I32X8), I64X8)
-        fields = _call(
-            builder, "llvm.x86.avx512.pmultishift.qb.512", I8X64, [_NIBBLE_OFFSETS, builder.bitcast(pairs, I8X64)]
-        )
+        pairs = builder.bitcast(builder.zext(load(builder, ptr, I32X8), I64X8), I8X64)
+        fields = _call(builder, "llvm.x86.avx512.pmultishift.qb.512", I8X64, [_multishift_offsets(0), pairs])
         return builder.bitcast(builder.and_(fields, const_splat(I8X64, 15)), I32X16)
-    x = builder.zext(load(builder, ptr, I16X16), I32X16)
-    x = builder.and_(builder.or_(x, builder.shl(x, const_splat(I32X16, 8))), const_splat(I32X16, 0x00FF00FF))
-    return builder.and_(builder.or_(x, builder.shl(x, const_splat(I32X16, 4))), const_splat(I32X16, 0x0F0F0F0F))
+    return _spread_words(builder, builder.zext(load(builder, ptr, I16X16), I32X16))
 
 
-def f16_to_f32(builder: ir.IRBuilder, ptr: ir.Value, native: bool) -> ir.Value:
-    """Load 16 fp16 bit patterns at ptr and convert them exactly to float32 (NaNs come out quiet)."""
-    bits = load(builder, ptr, I16X16)
+#: the uint16 (of the 32 loaded) whose nibbles lane j of the first / second result of spread_nibble_pairs holds.
+PAIR_LANES = (
+    [4 * (j // 2) + j % 2 for j in range(16)],
+    [4 * (j // 2) + 2 + j % 2 for j in range(16)],
+)
+
+
+def spread_nibble_pairs(builder: ir.IRBuilder, ptr: ir.Value, native: bool) -> tuple[ir.Value, ir.Value]:
+    """Load 32 uint16 at ptr and spread their nibbles to bytes as :func:`spread_nibbles` does, in two i32x16
+    whose lanes hold the uint16 listed in PAIR_LANES (no cross-lane shuffle on the native path: each qword of
+    four uint16 gives two lanes to each result)."""
+    if native and HAS_AVX512_VBMI:
+        src = load(builder, ptr, I8X64)
+        mask = const_splat(I8X64, 15)
+        out = []
+        for first_bit in (0, 32):
+            fields = _call(builder, "llvm.x86.avx512.pmultishift.qb.512", I8X64, [_multishift_offsets(first_bit), src])
+            out.append(builder.bitcast(builder.and_(fields, mask), I32X16))
+        return out[0], out[1]
+    words = load(builder, ptr, ir.VectorType(I16, 32))
+    return tuple(_spread_words(builder, builder.zext(_lanes(builder, words, lanes), I32X16)) for lanes in PAIR_LANES)
+
+
+def f16_to_f32(builder: ir.IRBuilder, ptr: ir.Value, native: bool, lanes: list[int] | None = None) -> ir.Value:
+    """Convert 16 fp16 bit patterns exactly to float32 (NaNs come out quiet): the 16 at ptr, or the 16 listed
+    in ``lanes`` of the 32 at ptr."""
+    if lanes is None:
+        bits = load(builder, ptr, I16X16)
+    else:
+        bits = _lanes(builder, load(builder, ptr, ir.VectorType(I16, 32)), lanes)
     if native and HAS_F16C:
         return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), F32X16)
     h = builder.zext(bits, I32X16)
@@ -193,6 +234,67 @@ def f16_to_f32(builder: ir.IRBuilder, ptr: ir.Value, native: bool) -> ir.Value:
     nan = builder.or_(special, const_splat(I32X16, 0x00400000))
     out = builder.select(is_nan, nan, builder.select(is_inf, special, finite))
     return builder.bitcast(builder.or_(out, sign), F32X16)
+
+
+def f32_to_f16(builder: ir.IRBuilder, value: ir.Value, native: bool) -> ir.Value:
+    """fp16 bit patterns (i16x16) of 16 finite float32, rounded to nearest even (vcvtps2ph / FCVT); values
+    rounding past 65504 give infinity."""
+    if native and HAS_F16C:
+        return builder.bitcast(builder.fptrunc(value, ir.VectorType(ir.HalfType(), 16)), I16X16)
+    u = builder.bitcast(value, I32X16)
+    sign = builder.and_(builder.lshr(u, const_splat(I32X16, 16)), const_splat(I32X16, 0x8000))
+    a = builder.and_(u, const_splat(I32X16, 0x7FFFFFFF))
+    # normal halves: drop 13 mantissa bits with round-to-nearest-even, rebias the exponent by 112
+    odd = builder.and_(builder.lshr(a, const_splat(I32X16, 13)), const_splat(I32X16, 1))
+    normal = builder.lshr(
+        builder.sub(builder.add(builder.add(a, const_splat(I32X16, 0xFFF)), odd), const_splat(I32X16, 112 << 23)),
+        const_splat(I32X16, 13),
+    )
+    # subnormal halves (|x| < 2^-14): adding 0.5 leaves the value rounded to a multiple of 2^-24 (RNE) in the
+    # low mantissa bits
+    magic = const_splat(F32X16, 0.5)
+    sub = builder.sub(
+        builder.bitcast(builder.fadd(builder.bitcast(a, F32X16), magic), I32X16), const_splat(I32X16, 0x3F000000)
+    )
+    is_sub = builder.icmp_unsigned("<", a, const_splat(I32X16, 113 << 23))
+    is_inf = builder.icmp_unsigned(">=", a, const_splat(I32X16, 0x477FF000))
+    h = builder.select(is_inf, const_splat(I32X16, 0x7C00), builder.select(is_sub, sub, normal))
+    return builder.trunc(builder.or_(h, sign), I16X16)
+
+
+def unpair(builder: ir.IRBuilder, first: ir.Value, second: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Inverse of the PAIR_LANES order: two vectors in pair order -> the 32 values in natural order."""
+    order = [0] * 32
+    for half, lanes in enumerate(PAIR_LANES):
+        for j, src in enumerate(lanes):
+            order[src] = 16 * half + j
+    both = [ir.Constant(I32, i) for i in order]
+    mask = ir.VectorType(I32, 16)
+    return (
+        builder.shuffle_vector(first, second, ir.Constant(mask, both[:16])),
+        builder.shuffle_vector(first, second, ir.Constant(mask, both[16:])),
+    )
+
+
+def opaque(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """value, hidden from the optimizer (an empty inline asm): e.g. a loop count LLVM must not unroll."""
+    asm = ir.InlineAsm(ir.FunctionType(value.type, [value.type]), "", "=r,0")
+    return builder.call(asm, [value])
+
+
+def prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
+    """Prefetch the cache line at ptr for reading (llvm.prefetch, all cache levels)."""
+    _call(
+        builder,
+        "llvm.prefetch.p0i8",
+        ir.VoidType(),
+        [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)],
+    )
+
+
+def reduce_umax(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """Largest unsigned i32 lane of an i32x16."""
+    return _call(builder, "llvm.vector.reduce.umax.v16i32", I32, [value])
 
 
 def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
@@ -231,28 +333,3 @@ def _dpbusd_chains(typingctx, isa, iters):
 def dpbusd_loop(isa, iters):
     """Run 12 independent chains of ``iters`` vpdpbusd each (12·iters·16·4 multiply-adds); returns a checksum."""
     return _dpbusd_chains(isa, iters)
-
-
-def vpdpbusd_peak_gops(isa: Isa = HOST_ISA, iters: int = 2_000_000, repeat: int = 5) -> float:
-    """Measured int8 GOPS (2 ops per multiply-add) of one thread running independent vpdpbusd chains."""
-    import time
-
-    dpbusd_loop(isa, 10)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        dpbusd_loop(isa, iters)
-        best = min(best, time.perf_counter() - t0)
-    return 12 * iters * 16 * 4 * 2 / best / 1e9
-
-
-__all__ = [
-    "HAS_AVX512_VNNI",
-    "HAS_AVX512_VBMI",
-    "HAS_F16C",
-    "HOST_ISA",
-    "PORTABLE",
-    "VNNI512",
-    "Isa",
-    "IsaType",
-]
