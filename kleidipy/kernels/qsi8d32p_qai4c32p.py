@@ -73,7 +73,8 @@ def _f32_fields(raw: np.ndarray) -> np.ndarray:
 
 def _writable(arr: np.ndarray) -> np.ndarray:
     """A writable C-contiguous array for the numba code (one compiled signature; read-only input is copied)."""
-    return np.require(arr, requirements=["C", "W"])
+    flags = arr.flags
+    return arr if flags.c_contiguous and flags.writeable else np.require(arr, requirements=["C", "W"])
 
 
 def _bytes(values: np.ndarray) -> np.ndarray:
