@@ -1,8 +1,11 @@
-"""GGUF loading and validation: tiny llama/qwen2 files written with gguf.GGUFWriter, then corrupted."""
+"""GGUF loading and validation: tiny llama/qwen2 files written with gguf.GGUFWriter, then corrupted; the header
+parser against gguf.GGUFReader (every value type, SmolLM2) and on hand-made hostile headers."""
 
 from __future__ import annotations
 
+import math
 import struct
+import time
 from pathlib import Path
 
 import gguf
@@ -11,9 +14,11 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from model_files import SMOLLM2, model_file
 
 from kleidipy.errors import KleidipyError
 from kleidipy.model.gguf_file import (
+    GGUFContainer,
     GGUFError,
     GGUFFile,
     GGUFFormatError,
@@ -24,6 +29,9 @@ from kleidipy.model.gguf_file import (
     UnsupportedArchitectureError,
     UnsupportedModelError,
 )
+from kleidipy.model.tokenizer import gguf_metadata
+
+V = gguf.GGUFValueType
 
 # ---------------------------------------------------------------------------------------------------------------
 # tiny model files (also used by test_model_arch.py)
@@ -386,7 +394,8 @@ def test_unknown_architecture(tmp_path: Path) -> None:
         ({"llama.attention.head_count_kv": [2, 1]}, UnsupportedModelError, "per-layer"),
         ({"llama.attention.key_length": 16, "llama.attention.value_length": 8}, UnsupportedModelError, "value=8"),
         ({"tokenizer.ggml.tokens": ["a", "b"]}, GGUFMetadataError, "does not match the 2 tokenizer tokens"),
-        ({"general.alignment": 3}, GGUFFormatError, "alignment"),
+        ({"general.alignment": 3}, GGUFFormatError, "general.alignment = 3 is not a power of two"),
+        ({"general.alignment": 32.0}, GGUFFormatError, "general.alignment has type FLOAT32"),
     ],
 )
 def test_bad_hyper_parameters(tmp_path: Path, kv: dict, exc: type[GGUFError], match: str) -> None:
@@ -415,8 +424,12 @@ def test_duplicate_key_and_tensor(tmp_path: Path) -> None:
 @given(data=st.data())
 def test_fuzzed_files_raise_only_gguf_errors(tmp_path: Path, data: st.DataObject) -> None:
     path = tmp_path / "fuzz_src.gguf"
-    if not path.exists():
-        tiny_model(tmp_path, "qwen2", name="fuzz_src.gguf", n_layer=1)
+    if not path.exists():  # with a small vocabulary, so that string and numeric arrays get corrupted too
+        vocab = {
+            "tokenizer.ggml.tokens": [f"t{i}" for i in range(TINY["n_vocab"])],
+            "tokenizer.ggml.scores": [0.5] * 80,
+        }
+        tiny_model(tmp_path, "qwen2", name="fuzz_src.gguf", n_layer=1, kv=vocab)
     raw = bytearray(path.read_bytes())
     header_end = min(t.offset for t in GGUFFile(path).tensors.values())
     n = data.draw(st.integers(1, 6))
@@ -431,3 +444,175 @@ def test_fuzzed_files_raise_only_gguf_errors(tmp_path: Path, data: st.DataObject
         GGUFFile(fuzzed)
     except GGUFError as e:
         assert "\n" not in str(e) and str(fuzzed) in str(e)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the header parser: same values as gguf.GGUFReader, hostile headers
+
+
+def gguf_str(raw: bytes) -> bytes:
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def kv(key: str | bytes, vtype: int, payload: bytes) -> bytes:
+    """One key/value record: key, value type, value bytes."""
+    return gguf_str(key.encode() if isinstance(key, str) else key) + struct.pack("<I", vtype) + payload
+
+
+def arr(item_type: int, n: int, items: bytes = b"") -> bytes:
+    """An ARRAY value's bytes: item type, count, items."""
+    return struct.pack("<IQ", item_type, n) + items
+
+
+def raw_gguf(path: Path, *records: bytes, n_kv: int | None = None, n_tensors: int = 0) -> Path:
+    n_kv = len(records) if n_kv is None else n_kv
+    path.write_bytes(struct.pack("<4sIQQ", b"GGUF", 3, n_tensors, n_kv) + b"".join(records))
+    return path
+
+
+SCALARS = [  # (value type, struct format, value)
+    (V.UINT8, "B", 200),
+    (V.INT8, "b", -5),
+    (V.UINT16, "H", 65535),
+    (V.INT16, "h", -300),
+    (V.UINT32, "I", 2**32 - 1),
+    (V.INT32, "i", -7),
+    (V.FLOAT32, "f", 1.5),
+    (V.BOOL, "?", True),
+    (V.UINT64, "Q", 2**64 - 1),
+    (V.INT64, "q", -(2**63)),
+    (V.FLOAT64, "d", math.pi),
+]
+TEXTS = [b"a", b"\xc3", b"", "\u00e9\u4e2d".encode(), b"\xff\xfe ok", b"\xed\xa0\x80"]  # some not UTF-8
+
+
+def every_value_type(path: Path) -> Path:
+    records = [kv(f"s.{t.name}", t, struct.pack("<" + f, v)) for t, f, v in SCALARS]
+    records += [kv(f"a.{t.name}", V.ARRAY, arr(t, 3, struct.pack(f"<3{f}", v, v, v))) for t, f, v in SCALARS]
+    records += [
+        kv("a.BOOL2", V.ARRAY, arr(V.BOOL, 3, b"\x01\x00\x01")),
+        kv("str", V.STRING, gguf_str("tiny \u00e9".encode())),
+        kv("str.bad", V.STRING, gguf_str(b"\xff\xfe")),
+        kv("strs", V.ARRAY, arr(V.STRING, len(TEXTS), b"".join(gguf_str(t) for t in TEXTS))),
+        kv("strs.good", V.ARRAY, arr(V.STRING, 2, gguf_str(b"x") + gguf_str("\u00e9".encode()))),
+        kv("empty.u32", V.ARRAY, arr(V.UINT32, 0)),
+        kv("empty.str", V.ARRAY, arr(V.STRING, 0)),
+    ]
+    return raw_gguf(path, *records)
+
+
+def assert_same_as_gguf_reader(g: GGUFContainer, reader: gguf.GGUFReader) -> None:
+    """metadata() equals the tokenizer's reading of the stock reader (value types too), fields equals the stock
+    reader's records part by part, tensors are the same bytes at the same offsets."""
+    expected = {k: v for k, v in gguf_metadata(reader, prefix="").items() if not k.startswith("GGUF.")}
+    got = g.metadata()
+    assert list(got) == list(expected)
+    for key, value in got.items():
+        assert value == expected[key] and type(value) is type(expected[key]), key
+        if isinstance(value, list):
+            assert [type(x) for x in value] == [type(x) for x in expected[key]], key
+    stock = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    for key, f in g.fields.items():
+        h = stock[key]
+        assert (f.offset, f.name, f.data, f.types[: len(h.types)]) == (h.offset, h.name, h.data, h.types), key
+        assert [(p.dtype, p.tolist()) for p in f.parts] == [(p.dtype, p.tolist()) for p in h.parts], key
+    assert [t.name for t in reader.tensors] == list(g.tensors)
+    for t in reader.tensors:
+        mine = g.tensors[t.name]
+        assert (mine.offset, mine.ggml_type, mine.shape) == (t.data_offset, t.tensor_type, tuple(t.shape.tolist()))
+        assert mine.data.tobytes() == np.asarray(t.data).tobytes()
+
+
+def test_every_value_type_as_gguf_reader_reads_it(tmp_path: Path) -> None:
+    path = every_value_type(tmp_path / "values.gguf")
+    g = GGUFContainer(path)
+    assert_same_as_gguf_reader(g, gguf.GGUFReader(path))
+    assert not g.tensors and g.alignment == 32 and g.version == 3
+    for t, _, v in SCALARS:
+        getter = {bool: g.get_bool, int: g.get_int, float: g.get_float}[type(v)]
+        assert getter(f"s.{t.name}") == (v if t != V.FLOAT32 else np.float32(v))
+        assert g.get_array(f"a.{t.name}") == [v] * 3 and g.value_type(f"a.{t.name}") == V.ARRAY
+    assert g.get_array("a.BOOL2") == [True, False, True]
+    assert g.get_str("str") == "tiny \u00e9" and g.get_array("strs.good") == ["x", "\u00e9"]
+    assert [t.encode("utf-8", "surrogateescape") for t in g.metadata("strs")["strs"]] == TEXTS
+    assert g.array_length("empty.str") == 0 and g.get_array("empty.u32") == []
+    with raises_one_line(GGUFMetadataError, path, "'strs' is not valid UTF-8"):
+        g.get_array("strs")
+    with raises_one_line(GGUFMetadataError, path, "'str.bad' is not valid UTF-8"):
+        g.get_str("str.bad")
+    with raises_one_line(GGUFMetadataError, path, "'empty.str' has type ARRAY[STRING], expected a string"):
+        g.get_str("empty.str")
+    assert gguf_metadata(path, prefix="str") == gguf_metadata(g, prefix="str") == g.metadata("str")
+
+
+def test_real_model_opens_fast_and_reads_as_gguf_reader() -> None:
+    path = model_file(SMOLLM2)
+    start = time.process_time()
+    g = GGUFFile(path)
+    elapsed = time.process_time() - start
+    assert elapsed < 1.0, f"opening SmolLM2 took {elapsed:.2f} s of CPU"  # gguf.GGUFReader takes ~5 s
+    assert g.array_length("tokenizer.ggml.tokens") == g.hparams.n_vocab == 49152
+    assert_same_as_gguf_reader(g, gguf.GGUFReader(path))
+
+
+def _tensor_info(name: bytes, dims: tuple[int, ...], n_dims: int | None = None) -> bytes:
+    n = len(dims) if n_dims is None else n_dims
+    return gguf_str(name) + struct.pack(f"<I{len(dims)}QIQ", n, *dims, int(T.F32), 0)
+
+
+HOSTILE = {  # name: (records, keywords of raw_gguf, error type, message parts)
+    "numeric array count": ([kv("k", V.ARRAY, arr(V.UINT32, 2**62))], {}, GGUFFormatError, ("truncated",)),
+    "numeric array past end": ([kv("k", V.ARRAY, arr(V.UINT64, 2, b"x" * 15))], {}, GGUFFormatError, ("up to",)),
+    "string array count": ([kv("k", V.ARRAY, arr(V.STRING, 2**62))], {}, GGUFFormatError, ("truncated",)),
+    "string length": ([kv("k", V.STRING, struct.pack("<Q", 2**63))], {}, GGUFFormatError, ("truncated",)),
+    "string runs past the end": (
+        [kv("k", V.ARRAY, arr(V.STRING, 3, gguf_str(b"ab") + struct.pack("<Q", 9) + b"x" * 12))],
+        {},
+        GGUFFormatError,
+        ("truncated", "needs bytes up to"),
+    ),
+    "string count past the end": (
+        [kv("k", V.ARRAY, arr(V.STRING, 2, gguf_str(b"abcdefghijk")))],
+        {},
+        GGUFFormatError,
+        ("truncated",),
+    ),
+    "key length": ([struct.pack("<Q", 2**64 - 1) + b"key"], {}, GGUFFormatError, ("truncated",)),
+    "unknown value type": ([kv("k", 13, b"")], {}, GGUFFormatError, ("key 'k' has unknown value type 13",)),
+    "unknown item type": ([kv("k", V.ARRAY, arr(99, 1))], {}, GGUFFormatError, ("unknown value type 99",)),
+    "nested array": ([kv("k", V.ARRAY, arr(V.ARRAY, 1, arr(V.UINT8, 1, b"x")))], {}, GGUFFormatError, ("arrays",)),
+    "key not UTF-8": ([kv(b"k\xff", V.UINT8, b"x")], {}, GGUFFormatError, ("key at offset 24 is not valid UTF-8",)),
+    "duplicate key": ([kv("k", V.UINT8, b"x"), kv("k", V.UINT8, b"y")], {}, GGUFFormatError, ("duplicate key 'k'",)),
+    "key count": ([kv("k", V.UINT8, b"x")], {"n_kv": 2**63}, GGUFFormatError, ("truncated",)),
+    "tensor count": ([], {"n_tensors": 2**40}, GGUFFormatError, ("truncated",)),
+    "alignment type": ([kv("general.alignment", V.STRING, gguf_str(b"32"))], {}, GGUFFormatError, ("STRING",)),
+    "alignment zero": ([kv("general.alignment", V.UINT32, b"\0" * 4)], {}, GGUFFormatError, ("= 0 is not",)),
+    "zero dims": ([_tensor_info(b"t", (), 0)], {"n_tensors": 1, "n_kv": 0}, GGUFTensorError, ("'t' has 0 dims",)),
+    "many dims": ([_tensor_info(b"t", (), 2**32 - 1)], {"n_tensors": 1, "n_kv": 0}, GGUFTensorError, ("dims",)),
+    "huge dims": ([_tensor_info(b"t", (2**63, 2**63))], {"n_tensors": 1, "n_kv": 0}, GGUFTensorError, ("past",)),
+    "tensor name": ([_tensor_info(b"\xc0t", (4,))], {"n_tensors": 1, "n_kv": 0}, GGUFFormatError, ("UTF-8",)),
+    "duplicate tensor": (
+        [_tensor_info(b"t", (8,)), _tensor_info(b"t", (8,))],
+        {"n_tensors": 2, "n_kv": 0},
+        GGUFTensorError,
+        ("duplicated tensor 't'",),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_headers(tmp_path: Path, case: str) -> None:
+    """Lengths and counts up to 2**64, bad types and names fail at once with a one-line error naming the file."""
+    records, keywords, exc, match = HOSTILE[case]
+    path = raw_gguf(tmp_path / "hostile.gguf", *records, **keywords)
+    for opener in (GGUFContainer, GGUFFile):
+        with raises_one_line(exc, path, *match):
+            opener(path)
+
+
+def test_container_without_model(tmp_path: Path) -> None:
+    """A vocabulary-only file (no tensors, no hyper-parameters) is a valid container but not a model."""
+    path = raw_gguf(tmp_path / "vocab.gguf", kv("general.architecture", V.STRING, gguf_str(b"llama")))
+    assert GGUFContainer(path).get_str("general.architecture") == "llama"
+    with raises_one_line(GGUFMetadataError, path, "missing metadata key 'llama.embedding_length'"):
+        GGUFFile(path)

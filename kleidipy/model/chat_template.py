@@ -19,6 +19,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kleidipy.errors import KleidipyError
+from kleidipy.model.gguf_file import GGUFContainer
 from kleidipy.model.tokenizer import gguf_metadata
 
 TEMPLATE_KEY = "tokenizer.chat_template"
@@ -67,10 +68,9 @@ class ChatTemplate:
         return cls(metadata.get(TEMPLATE_KEY), text("bos_token_id"), text("eos_token_id"))
 
     @classmethod
-    def from_gguf(cls, source: str | os.PathLike[str] | gguf.GGUFReader) -> ChatTemplate:
-        """From a GGUF file path or an open ``gguf.GGUFReader``."""
-        reader = source if isinstance(source, gguf.GGUFReader) else gguf.GGUFReader(source)
-        return cls.from_metadata(gguf_metadata(reader))
+    def from_gguf(cls, source: str | os.PathLike[str] | GGUFContainer | gguf.GGUFReader) -> ChatTemplate:
+        """From a GGUF file path, an open :class:`GGUFContainer` / ``GGUFFile`` or a ``gguf.GGUFReader``."""
+        return cls.from_metadata(gguf_metadata(source))
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **variables: Any

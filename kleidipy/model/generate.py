@@ -25,7 +25,7 @@ from kleidipy.model.llama import Llama
 from kleidipy.model.pull import resolve_model
 from kleidipy.model.qwen2 import Qwen2
 from kleidipy.model.sampler import Sampler, SamplingParams
-from kleidipy.model.tokenizer import StreamDetokenizer, Tokenizer, gguf_metadata
+from kleidipy.model.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
 
 ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2}
@@ -79,7 +79,7 @@ class Engine:
         self.target = self.target or resolve_target()
         self.path = resolve_model(self.model, progress=self.progress)
         self.gguf = GGUFFile(self.path)
-        metadata = gguf_metadata(self.gguf.fields)
+        metadata = self.gguf.metadata("tokenizer.")
         self.tokenizer = Tokenizer(metadata)
         self.chat_template = ChatTemplate.from_metadata(metadata)
         n_weights = sum(len(t.shape) == 2 for t in self.gguf.tensors.values())

@@ -1,13 +1,15 @@
-"""GGUF model files: open (memory-mapped, via ``gguf.GGUFReader``), validate, and expose metadata, hyper-parameters
-and tensors.
+"""GGUF model files: open (memory-mapped, the header parsed here in one pass), validate, and expose metadata,
+hyper-parameters and tensors.
 
-Validation covers what llama.cpp checks before it runs a model: magic, version (2 or 3), little-endian, alignment,
-every tensor's type, row length and data range inside the file (aligned), a known architecture (llama, qwen2),
-the hyper-parameters, and every tensor the architecture needs with the shape its hyper-parameters imply (no missing
-and no unexpected tensors). Every bad input raises a :class:`GGUFError` subclass whose one-line message names the
-file and the problem.
+Validation covers what llama.cpp checks before it runs a model: magic, version (2 or 3), little-endian, every
+header read inside the file, unique keys and tensor names, alignment, every tensor's type, row length and data range
+inside the file (aligned), a known architecture (llama, qwen2), the hyper-parameters, and every tensor the
+architecture needs with the shape its hyper-parameters imply (no missing and no unexpected tensors). Every bad input
+raises a :class:`GGUFError` subclass whose one-line message names the file and the problem.
 
-Tensor data is never copied: :attr:`Tensor.data` is a uint8 view into the file's memory map.
+Opening is fast because the header is read with ``struct`` from the map (a vocabulary's strings in one tight loop,
+numeric arrays as numpy views) rather than as ``gguf.GGUFReader``'s per-item numpy records. Tensor data is never
+copied: :attr:`Tensor.data` is a uint8 view into the file's memory map.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gguf
 import numpy as np
@@ -181,105 +184,212 @@ class Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 # reading
 
-
-class _PastEnd(Exception):
-    """A read past the end of the mapped file (raised inside the reader, turned into GGUFFormatError)."""
-
-    def __init__(self, start: int, end: int) -> None:
-        super().__init__(start, end)
-        self.start, self.end = start, end
-
-
-class _BadTensorInfo(Exception):
-    """A tensor-info record that cannot describe valid data (turned into GGUFTensorError)."""
-
-
-class _BoundedReader(gguf.GGUFReader):
-    """``GGUFReader`` that refuses any read past the end of the file (the stock reader silently returns short
-    arrays there, which later surface as reshape/index errors or very long loops) and that checks each tensor-info
-    record (type, dims, data range, alignment) before the stock code builds the tensor views."""
-
-    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
-        end = int(offset) + _itemsize(dtype) * int(count)
-        if end > self.data.shape[0]:
-            raise _PastEnd(int(offset), end)
-        return super()._get(offset, dtype, count, override_order)
-
-    def _build_tensors(self, start_offs: int, fields: list) -> None:
-        size = self.data.shape[0]
-        for field in fields:
-            name = field.name
-            _len, _name, n_dims, dims, raw_type, offset = field.parts
-            if not 1 <= int(n_dims[0]) <= GGML_MAX_DIMS:
-                raise _BadTensorInfo(f"tensor '{name}' has {int(n_dims[0])} dims (1..{GGML_MAX_DIMS} allowed)")
-            ne = [int(d) for d in dims]
-            try:
-                ggml_type = GGMLType(int(raw_type[0]))
-            except ValueError:
-                raise _BadTensorInfo(f"tensor '{name}' has unknown ggml type {int(raw_type[0])}") from None
-            block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-            if min(ne) <= 0 or ne[0] % block:
-                raise _BadTensorInfo(
-                    f"tensor '{name}' has shape {ne}: dims must be > 0 and ne[0] a multiple of {block} "
-                    f"for {ggml_type.name}"
-                )
-            n_bytes = math.prod(ne) // block * type_size
-            start = int(start_offs) + int(offset[0])
-            if int(offset[0]) % self.alignment:
-                raise _BadTensorInfo(
-                    f"tensor '{name}' data offset {int(offset[0])} is not a multiple of the alignment {self.alignment}"
-                )
-            if start + n_bytes > size:
-                raise _BadTensorInfo(
-                    f"tensor '{name}' data [{start}, {start + n_bytes}) extends past the end of the file "
-                    f"({size} bytes): truncated file"
-                )
-        super()._build_tensors(start_offs, fields)
+_PREAMBLE = struct.Struct("<4sIQQ")  # magic, version, tensor count, key/value count
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+#: each scalar value type's little-endian layout (an array of them is a numpy view with the same dtype)
+_SCALARS: dict[GGUFValueType, struct.Struct] = {
+    t: struct.Struct(f)
+    for t, f in (
+        (GGUFValueType.UINT8, "<B"),
+        (GGUFValueType.INT8, "<b"),
+        (GGUFValueType.UINT16, "<H"),
+        (GGUFValueType.INT16, "<h"),
+        (GGUFValueType.UINT32, "<I"),
+        (GGUFValueType.INT32, "<i"),
+        (GGUFValueType.FLOAT32, "<f"),
+        (GGUFValueType.BOOL, "<?"),
+        (GGUFValueType.UINT64, "<Q"),
+        (GGUFValueType.INT64, "<q"),
+        (GGUFValueType.FLOAT64, "<d"),
+    )
+}
 
 
-@functools.cache
-def _itemsize(dtype: Any) -> int:
-    return np.dtype(dtype).itemsize
+class _Value(NamedTuple):
+    """One metadata value as read: a scalar as a Python value, a string as ``str`` decoded with
+    ``surrogateescape`` (so ``encode("utf-8", "surrogateescape")`` gives the file's exact bytes back), an array of
+    strings as a list of them, any other array as a read-only numpy view into the map (bool arrays as a copy)."""
+
+    type: GGUFValueType
+    item_type: GGUFValueType | None  #: the element type of an ARRAY
+    value: Any
+    offset: int  #: where the key/value record starts in the file
+
+    def type_name(self) -> str:
+        return self.type.name if self.item_type is None else f"{self.type.name}[{self.item_type.name}]"
+
+    def plain(self) -> Any:
+        """The value with arrays as new lists of Python values."""
+        if isinstance(self.value, np.ndarray):
+            return self.value.tolist()
+        return list(self.value) if isinstance(self.value, list) else self.value
 
 
-def _read_preamble(path: Path) -> int:
-    """Check magic, byte order and version from the first 8 bytes; returns the file size."""
+def _map(path: Path) -> mmap.mmap:
+    """The file mapped read-only, after checking magic, byte order and version from its first 8 bytes."""
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(8)
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if len(head) == 8 else None
     except OSError as e:
         raise GGUFOpenError(f"{path}: cannot open: {e.strerror or e}") from None
-    if len(head) < 4 or head[:4] != GGUF_MAGIC:
-        if len(head) < 4 and GGUF_MAGIC.startswith(head):
-            raise GGUFFormatError(f"{path}: truncated file ({size} bytes): no GGUF header")
+    if not GGUF_MAGIC.startswith(head[:4]):
         raise GGUFFormatError(f"{path}: bad magic {head[:4]!r} (expected {GGUF_MAGIC!r}): not a GGUF file")
-    if len(head) < 8:
-        raise GGUFFormatError(f"{path}: truncated file ({size} bytes): no GGUF version")
-    (version,) = struct.unpack("<I", head[4:8])
+    if buf is None:
+        what = "header" if len(head) < 4 else "version"
+        raise GGUFFormatError(f"{path}: truncated file ({len(head)} bytes): no GGUF {what}")
+    (version,) = _U32.unpack_from(head, 4)
     if version & 0xFFFF == 0 and version != 0:
         raise GGUFFormatError(f"{path}: big-endian GGUF files are not supported")
     if version not in SUPPORTED_VERSIONS:
         raise GGUFFormatError(f"{path}: unsupported GGUF version {version} (supported: 2, 3)")
-    return size
+    return buf
 
 
-def _open_reader(path: Path) -> gguf.GGUFReader:
-    size = _read_preamble(path)
-    try:
-        return _BoundedReader(path)
-    except _PastEnd as e:
-        raise GGUFFormatError(
-            f"{path}: truncated file: the header needs bytes up to {e.end} but the file has {size}"
-        ) from None
-    except _BadTensorInfo as e:
-        raise GGUFTensorError(f"{path}: {e}") from None
-    except OSError as e:
-        raise GGUFOpenError(f"{path}: cannot map: {e.strerror or e}") from None
-    except (ValueError, KeyError, IndexError, OverflowError, TypeError, MemoryError, struct.error) as e:
-        # duplicate keys/tensors, unknown value types, invalid UTF-8, bad general.alignment, ...
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise GGUFFormatError(f"{path}: corrupt GGUF header: {detail}") from None
+class _HeaderReader:
+    """Sequential little-endian reads of the header from the map, each checked to lie inside the file."""
+
+    def __init__(self, path: Path, buf: mmap.mmap) -> None:
+        self.path, self.buf, self.size, self.pos = path, buf, len(buf), 0
+
+    def corrupt(self, detail: str) -> GGUFFormatError:
+        return GGUFFormatError(f"{self.path}: corrupt GGUF header: {detail}")
+
+    def truncated(self, end: int) -> GGUFFormatError:
+        return GGUFFormatError(
+            f"{self.path}: truncated file: the header needs bytes up to {end} but the file has {self.size}"
+        )
+
+    def skip(self, n: int) -> int:
+        """Moves past the next ``n`` bytes; returns where they start."""
+        start, self.pos = self.pos, self.pos + n
+        if self.pos > self.size:
+            raise self.truncated(self.pos)
+        return start
+
+    def unpack(self, layout: struct.Struct) -> tuple:
+        return layout.unpack_from(self.buf, self.skip(layout.size))
+
+    def u32(self) -> int:
+        return self.unpack(_U32)[0]
+
+    def u64(self) -> int:
+        return self.unpack(_U64)[0]
+
+    def name(self, what: str) -> str:
+        """A string that must be valid UTF-8: a key or a tensor name."""
+        at = self.pos
+        start = self.skip(self.u64())
+        try:
+            return self.buf[start : self.pos].decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.corrupt(f"{what} at offset {at} is not valid UTF-8") from None
+
+    def value_type(self, key: str) -> GGUFValueType:
+        raw = self.u32()
+        try:
+            return GGUFValueType(raw)
+        except ValueError:
+            raise self.corrupt(f"key '{key}' has unknown value type {raw}") from None
+
+    def metadata(self, n_kv: int) -> dict[str, _Value]:
+        values: dict[str, _Value] = {}
+        for _ in range(n_kv):  # each record takes >= 13 bytes: a huge count stops at the end of the file
+            offset = self.pos
+            key = self.name("key")
+            if key in values:
+                raise self.corrupt(f"duplicate key '{key}' at offset {offset}")
+            values[key] = self.value(key, offset)
+        return values
+
+    def value(self, key: str, offset: int) -> _Value:
+        vtype = self.value_type(key)
+        if vtype == GGUFValueType.STRING:
+            return _Value(vtype, None, self.strings(1)[0], offset)
+        if vtype != GGUFValueType.ARRAY:
+            return _Value(vtype, None, self.unpack(_SCALARS[vtype])[0], offset)
+        item = self.value_type(key)
+        n = self.u64()
+        if item == GGUFValueType.ARRAY:
+            raise self.corrupt(f"key '{key}' is an array of arrays (GGUF readers reject nested arrays)")
+        if item == GGUFValueType.STRING:
+            return _Value(vtype, item, self.strings(n), offset)
+        layout = _SCALARS[item]
+        start = self.skip(n * layout.size)
+        if item == GGUFValueType.BOOL:
+            return _Value(vtype, item, np.frombuffer(self.buf, np.uint8, n, start) != 0, offset)
+        return _Value(vtype, item, np.frombuffer(self.buf, layout.format, n, start), offset)
+
+    def strings(self, n: int) -> list[str]:
+        """``n`` strings (u64 length + bytes each) decoded with surrogateescape: the hot loop for vocabularies."""
+        buf, size, pos = self.buf, self.size, self.pos
+        if n > (size - pos) // 8:  # each takes >= 8 bytes
+            raise self.truncated(pos + 8 * n)
+        length_at = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(n):
+            if pos + 8 > size:
+                raise self.truncated(pos + 8)
+            start = pos + 8
+            pos = start + length_at(buf, pos)[0]
+            if pos > size:
+                raise self.truncated(pos)
+            append(buf[start:pos].decode("utf-8", "surrogateescape"))
+        self.pos = pos
+        return out
+
+    def tensor_infos(self, n_tensors: int) -> list[tuple[str, GGMLType, tuple[int, ...], int]]:
+        """The tensor-info records: (name, type, shape in ggml order, data offset from the data section)."""
+        infos: dict[str, tuple[str, GGMLType, tuple[int, ...], int]] = {}
+        for _ in range(n_tensors):  # each record takes >= 24 bytes
+            name = self.name("tensor name")
+            if name in infos:
+                raise GGUFTensorError(f"{self.path}: duplicated tensor '{name}'")
+            n_dims = self.u32()
+            if not 1 <= n_dims <= GGML_MAX_DIMS:
+                raise GGUFTensorError(f"{self.path}: tensor '{name}' has {n_dims} dims (1..{GGML_MAX_DIMS} allowed)")
+            ne = struct.unpack_from(f"<{n_dims}Q", self.buf, self.skip(8 * n_dims))
+            raw_type = self.u32()
+            try:
+                ggml_type = GGMLType(raw_type)
+            except ValueError:
+                raise GGUFTensorError(f"{self.path}: tensor '{name}' has unknown ggml type {raw_type}") from None
+            block = gguf.GGML_QUANT_SIZES[ggml_type][0]
+            if min(ne) <= 0 or ne[0] % block:
+                raise GGUFTensorError(
+                    f"{self.path}: tensor '{name}' has shape {list(ne)}: dims must be > 0 and ne[0] a multiple of "
+                    f"{block} for {ggml_type.name}"
+                )
+            infos[name] = (name, ggml_type, ne, self.u64())
+        return list(infos.values())
+
+
+def _reader_field(key: str, v: _Value) -> gguf.ReaderField:
+    """``v`` as ``gguf.GGUFReader`` represents it: numpy ``parts`` (key length, key, type, for an array its item
+    type and count, then per item its value, or a string's length and bytes) and ``data`` indexing the values."""
+    name = key.encode("utf-8")
+    parts: list[np.ndarray] = [
+        np.array([len(name)], np.uint64),
+        np.frombuffer(name, np.uint8),
+        np.array([v.type], np.uint32),
+    ]
+    is_array = v.item_type is not None
+    if is_array:
+        parts += [np.array([v.item_type], np.uint32), np.array([len(v.value)], np.uint64)]
+    data: list[int] = []
+    for i, item in enumerate(v.value if is_array else [v.value]):
+        if isinstance(item, str):
+            raw = item.encode("utf-8", "surrogateescape")
+            parts += [np.array([len(raw)], np.uint64), np.frombuffer(raw, np.uint8)]
+        elif is_array:
+            parts.append(v.value[i : i + 1])
+        else:
+            parts.append(np.array([item], _SCALARS[v.type].format))
+        data.append(len(parts) - 1)
+    types = [v.type, v.item_type] if is_array else [v.type]
+    return gguf.ReaderField(v.offset, key, parts, data, types)
 
 
 _INT_TYPES = frozenset(
@@ -298,31 +408,149 @@ _FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
 _MISSING = object()
 
 
-class GGUFFile:
-    """A validated GGUF model file of a supported architecture.
+class GGUFContainer:
+    """A GGUF file read as a container, whatever it holds (a model, a vocabulary only, ...).
 
-    ``GGUFFile(path)`` maps the file, validates it (see the module docstring) and raises a :class:`GGUFError`
-    subclass on any problem. Metadata has typed accessors (:meth:`get_int`, :meth:`get_float`, :meth:`get_str`,
-    :meth:`get_bool`, :meth:`get_array`); :attr:`hparams` holds the hyper-parameters and :meth:`tensor` returns
+    ``GGUFContainer(path)`` maps the file read-only and parses its header once: magic, version (2 or 3),
+    little-endian, every read inside the file, unique keys and tensor names, known value types and no nested
+    arrays, ``general.alignment`` a power of two, and for every tensor 1..4 dims, a known ggml type, a row length
+    that is a whole number of blocks and an aligned data range inside the file. Any problem raises a
+    :class:`GGUFError` subclass. Metadata has typed accessors (:meth:`get_int`, :meth:`get_float`, :meth:`get_str`,
+    :meth:`get_bool`, :meth:`get_array`) and plain Python values (:meth:`metadata`); :meth:`tensor` returns
     tensors by name.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        reader = _open_reader(self.path)
-        self.version = int(reader.fields["GGUF.version"].parts[-1][0])
-        self.alignment = int(reader.alignment)
-        self._fields = {k: v for k, v in reader.fields.items() if not k.startswith("GGUF.")}
-        self.tensors: Mapping[str, Tensor] = {
-            t.name: Tensor(
-                name=t.name,
-                ggml_type=GGMLType(t.tensor_type),
-                shape=tuple(int(d) for d in t.shape),
-                data=np.asarray(t.data).reshape(-1).view(np.uint8).reshape(-1, _row_bytes(t)),
-                offset=int(t.data_offset),
+        buf = _map(self.path)
+        header = _HeaderReader(self.path, buf)
+        _magic, self.version, n_tensors, n_kv = header.unpack(_PREAMBLE)
+        self._values = header.metadata(n_kv)
+        self.alignment = self._alignment()
+        infos = header.tensor_infos(n_tensors)
+        data_start = -(-header.pos // self.alignment) * self.alignment
+        file_bytes = np.frombuffer(buf, np.uint8)
+        self.tensors: Mapping[str, Tensor] = {info[0]: self._tensor(file_bytes, data_start, *info) for info in infos}
+
+    def _alignment(self) -> int:
+        value = self._values.get("general.alignment")
+        if value is None:
+            return gguf.GGUF_DEFAULT_ALIGNMENT
+        if value.type != GGUFValueType.UINT32:
+            raise GGUFFormatError(f"{self.path}: general.alignment has type {value.type_name()}, expected UINT32")
+        if value.value == 0 or value.value & (value.value - 1):
+            raise GGUFFormatError(f"{self.path}: general.alignment = {value.value} is not a power of two")
+        return value.value
+
+    def _tensor(
+        self, file_bytes: np.ndarray, data_start: int, name: str, ggml_type: GGMLType, shape: tuple[int, ...], at: int
+    ) -> Tensor:
+        if at % self.alignment:
+            raise GGUFTensorError(
+                f"{self.path}: tensor '{name}' data offset {at} is not a multiple of the alignment {self.alignment}"
             )
-            for t in reader.tensors
-        }
+        block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+        row_bytes = shape[0] // block * type_size
+        start = data_start + at
+        end = start + row_bytes * math.prod(shape[1:])
+        if end > file_bytes.size:
+            raise GGUFTensorError(
+                f"{self.path}: tensor '{name}' data [{start}, {end}) extends past the end of the file "
+                f"({file_bytes.size} bytes): truncated file"
+            )
+        return Tensor(name, ggml_type, shape, file_bytes[start:end].reshape(-1, row_bytes), start)
+
+    # -- metadata ------------------------------------------------------------------------------------------------
+
+    def metadata(self, prefix: str = "") -> dict[str, Any]:
+        """The key/values whose keys start with ``prefix``, in file order, as plain Python values: strings decoded
+        with ``surrogateescape`` (token texts keep their exact bytes), arrays as lists."""
+        return {key: value.plain() for key, value in self._values.items() if key.startswith(prefix)}
+
+    @functools.cached_property
+    def fields(self) -> Mapping[str, gguf.ReaderField]:
+        """The metadata as ``gguf.ReaderField`` records, the form ``gguf.GGUFReader.fields`` has (built on first
+        use, for code written against the stock reader)."""
+        return {key: _reader_field(key, value) for key, value in self._values.items()}
+
+    def keys(self) -> Iterator[str]:
+        """Metadata keys in file order."""
+        return iter(self._values)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._values
+
+    def value_type(self, key: str) -> GGUFValueType | None:
+        """The GGUF value type of ``key`` (ARRAY for arrays), or None when absent."""
+        value = self._values.get(key)
+        return None if value is None else value.type
+
+    def _value(self, key: str, default: Any, allowed: frozenset, what: str) -> Any:
+        value = self._values.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise GGUFMetadataError(f"{self.path}: missing metadata key '{key}'")
+            return default
+        if value.type not in allowed:
+            raise GGUFMetadataError(f"{self.path}: metadata key '{key}' has type {value.type_name()}, expected {what}")
+        return value.value
+
+    def get_int(self, key: str, default: Any = _MISSING) -> int:
+        return self._value(key, default, _INT_TYPES, "an integer")
+
+    def get_float(self, key: str, default: Any = _MISSING) -> float:
+        return self._value(key, default, _FLOAT_TYPES, "a float")
+
+    def get_bool(self, key: str, default: Any = _MISSING) -> bool:
+        return self._value(key, default, frozenset({GGUFValueType.BOOL}), "a bool")
+
+    def get_str(self, key: str, default: Any = _MISSING) -> str:
+        value = self._value(key, default, frozenset({GGUFValueType.STRING}), "a string")
+        self._check_utf8(key, value)
+        return value
+
+    def get_array(self, key: str, default: Any = _MISSING) -> list:
+        """An array value as a Python list (strings valid UTF-8, numbers as int/float/bool)."""
+        value = self._value(key, default, frozenset({GGUFValueType.ARRAY}), "an array")
+        if value is default:
+            return value
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        self._check_utf8(key, "".join(value))
+        return list(value)
+
+    def _check_utf8(self, key: str, text: Any) -> None:
+        """Strings are decoded with surrogateescape: a surrogate left in ``text`` means bytes that are not UTF-8."""
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise GGUFMetadataError(f"{self.path}: metadata key '{key}' is not valid UTF-8") from None
+
+    def array_length(self, key: str) -> int | None:
+        """Number of elements of an array value (None when absent)."""
+        value = self._value(key, None, frozenset({GGUFValueType.ARRAY}), "an array")
+        return None if value is None else len(value)
+
+    # -- tensors -------------------------------------------------------------------------------------------------
+
+    def tensor(self, name: str) -> Tensor:
+        """The tensor ``name``; a GGUFTensorError when absent."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGUFTensorError(f"{self.path}: missing tensor '{name}'")
+        return t
+
+
+class GGUFFile(GGUFContainer):
+    """A validated GGUF model file of a supported architecture.
+
+    ``GGUFFile(path)`` reads the container (see :class:`GGUFContainer`), then validates the model (see the module
+    docstring); :attr:`hparams` holds the hyper-parameters.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
         self.architecture = self.get_str("general.architecture")
         if self.architecture not in ARCHITECTURES:
             known = ", ".join(sorted(ARCHITECTURES))
@@ -334,71 +562,6 @@ class GGUFFile:
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, architecture={self.architecture!r}, tensors={len(self.tensors)})"
-
-    # -- metadata ------------------------------------------------------------------------------------------------
-
-    @property
-    def fields(self) -> Mapping[str, gguf.ReaderField]:
-        """The raw metadata fields (GGUF.* header fields excluded), e.g. for the tokenizer."""
-        return self._fields
-
-    def keys(self) -> Iterator[str]:
-        """Metadata keys in file order."""
-        return iter(self._fields)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._fields
-
-    def value_type(self, key: str) -> GGUFValueType | None:
-        """The GGUF value type of ``key`` (ARRAY for arrays), or None when absent."""
-        field = self._fields.get(key)
-        return field.types[0] if field is not None and field.types else None
-
-    def _field(self, key: str, default: Any, allowed: frozenset, what: str) -> Any:
-        field = self._fields.get(key)
-        if field is None:
-            if default is _MISSING:
-                raise GGUFMetadataError(f"{self.path}: missing metadata key '{key}'")
-            return default
-        if field.types[0] not in allowed:
-            raise GGUFMetadataError(f"{self.path}: metadata key '{key}' has type {_type_name(field)}, expected {what}")
-        return field
-
-    def get_int(self, key: str, default: Any = _MISSING) -> int:
-        field = self._field(key, default, _INT_TYPES, "an integer")
-        return field if field is default else int(field.parts[-1][0])
-
-    def get_float(self, key: str, default: Any = _MISSING) -> float:
-        field = self._field(key, default, _FLOAT_TYPES, "a float")
-        return field if field is default else float(field.parts[-1][0])
-
-    def get_bool(self, key: str, default: Any = _MISSING) -> bool:
-        field = self._field(key, default, frozenset({GGUFValueType.BOOL}), "a bool")
-        return field if field is default else bool(field.parts[-1][0])
-
-    def get_str(self, key: str, default: Any = _MISSING) -> str:
-        field = self._field(key, default, frozenset({GGUFValueType.STRING}), "a string")
-        if field is default:
-            return field
-        try:
-            return bytes(field.parts[-1]).decode("utf-8")
-        except UnicodeDecodeError:
-            raise GGUFMetadataError(f"{self.path}: metadata key '{key}' is not valid UTF-8") from None
-
-    def get_array(self, key: str, default: Any = _MISSING) -> list:
-        """An array value as a Python list (strings decoded as UTF-8, numbers as int/float/bool)."""
-        field = self._field(key, default, frozenset({GGUFValueType.ARRAY}), "an array")
-        if field is default:
-            return field
-        try:
-            return field.contents()
-        except UnicodeDecodeError:
-            raise GGUFMetadataError(f"{self.path}: metadata array '{key}' is not valid UTF-8") from None
-
-    def array_length(self, key: str) -> int | None:
-        """Number of elements of an array value without decoding it (None when absent)."""
-        field = self._field(key, None, frozenset({GGUFValueType.ARRAY}), "an array")
-        return None if field is None else len(field.data)
 
     def _int_or_uniform_array(self, key: str, default: Any = _MISSING) -> int:
         """llama.cpp's get_key_or_arr for per-layer values: a scalar, or an array whose entries are all equal."""
@@ -553,22 +716,3 @@ class GGUFFile:
             allowed = WEIGHT_TYPES if len(shape) == 2 else VECTOR_TYPES
             if t.ggml_type not in allowed:
                 raise GGUFTensorError(f"{self.path}: tensor '{name}' has unsupported type {t.ggml_type.name}")
-
-    # -- tensors -------------------------------------------------------------------------------------------------
-
-    def tensor(self, name: str) -> Tensor:
-        """The tensor ``name``; a GGUFTensorError when absent."""
-        t = self.tensors.get(name)
-        if t is None:
-            raise GGUFTensorError(f"{self.path}: missing tensor '{name}'")
-        return t
-
-
-def _row_bytes(t: Any) -> int:
-    block, type_size = gguf.GGML_QUANT_SIZES[GGMLType(t.tensor_type)]
-    return int(t.shape[0]) // block * type_size
-
-
-def _type_name(field: Any) -> str:
-    names = [t.name for t in field.types]
-    return names[0] if len(names) == 1 else f"{names[0]}[{names[-1]}]"

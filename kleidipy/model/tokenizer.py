@@ -32,6 +32,7 @@ from typing import Any
 import gguf
 
 from kleidipy.errors import KleidipyError
+from kleidipy.model.gguf_file import GGUFContainer
 
 
 class TokenizerError(KleidipyError, ValueError):
@@ -524,10 +525,16 @@ def _clean_spaces(buf: bytearray) -> bytearray:
 
 
 def gguf_metadata(
-    source: gguf.GGUFReader | Mapping[str, gguf.ReaderField], prefix: str = "tokenizer."
+    source: str | os.PathLike[str] | GGUFContainer | gguf.GGUFReader | Mapping[str, gguf.ReaderField],
+    prefix: str = "tokenizer.",
 ) -> dict[str, Any]:
-    """The GGUF key/values (of a reader, or a mapping of its fields) whose keys start with ``prefix``, as plain
-    Python values. Strings are decoded with ``surrogateescape`` so that token texts keep their exact bytes."""
+    """The GGUF key/values whose keys start with ``prefix``, as plain Python values, of a file (a path or an open
+    :class:`GGUFContainer`, e.g. a ``GGUFFile``), of a ``gguf.GGUFReader`` or of a mapping of its fields. Strings
+    are decoded with ``surrogateescape`` so that token texts keep their exact bytes."""
+    if isinstance(source, str | os.PathLike):
+        source = GGUFContainer(source)
+    if isinstance(source, GGUFContainer):
+        return source.metadata(prefix)
     out: dict[str, Any] = {}
     fields = source.fields if isinstance(source, gguf.GGUFReader) else source
     for key, field in fields.items():
@@ -627,10 +634,9 @@ class Tokenizer:
         self._bpe_cache: dict[str, tuple[int, ...]] = {}
 
     @classmethod
-    def from_gguf(cls, source: str | os.PathLike[str] | gguf.GGUFReader) -> Tokenizer:
-        """Build from a GGUF file path or an open ``gguf.GGUFReader``."""
-        reader = source if isinstance(source, gguf.GGUFReader) else gguf.GGUFReader(source)
-        return cls(gguf_metadata(reader))
+    def from_gguf(cls, source: str | os.PathLike[str] | GGUFContainer | gguf.GGUFReader) -> Tokenizer:
+        """Build from a GGUF file path, an open :class:`GGUFContainer` / ``GGUFFile`` or a ``gguf.GGUFReader``."""
+        return cls(gguf_metadata(source))
 
     def _apply_overrides(self, ids: dict[str, int | None]) -> frozenset[int]:
         """llama.cpp's load-time token fix-ups; returns the end-of-generation ids."""
