@@ -7,7 +7,6 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-import gguf
 import pytest
 from model_files import QWEN25, SMOLLM2, model_file
 
@@ -22,20 +21,9 @@ def _gguf(name: str) -> Path:
     return model_file(SMOLLM2 if name == "smollm2" else QWEN25)
 
 
-@pytest.fixture(scope="module")
-def smollm2_reader() -> gguf.GGUFReader:
-    return gguf.GGUFReader(_gguf("smollm2"))
-
-
 @pytest.mark.parametrize(("name", "model"), [("smollm2", "smollm2-q4_0"), ("qwen25", "qwen25-q4_0")])
-def test_reference_chat_prompt(name: str, model: str, request: pytest.FixtureRequest, reference_dir: Path) -> None:
-    if name == "smollm2":
-        reader = request.getfixturevalue("smollm2_reader")
-    elif (path := _gguf(name)) is not None:
-        reader = gguf.GGUFReader(path)
-    else:
-        pytest.skip("Qwen2.5-Coder GGUF not pulled")
-    metadata = gguf_metadata(reader)
+def test_reference_chat_prompt(name: str, model: str, reference_dir: Path) -> None:
+    metadata = gguf_metadata(_gguf(name))
     template = ChatTemplate.from_metadata(metadata)
     assert template.source == metadata["tokenizer.chat_template"]
     ref = json.loads((reference_dir / "logits" / f"{model}__chat_capital__default.json").read_text())
@@ -45,8 +33,8 @@ def test_reference_chat_prompt(name: str, model: str, request: pytest.FixtureReq
     assert Tokenizer(metadata).encode(prompt, parse_special=True) == ref["token_ids"]
 
 
-def test_from_gguf_reads_template_and_special_texts(smollm2_reader: gguf.GGUFReader) -> None:
-    template = ChatTemplate.from_gguf(smollm2_reader)
+def test_from_gguf_reads_template_and_special_texts() -> None:
+    template = ChatTemplate.from_gguf(_gguf("smollm2"))
     assert (template.bos_token, template.eos_token) == ("<|im_start|>", "<|im_end|>")
     assert template.render(QUESTION, add_generation_prompt=False).endswith("France?<|im_end|>\n")
 
