@@ -412,12 +412,6 @@ def matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, mr, nr, kr, sr, lhs, rhs):
 
 
 @numba.njit(cache=True, nogil=True)
-def matmul_qsi8d32p_qsi4c32ps1s0scalef16(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
-    """SME2 kernels: ``lhs_quant_pack_qsi8d32p_f32_neon`` LHS (kr 4) × ``qsi4c32ps1s0scalef16`` RHS."""
-    return _matmul(m, n, k, mr, 4, nr, 4, lhs, rhs, LHS_QSI8D32P_NEON, RHS_S1S0, first_block_fmul)
-
-
-@numba.njit(cache=True, nogil=True)
 def matmul_qsi8d32p_qsi4c32ps4s0sf16(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     """SME1 kernels: ``lhs_quant_pack_qsi8d32p_f32_neon`` LHS (kr 4) × ``qsi4c32ps4s0sf16`` RHS."""
     return _matmul(m, n, k, mr, 4, nr, 4, lhs, rhs, LHS_QSI8D32P_NEON, RHS_S4S0, first_block_fmul)

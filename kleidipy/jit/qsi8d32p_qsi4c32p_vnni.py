@@ -17,6 +17,8 @@ block starts at −8·Σ q_L (per row and block, precomputed), which makes it Σ
 tile of up to 4 rows × 4 vectors is generated in LLVM IR (:mod:`kleidipy.jit.vnni`); the codes are spread to
 bytes on the fly from the packed RHS (``vpmultishiftqb``), panel (64 columns) by panel: the first row tile
 streams the panel from memory with prefetching (the GEMV is memory-bound), the next ones read it from L2.
+
+Also a vectorised ``lhs_quant_pack_qsi8d32p_f32_neon`` (the same bytes as the family's packer).
 """
 
 from __future__ import annotations
@@ -214,8 +216,8 @@ def _make_tile(rows_max: int, contiguous: bool):  # noqa: ANN202
     return tile
 
 
-#: tiles by rows, for nr a multiple of 64 (the tail rows of m get an exact tile)
-_TILES = tuple(_make_tile(rows, True) for rows in range(1, TILE_ROWS + 1))
+#: tiles of 1 .. 4 rows for nr a multiple of 64 (the tail rows of m get an exact tile)
+_TILE_1, _TILE_2, _TILE_3, _TILE_4 = (_make_tile(rows, True) for rows in range(1, TILE_ROWS + 1))
 #: nr = 16 or 32 (SVL 128/256): one row (the GEMV) or 4 (tail rows repeat the last)
 _TILE_1_SINGLE = _make_tile(1, False)
 _TILE_4_SINGLE = _make_tile(TILE_ROWS, False)
@@ -373,7 +375,6 @@ def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     corr, sl = _lhs_terms(isa, m, k, mr, lhs)
     init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
     acc = np.empty(TILE_ROWS * PANEL_COLS, np.float32)
-    t1, t2, t3, t4 = _TILES
     for j0 in range(0, n, PANEL_COLS):  # the first row tile streams the panel from memory, the others from L2
         for i0 in range(0, m, TILE_ROWS):
             rows = min(TILE_ROWS, m - i0)
@@ -382,14 +383,14 @@ def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
                     _TILE_1_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
                 else:
                     _TILE_4_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
-            elif rows == 4:
-                t4(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+            elif rows == TILE_ROWS:
+                _TILE_4(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
             elif rows == 3:
-                t3(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+                _TILE_3(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
             elif rows == 2:
-                t2(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+                _TILE_2(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
             else:
-                t1(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+                _TILE_1(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
     if ldo != n:
         return np.ascontiguousarray(out[:, :n])
     return out
@@ -456,6 +457,7 @@ def compute(
     ``rhs_u8`` starts at the first group used. ``first_block_fmul`` selects the MOPA recipe (first block FMUL).
     Checks dtypes and sizes (the tiles read without bounds checks); releases the GIL.
     """
+    lhs_u8, rhs_u8 = np.asarray(lhs_u8), np.asarray(rhs_u8)  # plain arrays (e.g. from a PackedBuffer)
     if m < 1 or n < 1 or k < 1 or k % 32:
         raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
     if mr < 1 or nr < VEC_COLS or nr % VEC_COLS:

@@ -19,6 +19,7 @@ import numpy as np
 
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
 from kleidipy.jit import qsi8d32p_qsi4c32p as jit
+from kleidipy.jit import qsi8d32p_qsi4c32p_vnni
 from kleidipy.kernels.interface import (
     Geometry,
     LhsPacker,
@@ -506,7 +507,8 @@ def block_scaled_sum(
 #: ``(m, n, k, mr, nr, lhs_u8, rhs_u8, first_block_fmul) -> float32 [m, n]`` (another implementation with the
 #: same signature and bytes can be put here, e.g. an AVX-512 VNNI one for the SME2 layout).
 SME_JIT_COMPUTE: dict[str, Callable[..., np.ndarray]] = {
-    RHS_QSI4C32PS1S0SCALEF16_NEON.name: jit.matmul_qsi8d32p_qsi4c32ps1s0scalef16,
+    # AVX-512 VNNI tiles where the host has them, portable IR elsewhere (bit-identical either way)
+    RHS_QSI4C32PS1S0SCALEF16_NEON.name: qsi8d32p_qsi4c32p_vnni.compute,
     RHS_QSI4C32PS4S0SF16_NEON.name: jit.matmul_qsi8d32p_qsi4c32ps4s0sf16,
 }
 

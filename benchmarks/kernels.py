@@ -1,0 +1,283 @@
+"""Benchmark of the Q4_0 SME2-layout kernels on the host: GEMV weight bandwidth and GEMM int8 throughput.
+
+For n×k in {2048×2048, 5632×2048, 2048×5632, 8192×3072}, m in {1, 16, 128, 512} and 1 and 2 threads it times
+the matmul (the MOPA GEMM for m > 1, the SDOT GEMV for m = 1, SVL 512) through the public path
+(``get_kernel(...).pack_rhs/.pack_lhs/.run(threads=t)``) and the LHS quantize+pack, and prints a markdown
+table next to this machine's measured memory read bandwidth and vpdpbusd peak (so the % of roofline).
+
+By default the AVX-512 VNNI compute (``kleidipy.jit.qsi8d32p_qsi4c32p_vnni.compute``) is put into the family's
+jit hook first; ``--compute library`` measures whatever the library is wired to. Without the catalogue kernels
+the script calls the VNNI compute directly (with its own packers). Timings are the best of several runs
+(other processes on the machine make single runs noisy; ``--cpu-time`` times by process CPU time per thread,
+which leaves out the time they hold the cores). ``--quick``: fewer shapes and repetitions.
+
+    python benchmarks/kernels.py [--quick] [--compute vnni|library] [--cpu-time]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+
+from kleidipy.jit import qsi8d32p_qsi4c32p_vnni as vk
+from kleidipy.jit import vnni
+
+SVL = 512
+GEMM = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
+GEMV = "kai_matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"
+SHAPES = [(2048, 2048), (5632, 2048), (2048, 5632), (8192, 3072)]
+ROWS = [1, 16, 128, 512]
+#: GEMV weights are cycled through copies totalling at least this many bytes, so they come from DRAM.
+COLD_BYTES = 160 << 20
+
+
+def best_time(fn: Callable[[], object], repeat: int, min_seconds: float = 0.0) -> float:
+    """Smallest wall time of ``repeat`` calls (more calls until ``min_seconds`` of measuring)."""
+    fn()
+    best, spent, calls = float("inf"), 0.0, 0
+    while calls < repeat or spent < min_seconds:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        best, spent, calls = min(best, dt), spent + dt, calls + 1
+    return best
+
+
+def on_threads(fn: Callable[[int], object], threads: int, pool: ThreadPoolExecutor) -> None:
+    """fn(0) here and fn(1..threads-1) on the pool, concurrently."""
+    futures = [pool.submit(fn, t) for t in range(1, threads)]
+    fn(0)
+    for f in futures:
+        f.result()
+
+
+# --------------------------------------------------------------------------------------------- machine
+
+
+@numba.njit(nogil=True, fastmath=True, cache=True)
+def _read_reduce(a: np.ndarray) -> int:
+    words = a.view(np.uint64)
+    acc = np.uint64(0)
+    for i in range(words.size):
+        acc ^= words[i]
+    return acc
+
+
+def read_bandwidth(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
+    """GB/s of a streaming read of 512 MiB split across ``threads`` threads."""
+    buf = np.ones(512 << 20, np.uint8)
+    parts = np.array_split(buf, threads)
+    seconds = best_time(lambda: on_threads(lambda t: _read_reduce(parts[t]), threads, pool), repeat)
+    return buf.nbytes / seconds / 1e9
+
+
+def dpbusd_peak(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
+    """int8 GOPS of independent vpdpbusd chains on ``threads`` threads (2 ops per multiply-add)."""
+    iters = 400_000
+    seconds = best_time(lambda: on_threads(lambda t: vnni.dpbusd_loop(vnni.HOST_ISA, iters), threads, pool), repeat)
+    return threads * 12 * iters * 64 * 2 / seconds / 1e9
+
+
+# --------------------------------------------------------------------------------------------- kernels
+
+
+class Path:
+    """How matmuls are run: the catalogue kernels (public path) or the VNNI compute with its own packers."""
+
+    def __init__(self, compute: str) -> None:
+        try:
+            from kleidipy.kernels import qsi8d32p_qsi4c32p as family
+            from kleidipy.kernels.catalogue import get_kernel
+
+            self.gemm, self.gemv = get_kernel(GEMM, SVL), get_kernel(GEMV, SVL)
+        except Exception as exc:  # the family module is not there (yet): call the compute directly
+            print(f"(catalogue kernels unavailable: {exc}; timing the VNNI compute directly)", file=sys.stderr)
+            self.gemm = self.gemv = None
+            self.name = "vnni compute (direct)"
+            return
+        hook = family.SME_JIT_COMPUTE
+        key = self.gemm.rhs_packer.name
+        if compute == "vnni" and hook.get(key) is not vk.compute:
+            hook[key] = vk.compute
+        self.name = f"catalogue kernels, jit = {getattr(hook.get(key), '__module__', '?')}"
+
+    def pack_rhs(self, n: int, k: int, blocks: np.ndarray) -> np.ndarray:
+        if self.gemm is not None:
+            return self.gemm.pack_rhs(n, k, blocks)
+        codes = np.concatenate([blocks[:, :, 2:] & 15, blocks[:, :, 2:] >> 4], axis=2).reshape(n, k)
+        return _pack_rhs_direct(codes, blocks[:, :, :2].copy().view(np.uint16)[..., 0], 4 * SVL // 32)
+
+    def pack_lhs(self, x: np.ndarray) -> np.ndarray:
+        if self.gemm is not None:
+            return (self.gemv if x.shape[0] == 1 else self.gemm).pack_lhs(x)
+        return vk.lhs_quant_pack_qsi8d32p_f32_neon(x, 1 if x.shape[0] == 1 else SVL // 32)
+
+    def run(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
+        if self.gemm is not None:
+            return (self.gemv if m == 1 else self.gemm).run(m, n, k, lhs, rhs, threads=threads)
+        return run_direct(m, n, k, lhs, rhs, threads, pool)
+
+
+def run_direct(m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
+    """The VNNI compute called directly, columns split in multiples of nr across threads (no library layer)."""
+    lhs, rhs = np.asarray(lhs), np.asarray(rhs)
+    mr, nr = (1 if m == 1 else SVL // 32), 4 * SVL // 32
+    fmul = m > 1
+    if threads == 1:
+        return vk.compute(m, n, k, mr, nr, lhs, rhs, fmul)
+    per = -(-n // (nr * threads)) * nr
+    out = np.empty((m, n), np.float32)
+    stride = nr * k // 32 * 18
+
+    def part(t: int) -> None:
+        s, e = t * per, min(n, (t + 1) * per)
+        if s < e:
+            out[:, s:e] = vk.compute(m, e - s, k, mr, nr, lhs, rhs[s // nr * stride :], fmul)
+
+    on_threads(part, threads, pool)
+    return out
+
+
+def _pack_rhs_direct(codes: np.ndarray, d_bits: np.ndarray, nr: int) -> np.ndarray:
+    """§4.1 packing (only used when the family module is missing)."""
+    n, k = codes.shape
+    nb, groups = k // 32, -(-n // nr)
+    c = np.zeros((groups * nr, k), np.uint16)
+    c[:n] = codes
+    s = np.zeros((groups * nr, nb), np.uint16)
+    s[:n] = d_bits
+    words = c[:, 0::4] | c[:, 1::4] << 4 | c[:, 2::4] << 8 | c[:, 3::4] << 12
+    data = np.ascontiguousarray(words.reshape(groups, nr, k // 4).transpose(0, 2, 1), "<u2").view(np.uint8)
+    sc = np.ascontiguousarray(s.reshape(groups, nr, nb).transpose(0, 2, 1), "<u2").view(np.uint8)
+    return np.concatenate([data.reshape(groups, -1), sc.reshape(groups, -1)], axis=1).reshape(-1)
+
+
+def q4_0_weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """Random GGML Q4_0 blocks [n, k/32, 18]."""
+    blocks = rng.integers(0, 256, (n, k // 32, 18), dtype=np.uint8)
+    d = rng.uniform(-0.02, 0.02, (n, k // 32)).astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+    blocks[:, :, :2] = d
+    return blocks
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two shapes, fewer repetitions")
+    ap.add_argument("--compute", choices=("vnni", "library"), default="vnni")
+    ap.add_argument(
+        "--cpu-time", action="store_true", help="time by process CPU time per thread (a busy machine), not wall time"
+    )
+    args = ap.parse_args(argv)
+    shapes = SHAPES[:1] + SHAPES[-1:] if args.quick else SHAPES
+    repeat = 3 if args.quick else 7
+    pool = ThreadPoolExecutor(2)
+    rng = np.random.default_rng(0)
+    path = Path(args.compute)
+
+    bw = {t: read_bandwidth(t, pool, repeat) for t in (1, 2)}
+    peak = {t: dpbusd_peak(t, pool, repeat) for t in (1, 2)}
+    clock = "process CPU time per thread" if args.cpu_time else "wall time"
+    print(f"host ISA: {vnni.HOST_ISA.name}; path: {path.name}; SVL {SVL}; {clock}; load {os.getloadavg()[0]:.1f}")
+    print(f"memory read bandwidth: {bw[1]:.1f} GB/s (1 thread), {bw[2]:.1f} GB/s (2 threads)")
+    print(f"vpdpbusd peak: {peak[1]:.0f} GOPS (1 thread), {peak[2]:.0f} GOPS (2 threads)")
+    print("roofline column: the same measurement made alternately with the matmul (read of the same weights")
+    print("for the GEMV, vpdpbusd chains for the GEMM), so both see the same load from other processes;")
+    print("compute-only columns: the VNNI compute called directly (no library layer: validation, clamp, copy,")
+    print("thread pool).\n")
+    print(
+        "| n×k | m | threads | matmul ms | weights GB/s | int8 GOPS | roofline | % of roofline "
+        f"| compute-only ms | compute-only % | {PACK_COLUMNS} |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, k in shapes:
+        for row in bench_shape(path, rng, n, k, repeat, pool, args.cpu_time):
+            print(row, flush=True)
+
+
+PACK_COLUMNS = "LHS pack µs (path) | LHS pack µs (vnni)"
+
+
+def best_interleaved(
+    fns: list[Callable[[], object]], repeat: int, min_seconds: float, clock: Callable[[], float]
+) -> list[float]:
+    """Best time of each function by ``clock``, calling them in turn (``repeat`` rounds, more until min_seconds)."""
+    for fn in fns:
+        fn()
+    best, spent, rounds = [float("inf")] * len(fns), 0.0, 0
+    while rounds < repeat or spent < min_seconds:
+        for i, fn in enumerate(fns):
+            t0 = clock()
+            fn()
+            dt = clock() - t0
+            best[i], spent = min(best[i], dt), spent + dt
+        rounds += 1
+    return best
+
+
+def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool):  # noqa: ANN001, ANN201
+    """Table rows of one n×k: every m, 1 and 2 threads."""
+    blocks = q4_0_weights(rng, n, k)
+    rhs = path.pack_rhs(n, k, blocks)
+    copies = [rhs] + [rhs.copy() for _ in range(COLD_BYTES // rhs.nbytes)]
+    turn = iter(range(1 << 62))
+    for m in ROWS:
+        x = rng.normal(size=(m, k)).astype(np.float32)
+        lhs = path.pack_lhs(x)
+        mr = 1 if m == 1 else SVL // 32
+        pack_path = best_time(lambda: path.pack_lhs(x), repeat) * 1e6  # noqa: B023
+        pack_vnni = best_time(lambda: vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr), repeat) * 1e6  # noqa: B023
+        for threads in (1, 2):
+            # CPU time of the process per thread leaves out the time other processes hold the cores
+            clock = (lambda t=threads: time.process_time() / t) if cpu else time.perf_counter
+            if m == 1:  # GEMV: weight copies larger than the caches (they come from DRAM), vs reading them
+                parts = {id(c): np.array_split(c, threads) for c in copies}
+
+                def matmul() -> None:
+                    path.run(m, n, k, lhs, copies[next(turn) % len(copies)], threads, pool)  # noqa: B023
+
+                def direct() -> None:
+                    run_direct(m, n, k, lhs, copies[next(turn) % len(copies)], threads, pool)  # noqa: B023
+
+                def roof() -> None:
+                    chunks = parts[id(copies[next(turn) % len(copies)])]  # noqa: B023
+                    on_threads(lambda t: _read_reduce(chunks[t]), threads, pool)  # noqa: B023
+
+                seconds, bare, ref = best_interleaved([matmul, direct, roof], 5 * repeat, 0.1, clock)
+                roofline = rhs.nbytes / ref / 1e9
+                value, bare_value, unit = rhs.nbytes / seconds / 1e9, rhs.nbytes / bare / 1e9, "GB/s read"
+            else:  # GEMM vs vpdpbusd chains
+
+                def matmul() -> None:
+                    path.run(m, n, k, lhs, rhs, threads, pool)  # noqa: B023
+
+                def direct() -> None:
+                    run_direct(m, n, k, lhs, rhs, threads, pool)  # noqa: B023
+
+                iters = 50_000
+
+                def roof() -> None:
+                    on_threads(lambda t: vnni.dpbusd_loop(vnni.HOST_ISA, iters), threads, pool)  # noqa: B023
+
+                seconds, bare, ref = best_interleaved([matmul, direct, roof], repeat, 0.0, clock)
+                roofline = threads * 12 * iters * 64 * 2 / ref / 1e9
+                value, bare_value, unit = 2 * m * n * k / seconds / 1e9, 2 * m * n * k / bare / 1e9, "GOPS peak"
+            gbs, gops = rhs.nbytes / seconds / 1e9, 2 * m * n * k / seconds / 1e9
+            yield (
+                f"| {n}×{k} | {m} | {threads} | {seconds * 1e3:.3f} | {gbs:.1f} | {gops:.0f} | "
+                f"{roofline:.0f} {unit} | {100 * value / roofline:.0f} % | {bare * 1e3:.3f} | "
+                f"{100 * bare_value / roofline:.0f} % | {pack_path:.0f} | {pack_vnni:.0f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
