@@ -384,7 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.set_defaults(func=_cmd_emulate)
 
-    p = sub.add_parser("models", help="list the model catalogue and what is pulled")
+    p = sub.add_parser(
+        "models",
+        help="list the model catalogue and what is pulled",
+        description="List the catalogue models (name, size, description) and where each pulled one is cached; "
+        "--path NAME prints just that file's path (for scripts).",
+    )
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")
     p.set_defaults(func=_cmd_models)
     return parser

@@ -1,0 +1,89 @@
+"""The kleidipy command line: one clear line and a non-zero exit for every kind of bad input; --help explains."""
+
+import subprocess
+import sys
+
+import pytest
+from model_files import SMOLLM2, model_file
+
+from kleidipy.cli import build_parser, main
+
+
+def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kleidipy.cli", *args], capture_output=True, text=True, input=input, timeout=600
+    )
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("kleidipy: error:")]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert {"run", "chat", "pull", "models", "kernels", "golden", "trace", "layout", "emulate"} <= set(commands)
+    for name, sub in commands.items():
+        assert sub.description, f"`kleidipy {name} --help` has no description"
+
+
+def test_truncated_gguf(tmp_path):
+    data = model_file(SMOLLM2).read_bytes()[:5_000_000]
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(data)
+    one_line_error(run_cli("run", "-m", str(bad), "-p", "hi", "-q"), "truncated.gguf")
+
+
+def test_not_a_gguf_and_missing_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"NOPE" + bytes(100))
+    one_line_error(run_cli("run", "-m", str(bad), "-p", "hi", "-q"), "not a GGUF")
+    one_line_error(run_cli("run", "-m", str(tmp_path / "nope.gguf"), "-p", "hi", "-q"), "no such model file")
+
+
+def test_unknown_model_name_suggests():
+    one_line_error(run_cli("pull", "smollm"), "unknown model", "smollm2-135m-instruct")
+
+
+def test_empty_prompt_and_prompt_longer_than_context():
+    one_line_error(run_cli("run", "-p", "", "-q"), "empty")
+    one_line_error(run_cli("run", "-p", "one two three four five six seven eight nine ten", "-c", "4", "-q"), "context")
+
+
+def test_bad_target_and_shapes():
+    one_line_error(run_cli("kernels", "--target", "sme2:svl=384"), "svl")
+    one_line_error(run_cli("layout", "--svl", "100"), "SVL")
+    one_line_error(run_cli("layout", "--shape", "16,64,48"), "multiple")
+    one_line_error(run_cli("emulate", "--kernel", "kai_matmul_nope"), "unknown kernel")
+
+
+def test_verbose_shows_traceback(capsys):
+    with pytest.raises(Exception, match="unknown model"):
+        main(["--verbose", "pull", "smollm"])
+
+
+def test_explain_reads_well(capsys):
+    assert main(["kernels", "--explain", "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"]) == 0
+    out = capsys.readouterr().out
+    for token in ("qsi8d32p1vlx4", "qsi4c32p4vlx4", "1vlx4vl", "sme2", "mopa", "16 rows", "m_step=16"):
+        assert token in out
+
+
+def test_kernels_lists_selection(capsys):
+    assert main(["kernels", "--target", "i8mm"]) == 0
+    out = capsys.readouterr().out
+    assert "qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm" in out and "q4_0 GEMM" in out
+
+
+def test_run_greedy_paris_and_seed_reproducible():
+    proc = run_cli("run", "-p", "The capital of France is", "-n", "4", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("The capital of France is Paris")
+    a = run_cli("run", "-p", "Once upon a time", "-n", "8", "--temp", "0.9", "--seed", "7", "-q")
+    b = run_cli("run", "-p", "Once upon a time", "-n", "8", "--temp", "0.9", "--seed", "7", "-q")
+    assert a.returncode == 0 and a.stdout == b.stdout
