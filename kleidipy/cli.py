@@ -236,6 +236,31 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
     return 0 if "bit-exact with the jit execution: yes" in report else 1
 
 
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from kleidipy.quantize import quantize_gguf
+
+    report = quantize_gguf(args.input, args.output, args.type, pure=args.pure, progress=not args.quiet)
+    print(report.summary())
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from kleidipy.bench import format_bench_table, parse_threads, run_bench
+
+    rows = run_bench(
+        args.model,
+        args.n_prompt,
+        args.n_gen,
+        parse_threads(args.threads),
+        args.repetitions,
+        target=_target(args),
+        progress=not args.quiet,
+        execution=args.execution,
+    )
+    print(format_bench_table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kleidipy",
@@ -383,6 +408,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true", help="print the step-by-step log of the first block")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.set_defaults(func=_cmd_emulate)
+
+    p = sub.add_parser(
+        "quantize",
+        help="requantize a GGUF to Q4_0 or Q8_0 (tensor data identical to llama-quantize)",
+        description="Write a GGUF whose 2-D weights are dequantized and requantized with ggml's reference "
+        "quantizers, in llama-quantize's tensor order and metadata; --pure gives every 2-D weight the type "
+        "(llama-quantize --pure), otherwise llama-quantize's mixture rules apply where kleidipy can follow them.",
+    )
+    p.add_argument("input", help="source GGUF")
+    p.add_argument("output", help="GGUF to write (written to a temp file, then renamed)")
+    p.add_argument("--type", required=True, choices=["q4_0", "q8_0"], help="target type")
+    p.add_argument("--pure", action="store_true", help="every 2-D weight gets --type (no mixture rules)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser(
+        "bench",
+        help="llama-bench-style prefill/decode tokens per second",
+        description="Measure prompt processing (pp, one batch: GEMM kernels) and text generation (tg, one token "
+        "at a time: GEMV kernels) in tokens/s, mean ± stdev over repetitions, for each thread count.",
+    )
+    p.add_argument("-m", "--model", default="smollm2-135m-instruct", help="GGUF file or catalogue name")
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test, default 512)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test, default 128)")
+    p.add_argument("-t", "--threads", default="1", help="comma-separated thread counts (default 1)")
+    p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
+    p.add_argument("--execution", default="jit", choices=list(interface.EXECUTIONS), help="kernel execution")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _add_target_arg(p)
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
         "models",

@@ -1,1 +1,1 @@
-"""Numba / llvmlite code the kernels call for speed; every function here has a numpy reference it matches bit for bit."""
+"""Numba / llvmlite code the kernels call for speed; each function matches a numpy reference bit for bit."""
