@@ -539,6 +539,8 @@ class MatmulKernel:
             pack = packer._jit if execution == "jit" else packer._reference
             packer.check_args(1, k, g.mr, g.kr, g.sr, bl)
 
+        lo, hi = np.float32(-FLT_MAX), np.float32(FLT_MAX)
+
         def matmul(x: np.ndarray) -> np.ndarray:
             if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
                 raise DTypeError(f"{self.name}: activations must be float32 [m, {k}], got {x.dtype} {x.shape}")
@@ -556,7 +558,8 @@ class MatmulKernel:
                 else:
                     lhs = pack(np.ascontiguousarray(x), g.mr, g.kr, g.sr, bl, 0)
             out = self._compute(impl, m, n, k, lhs, rhs, threads)
-            return np.clip(out, -FLT_MAX, FLT_MAX, out=out)  # llama.cpp's clamp range: ±inf -> ±FLT_MAX
+            np.maximum(out, lo, out=out)  # llama.cpp's clamp range [-FLT_MAX, FLT_MAX]: ±inf -> ±FLT_MAX
+            return np.minimum(out, hi, out=out)
 
         return matmul
 
