@@ -50,10 +50,30 @@ class KernelCall:
     rhs_bytes: int
     lhs_seconds: float = 0.0
     matmul_seconds: float = 0.0
+    start: float = 0.0  # perf_counter() when the LHS pack began
 
 
-#: Trace hook: called after every MUL_MAT with a KernelCall (None: tracing off, no cost).
+@dataclass
+class RepackCall:
+    """What one weight's repack at load did (handed to the repack hook when tracing is on)."""
+
+    weight: str
+    ggml_type: GGMLType
+    pair: KernelPair
+    n: int
+    k: int
+    raw_bytes: int
+    packed_bytes: int
+    start: float  # perf_counter() when the repack (conversion + pack) began
+    seconds: float
+    pack_start: float  # the kai_run_rhs_pack_ call alone
+    pack_seconds: float
+
+
+#: Trace hooks (None: tracing off, no cost): after every MUL_MAT with a KernelCall, after every repack with a
+#: RepackCall. Both are called from the function doing the work, so the caller's frames are the op's call stack.
 TRACE_HOOK: Callable[[KernelCall], None] | None = None
+REPACK_HOOK: Callable[[RepackCall], None] | None = None
 
 
 class RepackedLinear:
@@ -87,7 +107,7 @@ def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray
     t1 = perf_counter()
     out = kern.run(m, n, k, lhs, weight.packed, execution=be.execution, threads=be.threads)
     t2 = perf_counter()
-    hook(KernelCall(weight.name, kern, m, n, k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1))
+    hook(KernelCall(weight.name, kern, m, n, k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1, t0))
     return out
 
 
@@ -104,11 +124,17 @@ class KleidiBackend:
     _noticed: set = field(default_factory=set)
 
     def __call__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RepackedLinear:
+        hook, t0 = REPACK_HOOK, perf_counter()
         k, n = int(shape[0]), int(shape[1])
-        ggml_type, raw = self.supported(name, GGMLType(ggml_type), n, k, raw)
+        source_type, source_bytes = GGMLType(ggml_type), int(raw.nbytes)
+        ggml_type, raw = self.supported(name, source_type, n, k, raw)
         pair = select_kernels(_DIRECT[ggml_type], self.target)
         rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
+        t1 = perf_counter()
         packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
+        if hook is not None:
+            t2 = perf_counter()
+            hook(RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1))
         if self.on_repack:
             self.on_repack(name, pair.gemm.rhs_packer.name, int(packed.nbytes))
         return RepackedLinear(name, pair, n, k, packed, self)

@@ -11,9 +11,10 @@ compute_forward_mul_mat`` at run time); the leaves are the ``kai_run_…`` packe
   when m == 1 — llama.cpp's rule; the last layer's FFN and the LM head of a prefill run on the last row only,
   so they are GEMVs too).
 
-Hooks, installed only while a trace runs and restored after it (even on errors): during model load, wrappers
-around ``KleidiBackend.__call__`` and ``MatmulKernel.pack_rhs`` (class attributes); during the generation,
-``kleidipy.backend.TRACE_HOOK`` (a :class:`~kleidipy.backend.KernelCall` after every MUL_MAT) and a wrapper around
+Hooks, installed only while a trace runs and restored after it (even on errors): during model load,
+``kleidipy.backend.REPACK_HOOK`` (a :class:`~kleidipy.backend.RepackCall` after every repack, with the pack timed
+on its own); during the generation, ``kleidipy.backend.TRACE_HOOK`` (a :class:`~kleidipy.backend.KernelCall`
+after every MUL_MAT) and a wrapper around
 the engine's ``CausalLM.forward`` (on the instance) that delimits the forward passes — the first pass of the
 generation is the prefill, the others are decode steps. Nothing is installed otherwise: tracing off costs nothing.
 
@@ -34,11 +35,8 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from gguf import GGMLQuantizationType as GGMLType
-
 from kleidipy import backend
-from kleidipy.backend import KernelCall, KleidiBackend
-from kleidipy.kernels.interface import MatmulKernel
+from kleidipy.backend import KernelCall, RepackCall
 from kleidipy.model.generate import Engine
 from kleidipy.target import Target, resolve_target
 
@@ -196,46 +194,24 @@ class Tracer:
         self.stack.reset()  # drop the frames kept for the invocation counts
 
     # --- model load ---------------------------------------------------------------------------
+    def _on_repack(self, call: RepackCall) -> None:
+        frames, fresh = self.stack.capture(sys._getframe(1))
+        packer = call.pair.gemm.rhs_packer
+        pack = KaiCall(
+            packer.kai_name, "rhs_pack", call.pack_start - self.t0, call.pack_seconds, call.raw_bytes, call.packed_bytes
+        )
+        kind = f"{call.ggml_type.name} -> {call.pair.weight_type}"
+        self.current.ops.append(
+            Op(frames, fresh, call.weight, 0, call.n, call.k, call.start - self.t0, call.seconds, (pack,), kind)
+        )
+
     @contextmanager
     def _repack_hook(self) -> Iterator[None]:
-        """Wrap KleidiBackend.__call__ (the repack of one weight) and MatmulKernel.pack_rhs (its kai_run_rhs_pack_)."""
-        repack = KleidiBackend.__dict__["__call__"]
-        pack_rhs = MatmulKernel.__dict__["pack_rhs"]
-        packs: list[tuple[float, float]] = []
-
-        def traced_pack_rhs(kern: MatmulKernel, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            start = self.now()
-            try:
-                return pack_rhs(kern, *args, **kwargs)
-            finally:
-                packs.append((start, self.now() - start))
-
-        def traced_repack(be: KleidiBackend, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw):  # noqa: ANN001, ANN202
-            frames, fresh = self.stack.capture(sys._getframe(1), (repack.__qualname__,))
-            packs.clear()
-            start = self.now()
-            linear = repack(be, name, ggml_type, shape, raw)
-            seconds = self.now() - start
-            packer = linear.pair.gemm.rhs_packer
-            pack = KaiCall(
-                packer.kai_name,
-                "rhs_pack",
-                packs[0][0],
-                sum(p[1] for p in packs),
-                int(raw.nbytes),
-                int(linear.packed.nbytes),
-            )
-            kind = f"{GGMLType(ggml_type).name} -> {linear.pair.weight_type}"
-            self.current.ops.append(Op(frames, fresh, name, 0, linear.n, linear.k, start, seconds, (pack,), kind))
-            return linear
-
-        KleidiBackend.__call__ = traced_repack
-        MatmulKernel.pack_rhs = traced_pack_rhs
+        previous, backend.REPACK_HOOK = backend.REPACK_HOOK, self._on_repack
         try:
             yield
         finally:
-            KleidiBackend.__call__ = repack
-            MatmulKernel.pack_rhs = pack_rhs
+            backend.REPACK_HOOK = previous
 
     def load(self, model: str | Path, target: Target, threads: int, execution: str, n_ctx: int | None) -> Engine:
         """Build the Engine (the model load stage: every repack recorded)."""
@@ -251,11 +227,10 @@ class Tracer:
 
     # --- prefill / decode ---------------------------------------------------------------------
     def _on_mul_mat(self, call: KernelCall) -> None:
-        end = self.now()
         frames, fresh = self.stack.capture(sys._getframe(1))
         kern, m, n, k = call.kernel, call.m, call.n, call.k
-        t_mm = end - call.matmul_seconds
-        t_lhs = t_mm - call.lhs_seconds
+        t_lhs = call.start - self.t0
+        t_mm = t_lhs + call.lhs_seconds
         calls = []
         if kern.lhs_packer is not None:  # f32-LHS kernels read the activations as they are (a copy, not a kai call)
             calls.append(
