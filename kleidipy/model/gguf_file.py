@@ -430,6 +430,7 @@ class GGUFContainer:
         infos = header.tensor_infos(n_tensors)
         data_start = -(-header.pos // self.alignment) * self.alignment
         file_bytes = np.frombuffer(buf, np.uint8)
+        self._buf = buf
         self.tensors: Mapping[str, Tensor] = {info[0]: self._tensor(file_bytes, data_start, *info) for info in infos}
 
     def _alignment(self) -> int:
@@ -540,6 +541,16 @@ class GGUFContainer:
         if t is None:
             raise GGUFTensorError(f"{self.path}: missing tensor '{name}'")
         return t
+
+    def release(self, name: str) -> None:
+        """Drop the resident pages of tensor ``name`` (e.g. once it is repacked): the mapping stays valid and the
+        bytes are read back from the file if used again, so peak RSS stays near file size, not twice it."""
+        t = self.tensor(name)
+        page = mmap.PAGESIZE
+        start = t.offset // page * page
+        end = t.offset + t.data.nbytes
+        if hasattr(self._buf, "madvise"):
+            self._buf.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class GGUFFile(GGUFContainer):

@@ -57,7 +57,9 @@ class Llama(CausalLM):
 
         def weight(name: str):
             t = model.tensor(name)
-            return linear(name, t.ggml_type, t.shape, t.data)
+            out = linear(name, t.ggml_type, t.shape, t.data)
+            model.release(name)  # the backend's copy replaces the GGML bytes (llama.cpp's repack buffer)
+            return out
 
         def vector(name: str) -> np.ndarray | None:
             return model.tensors[name].to_float() if name in model.tensors else None
