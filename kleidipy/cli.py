@@ -140,10 +140,11 @@ def _sampling(args: argparse.Namespace):  # noqa: ANN202
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kleidipy.model.generate import PromptError
+    from kleidipy.model.generate import PromptError, check_prompt_text, read_prompt_file
 
-    if not args.prompt:
-        raise PromptError("the prompt is empty")
+    if (args.prompt is None) == (args.file is None):
+        raise PromptError("give the prompt with -p TEXT or -f FILE (one of them)")
+    args.prompt = read_prompt_file(args.file) if args.file else check_prompt_text(args.prompt)
     engine = _engine(args)
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else engine.prompt(args.prompt)
     if not args.chat:
@@ -329,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="GGUF file or catalogue name (default: smollm2-135m-instruct, pulled on first use)",
         )
         if name == "run":
-            p.add_argument("-p", "--prompt", required=True, help="the prompt text")
+            p.add_argument("-p", "--prompt", help="the prompt text")
+            p.add_argument("-f", "--file", help="read the prompt from this UTF-8 text file")
             p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
         else:
             p.add_argument("--system", help="system message")

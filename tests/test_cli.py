@@ -87,3 +87,17 @@ def test_run_greedy_paris_and_seed_reproducible():
     a = run_cli("run", "-p", "Once upon a time", "-n", "8", "--temp", "0.9", "--seed", "7", "-q")
     b = run_cli("run", "-p", "Once upon a time", "-n", "8", "--temp", "0.9", "--seed", "7", "-q")
     assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_invalid_utf8_prompts(tmp_path):
+    bad = tmp_path / "prompt.txt"
+    bad.write_bytes(b"caf\xe9 au lait")
+    one_line_error(run_cli("run", "-f", str(bad), "-q"), "not valid UTF-8", "byte 3")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kleidipy.cli", "run", "-q", "-p", b"\xff\xfe".decode("utf-8", "surrogateescape")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    one_line_error(proc, "not valid UTF-8")
+    one_line_error(run_cli("run", "-q"), "-p TEXT or -f FILE")

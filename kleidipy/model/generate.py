@@ -35,6 +35,29 @@ class PromptError(KleidipyError, ValueError):
     """A prompt that cannot be run: empty, or longer than the context."""
 
 
+def check_prompt_text(text: str) -> str:
+    """The prompt, or a PromptError when it is empty or holds bytes that were not valid UTF-8 (which Python
+    keeps as lone surrogates when it decodes command-line arguments)."""
+    if not text:
+        raise PromptError("the prompt is empty")
+    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if bad is not None:
+        raise PromptError(f"the prompt is not valid UTF-8 (at character {bad})")
+    return text
+
+
+def read_prompt_file(path: str) -> str:
+    """A prompt file's text, strictly UTF-8 (PromptError otherwise)."""
+    try:
+        data = open(path, "rb").read()  # noqa: SIM115
+    except OSError as exc:
+        raise PromptError(f"cannot read prompt file {path}: {exc.strerror}") from None
+    try:
+        return check_prompt_text(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"prompt file {path} is not valid UTF-8 (byte {exc.start})") from None
+
+
 @dataclass
 class Timings:
     """Wall-clock seconds of each stage and the token counts, as llama.cpp's timing summary."""
@@ -108,7 +131,7 @@ class Engine:
 
     def prompt(self, text: str) -> list[int]:
         """Token ids of a plain-text prompt (BOS as the vocabulary says; special-token text is not parsed)."""
-        return self.tokenizer.encode(text, add_special=True, parse_special=False)
+        return self.tokenizer.encode(check_prompt_text(text), add_special=True, parse_special=False)
 
     def generate(
         self,
