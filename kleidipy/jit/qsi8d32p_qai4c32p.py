@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.jit.numerics import fma_f32, round_even
+from kleidipy.jit.numerics import fma_f32
 
 BL = 32
 LHS_BLOCK_BYTES = 40  # per row: 32 int8, f32 row sum, f32 recip
@@ -35,6 +35,7 @@ def lhs_quant_pack(lhs, mr, kbl, row_offset):
     out = np.zeros(groups * stride, np.uint8)
     out_i8 = out.view(np.int8)
     out_f32 = out.view(np.float32)
+    q = np.empty(BL, np.int8)  # one block's codes, then scattered in kbl-long runs
     for r in range(m):
         g, ri = divmod(r + row_offset, mr)
         for b in range(nb):
@@ -47,16 +48,16 @@ def lhs_quant_pack(lhs, mr, kbl, row_offset):
             if amax != 0:
                 scale = np.float32(127.0) / amax
                 recip = np.float32(1.0) / scale
-            base = g * stride + b * mr * LHS_BLOCK_BYTES
             qsum = 0
-            for t in range(BL):
+            for t in range(BL):  # vectorisable: rint (ties to even) of f32(x·scale), NaN (0·inf) -> 0, clamp
                 y = x[t] * scale
-                qv = 0.0
-                if y == y:  # NaN (0·inf) converts to 0
-                    qv = min(max(round_even(y), -128.0), 127.0)
-                qi = np.int8(qv)
-                out_i8[base + (t // kbl) * mr * kbl + ri * kbl + t % kbl] = qi
-                qsum += qi
+                v = np.float32(np.rint(y)) if y == y else np.float32(0.0)
+                q[t] = np.int8(min(max(v, np.float32(-128.0)), np.float32(127.0)))
+                qsum += q[t]
+            base = g * stride + b * mr * LHS_BLOCK_BYTES
+            for c in range(BL // kbl):
+                dst = base + c * mr * kbl + ri * kbl
+                out_i8[dst : dst + kbl] = q[c * kbl : (c + 1) * kbl]
             out_f32[(base + BL * mr) // 4 + ri] = np.float32(qsum) * recip
             out_f32[(base + (BL + 4) * mr) // 4 + ri] = recip
     return out

@@ -142,9 +142,9 @@ def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, s
         qh = round_to_f16(qh)
     s = np.matmul(qh, keys.transpose(0, 2, 1))
     s *= scale
-    if m > 1:
-        masked = np.arange(n_kv)[None, :] > (start + np.arange(m))[:, None]
-        s.reshape(n_head_kv, g, m, n_kv)[..., masked] = -np.inf
+    if m > 1:  # causal mask, added (-inf or 0) with broadcasting: much cheaper than boolean-mask assignment
+        future = np.arange(n_kv)[None, :] > (start + np.arange(m))[:, None]
+        s.reshape(n_head_kv, g, m, n_kv)[...] += np.where(future, np.float32(-np.inf), np.float32(0))
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s *= (1.0 / s.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
