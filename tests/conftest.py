@@ -23,3 +23,11 @@ def golden_dir() -> Path:
 def reference_dir() -> Path:
     assert (REFERENCE / "README.md").is_file(), f"reference data missing at {REFERENCE}"
     return REFERENCE
+
+
+@pytest.fixture(autouse=True)
+def split_even_small_matmuls(monkeypatch):
+    """Tests use small shapes: let threads > 1 split them anyway, so the thread split is what gets tested."""
+    from kleidipy.kernels import interface
+
+    monkeypatch.setattr(interface, "MIN_SPLIT_MACS", 0)

@@ -32,6 +32,8 @@ from kleidipy.numerics import FLT_MAX, clamp_f32
 
 EXECUTIONS = ("reference", "jit", "isa")
 DEFAULT_EXECUTION = "jit"
+#: Smaller matmuls run on one thread: handing work to the pool costs tens of µs, more than they take.
+MIN_SPLIT_MACS = 1 << 21
 #: SVL values (bits) an SME/SME2 kernel can be built for.
 SVL_CHOICES = (128, 256, 512, 1024, 2048)
 
@@ -568,7 +570,7 @@ class MatmulKernel:
     ) -> np.ndarray:
         """Unclamped [m, n]; with threads > 1 the columns are split in multiples of n_step (llama.cpp's split)."""
         n_step = self._geo().n_step
-        if threads <= 1 or n <= n_step:
+        if threads <= 1 or n <= n_step or m * n * k < MIN_SPLIT_MACS:
             return impl(m, n, k, lhs, rhs)
         out = np.empty((m, n), dtype=np.float32)
         per_n = roundup(-(-n // threads), n_step)
