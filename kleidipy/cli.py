@@ -262,6 +262,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from kleidipy.server import serve
+
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        ctx=args.ctx_size,
+        parallel=args.parallel,
+        api_key=args.api_key,
+        target=_target(args),
+        execution=args.execution,
+        progress=not args.quiet,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kleidipy",
@@ -410,6 +428,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true", help="print the step-by-step log of the first block")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.set_defaults(func=_cmd_emulate)
+
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (chat and completions, streaming)",
+        description="Serve a model over an OpenAI-compatible API: GET /health, GET /v1/models, POST "
+        "/v1/chat/completions (the GGUF's chat template), POST /v1/completions, with stream: true as server-sent "
+        "events. --parallel slots share one loaded model, each with its own KV cache; more requests wait in a "
+        "FIFO queue. Binds to loopback unless --host says otherwise.",
+    )
+    p.add_argument("-m", "--model", default="smollm2-135m-instruct", help="GGUF file or catalogue name")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
+    p.add_argument("-c", "--ctx-size", "--ctx", type=int, default=None, help="total context, split between slots")
+    p.add_argument("--parallel", type=int, default=4, help="concurrent generation slots (default 4)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--execution", default="jit", choices=list(interface.EXECUTIONS), help="kernel execution")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    _add_target_arg(p)
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser(
         "quantize",

@@ -110,10 +110,17 @@ def test_prefill_gemm_and_counts(trace) -> None:
     s = to_json(trace)["stages"][1]["summary"]
     assert (s["matmuls"], s["gemm"], s["gemv"]) == (len(weights), len(weights) - len(last_rows), len(last_rows))
     assert 0 < s["kernel_seconds"] <= s["wall_seconds"]
-    attention = ("Engine.generate", "CausalLM.forward", "CausalLM._decode", "LlamaBlock.__call__")
+    attention = (
+        "Engine.generate",
+        "Generation.step",
+        "Engine.timed_forward",
+        "CausalLM.forward",
+        "CausalLM._decode",
+        "LlamaBlock.__call__",
+    )
     attention += ("SelfAttention.__call__", "SelfAttention._project", "RepackedLinear.__call__")
     assert attention + ("compute_forward_mul_mat", GEMM_Q4_1) in paths(prefill)
-    ffn = attention[:4] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_1)
+    ffn = attention[:6] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_1)
     assert ffn in paths(prefill)
 
 
@@ -127,7 +134,10 @@ def test_decode_gemv_and_counts(trace) -> None:
     assert {op.calls[-1].name for op in decode.ops if op.weight != weights[-1]} == {GEMV_Q4_1}
     tree = call_tree(decode)
     assert [(n.frame, n.calls) for n in tree] == [("Engine.generate", 1)]
-    (forward,) = tree[0].children.values()
+    (step,) = tree[0].children.values()
+    assert (step.frame, step.calls) == ("Generation.step", len(decode.passes))
+    (timed,) = step.children.values()
+    (forward,) = timed.children.values()
     assert (forward.frame, forward.calls) == ("CausalLM.forward", len(decode.passes))
     (layers, head) = forward.children["CausalLM._decode"].children.values()
     assert (layers.frame, layers.calls) == ("LlamaBlock.__call__", trace.hparams["n_layer"] * len(decode.passes))

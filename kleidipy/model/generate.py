@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from tqdm import tqdm
@@ -29,6 +30,12 @@ from kleidipy.model.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
 
 ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2}
+
+#: Why a generation ended: an end-of-generation token or a stop string ("stop"), or the token budget or the
+#: context ("length") — OpenAI's finish reasons.
+FinishReason = Literal["stop", "length"]
+#: One forward pass: token ids -> logits of the last position.
+Forward = Callable[[Sequence[int]], np.ndarray]
 
 
 class PromptError(KleidipyError, ValueError):
@@ -84,6 +91,90 @@ class Timings:
         )
 
 
+class Generation:
+    """One sequence from prompt ids to finish: ``step(forward)`` runs one prefill chunk or one decode token and
+    returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int],
+        n_ctx: int,
+        max_tokens: int | None = None,
+        params: SamplingParams | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        chunk: int = 512,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.prompt = list(prompt_ids)
+        self.n_ctx = n_ctx
+        self.max_tokens = n_ctx if max_tokens is None else max_tokens
+        self.sampler = Sampler(params or SamplingParams(temperature=0.0), seed=seed)
+        self.stop = tuple(s for s in stop if s)
+        self.chunk = chunk
+        self.detok = StreamDetokenizer(tokenizer)
+        self.history = list(self.prompt)
+        self.n_past = 0
+        self.n_generated = 0
+        self.finish_reason: FinishReason | None = None
+        self._text = ""
+        self._sent = 0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+    def step(self, forward: Forward) -> str:
+        """Advance by one prefill chunk (sampling the first token after the last one) or one decode token."""
+        if self.prefilling:
+            ids = self.prompt[self.n_past : self.n_past + self.chunk]
+            logits = forward(ids)
+            self.n_past += len(ids)
+            if self.prefilling:
+                return ""
+        else:
+            logits = forward(self.history[-1:])
+            self.n_past += 1
+        token = self.sampler(logits, self.history)
+        if self.tokenizer.is_eog(token):
+            return self._release("stop")
+        self.history.append(token)
+        self.n_generated += 1
+        self._text += self.detok.push(token)
+        if self.n_generated >= self.max_tokens or self.n_past >= self.n_ctx:
+            return self._release("length")
+        return self._release(None)
+
+    def _release(self, finish: FinishReason | None) -> str:
+        """The text that can be sent now: up to a stop string (which finishes), else everything when finishing,
+        else all but a tail that might begin a stop string."""
+        if finish:
+            self._text += self.detok.flush()
+        hits = [i for i in (self._text.find(s, self._sent) for s in self.stop) if i >= 0]
+        if hits:
+            end, finish = min(hits), "stop"
+        elif finish:
+            end = len(self._text)
+        else:
+            end = len(self._text) - self._held_back()
+        out, self._sent = self._text[self._sent : end], end
+        self.finish_reason = finish
+        return out
+
+    def _held_back(self) -> int:
+        """Length of the longest unsent tail that is a proper prefix of a stop string."""
+        tail = self._text[self._sent :]
+        for k in range(min(len(tail), max((len(s) for s in self.stop), default=1) - 1), 0, -1):
+            if any(s.startswith(tail[-k:]) for s in self.stop):
+                return k
+        return 0
+
+
 @dataclass
 class Engine:
     """A loaded model ready to generate (see the module docstring)."""
@@ -133,6 +224,17 @@ class Engine:
         """Token ids of a plain-text prompt (BOS as the vocabulary says; special-token text is not parsed)."""
         return self.tokenizer.encode(check_prompt_text(text), add_special=True, parse_special=False)
 
+    def timed_forward(self, batch: Sequence[int]) -> np.ndarray:
+        """``lm.forward`` adding its time to the prefill (a batch, or the first pass) or decode timings."""
+        t, t0 = self.timings, time.perf_counter()
+        logits = self.lm.forward(batch)
+        if len(batch) > 1 or t.prefill_s == 0.0:
+            t.prefill_s += time.perf_counter() - t0
+        else:
+            t.decode_s += time.perf_counter() - t0
+            t.n_decoded += 1
+        return logits
+
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -140,52 +242,24 @@ class Engine:
         params: SamplingParams | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
-        keep_cache: bool = False,
     ) -> Iterator[str]:
         """Yield the text pieces of up to ``max_tokens`` sampled tokens (stops at end-of-generation or a ``stop``
-        string). Prefill runs the prompt as one batch (GEMM), decode one token at a time (GEMV)."""
+        string, which is never yielded). The prompt runs as one batch (GEMM), then one token at a time (GEMV)."""
         ids = list(prompt_ids)
         if not ids:
             raise PromptError("the prompt is empty")
         if max_tokens < 0:
             raise PromptError(f"max_tokens must be >= 0, got {max_tokens}")
-        if not keep_cache:
-            self.lm.reset()
-        if self.lm.n_past + len(ids) > self.lm.n_ctx:
-            raise PromptError(
-                f"the prompt is {len(ids)} tokens, more than the context of {self.lm.n_ctx - self.lm.n_past} left"
-            )
-        params = params or SamplingParams(temperature=0.0)
-        sampler = Sampler(params, seed=seed)
-        detok = StreamDetokenizer(self.tokenizer)
-        history = list(ids)
+        if len(ids) > self.lm.n_ctx:
+            raise PromptError(f"the prompt is {len(ids)} tokens, more than the context of {self.lm.n_ctx}")
+        self.lm.reset()
         t = self.timings
-        t.n_prompt, t.n_decoded, t.decode_s = len(ids), 0, 0.0
-        t0 = time.perf_counter()
-        logits = self.lm.forward(ids)
-        t.prefill_s = time.perf_counter() - t0
-        text = ""
-        for i in range(max_tokens):
-            token = sampler(logits, history)
-            if self.tokenizer.is_eog(token):
-                break
-            history.append(token)
-            piece = detok.push(token)
-            text += piece
-            hit = next((s for s in stop if s and s in text), None)
-            if hit:  # yield what comes before the stop string, and stop
-                cut = text.index(hit) - (len(text) - len(piece))
-                if cut > 0:
-                    yield piece[:cut]
-                return
+        t.n_prompt, t.n_decoded, t.prefill_s, t.decode_s = len(ids), 0, 0.0, 0.0
+        if max_tokens == 0:
+            return
+
+        gen = Generation(self.tokenizer, ids, self.lm.n_ctx, max_tokens, params, seed, stop, chunk=len(ids))
+        while not gen.done:
+            piece = gen.step(self.timed_forward)
             if piece:
                 yield piece
-            if i + 1 == max_tokens or self.lm.n_past >= self.lm.n_ctx:
-                break
-            t0 = time.perf_counter()
-            logits = self.lm.forward([token])
-            t.decode_s += time.perf_counter() - t0
-            t.n_decoded += 1
-        tail = detok.flush()
-        if tail:
-            yield tail

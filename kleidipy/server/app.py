@@ -1,0 +1,323 @@
+"""The OpenAI-compatible HTTP server: a Starlette ASGI app over one loaded :class:`~kleidipy.model.generate.Engine`.
+
+Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
+rendered with the GGUF's chat template) and ``POST /v1/completions``, non-streamed or streamed as server-sent
+events (``data: {chunk}`` ... ``data: [DONE]``). Bodies must be ``application/json`` of at most ``max_body``
+bytes; with an API key every request needs ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
+
+Context: ``n_ctx`` of the engine is the total, split evenly between the ``parallel`` slots (llama.cpp server's
+``-c`` / ``-np``). A prompt longer than a slot's context, or ``max_tokens`` above it, is a 400; a generation
+that reaches the end of the context finishes with ``"length"``. Tokenization runs in a worker thread and
+compute in the scheduler's thread, so the event loop only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kleidipy.errors import KleidipyError
+from kleidipy.model.chat_template import ChatTemplateError
+from kleidipy.model.generate import Engine, Generation, PromptError
+from kleidipy.model.pull import CATALOGUE
+from kleidipy.server.scheduler import Job, Scheduler
+from kleidipy.server.schemas import (
+    APIError,
+    GenerationRequest,
+    chunk_object,
+    completion_object,
+    invalid,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+from kleidipy.target import Target
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MAX_BODY = 1 << 20  # bytes
+MIN_SLOT_CTX = 16  # tokens
+
+
+class ServerConfigError(KleidipyError, ValueError):
+    """Server options that cannot work together (no slots, too little context per slot)."""
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+class APIKeyMiddleware:
+    """Answers 401 unless the request carries ``Authorization: Bearer <key>``."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.key = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.key):
+                message = "invalid API key: send it as 'Authorization: Bearer <key>'"
+                await error_response(APIError(401, message, code="invalid_api_key"))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def slot_context(n_ctx: int, parallel: int) -> int:
+    """Tokens of context per slot when ``n_ctx`` is split between ``parallel`` slots (ServerConfigError if the
+    options cannot work)."""
+    if parallel < 1:
+        raise ServerConfigError(f"--parallel must be >= 1, got {parallel}")
+    if n_ctx // parallel < MIN_SLOT_CTX:
+        raise ServerConfigError(
+            f"a context of {n_ctx} tokens split between {parallel} slots leaves {n_ctx // parallel} per slot "
+            f"(at least {MIN_SLOT_CTX} needed): raise --ctx or lower --parallel"
+        )
+    return n_ctx // parallel
+
+
+def model_id(engine: Engine) -> str:
+    """The name the server answers to: the catalogue name, or the GGUF file name."""
+    name = os.fspath(engine.model)
+    return name if name in CATALOGUE else engine.path.name
+
+
+def create_app(
+    engine: Engine,
+    parallel: int = 4,
+    api_key: str | None = None,
+    max_body: int = MAX_BODY,
+    max_queue: int = 1024,
+) -> Starlette:
+    """The ASGI app serving ``engine`` with ``parallel`` slots (the scheduler thread runs during the app's
+    lifespan; ``app.state.scheduler`` is the :class:`Scheduler`)."""
+    slot_ctx = slot_context(engine.context_length, parallel)
+    scheduler = Scheduler(engine.lm, parallel, slot_ctx, max_queue)
+    name = model_id(engine)
+    aliases = {name, os.fspath(engine.model), engine.path.name}
+    created = int(engine.path.stat().st_mtime)
+    tokenizer = engine.tokenizer
+
+    def model_card() -> dict[str, Any]:
+        meta = {"n_ctx": engine.context_length, "n_ctx_slot": slot_ctx, "parallel": parallel}
+        return {"id": name, "object": "model", "created": created, "owned_by": "kleidipy", "meta": meta}
+
+    async def read_json(request: Request) -> Any:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise APIError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > max_body:
+            raise APIError(413, f"the request body is larger than {max_body} bytes", code="request_too_large")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body:
+                raise APIError(413, f"the request body is larger than {max_body} bytes", code="request_too_large")
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise invalid(None, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+
+    def prompt_ids(req: GenerationRequest) -> list[int]:
+        """Token ids of the request (runs in a worker thread: tokenizing a large prompt takes a while)."""
+        param = "messages" if req.kind == "chat" else "prompt"
+        if isinstance(req.prompt, tuple):
+            if not all(0 <= t < tokenizer.n_vocab for t in req.prompt):
+                raise invalid(param, f"token ids must be in [0, {tokenizer.n_vocab})", "invalid_value")
+            ids = list(req.prompt)
+        else:
+            try:
+                ids = engine.chat_prompt(req.messages) if req.kind == "chat" else engine.prompt(req.prompt)
+            except (ChatTemplateError, PromptError) as exc:
+                raise invalid(param, str(exc)) from None
+        if not ids:
+            raise invalid(param, "the prompt is empty")
+        if len(ids) > slot_ctx:
+            message = f"the prompt is {len(ids)} tokens, more than the context of {slot_ctx} tokens per slot"
+            raise invalid(param, message, "context_length_exceeded")
+        return ids
+
+    async def generate(request: Request, req: GenerationRequest) -> Response:
+        if req.model not in aliases:
+            message = f"the model {req.model!r} does not exist; this server has {name!r}"
+            raise APIError(404, message, param="model", code="model_not_found")
+        if req.max_tokens is not None and req.max_tokens > slot_ctx:
+            message = f"max_tokens={req.max_tokens} is more than the context ({slot_ctx} tokens)"
+            raise invalid("max_tokens", message, "invalid_value")
+        ids = await run_in_threadpool(prompt_ids, req)
+        gen = Generation(
+            tokenizer, ids, slot_ctx, req.max_tokens, req.params, req.seed, req.stop, chunk=engine.lm.n_ubatch
+        )
+        job = Job(gen, asyncio.get_running_loop())
+        scheduler.submit(job)
+        watcher = asyncio.create_task(watch_disconnect(request, job))
+        ident = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        stamp = int(time.time())
+        if req.stream:
+            return StreamingResponse(
+                stream(req, job, watcher, ident, stamp),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        try:
+            pieces = []
+            async for kind, payload in events(job):
+                if kind == "error":
+                    raise payload
+                pieces.append(payload)
+        finally:
+            scheduler.withdraw(job)
+            watcher.cancel()
+        use = usage(len(ids), gen.n_generated)
+        return JSONResponse(completion_object(req.kind, ident, stamp, name, "".join(pieces), gen.finish_reason, use))
+
+    async def stream(
+        req: GenerationRequest, job: Job, watcher: asyncio.Task, ident: str, stamp: int
+    ) -> AsyncIterator[str]:
+        def sse(obj: dict[str, Any]) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+        def chunk(text: str = "", **kw: Any) -> str:
+            return sse(chunk_object(req.kind, ident, stamp, name, text, include_usage=req.include_usage, **kw))
+
+        try:
+            if req.kind == "chat":
+                yield chunk(first=True)
+            async for kind, payload in events(job):
+                if kind == "error":
+                    yield sse(payload.body())
+                    return
+                yield chunk(payload)
+            if job.cancelled:  # the client is gone
+                return
+            gen = job.generation
+            yield chunk(finish=gen.finish_reason)
+            if req.include_usage:
+                yield chunk(use=usage(len(gen.prompt), gen.n_generated))
+            yield "data: [DONE]\n\n"
+        finally:
+            scheduler.withdraw(job)
+            watcher.cancel()
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, parse_chat(await read_json(request)))
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, parse_completion(await read_json(request)))
+
+    async def health(request: Request) -> Response:
+        busy = scheduler.busy
+        body = {"status": "ok", "slots_idle": parallel - busy, "slots_processing": busy, "queued": scheduler.queued}
+        return JSONResponse(body)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(request: Request) -> Response:
+        if request.path_params["model"] not in aliases:
+            raise APIError(404, f"the model {request.path_params['model']!r} does not exist", code="model_not_found")
+        return JSONResponse(model_card())
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind))
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        return error_response(APIError(500, f"internal error: {exc}", "server_error"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(scheduler.stop)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", model, methods=["GET"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ],
+        middleware=[Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else [],
+        exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},
+        lifespan=lifespan,
+    )
+    app.state.scheduler = scheduler
+    app.state.model_id = name
+    app.state.slot_ctx = slot_ctx
+    return app
+
+
+async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
+    """The job's ("text", piece) and ("error", APIError) events until it is done (or the client is gone)."""
+    while True:
+        kind, payload = await job.events.get()
+        if kind in ("done", "disconnect"):
+            return
+        yield kind, payload
+        if kind == "error":
+            return
+
+
+async def watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel ``job`` (and wake whoever waits on its events) when the client goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+    job.events.put_nowait(("disconnect", None))
+
+
+def serve(
+    model: str = DEFAULT_MODEL,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    threads: int = 1,
+    ctx: int | None = None,
+    parallel: int = 4,
+    api_key: str | None = None,
+    target: Target | None = None,
+    execution: str = "jit",
+    progress: bool = True,
+    log_level: str = "info",
+) -> None:
+    """Load ``model`` and serve it until interrupted (``kleidipy serve``). ``ctx`` is the total context, split
+    between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved)."""
+    import uvicorn
+
+    slot_context(ctx or parallel * MIN_SLOT_CTX, parallel)  # fail before loading the model
+    engine = Engine(model, target=target, threads=threads, execution=execution, n_ctx=ctx, progress=progress)
+    app = create_app(engine, parallel=parallel, api_key=api_key)
+    print(
+        f"kleidipy: serving {app.state.model_id} on http://{host}:{port}/v1 "
+        f"({parallel} slot(s) x {app.state.slot_ctx} tokens of context)",
+        file=sys.stderr,
+    )
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"kleidipy: warning: listening on {host} without --api-key", file=sys.stderr)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -1,0 +1,172 @@
+"""Slots and the compute thread: P sequences share one loaded model, each with its own KV cache.
+
+Each slot runs a :class:`~kleidipy.model.generate.Generation` (the runtime's step machine: prefill chunk by chunk,
+then one token per step), so a slot computes exactly what ``Engine.generate`` computes for the same prompt and seed.
+
+The :class:`Scheduler` owns P :class:`Slot` s (a :class:`~kleidipy.model.kv_cache.KVCache` each) and one worker
+thread, the only one that touches the model. Each round it admits queued jobs (FIFO) into free slots, then gives
+every busy slot one step, in slot order (round-robin: a long prompt cannot starve the others for more than one
+prefill chunk). The model's cache is pointed at the slot's before each step. Results go to the asyncio side
+through the job's queue (``loop.call_soon_threadsafe``); the asyncio side cancels a job by setting a flag the
+worker checks before every step, which frees the slot. An exception in one job fails that job only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from kleidipy.errors import KleidipyError
+from kleidipy.model.generate import Generation
+from kleidipy.model.kv_cache import KVCache
+from kleidipy.model.layers import CausalLM
+from kleidipy.server.schemas import APIError
+
+log = logging.getLogger("kleidipy.server")
+
+Event = tuple[Literal["text", "done", "error", "disconnect"], Any]
+
+
+@dataclass(eq=False)
+class Job:
+    """A generation submitted by a request handler; its events (``("text", piece)``, ``("done", None)``,
+    ``("error", APIError)``) arrive on ``events`` in the handler's event loop."""
+
+    generation: Generation
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """Stop generating (checked by the worker before each step); the slot is freed."""
+        self.cancelled = True
+
+    def post(self, kind: str, payload: Any = None) -> None:
+        """Deliver an event from the worker thread (dropped if the event loop is already closed)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:
+            self.cancelled = True
+
+
+@dataclass(eq=False)
+class Slot:
+    """One sequence's KV cache and the job using it (None: idle)."""
+
+    index: int
+    cache: KVCache
+    job: Job | None = None
+
+
+class Scheduler:
+    """P slots over one model, a FIFO queue and the compute thread (see the module docstring)."""
+
+    def __init__(self, lm: CausalLM, parallel: int, n_ctx: int, max_queue: int = 1024) -> None:
+        hp = lm.hparams
+        self.lm = lm
+        self.n_ctx = n_ctx
+        self.max_queue = max_queue
+        self.slots = [
+            Slot(i, KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, lm.cache.dtype)) for i in range(parallel)
+        ]
+        self.lm.cache = self.slots[0].cache  # the model's own full-context cache is not used (nor kept)
+        self._queue: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def busy(self) -> int:
+        return sum(slot.job is not None for slot in self.slots)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="kleidipy-compute", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the current step, fail every unfinished job, and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def submit(self, job: Job) -> None:
+        """Queue a job (503 when the queue is full or the server is stopping)."""
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+            if len(self._queue) >= self.max_queue:
+                raise APIError(503, f"the server is busy ({len(self._queue)} requests queued)", "server_error")
+            self._queue.append(job)
+            self._cond.notify()
+
+    def withdraw(self, job: Job) -> None:
+        """Cancel ``job``: it leaves the queue now, or its slot before the next step."""
+        job.cancel()
+        with self._cond:
+            if job in self._queue:
+                self._queue.remove(job)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._queue and not self.busy:
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                for slot in self.slots:
+                    while slot.job is None and self._queue:
+                        job = self._queue.popleft()
+                        if not job.cancelled:
+                            slot.cache.clear()
+                            slot.job = job
+            for slot in self.slots:
+                if slot.job is not None:
+                    self._step(slot)
+        with self._cond:
+            pending = [s.job for s in self.slots if s.job is not None] + list(self._queue)
+            self._queue.clear()
+        for slot in self.slots:
+            slot.job = None
+        for job in pending:
+            job.post("error", APIError(503, "the server is shutting down", "server_error", code="unavailable"))
+
+    def _step(self, slot: Slot) -> None:
+        job = slot.job
+        assert job is not None
+        if job.cancelled:
+            slot.job = None
+            return
+        try:
+            piece = job.generation.step(lambda ids: self._forward(slot.cache, ids))
+        except Exception as exc:  # one failing job must not take the others down
+            if not isinstance(exc, KleidipyError):
+                log.exception("generation failed in slot %d", slot.index)
+            slot.job = None
+            job.post("error", APIError(500, f"generation failed: {exc}", "server_error"))
+            return
+        done = job.generation.done
+        if done:  # the slot is free before the handler hears of it, so /health agrees with what clients saw
+            slot.job = None
+        if piece:
+            job.post("text", piece)
+        if done:
+            job.post("done")
+
+    def _forward(self, cache: KVCache, ids: Sequence[int]) -> np.ndarray:
+        self.lm.cache = cache
+        return self.lm.forward(ids)

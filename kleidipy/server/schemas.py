@@ -1,0 +1,300 @@
+"""The OpenAI wire format: request validation and the response, chunk and error objects.
+
+Requests are plain JSON objects checked field by field (:func:`parse_chat`, :func:`parse_completion`), so every
+bad value becomes an :class:`APIError` that names the offending ``param``, in OpenAI's error object
+``{"error": {"message", "type", "param", "code"}}``. Supported: ``model``, ``messages`` / ``prompt``,
+``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop`` (a string or up to 4),
+``n`` (1 only), ``stream`` with ``stream_options.include_usage``, ``frequency_penalty`` / ``presence_penalty``,
+and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. Options this server cannot honour (``n > 1``,
+``logprobs``, ``tools``, ``logit_bias``, ``echo``, ``suffix``, ``best_of > 1``, non-text ``response_format``)
+are rejected rather than ignored; fields it does not know are ignored, as most OpenAI-compatible servers do.
+
+Defaults: OpenAI's for its own fields (temperature 1, top_p 1; ``max_tokens`` 16 for completions and "until the
+end of the context" for chat), llama.cpp server's for the extras (top_k 40, min_p 0.05, repeat_penalty 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kleidipy.errors import KleidipyError
+from kleidipy.model.sampler import SamplingParams
+
+Kind = Literal["chat", "completion"]
+FinishReason = Literal["stop", "length"]
+
+MAX_STOP = 4  # OpenAI's limit on the number of stop sequences
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_UNSET = object()
+
+
+class APIError(KleidipyError):
+    """A request the server answers with an HTTP error and OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(param: str | None, message: str, code: str | None = None) -> APIError:
+    """A 400 invalid_request_error about ``param``."""
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated chat or completion request. ``prompt`` is the text or token ids (completions only),
+    ``messages`` the chat turns with roles normalised and content flattened to text (chat only).
+    ``max_tokens`` None means "until the end of the context"."""
+
+    kind: Kind
+    model: str
+    params: SamplingParams
+    max_tokens: int | None
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    messages: tuple[dict[str, str], ...] = ()
+    prompt: str | tuple[int, ...] = ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# field readers
+
+
+def _get(body: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    value = body.get(name, _UNSET)
+    return default if value is _UNSET or value is None else value
+
+
+def _unicode(text: str, param: str) -> str:
+    """``text`` unless it holds a lone surrogate (legal in JSON as an escape, but not text a tokenizer can take)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(param, f"'{param}' is not valid Unicode (lone surrogate at character {exc.start})") from None
+    return text
+
+
+def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int | None = None) -> int | None:
+    value = _get(body, name, default)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(name, f"'{name}' must be an integer, got {value!r}", "invalid_type")
+    if lo is not None and value < lo:
+        raise invalid(name, f"'{name}' must be >= {lo}, got {value}", "invalid_value")
+    return value
+
+
+def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = _get(body, name, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = float(value) if abs(value) < 2**64 else math.inf
+    if not isinstance(value, float) or not math.isfinite(value):
+        raise invalid(name, f"'{name}' must be a finite number, got {value!r}", "invalid_type")
+    if not lo <= value <= hi:
+        raise invalid(name, f"'{name}' must be between {lo:g} and {hi:g}, got {value}", "invalid_value")
+    return value
+
+
+def _boolean(body: Mapping[str, Any], name: str) -> bool:
+    value = _get(body, name, False)
+    if not isinstance(value, bool):
+        raise invalid(name, f"'{name}' must be a boolean, got {value!r}", "invalid_type")
+    return value
+
+
+def _model(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("model", "you must provide a model parameter (a non-empty string)", "missing_required_parameter")
+    return model
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = _get(body, "stop", [])
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop", "'stop' must be a string or a list of strings", "invalid_type")
+    if len(stops) > MAX_STOP:
+        raise invalid("stop", f"'stop' takes at most {MAX_STOP} sequences, got {len(stops)}", "invalid_value")
+    return tuple(_unicode(s, "stop") for s in stops if s)
+
+
+def _unsupported(body: Mapping[str, Any], kind: Kind) -> None:
+    """Reject options that would change the answer but that this server cannot honour."""
+    n = _integer(body, "n", 1, lo=1)
+    if n != 1:
+        raise invalid("n", f"only n=1 is supported, got n={n}", "unsupported_value")
+    checks = {
+        "logit_bias": lambda v: not v,
+        "tools": lambda v: not v,
+        "functions": lambda v: not v,
+        "response_format": lambda v: isinstance(v, dict) and v.get("type", "text") == "text",
+    }
+    if kind == "chat":
+        checks["logprobs"] = lambda v: v is False
+        checks["top_logprobs"] = lambda v: not v
+    else:
+        checks.update(logprobs=lambda v: not v, echo=lambda v: v is False, suffix=lambda v: not v)
+        checks["best_of"] = lambda v: v == 1
+    for name, ok in checks.items():
+        value = body.get(name)
+        if value is not None and not ok(value):
+            raise invalid(name, f"'{name}'={value!r} is not supported by this server", "unsupported_parameter")
+
+
+def _sampling(body: Mapping[str, Any]) -> SamplingParams:
+    return SamplingParams(
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=_integer(body, "top_k", 40, lo=0),
+        min_p=_number(body, "min_p", 0.05, 0.0, 1.0),
+        repeat_penalty=_number(body, "repeat_penalty", 1.0, 1e-6, 10.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+    )
+
+
+def _common(body: Any, kind: Kind) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise invalid(None, "the request body must be a JSON object", "invalid_type")
+    _unsupported(body, kind)
+    stream = _boolean(body, "stream")
+    options = _get(body, "stream_options", {})
+    if not isinstance(options, dict):
+        raise invalid("stream_options", "'stream_options' must be an object", "invalid_type")
+    include_usage = _boolean(options, "include_usage")
+    key = "max_tokens"
+    if kind == "chat" and _get(body, "max_completion_tokens") is not None:
+        key = "max_completion_tokens"
+    max_tokens = _integer(body, key, COMPLETION_DEFAULT_MAX_TOKENS if kind == "completion" else None, lo=1)
+    seed = _integer(body, "seed", None)
+    return dict(
+        kind=kind,
+        model=_model(body),
+        params=_sampling(body),
+        max_tokens=max_tokens,
+        seed=None if seed is None else seed % 2**64,
+        stop=_stop(body),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _content(message: Mapping[str, Any], i: int) -> str:
+    """A message's text: a string, or the concatenated text of its ``{"type": "text"}`` parts."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return _unicode(content, f"messages[{i}].content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(f"messages[{i}].content", "only text content parts are supported", "unsupported_value")
+            texts.append(part["text"])
+        return _unicode("".join(texts), f"messages[{i}].content")
+    raise invalid(f"messages[{i}].content", "content must be a string or a list of text parts", "invalid_type")
+
+
+def parse_chat(body: Any) -> GenerationRequest:
+    """Validate a ``/v1/chat/completions`` body."""
+    fields = _common(body, "chat")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "'messages' must be a non-empty list", "missing_required_parameter")
+    turns = []
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in CHAT_ROLES:
+            raise invalid(
+                f"messages[{i}].role",
+                f"messages[{i}] must be an object with a role in {sorted(CHAT_ROLES)}, got {role!r}",
+                "invalid_value",
+            )
+        turns.append({"role": CHAT_ROLES[role], "content": _content(message, i)})
+    return GenerationRequest(messages=tuple(turns), **fields)
+
+
+def parse_completion(body: Any) -> GenerationRequest:
+    """Validate a ``/v1/completions`` body (``prompt``: a string, a list of one string, or token ids)."""
+    fields = _common(body, "completion")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return GenerationRequest(prompt=tuple(prompt), **fields)
+    if not isinstance(prompt, str):
+        raise invalid("prompt", "'prompt' must be a string or a list of token ids (batches are not supported)")
+    return GenerationRequest(prompt=_unicode(prompt, "prompt"), **fields)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# responses
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _choice(kind: Kind, text: str, finish: FinishReason | None, delta: bool, first: bool) -> dict[str, Any]:
+    if kind == "completion":
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if not delta:
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    body = {"role": "assistant", "content": text} if first else ({"content": text} if text or not finish else {})
+    return {"index": 0, "delta": body, "logprobs": None, "finish_reason": finish}
+
+
+def completion_object(
+    kind: Kind, ident: str, created: int, model: str, text: str, finish: FinishReason, use: dict[str, int]
+) -> dict[str, Any]:
+    """The whole answer of a non-streamed request."""
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    choice = _choice(kind, text, finish, delta=False, first=False)
+    return {"id": ident, "object": obj, "created": created, "model": model, "choices": [choice], "usage": use}
+
+
+def chunk_object(
+    kind: Kind,
+    ident: str,
+    created: int,
+    model: str,
+    text: str = "",
+    finish: FinishReason | None = None,
+    first: bool = False,
+    use: dict[str, int] | None = None,
+    include_usage: bool = False,
+) -> dict[str, Any]:
+    """One server-sent event of a streamed request; with ``use`` it is the final usage chunk (no choices)."""
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    choices = [] if use is not None else [_choice(kind, text, finish, delta=True, first=first)]
+    chunk = {"id": ident, "object": obj, "created": created, "model": model, "choices": choices}
+    if include_usage:
+        chunk["usage"] = use
+    return chunk

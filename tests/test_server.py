@@ -1,0 +1,599 @@
+"""The OpenAI-compatible server, driven over loopback with the official ``openai`` client (and raw HTTP for what
+the client cannot send): SmolLM2 where real text matters (streamed == non-streamed == Engine.generate, usage,
+stop strings, bad input), a tiny random GGUF with a byte-level vocabulary where only speed matters (disconnects
+free slots, the FIFO queue, 16 concurrent streaming clients with the RSS growth reported, API key), and the
+step machine and scheduler on their own (stop strings held back, one failing job leaves the others alone)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import psutil
+import pytest
+import uvicorn
+from gguf import GGMLQuantizationType as T
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_files import SMOLLM2, model_file
+from test_gguf_file import TINY, tiny_kv, tiny_tensors, write_gguf
+
+from kleidipy.model.generate import Engine, Generation
+from kleidipy.model.sampler import SamplingParams
+from kleidipy.server import create_app, serve
+from kleidipy.server.app import ServerConfigError
+from kleidipy.server.scheduler import Job, Scheduler
+from kleidipy.server.schemas import APIError, parse_chat, parse_completion
+
+# ---------------------------------------------------------------------------------------------------------------
+# running a server in-process
+
+
+class Server:
+    """uvicorn serving ``app`` in a thread on a free loopback port (lifespan on: the scheduler runs)."""
+
+    def __init__(self, app) -> None:  # noqa: ANN001
+        self.app = app
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def client(self, api_key: str = "unused", timeout: float = 120) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=timeout)
+
+    def async_client(self, timeout: float = 120) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key="unused", max_retries=0, timeout=timeout)
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        """Raw HTTP: (status, parsed JSON body)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def raw(self, head: bytes, chunks: list[bytes] = ()):
+        """Send ``head`` then ``chunks`` in chunked encoding (without the last chunk) on a socket: (status, JSON)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=60) as sock:
+            sock.sendall(head)
+            for chunk in chunks:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            return resp.status, json.loads(resp.read())
+
+    def post(self, path: str, obj: object, **headers: str):
+        return self.request("POST", path, json.dumps(obj).encode(), {"Content-Type": "application/json", **headers})
+
+    def health(self) -> dict:
+        status, body = self.request("GET", "/health")
+        assert status == 200
+        return body
+
+    def wait_idle(self, timeout: float = 10.0) -> float:
+        """Seconds until no slot is busy and nothing is queued."""
+        t0 = time.monotonic()
+        while True:
+            h = self.health()
+            if h["slots_processing"] == 0 and h["queued"] == 0:
+                return time.monotonic() - t0
+            assert time.monotonic() - t0 < timeout, f"server still busy after {timeout} s: {h}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@contextlib.contextmanager
+def serving(engine: Engine, **options) -> Iterator[Server]:  # noqa: ANN003
+    server = Server(create_app(engine, **options))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def is_openai_error(body: dict, param: str | None = None) -> bool:
+    err = body.get("error")
+    ok = isinstance(err, dict) and set(err) == {"message", "type", "param", "code"} and err["message"]
+    return bool(ok) and (param is None or err["param"] == param)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# models
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Engine:
+    model_file(SMOLLM2)
+    return Engine(SMOLLM2, n_ctx=1024, progress=False)
+
+
+@pytest.fixture(scope="module")
+def greedy_chat(smollm2: Engine) -> str:
+    """What Engine.generate answers (temperature 0, 12 tokens): run before any scheduler takes the model."""
+    return "".join(smollm2.generate(smollm2.chat_prompt(MESSAGES), 12, SamplingParams(temperature=0.0)))
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2: Engine, greedy_chat: str) -> Iterator[Server]:
+    with serving(smollm2, parallel=2) as server:  # 2 slots of 512 tokens
+        yield server
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character table."""
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """A 2-layer random llama with a byte-level BPE vocabulary (token id b = byte b) and ChatML specials."""
+    tokens = [*_byte_chars(), "Ġt", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    n_vocab = len(tokens)
+    hp = {**TINY, "n_vocab": n_vocab, "n_ctx": 4096}
+    kv = {
+        **tiny_kv("llama", **hp),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * (n_vocab - 3) + [3, 3, 3],
+        "tokenizer.ggml.merges": ["Ġ t", "h e"],
+        "tokenizer.ggml.bos_token_id": n_vocab - 3,
+        "tokenizer.ggml.eos_token_id": n_vocab - 1,
+        "tokenizer.ggml.add_bos_token": False,
+    }
+    tensors = tiny_tensors("llama", seed=1, tied=False, **hp)
+    tensors["output.weight"] *= 10  # logits spread over ~±30 and the specials' at 0: min_p / top_k never keep
+    tensors["output.weight"][-3:] = 0  # end-of-generation, so every generation runs to max_tokens
+    path = write_gguf(tmp_path_factory.mktemp("tiny") / "tiny-chat.gguf", "llama", kv, tensors, {"*": T.Q4_1})
+    return Engine(path, n_ctx=32768, progress=False)  # long enough that an uncancelled generation takes minutes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SmolLM2: real text
+
+
+def test_health_and_models(smol: Server) -> None:
+    assert smol.health() == {"status": "ok", "slots_idle": 2, "slots_processing": 0, "queued": 0}
+    client = smol.client()
+    assert [m.id for m in client.models.list().data] == [SMOLLM2]
+    assert client.models.retrieve(SMOLLM2).id == SMOLLM2
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
+def _stream_text(stream) -> tuple[str, list[str], str | None, object]:  # noqa: ANN001
+    """Concatenated text, the pieces, the finish reason and the usage of a streamed answer."""
+    pieces, finish, use = [], None, None
+    for chunk in stream:
+        use = chunk.usage or use
+        for choice in chunk.choices:
+            text = choice.delta.content if hasattr(choice, "delta") else choice.text
+            if text:
+                pieces.append(text)
+            finish = choice.finish_reason or finish
+    return "".join(pieces), pieces, finish, use
+
+
+def test_chat_streamed_equals_non_streamed_equals_engine(smol: Server, smollm2: Engine, greedy_chat: str) -> None:
+    client = smol.client()
+    args = dict(model=SMOLLM2, messages=MESSAGES, max_tokens=12, temperature=0, seed=7)
+    full = client.chat.completions.create(**args)
+    choice = full.choices[0]
+    assert full.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.message.content == greedy_chat  # the server computes what `kleidipy run` computes
+    assert choice.finish_reason == "length"
+    n_prompt = len(smollm2.chat_prompt(MESSAGES))  # rendered with the GGUF's chat template
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens, full.usage.total_tokens) == (
+        n_prompt, 12, n_prompt + 12)  # fmt: skip
+    stream = client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    text, pieces, finish, use = _stream_text(stream)
+    assert text == greedy_chat and len(pieces) > 1 and finish == "length"
+    assert (use.prompt_tokens, use.completion_tokens, use.total_tokens) == (n_prompt, 12, n_prompt + 12)
+
+
+def test_completion_sampled_with_seed_and_stop(smol: Server) -> None:
+    client = smol.client()
+    args = dict(model=SMOLLM2, prompt="Once upon a time", max_tokens=10, temperature=0.9, top_p=0.95, seed=1234)
+    full = client.completions.create(**args)
+    text = full.choices[0].text
+    assert full.object == "text_completion" and full.usage.completion_tokens == 10 and len(text) > 5
+    streamed, _, finish, _ = _stream_text(client.completions.create(**args, stream=True))
+    assert streamed == text and finish == full.choices[0].finish_reason == "length"
+    # a stop string from the middle of that text cuts it there, streamed or not, and never leaks a prefix of it
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    expected = text[: text.index(stop)]
+    cut = client.completions.create(**args, stop=[stop, "never-seen-stop"])
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == (expected, "stop")
+    streamed, _, finish, _ = _stream_text(client.completions.create(**args, stop=stop, stream=True))
+    assert (streamed, finish) == (expected, "stop")  # nothing of the stop string was sent before it completed
+
+
+def test_bad_requests_get_openai_errors(smol: Server) -> None:
+    chat = {"model": SMOLLM2, "messages": MESSAGES}
+    cases = [
+        ({**chat, "model": "gpt-4"}, 404, "model"),
+        ({"messages": MESSAGES}, 400, "model"),
+        ({"model": SMOLLM2}, 400, "messages"),
+        ({**chat, "messages": []}, 400, "messages"),
+        ({**chat, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+        ({**chat, "messages": ["hi"]}, 400, "messages[0].role"),
+        ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content"),
+        ({**chat, "n": 2}, 400, "n"),
+        ({**chat, "max_tokens": 0}, 400, "max_tokens"),
+        ({**chat, "max_tokens": -5}, 400, "max_tokens"),
+        ({**chat, "max_tokens": 10**9}, 400, "max_tokens"),
+        ({**chat, "max_tokens": "many"}, 400, "max_tokens"),
+        ({**chat, "temperature": 3.5}, 400, "temperature"),
+        ({**chat, "temperature": "hot"}, 400, "temperature"),
+        ({**chat, "temperature": 10**400}, 400, "temperature"),
+        ({**chat, "top_p": -0.1}, 400, "top_p"),
+        ({**chat, "seed": 1.5}, 400, "seed"),
+        ({**chat, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ({**chat, "stop": 5}, 400, "stop"),
+        ({**chat, "stream": "yes"}, 400, "stream"),
+        ({**chat, "logprobs": True}, 400, "logprobs"),
+        ({**chat, "tools": [{"type": "function"}]}, 400, "tools"),
+        ({**chat, "messages": [{"role": "user", "content": "\ud83d"}]}, 400, "messages[0].content"),
+        ({**chat, "messages": [{"role": "user", "content": "hello " * 600}]}, 400, "messages"),  # > 512 per slot
+    ]
+    for body, status, param in cases:
+        got, err = smol.post("/v1/chat/completions", body)
+        assert (got, is_openai_error(err, param)) == (status, True), (body, got, err)
+    completion = {"model": SMOLLM2, "prompt": "hi"}
+    for body, param in [
+        ({**completion, "prompt": "hello " * 600}, "prompt"),
+        ({**completion, "prompt": [1, 2, 10**9]}, "prompt"),
+        ({**completion, "prompt": [1] * 513}, "prompt"),
+        ({**completion, "prompt": "a \ud800 b"}, "prompt"),
+        ({**completion, "stop": "\udfff"}, "stop"),
+        ({**completion, "prompt": ""}, "prompt"),
+        ({**completion, "prompt": ["a", "b"]}, "prompt"),
+        ({**completion, "echo": True}, "echo"),
+        ({**completion, "best_of": 3}, "best_of"),
+        ([1, 2, 3], None),
+    ]:
+        got, err = smol.post("/v1/completions", body)
+        assert (got, is_openai_error(err, param)) == (400, True), (body, got, err)
+    json_headers = {"Content-Type": "application/json"}
+    raw = [
+        ("POST", "/v1/chat/completions", b'{"model": ', json_headers, 400),
+        ("POST", "/v1/chat/completions", b"[" * 100_000, json_headers, 400),
+        ("POST", "/v1/chat/completions", b"\xff\xfe{", json_headers, 400),
+        ("POST", "/v1/chat/completions", json.dumps(chat).encode(), {"Content-Type": "text/plain"}, 415),
+        ("POST", "/v1/chat/completions", json.dumps(chat).encode(), {}, 415),
+        ("GET", "/v1/chat/completions", None, {}, 405),
+        ("GET", "/v1/engines", None, {}, 404),
+    ]
+    for method, path, body, headers, status in raw:
+        got, err = smol.request(method, path, body, headers)
+        assert (got, is_openai_error(err)) == (status, True), (path, body and body[:20], got, err)
+    # bodies over the limit: announced by Content-Length (refused before it is sent), or chunked (cut off)
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    status, err = smol.raw(f"{head}Content-Length: {2 << 20}\r\n\r\n".encode() + b"[1,")
+    assert status == 413 and is_openai_error(err)
+    chunk = b"1," * (256 << 10)
+    status, err = smol.raw(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode(), [b"[", chunk, chunk, chunk])
+    assert status == 413 and is_openai_error(err)
+    # through the official client: typed exceptions
+    client = smol.client()
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=SMOLLM2, messages=MESSAGES, max_tokens=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=MESSAGES)
+    # ... and the server still serves
+    assert smol.health()["status"] == "ok"
+    ok = client.completions.create(model=SMOLLM2, prompt="The capital of France is", max_tokens=2, temperature=0)
+    assert ok.choices[0].text and ok.usage.completion_tokens <= 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tiny model: slots, queue, disconnects, load
+
+
+def test_disconnect_mid_stream_frees_the_slot(tiny: Engine) -> None:
+    with serving(tiny, parallel=1) as server:
+        client = server.client()
+        long = dict(model="tiny-chat.gguf", messages=MESSAGES, max_tokens=30000, temperature=1.0, seed=3)
+        stream = client.chat.completions.create(**long, stream=True)
+        it = iter(stream)
+        for _ in range(4):
+            next(it)
+        scheduler = server.app.state.scheduler
+        job = scheduler.slots[0].job
+        assert job is not None and server.health()["slots_processing"] == 1
+        stream.close()
+        assert server.wait_idle(5.0) < 5.0
+        assert job.cancelled and not job.generation.done and job.generation.n_generated < 30000
+        t0 = time.monotonic()
+        quick = client.chat.completions.create(model="tiny-chat.gguf", messages=MESSAGES, max_tokens=4)
+        assert time.monotonic() - t0 < 10 and quick.usage.completion_tokens <= 4  # 30000 tokens would take minutes
+        # a non-streamed request whose client goes away is stopped as well
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", json.dumps(long).encode(), {"Content-Type": "application/json"})
+        deadline = time.monotonic() + 5
+        while (job := scheduler.slots[0].job) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        conn.close()
+        assert server.wait_idle(5.0) < 5.0
+        assert job.cancelled and not job.generation.done
+
+
+def test_queue_is_fifo_and_a_queued_disconnect_leaves_it(tiny: Engine) -> None:
+    with serving(tiny, parallel=1) as server:
+        client = server.client()
+
+        def start(name: str, max_tokens: int):  # noqa: ANN202
+            stream = client.chat.completions.create(
+                model="tiny-chat.gguf", messages=[{"role": "user", "content": name}], max_tokens=max_tokens,
+                temperature=0.0, stream=True,
+            )  # fmt: skip
+            next(iter(stream))  # the role chunk is sent at once, slot or not
+            return stream
+
+        def wait_queued(n: int) -> None:
+            deadline = time.monotonic() + 5
+            while server.health()["queued"] != n:
+                assert time.monotonic() < deadline, server.health()
+                time.sleep(0.02)
+
+        first = start("first", 30000)
+        second, third, fourth = start("second", 20), start("third", 20), start("fourth", 20)
+        wait_queued(3)
+        third.close()  # leaves the queue without ever taking a slot
+        wait_queued(2)
+        done = []
+        readers = [threading.Thread(target=lambda s=s, n=n: (_stream_text(s), done.append(n)))
+                   for s, n in ((fourth, "fourth"), (second, "second"))]  # fmt: skip
+        for t in readers:
+            t.start()
+        first.close()
+        for t in readers:
+            t.join(60)
+        assert done == ["second", "fourth"]
+        server.wait_idle()
+
+
+def test_sixteen_concurrent_streaming_clients(tiny: Engine, capsys: pytest.CaptureFixture) -> None:
+    n_clients, rounds, max_tokens = 16, 4, 64
+    with serving(tiny, parallel=4) as server:
+        server.client().chat.completions.create(model="tiny-chat.gguf", messages=MESSAGES, max_tokens=max_tokens)
+        rss0 = psutil.Process().memory_info().rss
+        latencies: list[float] = []
+        stop_polling = threading.Event()
+
+        def poll_health() -> None:  # the event loop must answer while the compute thread is busy
+            while not stop_polling.is_set():
+                t0 = time.perf_counter()
+                server.health()
+                latencies.append(time.perf_counter() - t0)
+                time.sleep(0.1)
+
+        async def one_client(client: openai.AsyncOpenAI, i: int) -> list[tuple[str, str, int]]:
+            answers = []
+            for _ in range(rounds):
+                stream = await client.chat.completions.create(
+                    model="tiny-chat.gguf", messages=[{"role": "user", "content": f"client {i}"}], stream=True,
+                    max_tokens=max_tokens, temperature=1.0, seed=i, stream_options={"include_usage": True},
+                )  # fmt: skip
+                pieces, finish, use = [], None, None
+                async for chunk in stream:
+                    use = chunk.usage or use
+                    for choice in chunk.choices:
+                        pieces.append(choice.delta.content or "")
+                        finish = choice.finish_reason or finish
+                answers.append(("".join(pieces), finish, use.completion_tokens))
+            return answers
+
+        async def run() -> list[list[tuple[str, str, int]]]:
+            client = server.async_client()
+            bad = client.chat.completions.create(model="tiny-chat.gguf", messages=[], stream=True)
+            results = await asyncio.gather(*(one_client(client, i) for i in range(n_clients)), bad,
+                                           return_exceptions=True)  # fmt: skip
+            await client.close()
+            assert isinstance(results[-1], openai.BadRequestError)  # one bad request among them: only it fails
+            return results[:-1]
+
+        poller = threading.Thread(target=poll_health)
+        poller.start()
+        t0 = time.perf_counter()
+        results = asyncio.run(asyncio.wait_for(run(), 150))
+        elapsed = time.perf_counter() - t0
+        stop_polling.set()
+        poller.join()
+        rss1 = psutil.Process().memory_info().rss
+        server.wait_idle()
+    total = 0
+    for answers in results:
+        assert not isinstance(answers, BaseException), answers
+        for _, finish, n in answers:
+            assert finish in ("stop", "length") and (n == max_tokens) == (finish == "length") and n <= max_tokens
+            total += n
+        assert answers[0] == answers[1]  # same seed, same text, whatever else the other slots were doing
+    with capsys.disabled():
+        print(f"\n[server load] {n_clients} clients x {rounds} streamed requests: {total} tokens in {elapsed:.1f} s "
+              f"({total / elapsed:.0f} tok/s); /health max latency {max(latencies) * 1e3:.0f} ms; "
+              f"RSS growth {(rss1 - rss0) / 2**20:+.1f} MiB")  # fmt: skip
+    assert max(latencies) < 2.0
+    assert rss1 - rss0 < 100 * 2**20
+
+
+def test_api_key(tiny: Engine) -> None:
+    with serving(tiny, parallel=1, api_key="s3cret") as server:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            status, body = server.request("GET", "/v1/models", headers=headers)
+            assert status == 401 and is_openai_error(body) and body["error"]["code"] == "invalid_api_key"
+        status, body = server.post("/v1/chat/completions", {"model": "tiny-chat.gguf", "messages": MESSAGES})
+        assert status == 401
+        with pytest.raises(openai.AuthenticationError):
+            server.client("nope").models.list()
+        client = server.client("s3cret")
+        assert client.models.list().data[0].id == "tiny-chat.gguf"
+        out = client.chat.completions.create(model="tiny-chat.gguf", messages=MESSAGES, max_tokens=3)
+        assert out.usage.completion_tokens <= 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the step machine and the scheduler on their own
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "echo", "tools", "response_format",
+          "frequency_penalty", "presence_penalty", "repeat_penalty", "best_of", "suffix", "logit_bias"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([parse_chat, parse_completion]), st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6))
+def test_any_json_body_is_a_request_or_a_4xx(parse, fields: dict) -> None:  # noqa: ANN001
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", **fields}
+    try:
+        req = parse(body)
+    except APIError as exc:
+        assert 400 <= exc.status < 500 and is_openai_error(exc.body())
+        return
+    assert req.max_tokens is None or req.max_tokens >= 1
+    assert req.params.temperature >= 0 and len(req.stop) <= 4
+
+
+def _scripted(tokens: list[int], n_vocab: int):  # noqa: ANN202
+    """A forward pass whose greedy choice is tokens[0], tokens[1], ... on successive calls."""
+    calls = iter(tokens)
+
+    def forward(ids) -> np.ndarray:  # noqa: ANN001
+        logits = np.zeros(n_vocab, np.float32)
+        logits[next(calls)] = 1.0
+        return logits
+
+    return forward
+
+
+def _run(gen: Generation, forward) -> list[str]:  # noqa: ANN001
+    pieces = []
+    while not gen.done:
+        pieces.append(gen.step(forward))
+    return pieces
+
+
+def test_generation_holds_back_stop_prefixes(tiny: Engine) -> None:
+    tok = tiny.tokenizer
+    script = [*b"hello XYZ world"]
+    gen = Generation(tok, [1, 2, 3], n_ctx=64, stop=["XYZ", "lo!"])
+    pieces = _run(gen, _scripted(script, tok.n_vocab))
+    # "l" and "lo" might start "lo!": held back until " " rules it out; "X", "XY" held back, "XYZ" stops
+    assert pieces == ["h", "e", "", "l", "", "lo ", "", "", ""] and gen.finish_reason == "stop"
+    assert gen.n_generated == 9
+    gen = Generation(tok, [1], n_ctx=64, max_tokens=3, stop=["XY"])
+    assert "".join(_run(gen, _scripted([*b"abX"], tok.n_vocab))) == "abX" and gen.finish_reason == "length"
+    gen = Generation(tok, [1], n_ctx=64, stop=["zz"])
+    assert _run(gen, _scripted([*b"ab", tok.eos_id], tok.n_vocab)) == ["a", "b", ""] and gen.finish_reason == "stop"
+    # the context ends: the last token that fits is still sampled, then "length"
+    gen = Generation(tok, [1, 2, 3], n_ctx=5)
+    assert "".join(_run(gen, _scripted([*b"abcdef"], tok.n_vocab))) == "abc" and gen.finish_reason == "length"
+    # a multi-byte character split over tokens comes out whole
+    gen = Generation(tok, [1], n_ctx=64, max_tokens=3)
+    assert _run(gen, _scripted([*"é!".encode()], tok.n_vocab)) == ["", "é", "!"]
+
+
+class _Broken(Generation):
+    def step(self, forward) -> str:  # noqa: ANN001
+        if self.n_past:
+            raise RuntimeError("boom")
+        return super().step(forward)
+
+
+def test_one_failing_job_leaves_the_others_alone(tiny: Engine) -> None:
+    async def run() -> tuple[list, list]:
+        loop = asyncio.get_running_loop()
+        scheduler = Scheduler(tiny.lm, parallel=2, n_ctx=128)
+        scheduler.start()
+        ids = tiny.chat_prompt(MESSAGES)
+        bad = Job(_Broken(tiny.tokenizer, ids, 128, max_tokens=8), loop)
+        good = Job(Generation(tiny.tokenizer, ids, 128, max_tokens=8), loop)
+        queued = Job(Generation(tiny.tokenizer, ids, 128, max_tokens=8), loop)
+        for job in (bad, good, queued):
+            scheduler.submit(job)
+        got = []
+        for job in (bad, good, queued):
+            events = []
+            while not events or events[-1][0] not in ("done", "error"):
+                events.append(await asyncio.wait_for(job.events.get(), 60))
+            got.append(events)
+        scheduler.stop()
+        with pytest.raises(APIError):
+            scheduler.submit(Job(Generation(tiny.tokenizer, ids, 128), loop))
+        return got
+
+    bad, good, queued = asyncio.run(run())
+    assert bad[-1][0] == "error" and bad[-1][1].status == 500 and "boom" in bad[-1][1].message
+    assert good[-1][0] == queued[-1][0] == "done"
+    assert "".join(p for k, p in good if k == "text") == "".join(p for k, p in queued if k == "text")
+
+
+def test_model_id_and_slot_options(tiny: Engine) -> None:
+    assert Path(tiny.model).name == "tiny-chat.gguf"
+    for parallel in (0, -1, 32768 // 8):
+        with pytest.raises(ServerConfigError):
+            create_app(tiny, parallel=parallel)
+    with serving(tiny, parallel=2) as server:
+        assert server.client().models.list().data[0].id == "tiny-chat.gguf"
+        assert server.health()["slots_idle"] == 2
+
+
+def test_serve_runs_uvicorn_on_loopback(tiny: Engine) -> None:
+    with pytest.raises(ServerConfigError):
+        serve(tiny.path, ctx=32, parallel=4)  # refused before the model is loaded
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = f"from kleidipy.server import serve; serve({str(tiny.path)!r}, port={port}, parallel=2, progress=False)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "serve() did not come up"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    assert json.loads(r.read())["slots_idle"] == 2
+                    break
+            except OSError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert f"serving tiny-chat.gguf on http://127.0.0.1:{port}/v1 (2 slot(s) x 2048 tokens" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
