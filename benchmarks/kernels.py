@@ -6,9 +6,8 @@ the matmul (the MOPA GEMM for m > 1, the SDOT GEMV for m = 1, SVL 512) through t
 table next to this machine's measured memory read bandwidth and vpdpbusd peak (so the % of roofline).
 
 By default the AVX-512 VNNI compute (``kleidipy.jit.qsi8d32p_qsi4c32p_vnni.compute``) is put into the family's
-jit hook first; ``--compute library`` measures whatever the library is wired to. Without the catalogue kernels
-the script calls the VNNI compute directly (with its own packers). Timings are the best of several runs
-(other processes on the machine make single runs noisy; ``--cpu-time`` times by process CPU time per thread,
+jit hook first; ``--compute library`` measures whatever the library is wired to. Timings are the best of several
+runs (other processes on the machine make single runs noisy; ``--cpu-time`` times by process CPU time per thread,
 which leaves out the time they hold the cores). ``--quick``: fewer shapes and repetitions.
 
     python benchmarks/kernels.py [--quick] [--compute vnni|library] [--cpu-time]
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +26,8 @@ import numpy as np
 
 from kleidipy.jit import qsi8d32p_qsi4c32p_vnni as vk
 from kleidipy.jit import vnni
+from kleidipy.kernels import qsi8d32p_qsi4c32p as family
+from kleidipy.kernels.catalogue import get_kernel
 
 SVL = 512
 GEMM = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
@@ -89,19 +89,10 @@ def dpbusd_peak(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
 
 
 class Path:
-    """How matmuls are run: the catalogue kernels (public path) or the VNNI compute with its own packers."""
+    """How matmuls are run: the catalogue kernels (the public path), their jit hook set to ``compute``."""
 
     def __init__(self, compute: str) -> None:
-        try:
-            from kleidipy.kernels import qsi8d32p_qsi4c32p as family
-            from kleidipy.kernels.catalogue import get_kernel
-
-            self.gemm, self.gemv = get_kernel(GEMM, SVL), get_kernel(GEMV, SVL)
-        except Exception as exc:  # the family module is not there (yet): call the compute directly
-            print(f"(catalogue kernels unavailable: {exc}; timing the VNNI compute directly)", file=sys.stderr)
-            self.gemm = self.gemv = None
-            self.name = "vnni compute (direct)"
-            return
+        self.gemm, self.gemv = get_kernel(GEMM, SVL), get_kernel(GEMV, SVL)
         hook = family.SME_JIT_COMPUTE
         key = self.gemm.rhs_packer.name
         if compute == "vnni" and hook.get(key) is not vk.compute:
@@ -109,20 +100,13 @@ class Path:
         self.name = f"catalogue kernels, jit = {getattr(hook.get(key), '__module__', '?')}"
 
     def pack_rhs(self, n: int, k: int, blocks: np.ndarray) -> np.ndarray:
-        if self.gemm is not None:
-            return self.gemm.pack_rhs(n, k, blocks)
-        codes = np.concatenate([blocks[:, :, 2:] & 15, blocks[:, :, 2:] >> 4], axis=2).reshape(n, k)
-        return _pack_rhs_direct(codes, blocks[:, :, :2].copy().view(np.uint16)[..., 0], 4 * SVL // 32)
+        return self.gemm.pack_rhs(n, k, blocks)
 
     def pack_lhs(self, x: np.ndarray) -> np.ndarray:
-        if self.gemm is not None:
-            return (self.gemv if x.shape[0] == 1 else self.gemm).pack_lhs(x)
-        return vk.lhs_quant_pack_qsi8d32p_f32_neon(x, 1 if x.shape[0] == 1 else SVL // 32)
+        return (self.gemv if x.shape[0] == 1 else self.gemm).pack_lhs(x)
 
     def run(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
-        if self.gemm is not None:
-            return (self.gemv if m == 1 else self.gemm).run(m, n, k, lhs, rhs, threads=threads)
-        return run_direct(m, n, k, lhs, rhs, threads, pool)
+        return (self.gemv if m == 1 else self.gemm).run(m, n, k, lhs, rhs, threads=threads)
 
 
 def run_direct(m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
@@ -143,20 +127,6 @@ def run_direct(m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads
 
     on_threads(part, threads, pool)
     return out
-
-
-def _pack_rhs_direct(codes: np.ndarray, d_bits: np.ndarray, nr: int) -> np.ndarray:
-    """§4.1 packing (only used when the family module is missing)."""
-    n, k = codes.shape
-    nb, groups = k // 32, -(-n // nr)
-    c = np.zeros((groups * nr, k), np.uint16)
-    c[:n] = codes
-    s = np.zeros((groups * nr, nb), np.uint16)
-    s[:n] = d_bits
-    words = c[:, 0::4] | c[:, 1::4] << 4 | c[:, 2::4] << 8 | c[:, 3::4] << 12
-    data = np.ascontiguousarray(words.reshape(groups, nr, k // 4).transpose(0, 2, 1), "<u2").view(np.uint8)
-    sc = np.ascontiguousarray(s.reshape(groups, nr, nb).transpose(0, 2, 1), "<u2").view(np.uint8)
-    return np.concatenate([data.reshape(groups, -1), sc.reshape(groups, -1)], axis=1).reshape(-1)
 
 
 def q4_0_weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:

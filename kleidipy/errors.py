@@ -36,5 +36,9 @@ class TargetError(KleidipyError, ValueError):
     """A target specification that cannot be parsed or selects nothing."""
 
 
+class UnsupportedTensorTypeError(KleidipyError, ValueError):
+    """A GGML tensor type kleidipy cannot quantize or dequantize."""
+
+
 class GoldenDataError(KleidipyError):
     """A golden manifest or file that cannot be read or run."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import exact_round, verify_family
 
 from kleidipy.errors import (
     BufferSizeError,
@@ -17,7 +18,7 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet, iter_runs, verify_run
+from kleidipy.golden import GoldenSet
 from kleidipy.jit import bf16 as jit
 from kleidipy.kernels import bf16p_bf16p as fam
 from kleidipy.kernels.catalogue import get_kernel, get_packer
@@ -31,42 +32,6 @@ MMLA = "matmul_clamp_f32_bf16p8x4_bf16p12x4b_8x12_neon_mmla"
 DOT = "matmul_clamp_f32_bf16p1x4_bf16p12x4b_1x36_neon_dot"
 SVLS = (128, 256, 512, 1024)
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def golden_family_runs(golden_dir, family: str, execution: str) -> list:
-    """verify_run over every ``ok`` run of one family (the verifier's own functions)."""
-    golden = GoldenSet(golden_dir)
-    results, cache, last = [], {}, None
-    for case, run in iter_runs(golden):
-        if case is not last:
-            cache.clear()
-            last = case
-        if run.get("family") == family and run.get("status") == "ok":
-            results.append(verify_run(golden, case, run, execution, cache))
-    return results
-
-
-def exact_round(q: Fraction, to_odd: bool) -> float:
-    """float32 value of the rational q: round to odd with flush to zero below 2^-126 (BF16 EBF = 0 steps), or
-    round to nearest even with gradual underflow (IEEE float32). Overflow gives ±inf. Independent of numpy."""
-    if q == 0:
-        return 0.0
-    sign, a = (-1.0 if q < 0 else 1.0), abs(q)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    if Fraction(2) ** e > a:
-        e -= 1
-    if to_odd and e < -126:
-        return sign * 0.0
-    e = max(e, -126)
-    scaled = a / Fraction(2) ** (e - 23)
-    i = math.floor(scaled)
-    frac = scaled - i
-    if to_odd:
-        i += 1 if frac and i % 2 == 0 else 0
-    elif frac > Fraction(1, 2) or (frac == Fraction(1, 2) and i % 2):
-        i += 1
-    value = math.ldexp(i, e - 23)
-    return sign * (math.inf if value >= 2.0**128 else value)
 
 
 def exact_model(a: np.ndarray, b: np.ndarray, bias: np.ndarray, two_accumulators: bool) -> np.ndarray:
@@ -123,9 +88,8 @@ def run_both(kern, m, n, k, lhs, rhs, bias, lo=-FLT_MAX, hi=FLT_MAX) -> dict:
 
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_golden_runs_bit_exact(golden_dir, execution):
-    results = golden_family_runs(golden_dir, "bf16p_bf16p", execution)
-    assert len(results) == 74
-    failures = [r.line() for r in results if not r.ok]
+    count, failures = verify_family(golden_dir, "bf16p_bf16p", execution)
+    assert count == 74
     assert not failures, "\n".join(failures)
 
 

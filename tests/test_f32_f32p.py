@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_bf16p_bf16p import bits, exact_round, golden_family_runs, make_problem
+from kernel_helpers import exact_round, verify_family
+from test_bf16p_bf16p import bits, make_problem
 
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 from kleidipy.kernels import f32_f32p as fam
@@ -30,9 +31,8 @@ def run_both(m, n, k, lhs, rhs, bias, lo=-FLT_MAX, hi=FLT_MAX) -> dict:
 
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_golden_runs_bit_exact(golden_dir, execution):
-    results = golden_family_runs(golden_dir, "f32_f32p", execution)
-    assert len(results) == 10
-    failures = [r.line() for r in results if not r.ok]
+    count, failures = verify_family(golden_dir, "f32_f32p", execution)
+    assert count == 10
     assert not failures, "\n".join(failures)
 
 

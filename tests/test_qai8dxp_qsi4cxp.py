@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, family_runs, verify_family
 from test_qai8dxp_qsi8cxp import HYP, SVLS, model_dst, model_lhs_packed
 
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
-from kleidipy.golden import GoldenSet, iter_runs, verify_run
 from kleidipy.kernels import qai8dxp_qsi4cxp as fam
 from kleidipy.kernels import qai8dxp_qsi8cxp as core
 from kleidipy.kernels.catalogue import get_kernel, get_packer
@@ -113,27 +113,15 @@ def random_case(seed: int, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 # --------------------------------------------------------------------------------------------- golden
 
 
-def _family_runs(golden_dir):  # noqa: ANN001, ANN202
-    golden = GoldenSet(golden_dir)
-    runs = [(c, r) for c, r in iter_runs(golden) if r.get("family") == fam.FAMILY and r.get("status") == "ok"]
-    return golden, runs
-
-
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_golden_runs_bit_exact(golden_dir, execution):
-    golden, runs = _family_runs(golden_dir)
-    assert len(runs) == 66
-    caches: dict[int, dict] = {}
-    failures = [
-        res.line()
-        for case, run in runs
-        if not (res := verify_run(golden, case, run, execution, caches.setdefault(id(case), {}))).ok
-    ]
+    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    assert count == 66
     assert not failures, "\n".join(failures[:10])
 
 
 def test_golden_packed_buffers_match_the_readme_models(golden_dir):
-    golden, runs = _family_runs(golden_dir)
+    golden, runs = family_runs(golden_dir, fam.FAMILY)
     seen = set()
     for case, run in runs:
         p, packer = run["params"], run["kernels"]["rhs_pack"].removeprefix("kai_run_")
@@ -152,7 +140,7 @@ def test_golden_packed_buffers_match_the_readme_models(golden_dir):
 
 def test_sme2_mopa_uses_the_integer_zero_point_correction(golden_dir):
     """v1.16's SME2 MOPA added f32(f32(−zp)·f32(Σw))·S in float; the v1.30 golden dst is the integer recipe."""
-    golden, runs = _family_runs(golden_dir)
+    golden, runs = family_runs(golden_dir, fam.FAMILY)
     for case, run in runs:
         if run["variant"] != "clamp_f32_qai8dxp1vlx8_qsi4cxp4vlx8_1vlx4vl_sme2_mopa" or run["clamped"]:
             continue
@@ -241,19 +229,13 @@ def test_threads_split_columns_without_changing_bits(name):
     kernel = get_kernel(name, 128)
     lhs, codes, scale, bias = random_case(9, 19, 50, 64)
     lp, rp = kernel.pack_lhs(lhs), kernel.pack_rhs(50, 64, codes, scale=scale, bias=bias)
-    for execution in EXECUTIONS:
-        one = kernel.run(19, 50, 64, lp, rp, execution=execution)
-        two = kernel.run(19, 50, 64, lp, rp, execution=execution, threads=2)
-        assert np.array_equal(one.view(np.uint32), two.view(np.uint32))
+    assert_threads_keep_bits(kernel, 19, 50, 64, lp, rp, EXECUTIONS)
 
 
 def test_kernel_geometry_and_identity():
+    assert_sme_geometry(SME_MOPA, SME_DOT, SVLS, 4, 1)
     for svl in SVLS:
-        vl = svl // 32
-        mopa, dot = get_kernel(SME_MOPA, svl), get_kernel(SME_DOT, svl)
-        assert (mopa.m_step, mopa.n_step, mopa.mr, mopa.nr, mopa.kr, mopa.sr) == (vl, 4 * vl, vl, 4 * vl, 4, 1)
-        assert (dot.m_step, dot.n_step, dot.mr, dot.nr, dot.kr, dot.sr) == (1, 4 * vl, 1, 4 * vl, 4, 1)
-        assert mopa.rhs_packer.name == dot.rhs_packer.name == SME_PACKER
+        assert get_kernel(SME_MOPA, svl).rhs_packer.name == get_kernel(SME_DOT, svl).rhs_packer.name == SME_PACKER
     steps = {k.name: (k.m_step, k.n_step, k.mr, k.nr, k.kr, k.sr, k.tier, k.kind) for k in fam.KERNELS}
     assert steps[NEON_I8MM] == (8, 4, 4, 4, 16, 2, "i8mm", "gemm")
     assert steps["matmul_clamp_f32_qai8dxp4x8_qsi4cxp4x8_4x4x32_neon_i8mm"] == (4, 4, 4, 4, 16, 2, "i8mm", "gemm")

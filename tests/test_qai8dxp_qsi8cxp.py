@@ -2,18 +2,18 @@
 reference == independent scalar models of the README layouts and of each kernel's float recipe (exact
 rational fma), SCVTF rounding of large accumulators, threads, and bad inputs.
 
-The scalar models here (LHS quantization, exact f32 rounding) are also used by test_qai8dxp_qsi4cxp.py."""
+The scalar models here (LHS quantization, the kernels' float recipe) are also used by test_qai8dxp_qsi4cxp.py."""
 
 from __future__ import annotations
 
 import math
 import struct
-from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, exact_fma, family_runs, verify_family
 
 from kleidipy.errors import (
     BufferSizeError,
@@ -22,7 +22,7 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet, iter_runs, verify_run
+from kleidipy.golden import GoldenSet
 from kleidipy.kernels import qai8dxp_qsi8cxp as fam
 from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.numerics import FLT_MAX
@@ -39,24 +39,6 @@ HYP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChec
 
 
 # --------------------------------------------------------------------------------------------- models
-
-
-def round_f32(x: Fraction) -> np.float32:
-    """The float32 nearest to the exact rational x (ties to even, subnormals included); 0 → +0."""
-    if x == 0:
-        return F32(0.0)
-    a = abs(x)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    if Fraction(2) ** e > a:
-        e -= 1
-    ulp = Fraction(2) ** (max(e, -126) - 23)
-    q, r = divmod(a / ulp, 1)
-    q = int(q) + (r > Fraction(1, 2) or (r == Fraction(1, 2) and int(q) % 2 == 1))
-    return F32(math.copysign(float(q * ulp), float(x)))
-
-
-def exact_fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-    return round_f32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
 
 
 def model_quant_row(x: np.ndarray, k_int: int) -> tuple[list[int], int, np.float32]:
@@ -144,22 +126,10 @@ def random_case(seed: int, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 # --------------------------------------------------------------------------------------------- golden
 
 
-def _family_runs(golden_dir):  # noqa: ANN001, ANN202
-    golden = GoldenSet(golden_dir)
-    runs = [(c, r) for c, r in iter_runs(golden) if r.get("family") == fam.FAMILY and r.get("status") == "ok"]
-    return golden, runs
-
-
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_golden_runs_bit_exact(golden_dir, execution):
-    golden, runs = _family_runs(golden_dir)
-    assert len(runs) == 112
-    caches: dict[int, dict] = {}
-    failures = [
-        res.line()
-        for case, run in runs
-        if not (res := verify_run(golden, case, run, execution, caches.setdefault(id(case), {}))).ok
-    ]
+    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    assert count == 112
     assert not failures, "\n".join(failures[:10])
 
 
@@ -174,7 +144,7 @@ def test_requantize_q8_0_reproduces_golden_inputs(golden_dir, execution):
 
 
 def test_golden_lhs_and_rhs_match_the_readme_models(golden_dir):
-    golden, runs = _family_runs(golden_dir)
+    golden, runs = family_runs(golden_dir, fam.FAMILY)
     seen = set()
     for case, run in runs:
         p = run["params"]
@@ -367,18 +337,11 @@ def test_threads_split_columns_without_changing_bits(name):
     kernel = get_kernel(name, 256)
     lhs, q, scale, bias = random_case(5, 21, 75, 70)
     lp, rp = kernel.pack_lhs(lhs), kernel.pack_rhs(75, 70, q, scale=scale, bias=bias)
-    for execution in EXECUTIONS:
-        one = kernel.run(21, 75, 70, lp, rp, execution=execution)
-        two = kernel.run(21, 75, 70, lp, rp, execution=execution, threads=2)
-        assert np.array_equal(one.view(np.uint32), two.view(np.uint32))
+    assert_threads_keep_bits(kernel, 21, 75, 70, lp, rp, EXECUTIONS)
 
 
 def test_kernel_geometry_and_identity():
-    for svl in SVLS:
-        vl = svl // 32
-        mopa, dot = get_kernel(SME_MOPA, svl), get_kernel(SME_DOT, svl)
-        assert (mopa.m_step, mopa.n_step, mopa.mr, mopa.nr, mopa.kr, mopa.sr) == (vl, 4 * vl, vl, 4 * vl, 4, 1)
-        assert (dot.m_step, dot.n_step, dot.mr, dot.nr, dot.kr, dot.sr) == (1, 4 * vl, 1, 4 * vl, 4, 1)
+    assert_sme_geometry(SME_MOPA, SME_DOT, SVLS, 4, 1)
     i8mm = get_kernel(NEON_I8MM)
     assert (i8mm.m_step, i8mm.n_step, i8mm.mr, i8mm.nr, i8mm.kr, i8mm.sr) == (16, 4, 4, 4, 8, 1)
     tiers = {k.name: (k.tier, k.kind) for k in fam.KERNELS}

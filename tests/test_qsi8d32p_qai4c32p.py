@@ -4,12 +4,12 @@ the README layouts and of the kernel recipe (exact rational fma), the Q4_1 mappi
 from __future__ import annotations
 
 import struct
-from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import assert_sme_geometry, exact_fma, verify_family
 
 from kleidipy.errors import (
     BufferSizeError,
@@ -18,7 +18,7 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet, iter_runs, verify_run
+from kleidipy.golden import GoldenSet
 from kleidipy.kernels import qsi8d32p_qai4c32p as fam
 from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.numerics import F16_BITS_TO_F32, FLT_MAX
@@ -36,22 +36,10 @@ HYP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChec
 # --------------------------------------------------------------------------------------------- golden
 
 
-def _family_runs(golden_dir):
-    golden = GoldenSet(golden_dir)
-    runs = [(c, r) for c, r in iter_runs(golden) if r.get("family") == fam.FAMILY and r.get("status") == "ok"]
-    return golden, runs
-
-
 @pytest.mark.parametrize("execution", ["reference", "jit"])
 def test_golden_runs_bit_exact(golden_dir, execution):
-    golden, runs = _family_runs(golden_dir)
-    assert len(runs) == 112
-    caches: dict[int, dict] = {}  # packed buffers are shared between the runs of one case only
-    failures = [
-        res.line()
-        for case, run in runs
-        if not (res := verify_run(golden, case, run, execution, caches.setdefault(id(case), {}))).ok
-    ]
+    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    assert count == 112
     assert not failures, "\n".join(failures[:10])
 
 
@@ -97,21 +85,6 @@ def test_get_rows_equals_ggml_dequant(golden_dir, kernel_name, svl):
 
 
 # --------------------------------------------------------------------------------------------- models
-
-
-def _f32(v: Fraction) -> np.float32:
-    """Exact round-to-nearest-even of a rational to float32 (v != 0)."""
-    f = np.float32(float(v))
-    cands = [f, np.nextafter(f, np.float32(np.inf)), np.nextafter(f, np.float32(-np.inf))]
-    return min(cands, key=lambda c: (abs(Fraction(float(c)) - v), int(np.float32(c).view(np.uint32)) & 1))
-
-
-def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-    v = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
-    if v != 0:
-        return _f32(v)
-    product_negative_zero = (a == 0 or b == 0) and bool(np.signbit(a) != np.signbit(b))
-    return np.float32(-0.0) if product_negative_zero and np.signbit(c) else np.float32(0.0)
 
 
 def _lhs_model(x: np.ndarray) -> tuple[list, list, list]:
@@ -201,8 +174,8 @@ def _kernel_model(x, u, scale, zero, bias, first_block_fmul: bool) -> np.ndarray
                 if first_block_fmul and b == 0:
                     acc = np.float32(zero[j, b] * row_sums[i][b])
                 else:
-                    acc = _fma(zero[j, b], row_sums[i][b], acc)
-                acc = _fma(s, a, acc)
+                    acc = exact_fma(zero[j, b], row_sums[i][b], acc)
+                acc = exact_fma(s, a, acc)
             out[i, j] = np.float32(acc + (bias[j] if bias is not None else np.float32(0)))
     return out
 
@@ -386,11 +359,7 @@ def test_kernel_threads_and_dst_stride():
 
 
 def test_sme_kernels_accept_either_packer_and_catalogue_geometry():
-    for svl in SVLS:
-        vl = svl // 32
-        mopa, dot = get_kernel(SME_MOPA, svl), get_kernel(SME_DOT, svl)
-        assert (mopa.m_step, mopa.n_step, mopa.mr, mopa.nr, mopa.kr, mopa.sr) == (vl, 4 * vl, vl, 4 * vl, 8, 2)
-        assert (dot.m_step, dot.n_step, dot.mr, dot.nr) == (1, 4 * vl, 1, 4 * vl)
+    assert_sme_geometry(SME_MOPA, SME_DOT, SVLS, 8, 2)
     kern = get_kernel(SME_DOT, 512)
     u, scale, zero, _ = _weights(np.random.default_rng(2), 64, 64, False)
     x = np.ones((1, 64), np.float32)

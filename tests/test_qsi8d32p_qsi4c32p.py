@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import assert_sme_geometry, exact_fma, exact_round, round_binary, verify_family
 
 from kleidipy.errors import (
     BufferSizeError,
@@ -20,7 +21,7 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet, iter_runs, verify_run
+from kleidipy.golden import GoldenSet
 from kleidipy.jit import qsi8d32p_qsi4c32p as jit
 from kleidipy.kernels import qsi8d32p_qsi4c32p as fam
 from kleidipy.kernels.catalogue import get_kernel, get_packer
@@ -62,40 +63,8 @@ def _lhs(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- exact model
 
 
-def _round_binary(x: Fraction, precision: int, emin: int) -> Fraction:
-    """x rounded to nearest even in a binary format (precision bits, min normal exponent emin); no overflow."""
-    if x == 0:
-        return Fraction(0)
-    a = abs(x)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    if Fraction(2) ** e > a:
-        e -= 1
-    ulp = Fraction(2) ** (max(e, emin) - precision + 1)
-    units = a / ulp
-    whole = math.floor(units)
-    rest = units - whole
-    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2):
-        whole += 1
-    return (whole * ulp) * (1 if x > 0 else -1)
-
-
-def _f32(x: Fraction) -> float:
-    return float(_round_binary(x, 24, -126))
-
-
 def _f16(x: Fraction) -> float:
-    return float(_round_binary(x, 11, -14))
-
-
-def _fma(a: float, b: float, c: float) -> float:
-    """IEEE binary32 fma on exact values, with the signed-zero rules."""
-    exact = Fraction(a) * Fraction(b) + Fraction(c)
-    if exact != 0:
-        return _f32(exact)
-    product_negative = math.copysign(1.0, a) * math.copysign(1.0, b) < 0
-    if (a == 0 or b == 0) and c == 0:
-        return -0.0 if product_negative and math.copysign(1.0, c) < 0 else 0.0
-    return 0.0
+    return float(round_binary(x, 11, -14))
 
 
 def _model_quantize(x: np.ndarray, ties_even: bool) -> tuple[list[list[int]], list[list[float]]]:
@@ -105,10 +74,10 @@ def _model_quantize(x: np.ndarray, ties_even: bool) -> tuple[list[list[int]], li
         q_row, s_row = [], []
         for b in range(len(row) // 32):
             block = [Fraction(float(v)) for v in row[32 * b : 32 * b + 32]]
-            sf = _f32(max(abs(v) for v in block) / 127)
-            inv = _f32(1 / Fraction(sf)) if sf else 0.0
+            sf = exact_round(max(abs(v) for v in block) / 127)
+            inv = exact_round(1 / Fraction(sf)) if sf else 0.0
             for v in block:
-                scaled = Fraction(_f32(v * Fraction(inv)))
+                scaled = Fraction(exact_round(v * Fraction(inv)))
                 whole = math.floor(abs(scaled))
                 rest = abs(scaled) - whole
                 up = rest > Fraction(1, 2) or (rest == Fraction(1, 2) and (not ties_even or whole % 2))
@@ -148,7 +117,7 @@ def _model_matmul(x: np.ndarray, blocks: np.ndarray, kern) -> np.ndarray:  # noq
                 dot = sum(q[i][32 * b + t] * (codes[j][32 * b + t] - 8) for t in range(32))
                 s_r = _f16(Fraction(d[j][b]) / 16) if sme1 else d[j][b]
                 scale = s_l[i][b] * s_r + 0.0  # exact product of two fp16 values; FMLALB from +0
-                acc = _fma(float(dot * (16 if sme1 else 1)), scale, acc)
+                acc = exact_fma(float(dot * (16 if sme1 else 1)), scale, acc)
             out[i, j] = acc
     return out
 
@@ -225,18 +194,11 @@ def _model_rhs_packed(blocks: np.ndarray, packer, nr: int, kr: int) -> np.ndarra
 # --------------------------------------------------------------------------------------------- golden
 
 
-def test_golden_runs_bit_exact(golden_dir):
-    golden = GoldenSet(golden_dir)
-    runs = [(c, r) for c, r in iter_runs(golden) if r.get("family") == fam.FAMILY and r.get("status") == "ok"]
-    assert len(runs) == 122
-    for execution in ("reference", "jit"):
-        caches: dict[int, dict] = {}  # packed buffers are shared between the runs of one case only
-        failures = [
-            res.line()
-            for case, run in runs
-            if not (res := verify_run(golden, case, run, execution, caches.setdefault(id(case), {}))).ok
-        ]
-        assert not failures, "\n".join(failures[:10])
+@pytest.mark.parametrize("execution", ["reference", "jit"])
+def test_golden_runs_bit_exact(golden_dir, execution):
+    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    assert count == 122
+    assert not failures, "\n".join(failures[:10])
 
 
 def test_golden_layouts_match_the_element_models(golden_dir):
@@ -551,11 +513,7 @@ def test_get_rows_bad_inputs():
 def test_catalogue_geometry():
     kerns = {k.name: k for k in fam.KERNELS}
     assert set(kerns) == set(KERNEL_NAMES) and len(kerns) == 9
-    for svl in SVLS:
-        vl = svl // 32
-        mopa, sdot = get_kernel(SME2_MOPA, svl), get_kernel(SME2_SDOT, svl)
-        assert (mopa.m_step, mopa.n_step, mopa.mr, mopa.nr, mopa.kr, mopa.sr) == (vl, 4 * vl, vl, 4 * vl, 4, 2)
-        assert (sdot.m_step, sdot.n_step, sdot.mr, sdot.nr, sdot.kr, sdot.sr) == (1, 4 * vl, 1, 4 * vl, 4, 2)
+    assert_sme_geometry(SME2_MOPA, SME2_SDOT, SVLS, 4, 2)
     tiers = {k.name: (k.tier, k.kind) for k in fam.KERNELS}
     assert tiers[SME_MOPA] == ("sme", "gemm") and tiers[GEMV_1X8] == ("dotprod", "gemv")
     assert tiers[I8MM_16X4] == ("i8mm", "gemm")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import bits_equal
 
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.golden import GoldenSet, iter_runs
@@ -92,10 +93,6 @@ def operands(rng: np.random.Generator, m: int, n: int, k: int, special: bool = T
         q[0, 32:64] = 0  # an all-zero LHS block
     u = rng.integers(0, 16, (n, k)).astype(np.uint8)
     return q, fp16_scales(rng, (m, k // 32), special), u, fp16_scales(rng, (n, k // 32), special)
-
-
-def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 # --------------------------------------------------------------------------------------------- compute

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import bits_equal
 
 from kleidipy.jit import qai8dxp as q8_jit
 from kleidipy.jit import qai8dxp_vnni as q8_vnni
@@ -31,10 +32,6 @@ Q8_KERNELS = [
     "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa",
     "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot",
 ]
-
-
-def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
 
 
 def lhs_rows(rng: np.random.Generator, m: int, k: int) -> np.ndarray:

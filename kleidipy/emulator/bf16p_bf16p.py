@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.emulator import neon, sme
-from kleidipy.emulator.common import clamp_args
+from kleidipy.emulator.common import neon_limits, output_tiles, sme_start
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
 from kleidipy.kernels.interface import MatmulKernel, roundup
@@ -30,50 +30,40 @@ def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     mr = nr = 2 * vl
     kp = roundup(k, 2)
     lhs_stride, rhs_stride = mr * kp * 2, nr * 4 + nr * kp * 2
-    args = clamp_args()
-    sme.smstart(m)
-    sme.ptrue(m, 0, 1)
-    sme.ptrue_pn(m, 8, 2)
-    sme.ld1r(m, 4, 30, 0, args, 0)
-    sme.ld1r(m, 4, 31, 0, args, 4)
+    sme_start(m, 0, 2, limits=30)
     sme.dup_imm(m, 29, 1.0, "<f4", "FMOV")
-    for m0 in range(0, mm, mr):
+    for m0, rows, n0 in output_tiles(m, mm, mr, n, nr, "bias, then the K loop (first 8 K pairs traced)"):
         lhs_group = (m0 // mr) * lhs_stride
-        rows = min(mr, mm - m0)
-        for n0 in range(0, n, nr):
-            m.trace_when(m0 == 0 and n0 == 0)
-            m.section(f"M block {m0}, N block {n0}: bias, then the K loop (first 8 K pairs traced)")
-            rhs_group = (n0 // nr) * rhs_stride
-            sme.zero_za(m)
-            for t in range(2):
-                sme.ld1(m, 4, 4 + t, 0, rhs, rhs_group + t * vb)
+        rhs_group = (n0 // nr) * rhs_stride
+        sme.zero_za(m)
+        for t in range(2):
+            sme.ld1(m, 4, 4 + t, 0, rhs, rhs_group + t * vb)
+        for t in range(4):
+            sme.fmopa(m, t, 29, 4 + t % 2)
+        for p in range(kp // 2):
+            m.trace_when(m0 == 0 and n0 == 0 and p < 8)
+            data = rhs_group + nr * 4 + p * 2 * vb
+            if sme2:
+                sme.ld1_multi(m, 2, 0, 2, 8, lhs, lhs_group + p * 2 * vb)
+                sme.ld1_multi(m, 2, 2, 2, 8, rhs, data)
+            else:
+                for t in range(2):
+                    sme.ld1(m, 2, t, 0, lhs, lhs_group + p * 2 * vb + t * vb)
+                    sme.ld1(m, 2, 2 + t, 0, rhs, data + t * vb)
             for t in range(4):
-                sme.fmopa(m, t, 29, 4 + t % 2)
-            for p in range(kp // 2):
-                m.trace_when(m0 == 0 and n0 == 0 and p < 8)
-                data = rhs_group + nr * 4 + p * 2 * vb
-                if sme2:
-                    sme.ld1_multi(m, 2, 0, 2, 8, lhs, lhs_group + p * 2 * vb)
-                    sme.ld1_multi(m, 2, 2, 2, 8, rhs, data)
-                else:
-                    for t in range(2):
-                        sme.ld1(m, 2, t, 0, lhs, lhs_group + p * 2 * vb + t * vb)
-                        sme.ld1(m, 2, 2 + t, 0, rhs, data + t * vb)
-                for t in range(4):
-                    sme.bfmopa(m, t, t // 2, 2 + t % 2)
-            m.trace_when(m0 == 0 and n0 == 0)
+                sme.bfmopa(m, t, t // 2, 2 + t % 2)
+        m.trace_when(m0 == 0 and n0 == 0)
+        for t in range(2):
+            sme.whilelt(m, 4 + t, n0 + t * vl, n, 4)
+        for i in range(rows):
+            half, row = divmod(i, vl)
             for t in range(2):
-                sme.whilelt(m, 4 + t, n0 + t * vl, n, 4)
-            for i in range(rows):
-                half, row = divmod(i, vl)
-                for t in range(2):
-                    sme.mova_from_tile_row(m, 24 + t, 2 * half + t, row)
-                for t in range(2):
-                    sme.fmax(m, 24 + t, 0, 30)
-                    sme.fmin(m, 24 + t, 0, 31)
-                for t in range(2):
-                    sme.st1(m, 4, 24 + t, 4 + t, dst, ((m0 + i) * n + n0) * 4 + t * vb)
-    m.trace_when(False)
+                sme.mova_from_tile_row(m, 24 + t, 2 * half + t, row)
+            for t in range(2):
+                sme.fmax(m, 24 + t, 0, 30)
+                sme.fmin(m, 24 + t, 0, 31)
+            for t in range(2):
+                sme.st1(m, 4, 24 + t, 4 + t, dst, ((m0 + i) * n + n0) * 4 + t * vb)
     sme.smstop(m)
 
 
@@ -82,41 +72,34 @@ def _neon_mmla(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
     mr, nr = 8, 12
     kp = roundup(k, 4)
     lhs_stride, rhs_stride = mr * kp * 2, nr * 4 + nr * kp * 2
-    args = clamp_args()
-    for m0 in range(0, mm, mr):
+    for m0, rows, n0 in output_tiles(m, mm, mr, n, nr, "bias, then the K loop (first 2 chunks traced)"):
         lhs_group = (m0 // mr) * lhs_stride
-        rows = min(mr, mm - m0)
-        for n0 in range(0, n, nr):
-            m.trace_when(m0 == 0 and n0 == 0)
-            m.section(f"M block {m0}, N block {n0}: bias, then the K loop (first 2 chunks traced)")
-            rhs_group = (n0 // nr) * rhs_stride
-            for q in range(3):
-                neon.ldr(m, 16, q, rhs, rhs_group + 16 * q)
-            for cp in range(6):
-                for rp in range(4):
-                    neon.zip_(m, 1 + cp % 2, 8 + 6 * rp + cp, cp // 2, cp // 2, 8)
-            for c in range(kp // 4):
-                m.trace_when(m0 == 0 and n0 == 0 and c < 2)
-                for rp in range(4):
-                    neon.ldr(m, 16, rp, lhs, lhs_group + c * 64 + 16 * rp)
-                for cp in range(6):
-                    neon.ldr(m, 16, 4 + cp % 4, rhs, rhs_group + nr * 4 + c * 96 + 16 * cp)
-                    for rp in range(4):
-                        neon.bfmmla(m, 8 + 6 * rp + cp, rp, 4 + cp % 4)
-            m.trace_when(m0 == 0 and n0 == 0)
-            neon.ld1r(m, 4, 6, args, 0)
-            neon.ld1r(m, 4, 7, args, 4)
+        rhs_group = (n0 // nr) * rhs_stride
+        for q in range(3):
+            neon.ldr(m, 16, q, rhs, rhs_group + 16 * q)
+        for cp in range(6):
             for rp in range(4):
-                for j in range(3):
-                    neon.uzp(m, 1, 0, 8 + 6 * rp + 2 * j, 9 + 6 * rp + 2 * j, 8)
-                    neon.uzp(m, 2, 1, 8 + 6 * rp + 2 * j, 9 + 6 * rp + 2 * j, 8)
-                    for r in range(2):
-                        if 2 * rp + r >= rows or n0 + 4 * j >= n:
-                            continue
-                        neon.fmax(m, r, r, 6)
-                        neon.fmin(m, r, r, 7)
-                        neon.store(m, r, min(4, n - n0 - 4 * j), 4, dst, ((m0 + 2 * rp + r) * n + n0 + 4 * j) * 4)
-    m.trace_when(False)
+                neon.zip_(m, 1 + cp % 2, 8 + 6 * rp + cp, cp // 2, cp // 2, 8)
+        for c in range(kp // 4):
+            m.trace_when(m0 == 0 and n0 == 0 and c < 2)
+            for rp in range(4):
+                neon.ldr(m, 16, rp, lhs, lhs_group + c * 64 + 16 * rp)
+            for cp in range(6):
+                neon.ldr(m, 16, 4 + cp % 4, rhs, rhs_group + nr * 4 + c * 96 + 16 * cp)
+                for rp in range(4):
+                    neon.bfmmla(m, 8 + 6 * rp + cp, rp, 4 + cp % 4)
+        m.trace_when(m0 == 0 and n0 == 0)
+        neon_limits(m, 6)
+        for rp in range(4):
+            for j in range(3):
+                neon.uzp(m, 1, 0, 8 + 6 * rp + 2 * j, 9 + 6 * rp + 2 * j, 8)
+                neon.uzp(m, 2, 1, 8 + 6 * rp + 2 * j, 9 + 6 * rp + 2 * j, 8)
+                for r in range(2):
+                    if 2 * rp + r >= rows or n0 + 4 * j >= n:
+                        continue
+                    neon.fmax(m, r, r, 6)
+                    neon.fmin(m, r, r, 7)
+                    neon.store(m, r, min(4, n - n0 - 4 * j), 4, dst, ((m0 + 2 * rp + r) * n + n0 + 4 * j) * 4)
 
 
 def _neon_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
@@ -125,7 +108,6 @@ def _neon_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     nr, n_step = 12, 36
     kp = roundup(k, 4)
     rhs_stride = nr * 4 + nr * kp * 2
-    args = clamp_args()
     for n0 in range(0, n, n_step):
         groups = [g for g in range(n0 // nr, n0 // nr + 3) if g * nr < n]
         m.trace_when(n0 == 0)
@@ -144,8 +126,7 @@ def _neon_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
                     neon.ldr(m, 16, 1 + cp % 4, rhs, g * rhs_stride + nr * 4 + c * 96 + 16 * cp)
                     neon.bfdot(m, 8 + 6 * gi + cp, 1 + cp % 4, 0)
         m.trace_when(n0 == 0)
-        neon.ld1r(m, 4, 5, args, 0)
-        neon.ld1r(m, 4, 6, args, 4)
+        neon_limits(m, 5)
         for gi, g in enumerate(groups):
             for q in range(3):
                 col = g * nr + 4 * q

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.emulator import neon
-from kleidipy.emulator.common import clamp_args
+from kleidipy.emulator.common import neon_limits, output_tiles
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
 from kleidipy.kernels.interface import MatmulKernel
@@ -22,39 +22,32 @@ NR, MR = 16, 6
 
 def _neon_mla(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
     rhs_stride = NR * 4 * (1 + k)
-    args = clamp_args()
-    for m0 in range(0, mm, MR):
-        rows = min(MR, mm - m0)
-        for n0 in range(0, n, NR):
-            m.trace_when(m0 == 0 and n0 == 0)
-            m.section(f"M block {m0}, N block {n0}: bias, then the K loop (first 2 k traced)")
-            group = (n0 // NR) * rhs_stride
+    for m0, rows, n0 in output_tiles(m, mm, MR, n, NR, "bias, then the K loop (first 2 k traced)"):
+        group = (n0 // NR) * rhs_stride
+        for v in range(4):
+            neon.ldr(m, 16, v, rhs, group + 16 * v)
+        for r in range(rows):
             for v in range(4):
-                neon.ldr(m, 16, v, rhs, group + 16 * v)
+                neon.mov(m, 8 + 4 * r + v, v)
+        for kk in range(k):
+            m.trace_when(m0 == 0 and n0 == 0 and kk < 2)
+            for v in range(4):
+                neon.ldr(m, 16, v, rhs, group + NR * 4 * (1 + kk) + 16 * v)
             for r in range(rows):
+                neon.ldr(m, 4, 4, lhs, ((m0 + r) * k + kk) * 4)
                 for v in range(4):
-                    neon.mov(m, 8 + 4 * r + v, v)
-            for kk in range(k):
-                m.trace_when(m0 == 0 and n0 == 0 and kk < 2)
-                for v in range(4):
-                    neon.ldr(m, 16, v, rhs, group + NR * 4 * (1 + kk) + 16 * v)
-                for r in range(rows):
-                    neon.ldr(m, 4, 4, lhs, ((m0 + r) * k + kk) * 4)
-                    for v in range(4):
-                        neon.fmla_elem(m, 8 + 4 * r + v, v, 4, 0)
-            m.trace_when(m0 == 0 and n0 == 0)
-            neon.ld1r(m, 4, 4, args, 0)
-            neon.ld1r(m, 4, 5, args, 4)
-            for r in range(rows):
-                for v in range(4):
-                    col = n0 + 4 * v
-                    if col >= n:
-                        continue
-                    reg = 8 + 4 * r + v
-                    neon.fmax(m, reg, reg, 4)
-                    neon.fmin(m, reg, reg, 5)
-                    neon.store(m, reg, min(4, n - col), 4, dst, ((m0 + r) * n + col) * 4)
-    m.trace_when(False)
+                    neon.fmla_elem(m, 8 + 4 * r + v, v, 4, 0)
+        m.trace_when(m0 == 0 and n0 == 0)
+        neon_limits(m, 4)
+        for r in range(rows):
+            for v in range(4):
+                col = n0 + 4 * v
+                if col >= n:
+                    continue
+                reg = 8 + 4 * r + v
+                neon.fmax(m, reg, reg, 4)
+                neon.fmin(m, reg, reg, 5)
+                neon.store(m, reg, min(4, n - col), 4, dst, ((m0 + r) * n + col) * 4)
 
 
 PROGRAMS = {"matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla": _neon_mla}

@@ -21,10 +21,11 @@ from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import (
     LUT_S4,
     NEON_ACC,
-    clamp_args,
     neon_split_nibbles,
     neon_store_rows,
     neon_uzp_rows,
+    sme2_luti4_sdot,
+    sme_start,
 )
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.formats import q8_0
@@ -53,14 +54,7 @@ def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     data_bytes = _rhs_data_bytes(kern, k_int, nr)
     rhs_stride = data_bytes + 12 * nr
     row_bytes = 4 * n
-    args = clamp_args()
-    sme.smstart(m)
-    sme.ptrue(m, 2, 1)
-    sme.ptrue_pn(m, 8, 1)
-    sme.ld1r(m, 4, 30, 2, args, 0)
-    sme.ld1r(m, 4, 31, 2, args, 4)
-    if int4:
-        sme.ldr_zt0(m, Buffer("lut", LUT_S4), 0)
+    sme_start(m, 2, 1, limits=30, lut=LUT_S4 if int4 else None)
     for m0 in range(0, mm, mr):
         sme.whilelt(m, 0, m0, mm, 4)
         lhs_group = (m0 // mr) * lhs_stride
@@ -142,14 +136,7 @@ def _sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffe
     nr, k_int = 4 * vl, k_internal(k)
     data_bytes = _rhs_data_bytes(kern, k_int, nr)
     rhs_stride = data_bytes + 12 * nr
-    args = clamp_args()
-    sme.smstart(m)
-    sme.ptrue(m, 0, 1)
-    sme.ptrue_pn(m, 8, 1)
-    sme.ld1r(m, 4, 30, 0, args, 0)
-    sme.ld1r(m, 4, 31, 0, args, 4)
-    if int4:
-        sme.ldr_zt0(m, Buffer("lut", LUT_S4), 0)
+    sme_start(m, 0, 1, limits=30, lut=LUT_S4 if int4 else None)
     for n0 in range(0, n, nr):
         rhs_group = (n0 // nr) * rhs_stride
         if sme2:
@@ -165,11 +152,7 @@ def _sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffe
             chunk0 = rhs_group + (k0 // 4) * (2 if int4 else 4) * vb
             if int4:
                 for half in range(2):
-                    sme.ld1_multi(m, 1, 12, 4, 8, rhs, chunk0 + half * 4 * vb)
-                    for r in range(4):
-                        sme.luti4_x2(m, 16 + 2 * r, 12 + r)
-                    sme.sdot_za_vgx4(m, 0, 16, 0, 2 * half)
-                    sme.sdot_za_vgx4(m, 0, 20, 0, 2 * half + 1)
+                    sme2_luti4_sdot(m, rhs, chunk0 + half * 4 * vb, 2 * half, esize=1, values=16)
             elif sme2:
                 for c in range(4):
                     regs = (16, 20)[c % 2]
@@ -246,6 +229,18 @@ def _neon_epilogue(m: Machine, ints: list[int], lhs: Buffer, lhs_group: int, rhs
         neon.fadd(m, NEON_ACC + row0 + r, acc, 2)
 
 
+def _neon_rhs_chunk(m: Machine, rhs: Buffer, rhs_group: int, k0: int, int4: bool) -> list[tuple[int, int]]:
+    """The RHS bytes of one K step of the kr = 8 / 16 layouts, as (first register of [col c | col c+1] pairs, the
+    K offset it pairs with): int8, 8 K of the 4 columns (2 × LDR q → v5, v6); int4, 32 K split into 16·w nibbles
+    (v5–v8 low, v1–v4 high; the 0xF0 mask in v13) in 4 chunks of 8 K."""
+    if int4:
+        neon_split_nibbles(m, rhs, rhs_group + k0 * 2, 13)
+        return [((5 if c < 2 else 1) + 2 * (c % 2), k0 + 8 * c) for c in range(4)]
+    neon.ldr(m, 16, 5, rhs, rhs_group + k0 * 4)
+    neon.ldr(m, 16, 6, rhs, rhs_group + k0 * 4 + 16)
+    return [(5, k0)]
+
+
 def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
     """``qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm`` and ``qai8dxp4x8_qsi4cxp4x8_{4x4,8x4}x32_neon_i8mm``: SMMLA of
     [row r 8 K | row r+1 8 K] × [col c 8 K | col c+1 8 K] into 4 tiles per group of 4 rows, the whole K, then
@@ -269,13 +264,7 @@ def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
                 m.trace_when(m0 == 0 and n0 == 0 and k0 < 32)
                 if k0 == 0:
                     m.section(f"M block {m0}, N block {n0}: K loop (first 32 K traced)")
-                if int4:
-                    neon_split_nibbles(m, rhs, rhs_group + k0 * 2, 13)
-                    pairs = [((5 if c < 2 else 1) + 2 * (c % 2), k0 + 8 * c) for c in range(4)]
-                else:
-                    neon.ldr(m, 16, 5, rhs, rhs_group + k0 * 4)
-                    neon.ldr(m, 16, 6, rhs, rhs_group + k0 * 4 + 16)
-                    pairs = [(5, k0)]
+                pairs = _neon_rhs_chunk(m, rhs, rhs_group, k0, int4)
                 for grp in range(groups):
                     for cols, kc in pairs:
                         for pair in range(2):
@@ -356,13 +345,7 @@ def _neon_dotprod_1x8(
             m.trace_when(n0 == 0 and k0 < 32)
             if k0 == 0:
                 m.section(f"N block {n0}: K loop (first 32 K traced)")
-            if int4:
-                neon_split_nibbles(m, rhs, rhs_group + k0 * 2, 13)
-                pairs = [((5 if c < 2 else 1) + 2 * (c % 2), k0 + 8 * c) for c in range(4)]
-            else:
-                neon.ldr(m, 16, 5, rhs, rhs_group + k0 * 4)
-                neon.ldr(m, 16, 6, rhs, rhs_group + k0 * 4 + 16)
-                pairs = [(5, k0)]
+            pairs = _neon_rhs_chunk(m, rhs, rhs_group, k0, int4)
             for cols, kc in pairs:
                 neon.ld1r(m, 8, 14, lhs, kc)
                 neon.sdot(m, 10, cols, 14)

@@ -13,10 +13,22 @@ same shapes (which share the templates) on this family's packed layouts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from kleidipy.emulator import neon, sme
-from kleidipy.emulator.common import LUT_U4, NEON_ACC, clamp_args, neon_split_nibbles, neon_store_rows, neon_uzp_rows
+from kleidipy.emulator.common import (
+    LUT_U4,
+    NEON_ACC,
+    neon_block_tiles,
+    neon_split_nibbles,
+    neon_store_rows,
+    neon_uzp_rows,
+    sme2_luti4_sdot,
+    sme2_luti4_smopa,
+    sme_start,
+)
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.formats import q4_1
 from kleidipy.kernels.interface import MatmulKernel
@@ -41,13 +53,7 @@ def _sme2_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
     mr, nr, nb = vl, 4 * vl, k // BL
     lhs_stride, rhs_stride = mr * nb * LHS_BLOCK, _rhs_stride(nr, nb)
     row_bytes = 4 * n
-    args = clamp_args()
-    sme.smstart(m)
-    sme.ptrue(m, 0, 1)
-    sme.ptrue_pn(m, 8, 4)
-    sme.ld1r(m, 4, 16, 0, args, 0)
-    sme.ld1r(m, 4, 17, 0, args, 4)
-    sme.ldr_zt0(m, Buffer("lut", LUT_U4), 0)
+    sme_start(m, 0, 4, limits=16, lut=LUT_U4)
     for n0 in range(0, n, nr):
         sme.whilelt_pn(m, 9, n0, n, 4, 4)
         rhs_group = (n0 // nr) * rhs_stride
@@ -60,12 +66,7 @@ def _sme2_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
                 rhs_block, lhs_block = rhs_group + b * nr * RHS_BLOCK, lhs_group + b * mr * LHS_BLOCK
                 sme.zero_za(m)
                 for q in range(BL // 4):
-                    sme.ld1_multi(m, 4, 2, 2, 8, rhs, rhs_block + q * 2 * vb)
-                    sme.ld1(m, 4, 8, 0, lhs, lhs_block + q * vb)
-                    sme.luti4_x2(m, 4, 2)
-                    sme.luti4_x2(m, 6, 3)
-                    for t in range(4):
-                        sme.smopa4(m, t, 0, 0, 8, 4 + t)
+                    sme2_luti4_smopa(m, rhs, rhs_block + q * 2 * vb, lhs, lhs_block + q * vb, 4)
                 sme.ld1_multi(m, 4, 0, 4, 8, rhs, rhs_block + 16 * nr)  # zero
                 sme.ld1_multi(m, 4, 12, 4, 8, rhs, rhs_block + 20 * nr)  # scale
                 last = b == nb - 1
@@ -104,13 +105,7 @@ def _sme2_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     vb = m.vb
     nr, nb = vb, k // BL
     rhs_stride = _rhs_stride(nr, nb)
-    args = clamp_args()
-    sme.smstart(m)
-    sme.ptrue(m, 2, 1)
-    sme.ptrue_pn(m, 8, 2)
-    sme.ld1r(m, 4, 30, 2, args, 0)
-    sme.ld1r(m, 4, 31, 2, args, 4)
-    sme.ldr_zt0(m, Buffer("lut", LUT_U4), 0)
+    sme_start(m, 2, 2, limits=30, lut=LUT_U4)
     for n0 in range(0, n, nr):
         rhs_group = (n0 // nr) * rhs_stride
         for t in range(4):
@@ -123,11 +118,7 @@ def _sme2_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
             for h in range(BL // 16):
                 sme.ld1rq(m, 0, 2, lhs, lhs_block + 16 * h)
                 for half in range(2):
-                    sme.ld1_multi(m, 2, 12, 4, 8, rhs, rhs_block + (4 * h + 2 * half) * 2 * vb)
-                    for r in range(4):
-                        sme.luti4_x2(m, 4 + 2 * r, 12 + r)
-                    sme.sdot_za_vgx4(m, 0, 4, 0, 2 * half)
-                    sme.sdot_za_vgx4(m, 0, 8, 0, 2 * half + 1)
+                    sme2_luti4_sdot(m, rhs, rhs_block + (4 * h + 2 * half) * 2 * vb, 2 * half)
             sme.mova_vgx4(m, 16, 0)
             sme.scvtf_x4(m, 16)
             sme.ld1r(m, 4, 1, 2, lhs, lhs_block + 32)  # row sum
@@ -186,45 +177,53 @@ def _neon_finish(m: Machine, rows: int, rhs: Buffer, bias_off: int, n0: int, n: 
     neon_store_rows(m, rows, n0, n, dst, m0)
 
 
+def _neon_blocks(
+    m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, rhs: Buffer, dst: Buffer,
+    block: Callable[[int, int, list[int]], None],
+) -> None:  # fmt: skip
+    """The loops of the GEMM / 4-row kernels: per K block the RHS nibbles (0xF0 mask in v13), then
+    ``block(rows, rhs_block, lhs_blocks)`` (the block's offsets in the RHS group and in each group of mr LHS
+    rows); finally acc + bias, clamp and store."""
+    mr, nb = kern.mr, k // BL
+    lhs_stride, rhs_stride = mr * nb * LHS_BLOCK, _rhs_stride(4, nb)
+    neon.movi(m, 13, 0xF0)
+
+    def each_block(m0: int, rows: int, n0: int, b: int) -> None:
+        rhs_block = (n0 // 4) * rhs_stride + b * 4 * RHS_BLOCK
+        neon_split_nibbles(m, rhs, rhs_block, 13)
+        groups = range(m0 // mr, m0 // mr + -(-rows // mr))
+        block(rows, rhs_block, [g * lhs_stride + b * mr * LHS_BLOCK for g in groups])
+
+    def finish(m0: int, rows: int, n0: int) -> None:
+        _neon_finish(m, rows, rhs, (n0 // 4) * rhs_stride + nb * 4 * RHS_BLOCK, n0, n, dst, m0)
+
+    neon_block_tiles(m, mm, n, nb, mr, kern.m_step, each_block, finish)
+
+
 def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
     """``qsi8d32p4x8_qai4c32p4x8_8x4_neon_i8mm``: per block, SMMLA of [row r 8 K | row r+1 8 K] chunks with the
     nibbles of the two 8-byte segments ([col 0 | col 1], [col 2 | col 3]), UZP1/UZP2 .2d to rows."""
-    mr, nb, rows_step = 4, k // BL, kern.m_step
-    lhs_stride, rhs_stride = mr * nb * LHS_BLOCK, _rhs_stride(4, nb)
-    neon.movi(m, 13, 0xF0)
-    for m0 in range(0, mm, rows_step):
-        rows = min(rows_step, mm - m0)
-        groups = -(-rows // mr)
-        for n0 in range(0, n, 4):
-            rhs_group = (n0 // 4) * rhs_stride
-            for r in range(groups * mr):
-                neon.movi(m, NEON_ACC + r, 0)
-            for b in range(nb):
-                m.trace_when(m0 == 0 and n0 == 0 and b == 0)
-                m.section(f"M block {m0}, N block {n0}, K block {b}")
-                rhs_block = rhs_group + b * 4 * RHS_BLOCK
-                neon_split_nibbles(m, rhs, rhs_block, 13)
-                tiles = list(range(24, 24 + 4 * groups))
-                for reg in tiles:
-                    neon.movi(m, reg, 0)
-                for grp in range(groups):
-                    lhs_block = (m0 // mr + grp) * lhs_stride + b * mr * LHS_BLOCK
-                    for c in range(4):
-                        nibbles = (5 if c < 2 else 1) + 2 * (c % 2)
-                        for pair in range(2):
-                            neon.ldr(m, 16, 15, lhs, lhs_block + 32 * c + 16 * pair)
-                            neon.smmla(m, tiles[4 * grp + 2 * pair], 15, nibbles)
-                            neon.smmla(m, tiles[4 * grp + 2 * pair + 1], 15, nibbles + 1)
-                for grp in range(groups):
-                    lhs_block = (m0 // mr + grp) * lhs_stride + b * mr * LHS_BLOCK
-                    for pair, temps in enumerate(((10, 11), (14, 15))):
-                        neon_uzp_rows(m, tiles[4 * grp + 2 * pair], tiles[4 * grp + 2 * pair + 1], *temps)
-                    _neon_block_epilogue(
-                        m, [10, 11, 14, 15], min(mr, rows - mr * grp), mr * grp, lhs, lhs_block, rhs, rhs_block, mr
-                    )
-            m.trace_when(m0 == 0 and n0 == 0)
-            _neon_finish(m, rows, rhs, rhs_group + nb * 4 * RHS_BLOCK, n0, n, dst, m0)
-    m.trace_when(False)
+    mr = kern.mr
+
+    def block(rows: int, rhs_block: int, lhs_blocks: list[int]) -> None:
+        tiles = list(range(24, 24 + 4 * len(lhs_blocks)))
+        for reg in tiles:
+            neon.movi(m, reg, 0)
+        for grp, lhs_block in enumerate(lhs_blocks):
+            for c in range(4):
+                nibbles = (5 if c < 2 else 1) + 2 * (c % 2)
+                for pair in range(2):
+                    neon.ldr(m, 16, 15, lhs, lhs_block + 32 * c + 16 * pair)
+                    neon.smmla(m, tiles[4 * grp + 2 * pair], 15, nibbles)
+                    neon.smmla(m, tiles[4 * grp + 2 * pair + 1], 15, nibbles + 1)
+        for grp, lhs_block in enumerate(lhs_blocks):
+            for pair, temps in enumerate(((10, 11), (14, 15))):
+                neon_uzp_rows(m, tiles[4 * grp + 2 * pair], tiles[4 * grp + 2 * pair + 1], *temps)
+            _neon_block_epilogue(
+                m, [10, 11, 14, 15], min(mr, rows - mr * grp), mr * grp, lhs, lhs_block, rhs, rhs_block, mr
+            )
+
+    _neon_blocks(m, kern, mm, n, k, rhs, dst, block)
 
 
 def _neon_dotprod(
@@ -233,44 +232,29 @@ def _neon_dotprod(
     """``qsi8d32p4x4_qai4c32p4x4_8x4_neon_dotprod`` and ``qsi8d32p1x4_qai4c32p4x4_1x4_neon_dotprod`` (kr = 8):
     SDOT by element of the 4-byte segments' nibbles with 4-value K chunks (4 rows: idx = row; 1 row: 16 K per
     LDR q, idx = chunk)."""
-    mr, nb, rows_step = kern.mr, k // BL, kern.m_step
-    lhs_stride, rhs_stride = mr * nb * LHS_BLOCK, _rhs_stride(4, nb)
-    neon.movi(m, 13, 0xF0)
-    for m0 in range(0, mm, rows_step):
-        rows = min(rows_step, mm - m0)
-        groups = -(-rows // mr)
-        for n0 in range(0, n, 4):
-            rhs_group = (n0 // 4) * rhs_stride
-            for r in range(groups * mr):
-                neon.movi(m, NEON_ACC + r, 0)
-            for b in range(nb):
-                m.trace_when(m0 == 0 and n0 == 0 and b == 0)
-                m.section(f"M block {m0}, N block {n0}, K block {b}")
-                rhs_block = rhs_group + b * 4 * RHS_BLOCK
-                neon_split_nibbles(m, rhs, rhs_block, 13)
-                ints = list(range(24, 24 + groups * mr))
-                for reg in ints:
-                    neon.movi(m, reg, 0)
-                for grp in range(groups):
-                    lhs_block = (m0 // mr + grp) * lhs_stride + b * mr * LHS_BLOCK
-                    if mr == 1:
-                        neon.ldr(m, 16, 14, lhs, lhs_block)
-                        neon.ldr(m, 16, 15, lhs, lhs_block + 16)
-                        for c in range(8):
-                            neon.sdot_elem(m, ints[0], (5 if c < 4 else 1) + c % 4, (14, 15)[c // 4], c % 4)
-                    else:
-                        for c in range(8):
-                            neon.ldr(m, 16, 15, lhs, lhs_block + 16 * c)
-                            for r in range(mr):
-                                neon.sdot_elem(m, ints[mr * grp + r], (5 if c < 4 else 1) + c % 4, 15, r)
-                for grp in range(groups):
-                    lhs_block = (m0 // mr + grp) * lhs_stride + b * mr * LHS_BLOCK
-                    _neon_block_epilogue(
-                        m, ints[mr * grp :], min(mr, rows - mr * grp), mr * grp, lhs, lhs_block, rhs, rhs_block, mr
-                    )
-            m.trace_when(m0 == 0 and n0 == 0)
-            _neon_finish(m, rows, rhs, rhs_group + nb * 4 * RHS_BLOCK, n0, n, dst, m0)
-    m.trace_when(False)
+    mr = kern.mr
+
+    def block(rows: int, rhs_block: int, lhs_blocks: list[int]) -> None:
+        ints = list(range(24, 24 + len(lhs_blocks) * mr))
+        for reg in ints:
+            neon.movi(m, reg, 0)
+        for grp, lhs_block in enumerate(lhs_blocks):
+            if mr == 1:
+                neon.ldr(m, 16, 14, lhs, lhs_block)
+                neon.ldr(m, 16, 15, lhs, lhs_block + 16)
+                for c in range(8):
+                    neon.sdot_elem(m, ints[0], (5 if c < 4 else 1) + c % 4, (14, 15)[c // 4], c % 4)
+            else:
+                for c in range(8):
+                    neon.ldr(m, 16, 15, lhs, lhs_block + 16 * c)
+                    for r in range(mr):
+                        neon.sdot_elem(m, ints[mr * grp + r], (5 if c < 4 else 1) + c % 4, 15, r)
+        for grp, lhs_block in enumerate(lhs_blocks):
+            _neon_block_epilogue(
+                m, ints[mr * grp :], min(mr, rows - mr * grp), mr * grp, lhs, lhs_block, rhs, rhs_block, mr
+            )
+
+    _neon_blocks(m, kern, mm, n, k, rhs, dst, block)
 
 
 def _neon_dotprod_1x8(

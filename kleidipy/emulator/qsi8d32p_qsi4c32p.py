@@ -14,10 +14,22 @@ MOPA: SME2 MOPA loops with the SME1 dot kernel's nibble extraction, two SMOPA pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from kleidipy.emulator import neon, sme
-from kleidipy.emulator.common import LUT_U4, NEON_ACC, clamp_args, neon_split_nibbles, neon_store_rows, neon_uzp_rows
+from kleidipy.emulator.common import (
+    LUT_U4,
+    NEON_ACC,
+    neon_block_tiles,
+    neon_split_nibbles,
+    neon_store_rows,
+    neon_uzp_rows,
+    sme2_luti4_sdot,
+    sme2_luti4_smopa,
+    sme_start,
+)
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.formats import q4_0
 from kleidipy.kernels.interface import MatmulKernel
@@ -34,13 +46,9 @@ def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     mr, nr, nb = vl, 4 * vl, k // BL
     lhs_stride, rhs_stride = mr * nb * (BL + 2), nr * nb * (BL // 2 + 2)
     row_bytes = 4 * n
-    sme.smstart(m)
-    sme.ptrue(m, 0, 1)
-    sme.ptrue_pn(m, 8, 4)
+    sme_start(m, 0, 4, lut=LUT_U4 if sme2 else None)
     sme.whilelt(m, 4, 0, 2 * mr, 1)
-    if sme2:
-        sme.ldr_zt0(m, Buffer("lut", LUT_U4), 0)
-    else:
+    if not sme2:
         sme.dup_imm(m, 20, -16, "<i1")
     for n0 in range(0, n, nr):
         sme.whilelt_pn(m, 9, n0, n, 4, 4)
@@ -59,12 +67,7 @@ def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
                 if sme2:
                     for c in range(BL // 4):
                         step = b * (BL // 4) + c
-                        sme.ld1_multi(m, 4, 2, 2, 8, rhs, rhs_group + step * 2 * vb)
-                        sme.ld1(m, 2, 8, 0, lhs, lhs_group + step * vb)
-                        sme.luti4_x2(m, 4, 2)
-                        sme.luti4_x2(m, 6, 3)
-                        for t in range(4):
-                            sme.smopa4(m, t, 0, 0, 8, 4 + t)
+                        sme2_luti4_smopa(m, rhs, rhs_group + step * 2 * vb, lhs, lhs_group + step * vb, 2)
                 else:
                     for p in range(BL // 8):
                         packet = b * (BL // 8) + p
@@ -128,16 +131,9 @@ def _sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffe
     vb = m.vb
     nr, nb = vb, k // BL
     rhs_stride = nr * nb * (BL // 2 + 2)
-    args = clamp_args()
-    sme.smstart(m)
-    sme.ptrue(m, 2, 1)
+    sme_start(m, 2, 2, limits=20, lut=LUT_U4 if sme2 else None)
     sme.ptrue(m, 3, 2)
-    sme.ptrue_pn(m, 8, 2)
     sme.dup_imm(m, 28, 0.0, "<f4", "FMOV")
-    if sme2:
-        sme.ldr_zt0(m, Buffer("lut", LUT_U4), 0)
-    sme.ld1r(m, 4, 20, 2, args, 0)
-    sme.ld1r(m, 4, 21, 2, args, 4)
     if not sme2:
         sme.dup_imm(m, 31, -16, "<i1")
     lhs_scales = k
@@ -158,11 +154,7 @@ def _sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffe
                 sme.ld1rq(m, 0, 2, lhs, b * BL + 16 * h)
                 for half in range(2):
                     if sme2:
-                        sme.ld1_multi(m, 2, 12, 4, 8, rhs, data)
-                        for r in range(4):
-                            sme.luti4_x2(m, 4 + 2 * r, 12 + r)
-                        sme.sdot_za_vgx4(m, 0, 4, 0, 2 * half)
-                        sme.sdot_za_vgx4(m, 0, 8, 0, 2 * half + 1)
+                        sme2_luti4_sdot(m, rhs, data, 2 * half)
                     else:
                         for r in range(4):
                             sme.ld1(m, 1, 12 + r, 2, rhs, data + r * vb)
@@ -242,46 +234,54 @@ def _neon_accumulate(m: Machine, acc: int, ints: int, s_tmp: int, row: int, mr: 
     neon.fmla(m, acc, ints, s_tmp)
 
 
+def _neon_blocks(
+    m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, rhs: Buffer, dst: Buffer, mask: int,
+    group: Callable[[int, int], None],
+) -> None:  # fmt: skip
+    """The loops of the GEMM / 4-row kernels: per K block the RHS scales and nibbles (0xF0 mask in v<mask>), then
+    ``group(grp, lhs_block)`` per group of mr LHS rows; finally clamp and store."""
+    mr, nb = kern.mr, k // BL
+    lhs_stride, rhs_stride = mr * nb * (BL + 2), 4 * nb * (BL // 2 + 2)
+    neon.movi(m, mask, 0xF0)
+
+    def block(m0: int, rows: int, n0: int, b: int) -> None:
+        _neon_rhs_block(m, rhs, (n0 // 4) * rhs_stride + b * 4 * (BL // 2 + 2), mask)
+        for grp in range(-(-rows // mr)):
+            group(grp, (m0 // mr + grp) * lhs_stride + b * mr * (BL + 2))
+
+    def finish(m0: int, rows: int, n0: int) -> None:
+        neon_store_rows(m, rows, n0, n, dst, m0)
+
+    neon_block_tiles(m, mm, n, nb, mr, kern.m_step, block, finish)
+
+
 def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
     """``…4x8_qsi4c32p4x8_{16x4,8x4x32}_neon_i8mm``: SMMLA 2×8·8×2 on rows (r, r+1) × columns (c, c+1).
 
     Per block and group of 4 LHS rows: 4 chunks of [row r 8 K | row r+1 8 K]; RHS segment s (s = 0, 1: qs bytes
     8s..8s+7) is [col 0 | col 1] and [col 2 | col 3]; chunk c pairs with segment c % 2, low nibbles for c < 2.
     UZP1/UZP2 .2d turn the [r0c0 r0c1 r1c0 r1c1] / [r0c2 r0c3 r1c2 r1c3] accumulators into rows."""
-    mr, nb, rows_step = 4, k // BL, kern.m_step
-    lhs_stride, rhs_stride = mr * nb * (BL + 2), 4 * nb * (BL // 2 + 2)
-    neon.movi(m, 13, 0xF0)
-    for m0 in range(0, mm, rows_step):
-        rows = min(rows_step, mm - m0)
-        for n0 in range(0, n, 4):
-            groups = -(-rows // mr)
-            for r in range(groups * mr):
-                neon.movi(m, NEON_ACC + r, 0)
-            for b in range(nb):
-                m.trace_when(m0 == 0 and n0 == 0 and b == 0)
-                m.section(f"M block {m0}, N block {n0}, K block {b}")
-                _neon_rhs_block(m, rhs, (n0 // 4) * rhs_stride + b * 4 * (BL // 2 + 2), 13)
-                for grp in range(groups):
-                    lhs_block = (m0 // mr + grp) * lhs_stride + b * mr * (BL + 2)
-                    ints = (10, 11, 12, 14)  # [rows 0,1 | rows 2,3] x [cols 0,1 | cols 2,3]
-                    for acc in ints:
-                        neon.movi(m, acc, 0)
-                    for c in range(4):
-                        nibbles = (5 if c < 2 else 1) + 2 * (c % 2)
-                        for pair in range(2):
-                            neon.ldr(m, 16, 15, lhs, lhs_block + 2 * mr + 32 * c + 16 * pair)
-                            neon.smmla(m, ints[2 * pair], 15, nibbles)
-                            neon.smmla(m, ints[2 * pair + 1], 15, nibbles + 1)
-                    _neon_lhs_scales(m, lhs, lhs_block, mr)
-                    for pair in range(2):
-                        left, right = ints[2 * pair], ints[2 * pair + 1]
-                        neon_uzp_rows(m, left, right, 15, right)
-                        row = mr * grp + 2 * pair
-                        _neon_accumulate(m, NEON_ACC + row, 15, left, 2 * pair, mr)
-                        _neon_accumulate(m, NEON_ACC + row + 1, right, left, 2 * pair + 1, mr)
-            m.trace_when(m0 == 0 and n0 == 0)
-            neon_store_rows(m, rows, n0, n, dst, m0)
-    m.trace_when(False)
+    mr = kern.mr
+
+    def group(grp: int, lhs_block: int) -> None:
+        ints = (10, 11, 12, 14)  # [rows 0,1 | rows 2,3] x [cols 0,1 | cols 2,3]
+        for acc in ints:
+            neon.movi(m, acc, 0)
+        for c in range(4):
+            nibbles = (5 if c < 2 else 1) + 2 * (c % 2)
+            for pair in range(2):
+                neon.ldr(m, 16, 15, lhs, lhs_block + 2 * mr + 32 * c + 16 * pair)
+                neon.smmla(m, ints[2 * pair], 15, nibbles)
+                neon.smmla(m, ints[2 * pair + 1], 15, nibbles + 1)
+        _neon_lhs_scales(m, lhs, lhs_block, mr)
+        for pair in range(2):
+            left, right = ints[2 * pair], ints[2 * pair + 1]
+            neon_uzp_rows(m, left, right, 15, right)
+            row = mr * grp + 2 * pair
+            _neon_accumulate(m, NEON_ACC + row, 15, left, 2 * pair, mr)
+            _neon_accumulate(m, NEON_ACC + row + 1, right, left, 2 * pair + 1, mr)
+
+    _neon_blocks(m, kern, mm, n, k, rhs, dst, 13, group)
 
 
 def _neon_dotprod(
@@ -292,40 +292,27 @@ def _neon_dotprod(
     RHS segment s (s = 0..3: qs bytes 4s..4s+3) is 4 columns × 4 bytes; SDOT by element (lane c += Σ_t
     w[4c+t]·x[4·idx+t]) takes the low nibbles of segment s with K chunk s and the high ones with chunk s + 4.
     With 4 rows a chunk register holds the 4 rows (idx = row); the GEMV loads 16 K per LDR q (idx = chunk)."""
-    mr, nb, rows_step = kern.mr, k // BL, kern.m_step
-    lhs_stride, rhs_stride = mr * nb * (BL + 2), 4 * nb * (BL // 2 + 2)
-    neon.movi(m, 15, 0xF0)
-    for m0 in range(0, mm, rows_step):
-        rows = min(rows_step, mm - m0)
-        for n0 in range(0, n, 4):
-            groups = -(-rows // mr)
-            for r in range(groups * mr):
-                neon.movi(m, NEON_ACC + r, 0)
-            for b in range(nb):
-                m.trace_when(m0 == 0 and n0 == 0 and b == 0)
-                m.section(f"M block {m0}, N block {n0}, K block {b}")
-                _neon_rhs_block(m, rhs, (n0 // 4) * rhs_stride + b * 4 * (BL // 2 + 2), 15)
-                for grp in range(groups):
-                    lhs_block = (m0 // mr + grp) * lhs_stride + b * mr * (BL + 2)
-                    _neon_lhs_scales(m, lhs, lhs_block, mr)
-                    ints = list(range(11, 11 + mr))
-                    for acc in ints:
-                        neon.movi(m, acc, 0)
-                    if mr == 1:
-                        neon.ldr(m, 16, 10, lhs, lhs_block + 2)
-                        neon.ldr(m, 16, 14, lhs, lhs_block + 18)
-                        for c in range(8):
-                            neon.sdot_elem(m, 11, (5 if c < 4 else 1) + c % 4, (10, 14)[c // 4], c % 4)
-                    else:
-                        for c in range(8):
-                            neon.ldr(m, 16, 10, lhs, lhs_block + 2 * mr + 16 * c)
-                            for r in range(mr):
-                                neon.sdot_elem(m, ints[r], (5 if c < 4 else 1) + c % 4, 10, r)
-                    for r in range(mr):
-                        _neon_accumulate(m, NEON_ACC + mr * grp + r, ints[r], 10, r, mr)
-            m.trace_when(m0 == 0 and n0 == 0)
-            neon_store_rows(m, rows, n0, n, dst, m0)
-    m.trace_when(False)
+    mr = kern.mr
+
+    def group(grp: int, lhs_block: int) -> None:
+        _neon_lhs_scales(m, lhs, lhs_block, mr)
+        ints = list(range(11, 11 + mr))
+        for acc in ints:
+            neon.movi(m, acc, 0)
+        if mr == 1:
+            neon.ldr(m, 16, 10, lhs, lhs_block + 2)
+            neon.ldr(m, 16, 14, lhs, lhs_block + 18)
+            for c in range(8):
+                neon.sdot_elem(m, 11, (5 if c < 4 else 1) + c % 4, (10, 14)[c // 4], c % 4)
+        else:
+            for c in range(8):
+                neon.ldr(m, 16, 10, lhs, lhs_block + 2 * mr + 16 * c)
+                for r in range(mr):
+                    neon.sdot_elem(m, ints[r], (5 if c < 4 else 1) + c % 4, 10, r)
+        for r in range(mr):
+            _neon_accumulate(m, NEON_ACC + mr * grp + r, ints[r], 10, r, mr)
+
+    _neon_blocks(m, kern, mm, n, k, rhs, dst, 15, group)
 
 
 def _neon_dotprod_1x8(

@@ -20,18 +20,14 @@ from kleidipy.errors import (
     BufferSizeError,
     DTypeError,
     KernelShapeError,
-    KleidipyError,
     NonFiniteInputError,
+    UnsupportedTensorTypeError,
 )
 
 #: Elements per block of Q4_0, Q4_1 and Q8_0 (QK4_0 = QK4_1 = QK8_0).
 QK = 32
 #: Elements handled per vectorised step when quantizing (keeps temporaries in cache).
 _CHUNK_ELEMENTS = 1 << 18
-
-
-class UnsupportedTensorTypeError(KleidipyError, ValueError):
-    """A GGML tensor type kleidipy cannot quantize or dequantize."""
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -108,6 +104,12 @@ def join_nibbles(codes: np.ndarray) -> np.ndarray:
     return codes[..., :16] | (codes[..., 16:] << 4)
 
 
+def scale_nibbles(qs: np.ndarray, values: np.ndarray, d: np.ndarray, out: np.ndarray) -> None:
+    """``out[..., :16]`` = values[low nibbles of qs] · d, ``out[..., 16:]`` = values[high nibbles] · d (float32)."""
+    np.multiply(values[qs & 0x0F], d, out=out[..., :16])
+    np.multiply(values[qs >> 4], d, out=out[..., 16:])
+
+
 def c_trunc_code(v: np.ndarray, top: int) -> np.ndarray:
     """ggml's ``MIN(top, (int8_t)v)`` for v >= 0: truncation toward zero, capped at ``top``.
 
@@ -115,6 +117,40 @@ def c_trunc_code(v: np.ndarray, top: int) -> np.ndarray:
     that conversion undefined and x86 yields 0, which is what this returns.
     """
     return np.where(np.isfinite(v), np.minimum(np.trunc(v), top), 0).astype(np.uint8)
+
+
+def quantize_rows(
+    x: np.ndarray,
+    block_size: int,
+    type_size: int,
+    who: str,
+    quantize_blocks: Callable[[np.ndarray], tuple[np.ndarray, ...]],
+    from_fields: Callable[..., np.ndarray],
+) -> np.ndarray:
+    """A format's ``quantize``: validated float32 rows [rows, k] -> uint8 blocks [rows, k // block_size, type_size],
+    a chunk of rows at a time. ``quantize_blocks(b [nblocks, block_size])`` returns the format's fields (one
+    value per block or per element), ``from_fields`` builds the blocks of the chunk's rows from them."""
+    x = rows_f32(x, block_size, f"{who} quantize")
+    rows, k = x.shape
+    out = np.empty((rows, k // block_size, type_size), dtype=np.uint8)
+    for sl in row_chunks(rows, k):
+        fields = quantize_blocks(x[sl].reshape(-1, block_size))
+        n = sl.stop - sl.start
+        out[sl] = from_fields(*(f.reshape(n, -1) for f in fields))
+    return out
+
+
+def dequantize_rows(
+    view: np.ndarray, block_size: int, dequantize_blocks: Callable[[np.ndarray, np.ndarray], None]
+) -> np.ndarray:
+    """A format's ``dequantize``: float32 [rows, k] of the blocks ``view`` [rows, nb, type_size], a chunk of rows
+    at a time; ``dequantize_blocks(blocks, out)`` writes the values of blocks [r, nb, type_size] into out
+    [r, nb, block_size]."""
+    rows, nb, _ = view.shape
+    out = np.empty((rows, nb, block_size), dtype=np.float32)
+    for sl in row_chunks(rows, nb * block_size):
+        dequantize_blocks(view[sl], out[sl])
+    return out.reshape(rows, nb * block_size)
 
 
 # --------------------------------------------------------------------------------------------- registry

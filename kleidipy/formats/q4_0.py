@@ -13,10 +13,11 @@ from kleidipy.formats import (
     QK,
     block_view,
     c_trunc_code,
+    dequantize_rows,
     fp16_field,
     join_nibbles,
-    row_chunks,
-    rows_f32,
+    quantize_rows,
+    scale_nibbles,
     split_nibbles,
     store_fp16_field,
 )
@@ -69,25 +70,15 @@ def _quantize_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """ggml ``quantize_row_q4_0_ref`` of float32 rows [rows, k] -> uint8 blocks [rows, k/32, 18]."""
-    x = rows_f32(x, BLOCK_SIZE, "Q4_0 quantize")
-    rows, k = x.shape
-    nb = k // BLOCK_SIZE
-    out = np.empty((rows, nb, TYPE_SIZE), dtype=np.uint8)
-    for sl in row_chunks(rows, k):
-        d, u = _quantize_blocks(x[sl].reshape(-1, BLOCK_SIZE))
-        n = sl.stop - sl.start
-        out[sl] = from_fields(d.reshape(n, nb), u.reshape(n, k))
-    return out
+    return quantize_rows(x, BLOCK_SIZE, TYPE_SIZE, "Q4_0", _quantize_blocks, from_fields)
+
+
+def _dequantize_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = f16_bits_to_f32(fp16_field(blocks, 0))[..., None]
+    with np.errstate(invalid="ignore"):  # d = Inf times code 8 gives NaN, as in C
+        scale_nibbles(blocks[..., 2:], _CODE_VALUES, d, out)
 
 
 def dequantize(blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
     """ggml ``dequantize_row_q4_0``: float32 [rows, k] = (u - 8) * d (exact in float32)."""
-    view = _view(blocks, rows, k)
-    out = np.empty((rows, k // BLOCK_SIZE, BLOCK_SIZE), dtype=np.float32)
-    for sl in row_chunks(rows, k):
-        d = f16_bits_to_f32(fp16_field(view[sl], 0))[..., None]
-        qs = view[sl, :, 2:]
-        with np.errstate(invalid="ignore"):  # d = Inf times code 8 gives NaN, as in C
-            np.multiply(_CODE_VALUES[qs & 0x0F], d, out=out[sl, :, :16])
-            np.multiply(_CODE_VALUES[qs >> 4], d, out=out[sl, :, 16:])
-    return out.reshape(rows, k)
+    return dequantize_rows(_view(blocks, rows, k), BLOCK_SIZE, _dequantize_blocks)

@@ -2,9 +2,9 @@
 
 Bytes 0-1: fp16 d, bytes 2-3: fp16 m (the block minimum), bytes 4-19: qs[16] with byte j = u[j] | u[j+16] << 4.
 :func:`quantize` is ggml's ``quantize_row_q4_1_ref`` bit for bit; :func:`dequantize` is
-``dequantize_row_q4_1`` (f32(u*d) then f32(+m): a multiply and an add, not a fused multiply-add).
-:func:`kai_scale` / :func:`kai_zero` give the per-block f32 scale and offset the KleidiAI ``qai4c32``
-packers take, so that scale*(u-8) + zero = u*d + m exactly.
+``dequantize_row_q4_1`` (f32(u*d) then f32(+m): a multiply and an add, not a fused multiply-add). The field
+accessors give what the runtime and ``kleidipy.kernels.qsi8d32p_qai4c32p.q4_1_to_qai4c32`` (the KleidiAI
+``qai4c32`` packers' inputs) read.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from kleidipy.formats import (
     QK,
     block_view,
     c_trunc_code,
+    dequantize_rows,
     fp16_field,
     join_nibbles,
-    row_chunks,
-    rows_f32,
+    quantize_rows,
+    scale_nibbles,
     split_nibbles,
     store_fp16_field,
 )
@@ -48,22 +49,6 @@ def codes(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> 
     """Unsigned 4-bit codes u in element order: uint8 [rows, k] (value = u * d + m)."""
     view = _view(blocks, rows, k)
     return split_nibbles(view[..., 4:]).reshape(view.shape[0], -1)
-
-
-def kai_scale(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> np.ndarray:
-    """KleidiAI qai4c32 ``scale`` per block: f32(d), float32 [rows, k/32]."""
-    return f16_bits_to_f32(d_bits(blocks, rows, k))
-
-
-def kai_zero(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> np.ndarray:
-    """KleidiAI qai4c32 ``zero`` per block: f32(m + 8*d), float32 [rows, k/32].
-
-    The packers treat code u as u - 8, so the offset absorbs 8*d; the sum of two fp16 values is exact in f32.
-    """
-    view = _view(blocks, rows, k)
-    d = f16_bits_to_f32(fp16_field(view, 0))
-    m = f16_bits_to_f32(fp16_field(view, 2))
-    return m + np.float32(8) * d
 
 
 def from_fields(d: np.ndarray, m: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -101,15 +86,15 @@ def _quantize_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """ggml ``quantize_row_q4_1_ref`` of float32 rows [rows, k] -> uint8 blocks [rows, k/32, 20]."""
-    x = rows_f32(x, BLOCK_SIZE, "Q4_1 quantize")
-    rows, k = x.shape
-    nb = k // BLOCK_SIZE
-    out = np.empty((rows, nb, TYPE_SIZE), dtype=np.uint8)
-    for sl in row_chunks(rows, k):
-        d, m, u = _quantize_blocks(x[sl].reshape(-1, BLOCK_SIZE))
-        n = sl.stop - sl.start
-        out[sl] = from_fields(d.reshape(n, nb), m.reshape(n, nb), u.reshape(n, k))
-    return out
+    return quantize_rows(x, BLOCK_SIZE, TYPE_SIZE, "Q4_1", _quantize_blocks, from_fields)
+
+
+def _dequantize_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = f16_bits_to_f32(fp16_field(blocks, 0))[..., None]
+    m = f16_bits_to_f32(fp16_field(blocks, 2))[..., None]
+    with np.errstate(invalid="ignore"):  # Inf d or m give NaN/Inf, as in C
+        scale_nibbles(blocks[..., 4:], _CODE_VALUES, d, out)
+        out += m
 
 
 def dequantize(blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
@@ -118,14 +103,4 @@ def dequantize(blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
     u * d is exact in float32 (4-bit times 11-bit significands), so the result is also what a compiler that
     contracts ``x*d + m`` into a fused multiply-add produces.
     """
-    view = _view(blocks, rows, k)
-    out = np.empty((rows, k // BLOCK_SIZE, BLOCK_SIZE), dtype=np.float32)
-    for sl in row_chunks(rows, k):
-        d = f16_bits_to_f32(fp16_field(view[sl], 0))[..., None]
-        m = f16_bits_to_f32(fp16_field(view[sl], 2))[..., None]
-        qs = view[sl, :, 4:]
-        with np.errstate(invalid="ignore"):  # Inf d or m give NaN/Inf, as in C
-            np.multiply(_CODE_VALUES[qs & 0x0F], d, out=out[sl, :, :16])
-            np.multiply(_CODE_VALUES[qs >> 4], d, out=out[sl, :, 16:])
-            out[sl] += m
-    return out.reshape(rows, k)
+    return dequantize_rows(_view(blocks, rows, k), BLOCK_SIZE, _dequantize_blocks)

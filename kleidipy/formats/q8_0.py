@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kleidipy.formats import QK, block_view, fp16_field, row_chunks, rows_f32, store_fp16_field
+from kleidipy.formats import QK, block_view, dequantize_rows, fp16_field, quantize_rows, store_fp16_field
 from kleidipy.numerics import f16_bits_to_f32, f32_to_f16_bits, round_away
 
 BLOCK_SIZE = QK
@@ -53,23 +53,15 @@ def _quantize_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """ggml ``quantize_row_q8_0_ref`` of float32 rows [rows, k] -> uint8 blocks [rows, k/32, 34]."""
-    x = rows_f32(x, BLOCK_SIZE, "Q8_0 quantize")
-    rows, k = x.shape
-    nb = k // BLOCK_SIZE
-    out = np.empty((rows, nb, TYPE_SIZE), dtype=np.uint8)
-    for sl in row_chunks(rows, k):
-        d, q = _quantize_blocks(x[sl].reshape(-1, BLOCK_SIZE))
-        n = sl.stop - sl.start
-        out[sl] = from_fields(d.reshape(n, nb), q.reshape(n, k))
-    return out
+    return quantize_rows(x, BLOCK_SIZE, TYPE_SIZE, "Q8_0", _quantize_blocks, from_fields)
+
+
+def _dequantize_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = f16_bits_to_f32(fp16_field(blocks, 0))[..., None]
+    with np.errstate(invalid="ignore"):  # d = Inf times qs 0 gives NaN, as in C
+        np.multiply(blocks[..., 2:].view(np.int8), d, out=out)
 
 
 def dequantize(blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
     """ggml ``dequantize_row_q8_0``: float32 [rows, k] = qs * d (exact in float32)."""
-    view = _view(blocks, rows, k)
-    out = np.empty((rows, k // BLOCK_SIZE, BLOCK_SIZE), dtype=np.float32)
-    for sl in row_chunks(rows, k):
-        d = f16_bits_to_f32(fp16_field(view[sl], 0))[..., None]
-        with np.errstate(invalid="ignore"):  # d = Inf times qs 0 gives NaN, as in C
-            np.multiply(view[sl, :, 2:].view(np.int8), d, out=out[sl])
-    return out.reshape(rows, k)
+    return dequantize_rows(_view(blocks, rows, k), BLOCK_SIZE, _dequantize_blocks)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
@@ -22,44 +21,23 @@ _OVERFLOW = 2.0**128
 _LOW29 = (1 << 29) - 1  # the float64 fraction bits below float32 precision
 
 
-@intrinsic
-def _f64_bits(typingctx, x):
-    sig = types.int64(types.float64)
+def _bitcast(src: types.Type, dst: types.Type):  # noqa: ANN202
+    """Intrinsic reinterpreting the bits of a ``src`` scalar as a ``dst`` scalar of the same width."""
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
+    @intrinsic
+    def bitcast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(dst))
 
-    return sig, codegen
+        return dst(src), codegen
 
-
-@intrinsic
-def _bits_f64(typingctx, b):
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return sig, codegen
+    return bitcast
 
 
-@intrinsic
-def _f32_bits(typingctx, x):
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return sig, codegen
-
-
-@intrinsic
-def _bits_f32(typingctx, b):
-    sig = types.float32(types.uint32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
+_f64_bits = _bitcast(types.float64, types.int64)
+_bits_f64 = _bitcast(types.int64, types.float64)
+_f32_bits = _bitcast(types.float32, types.uint32)
+_bits_f32 = _bitcast(types.uint32, types.float32)
 
 
 # --------------------------------------------------------------------------------------------- bf16 numerics

@@ -21,7 +21,6 @@ from collections.abc import Callable
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -29,8 +28,7 @@ from numba.extending import intrinsic
 from kleidipy.jit import qai8dxp as _portable
 from kleidipy.jit import vnni
 from kleidipy.jit.qai8dxp import RECIPE_FMA_BIAS
-from kleidipy.jit.qsi8d32p_qai4c32p_vnni import intrinsic_args, masked_store, require_vnni
-from kleidipy.jit.vnni import F32, F32X16, I8X64, I32, I32X16, I64
+from kleidipy.jit.vnni import F32, F32X16, I8X64, I32, I32X16, i64
 
 #: the host runs these kernels (else :func:`best_matmul_qai8dxp` returns the portable jit function).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
@@ -47,10 +45,6 @@ GEMM_ROWS = 4
 PREFETCH_GROUPS = 24
 
 
-def _i64(value: int) -> ir.Constant:
-    return ir.Constant(I64, value)
-
-
 def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
     """Intrinsic ``tile(geo, lhs, corr, rhs, out, i0, rows, j0, fma_bias)``: rows i0 … i0 + rows − 1 (at most
     ``rows_max``; the tile computes repeats of the last row for the others) × the 64 columns from j0.
@@ -62,8 +56,8 @@ def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
         sig = types.void(geo, lhs, corr, rhs, out, types.int64, types.int64, types.int64, types.boolean)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            require_vnni()
-            (mr, nr, n, k_int), lhs_p, corr_p, rhs_p, out_p, i0_v, rows_v, j0_v, fma_v = intrinsic_args(
+            vnni.require_vnni()
+            (mr, nr, n, k_int), lhs_p, corr_p, rhs_p, out_p, i0_v, rows_v, j0_v, fma_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
             b = builder
@@ -71,25 +65,25 @@ def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
             rhs_params = b.mul(nr, k_int)
             row_ptrs = []
             for r in range(rows_max):
-                i = b.add(i0_v, b.select(b.icmp_signed("<", _i64(r), rows_v), _i64(r), b.sub(rows_v, _i64(1))))
+                i = b.add(i0_v, b.select(b.icmp_signed("<", i64(r), rows_v), i64(r), b.sub(rows_v, i64(1))))
                 g, ri = b.udiv(i, mr), b.urem(i, mr)
-                base = b.add(b.mul(g, b.mul(mr, b.add(k_int, _i64(8)))), b.mul(ri, _i64(4)))
+                base = b.add(b.mul(g, b.mul(mr, b.add(k_int, i64(8)))), b.mul(ri, i64(4)))
                 row_ptrs.append((vnni.byte_ptr(b, lhs_p, base), i))
             col_ptrs = []
             for v in range(TILE_VECS):
-                col = b.add(j0_v, _i64(VEC_COLS * v))
+                col = b.add(j0_v, i64(VEC_COLS * v))
                 col = b.select(b.icmp_signed("<", col, n), col, j0_v)  # vectors past n re-read the first
-                base = b.add(b.mul(b.udiv(col, nr), b.mul(nr, b.add(k_int, _i64(12)))), b.mul(b.urem(col, nr), _i64(4)))
+                base = b.add(b.mul(b.udiv(col, nr), b.mul(nr, b.add(k_int, i64(12)))), b.mul(b.urem(col, nr), i64(4)))
                 col_ptrs.append(vnni.byte_ptr(b, rhs_p, base))
             iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(TILE_VECS)] for _ in row_ptrs]
             for r, (_, i) in enumerate(row_ptrs):
-                c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, _i64(4))), I32), I32X16)
+                c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
                 for v in range(TILE_VECS):
                     b.store(c, iacc[r][v])
-            lstep, rstep = b.mul(mr, _i64(KR)), b.mul(nr, _i64(KR))
-            ahead = b.mul(rstep, _i64(PREFETCH_GROUPS))
+            lstep, rstep = b.mul(mr, i64(KR)), b.mul(nr, i64(KR))
+            ahead = b.mul(rstep, i64(PREFETCH_GROUPS))
             flip = vnni.const_splat(I8X64, 0x80)
-            with cgutils.for_range(b, b.udiv(k_int, _i64(KR))) as loop:
+            with cgutils.for_range(b, b.udiv(k_int, i64(KR))) as loop:
                 roff, loff = b.mul(loop.index, rstep), b.mul(loop.index, lstep)
                 w = []
                 for ptr in col_ptrs:
@@ -106,22 +100,22 @@ def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
                 par = vnni.byte_ptr(b, ptr, rhs_params)
                 cols.append(
                     [
-                        vnni.load(b, vnni.byte_ptr(b, par, b.mul(nr, _i64(4 * f))), ty)
+                        vnni.load(b, vnni.byte_ptr(b, par, b.mul(nr, i64(4 * f))), ty)
                         for f, ty in enumerate((I32X16, F32X16, F32X16))
                     ]
                 )
             for r, (ptr, _) in enumerate(row_ptrs):
                 par = vnni.byte_ptr(b, ptr, lhs_params)
                 off = vnni.splat(b, vnni.load(b, par, I32), I32X16)
-                recip = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, par, b.mul(mr, _i64(4))), F32), F32X16)
+                recip = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, par, b.mul(mr, i64(4))), F32), F32X16)
                 for v, (sums, scale, bias) in enumerate(cols):
                     f = b.sitofp(b.add(b.load(iacc[r][v]), b.mul(off, sums)), F32X16)
                     s = b.fmul(scale, recip)
                     res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
-                    col = b.add(j0_v, _i64(VEC_COLS * v))
-                    with b.if_then(b.and_(b.icmp_signed("<", _i64(r), rows_v), b.icmp_signed("<", col, n))):
-                        dst = b.mul(b.add(b.mul(b.add(i0_v, _i64(r)), n), col), _i64(4))
-                        masked_store(b, res, vnni.byte_ptr(b, out_p, dst), b.sub(n, col))
+                    col = b.add(j0_v, i64(VEC_COLS * v))
+                    with b.if_then(b.and_(b.icmp_signed("<", i64(r), rows_v), b.icmp_signed("<", col, n))):
+                        dst = b.mul(b.add(b.mul(b.add(i0_v, i64(r)), n), col), i64(4))
+                        vnni.masked_store(b, res, vnni.byte_ptr(b, out_p, dst), b.sub(n, col))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -133,55 +127,10 @@ _tile_gemv = _make_tile(1, True)
 _tile_gemm = _make_tile(GEMM_ROWS, False)
 
 
-@intrinsic
-def _row_corr16(typingctx, lhs, base, mr, k_int, corr, corr_off):
-    """corr[corr_off + r] = −128·Σq of row r < mr of the LHS group at byte ``base`` (mr % 16 == 0)."""
-    sig = types.void(lhs, types.int64, types.int64, types.int64, corr, types.int64)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        require_vnni()
-        lhs_p, base_v, mr_v, k_v, corr_p, off_v = intrinsic_args(context, builder, signature, args)
-        b = builder
-        ones = vnni.const_splat(I32X16, 0x01010101)
-        step = b.mul(mr_v, _i64(KR))
-        with cgutils.for_range(b, b.udiv(mr_v, _i64(VEC_COLS))) as chunk:
-            start = vnni.byte_ptr(b, lhs_p, b.add(base_v, b.mul(chunk.index, _i64(64))))
-            acc = cgutils.alloca_once_value(b, vnni.const_splat(I32X16, 0))
-            with cgutils.for_range(b, b.udiv(k_v, _i64(KR))) as t:
-                data = vnni.load(b, vnni.byte_ptr(b, start, b.mul(t.index, step)), I32X16)
-                b.store(vnni.dpbusd(b, b.load(acc), ones, data, True), acc)
-            total = b.mul(b.load(acc), vnni.const_splat(I32X16, -128))
-            idx = b.add(off_v, b.mul(chunk.index, _i64(VEC_COLS)))
-            vnni.store(b, total, vnni.byte_ptr(b, corr_p, b.mul(idx, _i64(4))))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@numba.njit(cache=True, nogil=True)
-def _corrections(m, k_int, mr, lhs_i8):
-    """−128·Σq (over k_int) of every row of the packed LHS groups covering m rows (int32, wrapping)."""
-    groups = (m + mr - 1) // mr
-    stride = mr * (k_int + 8)
-    corr = np.empty(groups * mr, np.int32)
-    for g in range(groups):
-        if mr % VEC_COLS == 0:
-            _row_corr16(lhs_i8, g * stride, mr, k_int, corr, g * mr)
-            continue
-        for r in range(mr):
-            s = np.int32(0)
-            base = g * stride + KR * r
-            for t in range(k_int // KR):
-                for e in range(KR):
-                    s += np.int32(lhs_i8[base + t * KR * mr + e])
-            corr[g * mr + r] = np.int32(-128) * s
-    return corr
-
-
 @numba.njit(cache=True, nogil=True)
 def _matmul(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out):
     geo = (np.int64(mr), np.int64(nr), np.int64(n), np.int64(k_int))
-    corr = _corrections(m, k_int, mr, lhs_i8)
+    corr = vnni.neg_block_sums(vnni.VNNI512, lhs_i8, m, mr, mr * (k_int + 8), 1, 0, k_int // KR, 128)
     for j0 in range(0, n, TILE_COLS):
         for i0 in range(0, m, GEMM_ROWS):
             rows = min(GEMM_ROWS, m - i0)

@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 from kleidipy.jit import qsi8d32p_qai4c32p as _portable
 from kleidipy.jit import vnni
 from kleidipy.jit.qsi8d32p_qai4c32p import BL, LHS_BLOCK_BYTES, RHS_BLOCK_BYTES
-from kleidipy.jit.vnni import F32, F32X16, I32, I32X16, I64
+from kleidipy.jit.vnni import F32, F32X16, I32, I32X16, i64
 
 #: the host runs these kernels (else the best_* selectors return the portable jit functions).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
@@ -53,31 +53,6 @@ PREFETCH_BLOCKS = 4
 PANEL_BLOCK_BYTES = K_GROUPS * TILE_VECS * 64 + 2 * TILE_COLS * 4
 
 
-def _i64(value: int) -> ir.Constant:
-    return ir.Constant(I64, value)
-
-
-def require_vnni() -> None:
-    """Called while generating code that uses vpdpbusd / vpmultishiftqb: refuse on a host without them."""
-    if not HAVE_VNNI:
-        raise RuntimeError(
-            "this kernel needs AVX-512 VNNI: use the best_* selectors, which fall back to the portable jit"
-        )
-
-
-def masked_store(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value, count: ir.Value) -> None:
-    """Store the first min(count, 16) lanes of a 16-lane vector at an i8* address (``llvm.masked.store``)."""
-    lanes = ir.VectorType(I64, value.type.count)
-    mask = builder.icmp_signed(
-        "<", ir.Constant(lanes, [_i64(i) for i in range(lanes.count)]), vnni.splat(builder, count, lanes)
-    )
-    name = f"llvm.masked.store.v{value.type.count}f32.p0"
-    vptr = builder.bitcast(ptr, value.type.as_pointer())
-    fnty = ir.FunctionType(ir.VoidType(), [value.type, vptr.type, I32, mask.type])
-    fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name)
-    builder.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
-
-
 class _Tile:
     """IR of a tile of ``len(rows)`` rows × 4 vectors of 16 columns over all K blocks.
 
@@ -86,23 +61,23 @@ class _Tile:
     """
 
     def __init__(self, builder: ir.IRBuilder, geo: tuple) -> None:
-        require_vnni()
+        vnni.require_vnni()
         self.b = builder
         self.mr, self.nb, self.nr, self.n = geo
         b = builder
-        self.lhs_block = b.mul(self.mr, _i64(LHS_BLOCK_BYTES))
-        self.rhs_block = b.mul(self.nr, _i64(RHS_BLOCK_BYTES))
-        self.rhs_stride = b.add(b.mul(self.rhs_block, self.nb), b.mul(self.nr, _i64(4)))
+        self.lhs_block = b.mul(self.mr, i64(LHS_BLOCK_BYTES))
+        self.rhs_block = b.mul(self.nr, i64(RHS_BLOCK_BYTES))
+        self.rhs_stride = b.add(b.mul(self.rhs_block, self.nb), b.mul(self.nr, i64(4)))
 
     def rows(self, count: int, lhs, corr, i0, rows):  # noqa: ANN001, ANN201
         """Per tile row (rows past ``rows`` repeat the last one): i8* to its LHS bytes and to its corr terms."""
         b = self.b
         out = []
         for r in range(count):
-            i = b.add(i0, b.select(b.icmp_signed("<", _i64(r), rows), _i64(r), b.sub(rows, _i64(1))))
+            i = b.add(i0, b.select(b.icmp_signed("<", i64(r), rows), i64(r), b.sub(rows, i64(1))))
             g, ri = b.udiv(i, self.mr), b.urem(i, self.mr)
-            data = b.add(b.mul(g, b.mul(self.lhs_block, self.nb)), b.mul(ri, _i64(4)))
-            terms = b.mul(b.add(b.mul(b.mul(g, self.nb), self.mr), ri), _i64(4))
+            data = b.add(b.mul(g, b.mul(self.lhs_block, self.nb)), b.mul(ri, i64(4)))
+            terms = b.mul(b.add(b.mul(b.mul(g, self.nb), self.mr), ri), i64(4))
             out.append((vnni.byte_ptr(b, lhs, data), vnni.byte_ptr(b, corr, terms)))
         return out
 
@@ -111,23 +86,23 @@ class _Tile:
         b = self.b
         bases = []
         for v in range(TILE_VECS):
-            col = b.add(j0, _i64(VEC_COLS * v))
+            col = b.add(j0, i64(VEC_COLS * v))
             col = b.select(b.icmp_signed("<", col, self.n), col, j0)
             group = b.mul(b.udiv(col, self.nr), self.rhs_stride)
             c = b.urem(col, self.nr)
             bases.append(
                 (
-                    vnni.byte_ptr(b, rhs, b.add(group, b.mul(c, _i64(2)))),
-                    vnni.byte_ptr(b, rhs, b.add(group, b.mul(c, _i64(4)))),
+                    vnni.byte_ptr(b, rhs, b.add(group, b.mul(c, i64(2)))),
+                    vnni.byte_ptr(b, rhs, b.add(group, b.mul(c, i64(4)))),
                 )
             )
-        kgroup = b.mul(self.nr, _i64(2))
-        zero_off, scale_off = b.mul(self.nr, _i64(16)), b.mul(self.nr, _i64(20))
+        kgroup = b.mul(self.nr, i64(2))
+        zero_off, scale_off = b.mul(self.nr, i64(16)), b.mul(self.nr, i64(20))
 
-        ahead = b.mul(self.rhs_block, _i64(PREFETCH_BLOCKS))
+        ahead = b.mul(self.rhs_block, i64(PREFETCH_BLOCKS))
 
         def codes(v: int, blk, t: int):  # noqa: ANN001, ANN202
-            ptr = vnni.byte_ptr(b, bases[v][0], b.add(b.mul(blk, self.rhs_block), b.mul(kgroup, _i64(t))))
+            ptr = vnni.byte_ptr(b, bases[v][0], b.add(b.mul(blk, self.rhs_block), b.mul(kgroup, i64(t))))
             if v % 2 == 0:  # one 64-byte line holds two vectors' codes when nr >= 32
                 vnni.prefetch(b, vnni.byte_ptr(b, ptr, ahead))
             return vnni.spread_nibbles(b, ptr, True)
@@ -151,19 +126,19 @@ class _Tile:
         b = self.b
 
         def codes(v: int, blk, t: int):  # noqa: ANN001, ANN202
-            off = b.add(b.mul(blk, _i64(PANEL_BLOCK_BYTES)), _i64(64 * (TILE_VECS * t + v)))
+            off = b.add(b.mul(blk, i64(PANEL_BLOCK_BYTES)), i64(64 * (TILE_VECS * t + v)))
             return vnni.load(b, vnni.byte_ptr(b, scr, off), I32X16)
 
         def params(v: int, blk):  # noqa: ANN001, ANN202
-            base = b.add(b.mul(blk, _i64(PANEL_BLOCK_BYTES)), _i64(K_GROUPS * TILE_VECS * 64 + 64 * v))
+            base = b.add(b.mul(blk, i64(PANEL_BLOCK_BYTES)), i64(K_GROUPS * TILE_VECS * 64 + 64 * v))
             return (
                 vnni.load(b, vnni.byte_ptr(b, scr, base), F32X16),
-                vnni.load(b, vnni.byte_ptr(b, scr, b.add(base, _i64(TILE_COLS * 4))), F32X16),
+                vnni.load(b, vnni.byte_ptr(b, scr, b.add(base, i64(TILE_COLS * 4))), F32X16),
             )
 
         def bias(v: int):  # noqa: ANN202
             return vnni.load(
-                b, vnni.byte_ptr(b, scr, b.add(b.mul(self.nb, _i64(PANEL_BLOCK_BYTES)), _i64(64 * v))), F32X16
+                b, vnni.byte_ptr(b, scr, b.add(b.mul(self.nb, i64(PANEL_BLOCK_BYTES)), i64(64 * v))), F32X16
             )
 
         return codes, params, bias
@@ -174,7 +149,7 @@ class _Tile:
         codes, params, bias = source
         facc = [[cgutils.alloca_once_value(b, vnni.splat(b, init, F32X16)) for _ in range(TILE_VECS)] for _ in row_ptrs]
         iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(TILE_VECS)] for _ in row_ptrs]
-        kgroup = b.mul(self.mr, _i64(4))
+        kgroup = b.mul(self.mr, i64(4))
         with cgutils.for_range(b, self.nb) as loop:
             blk = loop.index
             lrow = []
@@ -186,13 +161,13 @@ class _Tile:
             for t in range(K_GROUPS):
                 vec = [codes(v, blk, t) for v in range(TILE_VECS)]
                 for r, ptr in enumerate(lrow):
-                    q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, _i64(t))), I32), I32X16)
+                    q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, i64(t))), I32), I32X16)
                     for v in range(TILE_VECS):
                         b.store(vnni.dpbusd(b, b.load(iacc[r][v]), vec[v], q, True), iacc[r][v])
             zs = [params(v, blk) for v in range(TILE_VECS)]
             for r, ptr in enumerate(lrow):
-                rs = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(self.mr, _i64(BL))), F32), F32X16)
-                rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(self.mr, _i64(BL + 4))), F32), F32X16)
+                rs = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(self.mr, i64(BL))), F32), F32X16)
+                rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(self.mr, i64(BL + 4))), F32), F32X16)
                 for v, (zero, scale) in enumerate(zs):
                     acc = vnni.fma(b, zero, rs, b.load(facc[r][v]))
                     s = b.fmul(scale, rc)
@@ -200,27 +175,12 @@ class _Tile:
         biases = [bias(v) for v in range(TILE_VECS)]
         for r in range(len(row_ptrs)):
             for v in range(TILE_VECS):
-                col = b.add(j0, _i64(VEC_COLS * v))
-                with b.if_then(b.and_(b.icmp_signed("<", _i64(r), rows), b.icmp_signed("<", col, self.n))):
-                    off = b.mul(b.add(b.mul(b.add(i0, _i64(r)), self.n), col), _i64(4))
-                    masked_store(
+                col = b.add(j0, i64(VEC_COLS * v))
+                with b.if_then(b.and_(b.icmp_signed("<", i64(r), rows), b.icmp_signed("<", col, self.n))):
+                    off = b.mul(b.add(b.mul(b.add(i0, i64(r)), self.n), col), i64(4))
+                    vnni.masked_store(
                         b, b.fadd(b.load(facc[r][v]), biases[v]), vnni.byte_ptr(b, out, off), b.sub(self.n, col)
                     )
-
-
-def intrinsic_args(context, builder, signature, args) -> list:  # noqa: ANN001
-    """i8* of every array argument, the members of tuple arguments as a tuple, other values as they are."""
-    out = []
-    for ty, val in zip(signature.args, args, strict=True):
-        if isinstance(ty, types.Array):
-            if ty.layout != "C":
-                raise TypeError(f"the VNNI kernels read C-contiguous arrays only, got {ty}")
-            out.append(vnni.array_ptr(context, builder, ty, val))
-        elif isinstance(ty, types.BaseTuple):
-            out.append(tuple(builder.extract_value(val, i) for i in range(len(ty))))
-        else:
-            out.append(val)
-    return out
 
 
 def _make_tile(rows_max: int, direct: bool):  # noqa: ANN202
@@ -232,7 +192,7 @@ def _make_tile(rows_max: int, direct: bool):  # noqa: ANN202
         sig = types.void(geo, lhs, corr, src, out, types.int64, types.int64, types.int64, types.float32)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            geo_v, lhs_p, corr_p, src_p, out_p, i0_v, rows_v, j0_v, init_v = intrinsic_args(
+            geo_v, lhs_p, corr_p, src_p, out_p, i0_v, rows_v, j0_v, init_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
             t = _Tile(builder, geo_v)
@@ -256,19 +216,19 @@ def _spread_panel(typingctx, geo, rhs, j0, scr):
     sig = types.void(geo, rhs, types.int64, scr)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        geo_v, rhs_p, j0_v, scr_p = intrinsic_args(context, builder, signature, args)
+        geo_v, rhs_p, j0_v, scr_p = vnni.intrinsic_args(context, builder, signature, args)
         t = _Tile(builder, geo_v)
         codes, params, bias = t.direct(rhs_p, j0_v)
         b = builder
         with cgutils.for_range(b, t.nb) as loop:
-            base = vnni.byte_ptr(b, scr_p, b.mul(loop.index, _i64(PANEL_BLOCK_BYTES)))
+            base = vnni.byte_ptr(b, scr_p, b.mul(loop.index, i64(PANEL_BLOCK_BYTES)))
             for v in range(TILE_VECS):
                 for k in range(K_GROUPS):
                     vnni.store(b, codes(v, loop.index, k), vnni.byte_ptr(b, base, 64 * (TILE_VECS * k + v)))
                 zero, scale = params(v, loop.index)
                 vnni.store(b, zero, vnni.byte_ptr(b, base, K_GROUPS * TILE_VECS * 64 + 64 * v))
                 vnni.store(b, scale, vnni.byte_ptr(b, base, K_GROUPS * TILE_VECS * 64 + TILE_COLS * 4 + 64 * v))
-        end = vnni.byte_ptr(b, scr_p, b.mul(t.nb, _i64(PANEL_BLOCK_BYTES)))
+        end = vnni.byte_ptr(b, scr_p, b.mul(t.nb, i64(PANEL_BLOCK_BYTES)))
         for v in range(TILE_VECS):
             vnni.store(b, bias(v), vnni.byte_ptr(b, end, 64 * v))
         return context.get_dummy_value()
@@ -276,64 +236,13 @@ def _spread_panel(typingctx, geo, rhs, j0, scr):
     return sig, codegen
 
 
-@intrinsic
-def _block_corr16(typingctx, lhs, base, mr, nb, corr, corr_off):
-    """corr[corr_off + b·mr + r] = −8·Σq of row r, block b of the LHS group at byte ``base`` (mr % 16 == 0)."""
-    sig = types.void(lhs, types.int64, types.int64, types.int64, corr, types.int64)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        require_vnni()
-        lhs_p, base_v, mr_v, nb_v, corr_p, off_v = intrinsic_args(context, builder, signature, args)
-        b = builder
-        eights = vnni.const_splat(I32X16, 0x08080808)
-        kgroup = b.mul(mr_v, _i64(4))
-        with cgutils.for_range(b, nb_v) as blk, cgutils.for_range(b, b.udiv(mr_v, _i64(VEC_COLS))) as chunk:
-            start = b.add(
-                b.add(base_v, b.mul(blk.index, b.mul(mr_v, _i64(LHS_BLOCK_BYTES)))), b.mul(chunk.index, _i64(64))
-            )
-            acc = vnni.const_splat(I32X16, 0)
-            for t in range(K_GROUPS):
-                data = vnni.load(b, vnni.byte_ptr(b, lhs_p, b.add(start, b.mul(kgroup, _i64(t)))), I32X16)
-                acc = vnni.dpbusd(b, acc, eights, data, True)
-            idx = b.add(b.add(off_v, b.mul(blk.index, mr_v)), b.mul(chunk.index, _i64(VEC_COLS)))
-            vnni.store(b, b.neg(acc), vnni.byte_ptr(b, corr_p, b.mul(idx, _i64(4))))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@numba.njit(cache=True, nogil=True)
-def _corrections(m, nb, mr, lhs):
-    """−8·Σq per row and block of a packed LHS, laid out [group][block][mr] (int32)."""
-    groups = (m + mr - 1) // mr
-    stride = mr * nb * LHS_BLOCK_BYTES
-    corr = np.empty(groups * nb * mr, np.int32)
-    lhs_i8 = lhs.view(np.int8)
-    for g in range(groups):
-        if mr % VEC_COLS == 0:
-            _block_corr16(lhs, g * stride, mr, nb, corr, g * nb * mr)
-            continue
-        for b in range(nb):
-            base = g * stride + b * mr * LHS_BLOCK_BYTES
-            for r in range(mr):
-                s = np.int32(0)
-                for t in range(K_GROUPS):
-                    o = base + (t * mr + r) * 4
-                    s += (
-                        np.int32(lhs_i8[o])
-                        + np.int32(lhs_i8[o + 1])
-                        + np.int32(lhs_i8[o + 2])
-                        + np.int32(lhs_i8[o + 3])
-                    )
-                corr[(g * nb + b) * mr + r] = -8 * s
-    return corr
-
-
 @numba.njit(cache=True, nogil=True)
 def _matmul(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     nb = k // BL
     geo = (np.int64(mr), np.int64(nb), np.int64(nr), np.int64(n))
-    corr = _corrections(m, nb, mr, lhs)
+    corr = vnni.neg_block_sums(
+        vnni.VNNI512, lhs, m, mr, mr * nb * LHS_BLOCK_BYTES, nb, mr * LHS_BLOCK_BYTES, K_GROUPS, 8
+    )
     out = np.empty((m, n), np.float32)
     init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
     if m <= DIRECT_ROWS:

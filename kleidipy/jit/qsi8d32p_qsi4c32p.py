@@ -1,6 +1,6 @@
-"""Numba code of the Q4_0 family (``qsi8d32p`` LHS × ``qsi4c32p`` RHS): the LHS quantize+pack, the three RHS
-packs, the matmul cores and GET_ROWS, each reading and writing the same packed bytes as the numpy reference
-in ``kleidipy/kernels/qsi8d32p_qsi4c32p.py``.
+"""Numba code of the Q4_0 family (``qsi8d32p`` LHS × ``qsi4c32p`` RHS): the LHS quantize+pack, the RHS pack
+(the three layouts), the matmul cores and GET_ROWS, each reading and writing the same packed bytes as the numpy
+reference in ``kleidipy/kernels/qsi8d32p_qsi4c32p.py``.
 
 Layout identifiers (one per packed format; the kernels module maps packers to them):
 
@@ -75,6 +75,14 @@ def f32_to_f16_bits(bits):
 # --------------------------------------------------------------------------------------------- LHS
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lhs_offsets(layout, mr, nb, base, b, r):
+    """Byte offsets of block b's int8 data (row 0 of the group at ``base``) and of row r's fp16 scale."""
+    if layout == LHS_QSI8D32P:
+        return base + b * mr * 34 + 2 * mr, base + b * mr * 34 + 2 * r
+    return base + b * mr * 32, base + mr * nb * 32 + 2 * (b * mr + r)
+
+
 @numba.njit(cache=True, nogil=True)
 def lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even):
     """Quantize float32 rows lhs [m, k] per 32-block and pack them (first row at position ``row_offset``).
@@ -112,14 +120,14 @@ def lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even):
             for t in range(32):
                 v = np.float32(x[k0 + t] * inv)
                 qrow[t] = np.int8(round_even(v) if ties_even else round_away(v))
-            data = base + b * mr * 34 + 2 * mr if layout == LHS_QSI8D32P else base + b * mr * 32
+            data, _ = _lhs_offsets(layout, mr, nb, base, b, r)
             for c in range(32 // kbl):
                 dst = data + c * mr * kbl + r * kbl
                 for t in range(kbl):
                     out_i8[dst + t] = qrow[c * kbl + t]
         for b in range(nb):
             h = f32_to_f16_bits(sf_bits[b])
-            so = base + b * mr * 34 + 2 * r if layout == LHS_QSI8D32P else base + mr * nb * 32 + 2 * (b * mr + r)
+            _, so = _lhs_offsets(layout, mr, nb, base, b, r)
             out[so] = np.uint8(h & 0xFF)
             out[so + 1] = np.uint8(h >> 8)
     return out
@@ -137,12 +145,7 @@ def _unpack_lhs(m, k, mr, kbl, lhs, layout):
         base = (i // mr) * stride
         r = i % mr
         for b in range(nb):
-            if layout == LHS_QSI8D32P:
-                so = base + b * mr * 34 + 2 * r
-                data = base + b * mr * 34 + 2 * mr
-            else:
-                so = base + mr * nb * 32 + 2 * (b * mr + r)
-                data = base + b * mr * 32
+            data, so = _lhs_offsets(layout, mr, nb, base, b, r)
             scale[i, b] = F16_TABLE[np.int64(lhs[so]) | (np.int64(lhs[so + 1]) << 8)]
             for c in range(32 // kbl):
                 src = data + c * mr * kbl + r * kbl
@@ -151,97 +154,11 @@ def _unpack_lhs(m, k, mr, kbl, lhs, layout):
     return q, scale
 
 
-# --------------------------------------------------------------------------------------------- RHS packs
-
-
-@numba.njit(cache=True, nogil=True)
-def rhs_pack_qsi4c32pscalef16(blocks, nr, kr):
-    """NEON layout from GGML Q4_0 blocks [n, nb, 18]; padding rows copy row n-1."""
-    n, nb, _ = blocks.shape
-    groups = (n + nr - 1) // nr
-    stride = nr * nb * BLOCK_BYTES
-    half = kr // 2
-    out = np.empty(groups * stride, np.uint8)
-    for row in range(groups * nr):
-        src = min(row, n - 1)
-        g = row // nr
-        r = row % nr
-        for b in range(nb):
-            base = g * stride + b * nr * BLOCK_BYTES
-            out[base + 2 * r] = blocks[src, b, 0]
-            out[base + 2 * r + 1] = blocks[src, b, 1]
-            for s in range(32 // kr):
-                dst = base + 2 * nr + s * nr * half + r * half
-                for t in range(half):
-                    out[dst + t] = blocks[src, b, 2 + s * half + t] ^ np.uint8(0x88)
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def rhs_pack_qsi4c32ps1s0scalef16(blocks, nr):
-    """SME2 layout from GGML Q4_0 blocks [n, nb, 18]; padding rows are 0."""
-    n, nb, _ = blocks.shape
-    groups = (n + nr - 1) // nr
-    stride = nr * nb * BLOCK_BYTES
-    out = np.zeros(groups * stride, np.uint8)
-    for row in range(n):
-        g = row // nr
-        r = row % nr
-        base = g * stride
-        for b in range(nb):
-            for q in range(8):  # 4-value K group 32b + 4q .. +3
-                word = np.uint32(0)
-                for e in range(4):
-                    j = 4 * q + e
-                    byte = blocks[row, b, 2 + j % 16]
-                    code = (byte >> 4) if j >= 16 else (byte & np.uint8(15))
-                    word |= np.uint32(code) << (4 * e)
-                dst = base + 2 * ((b * 8 + q) * nr + r)
-                out[dst] = np.uint8(word & 0xFF)
-                out[dst + 1] = np.uint8(word >> 8)
-            so = base + nr * nb * 16 + 2 * (b * nr + r)
-            out[so] = blocks[row, b, 0]
-            out[so + 1] = blocks[row, b, 1]
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def rhs_pack_qsi4c32ps4s0sf16(blocks, nr):
-    """SME1 layout from GGML Q4_0 blocks [n, nb, 18]; stored scale fp16(f32(d)/16); padding rows are 0."""
-    n, nb, _ = blocks.shape
-    groups = (n + nr - 1) // nr
-    stride = nr * nb * BLOCK_BYTES
-    out = np.zeros(groups * stride, np.uint8)
-    scaled = np.empty(1, np.float32)
-    scaled_bits = scaled.view(np.uint32)
-    sixteenth = np.float32(0.0625)
-    for row in range(n):
-        g = row // nr
-        r = row % nr
-        base = g * stride
-        for b in range(nb):
-            for p in range(4):  # 8-value packet 32b + 8p .. +7
-                dst = base + 4 * ((b * 4 + p) * nr + r)
-                for j in range(4):
-                    lo = 8 * p + j
-                    hi = lo + 4
-                    c_lo = blocks[row, b, 2 + lo % 16] >> 4 if lo >= 16 else blocks[row, b, 2 + lo] & np.uint8(15)
-                    c_hi = blocks[row, b, 2 + hi % 16] >> 4 if hi >= 16 else blocks[row, b, 2 + hi] & np.uint8(15)
-                    out[dst + j] = np.uint8(c_lo | (c_hi << 4)) ^ np.uint8(0x88)
-            d_bits = np.int64(blocks[row, b, 0]) | (np.int64(blocks[row, b, 1]) << 8)
-            scaled[0] = F16_TABLE[d_bits] * sixteenth
-            h = f32_to_f16_bits(scaled_bits[0])
-            so = base + nr * nb * 16 + 2 * (b * nr + r)
-            out[so] = np.uint8(h & 0xFF)
-            out[so + 1] = np.uint8(h >> 8)
-    return out
-
-
-# --------------------------------------------------------------------------------------------- RHS decode
+# --------------------------------------------------------------------------------------------- RHS layouts
 # In every layout the data of (group g, block b) is 16·nr contiguous bytes; byte p = (o·nr + r)·inner + t
 # (o < 16/inner) belongs to column r and holds two values of the block: k_lo[o·inner + t] in its low nibble and
-# k_hi[o·inner + t] in its high nibble. A nibble's value is ((nibble ^ flip) − 8): flip 8 for the signed
-# (XOR 0x88) layouts, 0 for the unsigned SME2 codes.
+# k_hi[o·inner + t] in its high nibble. A nibble holds the GGML code u XOR flip, the value (u − 8): flip 8 for
+# the signed (XOR 0x88) layouts, 0 for the unsigned SME2 codes.
 
 
 @numba.njit(cache=True, nogil=True)
@@ -278,12 +195,69 @@ def _rhs_data_offset(layout, nr, nb, g, b):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _rhs_scale_offset(layout, nr, nb, g, b, r):
+    """Byte offset of the fp16 scale of column r of group g, block b: per block before its data (NEON), or
+    all blocks' scales block-major after the group's data (SME)."""
+    base = g * nr * nb * BLOCK_BYTES
+    if layout == RHS_SCALEF16:
+        return base + b * nr * BLOCK_BYTES + 2 * r
+    return base + nr * nb * 16 + 2 * (b * nr + r)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _rhs_scale(rhs, layout, nr, nb, g, b, r):
     """Stored scale (float32) of column r of group g, block b."""
-    base = g * nr * nb * BLOCK_BYTES
-    neon = layout == RHS_SCALEF16
-    so = base + (b * nr * BLOCK_BYTES + 2 * r if neon else nr * nb * 16 + 2 * (b * nr + r))
+    so = _rhs_scale_offset(layout, nr, nb, g, b, r)
     return F16_TABLE[np.int64(rhs[so]) | (np.int64(rhs[so + 1]) << 8)]
+
+
+# --------------------------------------------------------------------------------------------- RHS pack
+
+
+@numba.njit(cache=True, nogil=True)
+def rhs_pack(blocks, nr, kr, layout):
+    """A packed RHS layout from GGML Q4_0 blocks [n, nb, 18] (byte j of qs: element j low, j + 16 high).
+
+    The NEON layout pads the last group with copies of row n-1; the SME ones with zeros. The SME1 layout
+    stores fp16(f32(d)/16), the others d.
+    """
+    n, nb, _ = blocks.shape
+    groups = (n + nr - 1) // nr
+    inner, k_lo, k_hi, flip = rhs_block_map(layout, kr)
+    out = np.zeros(groups * nr * nb * BLOCK_BYTES, np.uint8)
+    scaled = np.empty(1, np.float32)
+    scaled_bits = scaled.view(np.uint32)
+    sixteenth = np.float32(0.0625)
+    codes = np.empty(32, np.uint8)
+    flips = np.uint8(flip)
+    at = np.empty(16, np.int64)  # byte x = o·inner + t of a column's block data, relative to column 0's
+    for x in range(16):
+        at[x] = (x // inner) * nr * inner + x % inner
+    for row in range(groups * nr if layout == RHS_SCALEF16 else n):
+        src = min(row, n - 1)
+        g = row // nr
+        r = row % nr
+        for b in range(nb):
+            for j in range(16):
+                byte = blocks[src, b, 2 + j]
+                codes[j] = (byte & np.uint8(15)) ^ flips
+                codes[j + 16] = (byte >> 4) ^ flips
+            data = _rhs_data_offset(layout, nr, nb, g, b) + r * inner
+            for x in range(16):
+                out[data + at[x]] = codes[k_lo[x]] | (codes[k_hi[x]] << np.uint8(4))
+            so = _rhs_scale_offset(layout, nr, nb, g, b, r)
+            if layout == RHS_S4S0:
+                scaled[0] = F16_TABLE[np.int64(blocks[src, b, 0]) | (np.int64(blocks[src, b, 1]) << 8)] * sixteenth
+                h = f32_to_f16_bits(scaled_bits[0])
+                out[so] = np.uint8(h & 0xFF)
+                out[so + 1] = np.uint8(h >> 8)
+            else:
+                out[so] = blocks[src, b, 0]
+                out[so + 1] = blocks[src, b, 1]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- RHS decode
 
 
 @numba.njit(cache=True, nogil=True)

@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.jit import vnni
 from kleidipy.jit.numerics import F16_TABLE
-from kleidipy.jit.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64
+from kleidipy.jit.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
 
 #: columns per vector; vectors per tile: a panel of 64 columns.
 VEC_COLS = 16
@@ -45,10 +45,6 @@ TILE_ROWS = 4
 PREFETCH_GROUPS = 32
 #: the integer parameters handed to the IR code in one int64 array (see ``_compute``).
 PARAMS = ("lstride", "mr", "nb", "rstride", "nr", "n", "ldo", "prefetch")
-
-
-def _i64(value: int) -> ir.Constant:
-    return ir.Constant(I64, value)
 
 
 class _Tile:
@@ -63,7 +59,7 @@ class _Tile:
         self.native = native
         pptr = builder.bitcast(params, I64.as_pointer())
         for i, name in enumerate(PARAMS):
-            setattr(self, name, builder.load(builder.gep(pptr, [_i64(i)])))
+            setattr(self, name, builder.load(builder.gep(pptr, [i64(i)])))
 
     def rows(self, rows_max: int, lhs, corr, sl, i0, rows):  # noqa: ANN001, ANN201
         """Per tile row (rows past ``rows`` repeat the last one): pointers to its LHS bytes, corr and s_L.
@@ -73,12 +69,12 @@ class _Tile:
         b = self.builder
         out = []
         for r in range(rows_max):
-            rr = b.select(b.icmp_signed("<", _i64(r), rows), _i64(r), b.sub(rows, _i64(1)))
+            rr = b.select(b.icmp_signed("<", i64(r), rows), i64(r), b.sub(rows, i64(1)))
             i = b.add(i0, rr)
             g = b.udiv(i, self.mr)
             rin = b.urem(i, self.mr)
-            data = b.add(b.mul(g, self.lstride), b.mul(rin, _i64(4)))
-            terms = b.mul(b.add(b.mul(b.mul(g, self.nb), self.mr), rin), _i64(4))
+            data = b.add(b.mul(g, self.lstride), b.mul(rin, i64(4)))
+            terms = b.mul(b.add(b.mul(b.mul(g, self.nb), self.mr), rin), i64(4))
             out.append((vnni.byte_ptr(b, lhs, data), vnni.byte_ptr(b, corr, terms), vnni.byte_ptr(b, sl, terms)))
         return out
 
@@ -91,7 +87,7 @@ class _Tile:
             for p in row:
                 vnni.store(b, vnni.splat(b, init, F32X16), p)
         zero = vnni.const_splat(F32X16, 0.0)
-        kgroup = b.mul(self.mr, _i64(4))  # bytes of one K group of the LHS; also the per-block step of corr/s_L
+        kgroup = b.mul(self.mr, i64(4))  # bytes of one K group of the LHS; also the per-block step of corr/s_L
         iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(nvec)] for _ in row_ptrs]
         with cgutils.for_range(b, self.nb) as loop:
             blk = loop.index
@@ -100,12 +96,12 @@ class _Tile:
                 c = vnni.load(b, vnni.byte_ptr(b, corr, b.mul(blk, kgroup)), I32)
                 for v in range(nvec):
                     b.store(vnni.splat(b, c, I32X16), iacc[r][v])
-                lrow.append(vnni.byte_ptr(b, data, b.mul(blk, b.mul(kgroup, _i64(8)))))
+                lrow.append(vnni.byte_ptr(b, data, b.mul(blk, b.mul(kgroup, i64(8)))))
             # a real loop over the 8 K groups (opaque count: not fully unrolled) keeps the scheduler from
             # hoisting the loads of all groups above the dot products (register spills)
-            with cgutils.for_range(b, vnni.opaque(b, _i64(8))) as inner:
+            with cgutils.for_range(b, vnni.opaque(b, i64(8))) as inner:
                 t = inner.index
-                g = b.add(b.mul(blk, _i64(8)), t)
+                g = b.add(b.mul(blk, i64(8)), t)
                 vec = [codes(v, g) for v in range(nvec)]
                 for r, ptr in enumerate(lrow):
                     q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, t)), I32), I32X16)
@@ -130,11 +126,11 @@ class _Tile:
             values = [vnni.load(b, acc, F32X16) for acc in accs]
             if paired:
                 values = [x for v in range(0, PANEL_VECS, 2) for x in vnni.unpair(b, values[v], values[v + 1])]
-            with b.if_then(b.icmp_signed("<", _i64(r), rows)):
-                row = b.add(b.mul(b.add(i0, _i64(r)), self.ldo), j0)
+            with b.if_then(b.icmp_signed("<", i64(r), rows)):
+                row = b.add(b.mul(b.add(i0, i64(r)), self.ldo), j0)
                 for v, value in enumerate(values):
-                    index = b.add(row, _i64(VEC_COLS * v))
-                    vnni.store(b, value, vnni.byte_ptr(b, out, b.mul(index, _i64(4))))
+                    index = b.add(row, i64(VEC_COLS * v))
+                    vnni.store(b, value, vnni.byte_ptr(b, out, b.mul(index, i64(4))))
 
     def source(self, rhs, j0, contiguous: bool):  # noqa: ANN001, ANN201
         """The packed RHS of the panel: codes spread to bytes on the fly, fp16 scales converted per block.
@@ -144,31 +140,31 @@ class _Tile:
         re-read the first one (their group may not exist).
         """
         b = self.builder
-        scale_region = b.mul(b.mul(self.nr, self.nb), _i64(16))
+        scale_region = b.mul(b.mul(self.nr, self.nb), i64(16))
         bases = []
         for v in range(1 if contiguous else PANEL_VECS):
-            col = b.add(j0, _i64(VEC_COLS * v))
+            col = b.add(j0, i64(VEC_COLS * v))
             col = b.select(b.icmp_signed("<", col, self.n), col, j0)
             group = b.mul(b.udiv(col, self.nr), self.rstride)
-            r2 = b.mul(b.urem(col, self.nr), _i64(2))
+            r2 = b.mul(b.urem(col, self.nr), i64(2))
             data = vnni.byte_ptr(b, rhs, b.add(group, r2))
             bases.append((data, vnni.byte_ptr(b, rhs, b.add(b.add(group, scale_region), r2))))
-        step = b.mul(self.nr, _i64(2))
+        step = b.mul(self.nr, i64(2))
         if contiguous:  # vectors in PAIR_LANES order: (0, 1) from columns j0 .. j0+31, (2, 3) from the next 32
             data, scale = bases[0]
             pairs = {}
 
             def codes(v: int, g):  # noqa: ANN001, ANN202
                 if v % 2 == 0:
-                    ptr = vnni.byte_ptr(b, data, b.add(b.mul(g, step), _i64(32 * v)))
+                    ptr = vnni.byte_ptr(b, data, b.add(b.mul(g, step), i64(32 * v)))
                     vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, self.prefetch)))
                     pairs[v] = vnni.spread_nibble_pairs(b, ptr, self.native)
                 return pairs[v - v % 2][v % 2]
 
             def scales(v: int, blk):  # noqa: ANN001, ANN202
-                ptr = vnni.byte_ptr(b, scale, b.add(b.mul(blk, step), _i64(32 * (v - v % 2))))
+                ptr = vnni.byte_ptr(b, scale, b.add(b.mul(blk, step), i64(32 * (v - v % 2))))
                 if v % 2 == 0:
-                    vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, b.udiv(self.prefetch, _i64(4)))))
+                    vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, b.udiv(self.prefetch, i64(4)))))
                 return vnni.f16_to_f32(b, ptr, self.native, vnni.PAIR_LANES[v % 2])
 
         else:
@@ -182,14 +178,6 @@ class _Tile:
         return codes, scales
 
 
-def _array_ptrs(context, builder, signature, args):  # noqa: ANN001, ANN202
-    """The arguments, arrays replaced by i8* to their data."""
-    return [
-        vnni.array_ptr(context, builder, ty, val) if isinstance(ty, types.Array) else val
-        for ty, val in zip(signature.args, args, strict=True)
-    ]
-
-
 def _make_tile(rows_max: int, contiguous: bool):  # noqa: ANN202
     """Intrinsic ``tile(isa, params, lhs, corr, sl, rhs, out, acc, i0, rows, j0, init)``: rows i0 .. i0+rows-1
     (rows <= rows_max; more rows repeat the last) × the 64 columns from j0 of out, from ``init``.
@@ -197,11 +185,11 @@ def _make_tile(rows_max: int, contiguous: bool):  # noqa: ANN202
 
     @intrinsic
     def tile(typingctx, isa, params, lhs, corr, sl, rhs, out, acc, i0, rows, j0, init):
-        i64 = types.int64
-        sig = types.void(isa, params, lhs, corr, sl, rhs, out, acc, i64, i64, i64, types.float32)
+        int64 = types.int64
+        sig = types.void(isa, params, lhs, corr, sl, rhs, out, acc, int64, int64, int64, types.float32)
 
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            _, params_p, lhs_p, corr_p, sl_p, rhs_p, out_p, acc_p, i0_v, rows_v, j0_v, init_v = _array_ptrs(
+            _, params_p, lhs_p, corr_p, sl_p, rhs_p, out_p, acc_p, i0_v, rows_v, j0_v, init_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
             t = _Tile(builder, vnni.isa_native(signature.args[0]), params_p)
@@ -223,47 +211,43 @@ _TILE_1_SINGLE = _make_tile(1, False)
 _TILE_4_SINGLE = _make_tile(TILE_ROWS, False)
 
 
-@intrinsic
-def _block_sums16(typingctx, isa, lhs, base, mr, nb, corr, corr_off):
-    """corr[corr_off + b·mr + r] = −8·Σ q_L of row r, block b of the LHS group at byte ``base`` (mr % 16 == 0)."""
-    sig = types.void(isa, lhs, types.int64, types.int64, types.int64, corr, types.int64)
+def _make_fp16_vectors(widen: bool):  # noqa: ANN202
+    """Intrinsic ``convert(isa, src, src_off, count16, dst, dst_off)`` over x < 16·count16, the fp16 side at byte
+    offsets off + 2x, the float32 side at element offsets off + x: ``widen``, dst[dst_off + x] = float32 of the
+    fp16 at src byte src_off + 2x; else the fp16 bits (RNE) of src[src_off + x] at dst byte dst_off + 2x."""
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        _, lhs_p, base_v, mr_v, nb_v, corr_p, off_v = _array_ptrs(context, builder, signature, args)
-        native = vnni.isa_native(signature.args[0])
-        b = builder
-        eights = vnni.const_splat(I32X16, 0x08080808)
-        chunks = b.udiv(mr_v, _i64(VEC_COLS))
-        kgroup = b.mul(mr_v, _i64(4))
-        with cgutils.for_range(b, nb_v) as blk, cgutils.for_range(b, chunks) as chunk:
-            start = b.add(b.add(base_v, b.mul(blk.index, b.mul(kgroup, _i64(8)))), b.mul(chunk.index, _i64(64)))
-            acc = vnni.const_splat(I32X16, 0)
-            for t in range(8):
-                data = vnni.load(b, vnni.byte_ptr(b, lhs_p, b.add(start, b.mul(kgroup, _i64(t)))), I32X16)
-                acc = vnni.dpbusd(b, acc, eights, data, native)
-            idx = b.add(b.add(off_v, b.mul(blk.index, mr_v)), b.mul(chunk.index, _i64(VEC_COLS)))
-            vnni.store(b, b.neg(acc), vnni.byte_ptr(b, corr_p, b.mul(idx, _i64(4))))
-        return context.get_dummy_value()
+    @intrinsic
+    def convert(typingctx, isa, src, src_off, count16, dst, dst_off):
+        sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            _, src_p, src_off_v, count_v, dst_p, dst_off_v = vnni.intrinsic_args(context, builder, signature, args)
+            native = vnni.isa_native(signature.args[0])
+            b = builder
+
+            def f16_at(base, off, x):  # noqa: ANN001, ANN202
+                return vnni.byte_ptr(b, base, b.add(off, b.mul(x, i64(2))))
+
+            def f32_at(base, off, x):  # noqa: ANN001, ANN202
+                return vnni.byte_ptr(b, base, b.mul(b.add(off, x), i64(4)))
+
+            with cgutils.for_range(b, count_v) as loop:
+                x = b.mul(loop.index, i64(VEC_COLS))
+                if widen:
+                    value = vnni.f16_to_f32(b, f16_at(src_p, src_off_v, x), native)
+                    vnni.store(b, value, f32_at(dst_p, dst_off_v, x))
+                else:
+                    bits = vnni.f32_to_f16(b, vnni.load(b, f32_at(src_p, src_off_v, x), F32X16), native)
+                    vnni.store(b, bits, f16_at(dst_p, dst_off_v, x))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return convert
 
 
-@intrinsic
-def _f16_to_f32_vectors(typingctx, isa, src, src_off, count16, dst, dst_off):
-    """dst[dst_off + x] = float32 of the fp16 at src byte src_off + 2x, for x < 16·count16."""
-    sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        _, src_p, src_off_v, count_v, dst_p, dst_off_v = _array_ptrs(context, builder, signature, args)
-        native = vnni.isa_native(signature.args[0])
-        b = builder
-        with cgutils.for_range(b, count_v) as loop:
-            x = b.mul(loop.index, _i64(VEC_COLS))
-            value = vnni.f16_to_f32(b, vnni.byte_ptr(b, src_p, b.add(src_off_v, b.mul(x, _i64(2)))), native)
-            vnni.store(b, value, vnni.byte_ptr(b, dst_p, b.mul(b.add(dst_off_v, x), _i64(4))))
-        return context.get_dummy_value()
-
-    return sig, codegen
+_f16_to_f32_vectors = _make_fp16_vectors(True)
+_f32_to_f16_vectors = _make_fp16_vectors(False)
 
 
 @intrinsic
@@ -273,14 +257,15 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, step, sf, sf_off, sf_step):
     sig = types.void(isa, row, types.int64, out, types.int64, types.int64, sf, types.int64, types.int64)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        _, row_p, nb_v, out_p, dst_v, step_v, sf_p, sf_off_v, sf_step_v = _array_ptrs(context, builder, signature, args)
+        _, row_p, nb_v, out_p, dst_v, step_v, sf_p, sf_off_v, sf_step_v = vnni.intrinsic_args(
+            context, builder, signature, args
+        )
         b = builder
         half = vnni.const_splat(F32X16, 0.5)
         with cgutils.for_range(b, nb_v) as loop:
             blk = loop.index
             x = [
-                vnni.load(b, vnni.byte_ptr(b, row_p, b.add(b.mul(blk, _i64(128)), _i64(64 * h))), F32X16)
-                for h in (0, 1)
+                vnni.load(b, vnni.byte_ptr(b, row_p, b.add(b.mul(blk, i64(128)), i64(64 * h))), F32X16) for h in (0, 1)
             ]
             mags = [b.and_(b.bitcast(v, I32X16), vnni.const_splat(I32X16, 0x7FFFFFFF)) for v in x]
             amax = b.bitcast(
@@ -301,31 +286,12 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, step, sf, sf_off, sf_step):
                 q[0], q[1], ir.Constant(ir.VectorType(I32, 32), [ir.Constant(I32, i) for i in range(32)])
             )
             words = b.bitcast(both, ir.VectorType(I32, 8))
-            base = b.add(dst_v, b.mul(b.mul(blk, _i64(8)), step_v))
+            base = b.add(dst_v, b.mul(b.mul(blk, i64(8)), step_v))
             for g in range(8):
                 word = b.extract_element(words, ir.Constant(I32, g))
-                vnni.store(b, word, vnni.byte_ptr(b, out_p, b.add(base, b.mul(step_v, _i64(g)))))
+                vnni.store(b, word, vnni.byte_ptr(b, out_p, b.add(base, b.mul(step_v, i64(g)))))
             sf_index = b.add(sf_off_v, b.mul(blk, sf_step_v))
-            vnni.store(b, scale, vnni.byte_ptr(b, sf_p, b.mul(sf_index, _i64(4))))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def _f32_to_f16_vectors(typingctx, isa, src, src_off, count16, dst, dst_off):
-    """fp16 bits (RNE) of src[src_off + x] at dst byte dst_off + 2x, for x < 16·count16."""
-    sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        _, src_p, src_off_v, count_v, dst_p, dst_off_v = _array_ptrs(context, builder, signature, args)
-        native = vnni.isa_native(signature.args[0])
-        b = builder
-        with cgutils.for_range(b, count_v) as loop:
-            x = b.mul(loop.index, _i64(VEC_COLS))
-            value = vnni.load(b, vnni.byte_ptr(b, src_p, b.mul(b.add(src_off_v, x), _i64(4))), F32X16)
-            bits = vnni.f32_to_f16(b, value, native)
-            vnni.store(b, bits, vnni.byte_ptr(b, dst_p, b.add(dst_off_v, b.mul(x, _i64(2)))))
+            vnni.store(b, scale, vnni.byte_ptr(b, sf_p, b.mul(sf_index, i64(4))))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -340,22 +306,11 @@ def _lhs_terms(isa, m, k, mr, lhs):
     nb = k // 32
     groups = (m + mr - 1) // mr
     stride = mr * nb * 34
-    lhs_i8 = lhs.view(np.int8)
-    corr = np.empty(groups * nb * mr, np.int32)
+    corr = vnni.neg_block_sums(isa, lhs, m, mr, stride, nb, mr * 32, 8, 8)
     sl = np.empty(groups * nb * mr, np.float32)
     for g in range(groups):
         base = g * stride
         off = g * nb * mr
-        if mr % VEC_COLS == 0:
-            _block_sums16(isa, lhs, base, mr, nb, corr, off)
-        else:
-            for b in range(nb):
-                for r in range(mr):
-                    s = 0
-                    for t in range(8):
-                        o = base + ((8 * b + t) * mr + r) * 4
-                        s += np.int32(lhs_i8[o]) + np.int32(lhs_i8[o + 1]) + np.int32(lhs_i8[o + 2]) + lhs_i8[o + 3]
-                    corr[off + b * mr + r] = -8 * s
         count = nb * mr
         vec = count // VEC_COLS
         scales = base + mr * nb * 32

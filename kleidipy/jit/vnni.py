@@ -1,4 +1,6 @@
-"""AVX-512 VNNI building blocks for numba kernels: host feature check, ISA markers and llvmlite IR emitters.
+"""AVX-512 VNNI building blocks for numba kernels: host feature check, ISA markers, llvmlite IR emitters (and the
+argument handling of the kernels' intrinsics), and the −w·Σq LHS block sums that start the kernels' vpdpbusd
+accumulators (:func:`neg_block_sums`).
 
 Kernels written with these helpers are compiled per :class:`Isa` (an argument or a global of the jitted
 function, so the numba cache holds one version per ISA): ``VNNI512`` emits ``vpdpbusd``, ``vpmultishiftqb``
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import llvmlite.binding as llvm
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -98,6 +101,14 @@ def _isa_by_name(name: str) -> Isa:
     return VNNI512 if name == VNNI512.name else PORTABLE
 
 
+def require_vnni() -> None:
+    """Called while generating code that uses vpdpbusd / vpmultishiftqb natively: refuse on a host without them."""
+    if not HAS_AVX512_VNNI:
+        raise RuntimeError(
+            "this kernel needs AVX-512 VNNI: use the best_* selectors, which fall back to the portable jit"
+        )
+
+
 def isa_native(isa_type: types.Type) -> bool:
     """Whether a kernel typed with this IsaType is compiled with the native AVX-512 instructions."""
     if not isinstance(isa_type, IsaType):
@@ -110,15 +121,35 @@ def isa_native(isa_type: types.Type) -> bool:
 # --------------------------------------------------------------------------------------------- IR emitters
 
 
+def i64(value: int) -> ir.Constant:
+    return ir.Constant(I64, value)
+
+
 def array_ptr(context, builder, aryty, ary) -> ir.Value:  # noqa: ANN001
     """i8* to the first element of a numba array value."""
     data = context.make_array(aryty)(context, builder, ary).data
     return builder.bitcast(data, I8.as_pointer())
 
 
+def intrinsic_args(context, builder, signature, args) -> list:  # noqa: ANN001
+    """An intrinsic's arguments for its code generator: i8* of every array argument, the members of tuple
+    arguments as a tuple, other values as they are."""
+    out = []
+    for ty, val in zip(signature.args, args, strict=True):
+        if isinstance(ty, types.Array):
+            if ty.layout != "C":
+                raise TypeError(f"the VNNI kernels read C-contiguous arrays only, got {ty}")
+            out.append(array_ptr(context, builder, ty, val))
+        elif isinstance(ty, types.BaseTuple):
+            out.append(tuple(builder.extract_value(val, i) for i in range(len(ty))))
+        else:
+            out.append(val)
+    return out
+
+
 def byte_ptr(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value | int) -> ir.Value:
     """base (i8*) + offset bytes."""
-    off = offset if isinstance(offset, ir.Value) else ir.Constant(I64, offset)
+    off = offset if isinstance(offset, ir.Value) else i64(offset)
     return builder.gep(base, [off])
 
 
@@ -130,6 +161,19 @@ def load(builder: ir.IRBuilder, ptr: ir.Value, ty: ir.Type) -> ir.Value:
 def store(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value) -> None:
     """Unaligned store at an i8* address."""
     builder.store(value, builder.bitcast(ptr, value.type.as_pointer()), align=1)
+
+
+def masked_store(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value, count: ir.Value) -> None:
+    """Store the first min(count, 16) lanes of a 16-lane float vector at an i8* address (``llvm.masked.store``)."""
+    lanes = ir.VectorType(I64, value.type.count)
+    mask = builder.icmp_signed(
+        "<", ir.Constant(lanes, [i64(i) for i in range(lanes.count)]), splat(builder, count, lanes)
+    )
+    name = f"llvm.masked.store.v{value.type.count}f32.p0"
+    vptr = builder.bitcast(ptr, value.type.as_pointer())
+    fnty = ir.FunctionType(ir.VoidType(), [value.type, vptr.type, I32, mask.type])
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name)
+    builder.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
 
 
 def splat(builder: ir.IRBuilder, scalar: ir.Value, vty: ir.VectorType) -> ir.Value:
@@ -300,6 +344,64 @@ def reduce_umax(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
 def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     """a·b + c with one rounding, lane by lane (llvm.fma: vfmadd)."""
     return _call(builder, "llvm.fma.v16f32", F32X16, [a, b, c])
+
+
+# --------------------------------------------------------------------------------------------- LHS block sums
+
+
+@intrinsic
+def _neg_block_sums16(typingctx, isa, lhs, base, mr, blocks, block_bytes, groups, weights, corr, corr_off):
+    """corr[corr_off + blk·mr + r] = −w·Σq of the int8 of rows r < mr (mr % 16 == 0) in blocks blk < ``blocks``
+    of the LHS group at byte ``base``; ``weights`` holds w in each of its 4 bytes (see :func:`neg_block_sums`)."""
+    int64 = types.int64
+    sig = types.void(isa, lhs, int64, int64, int64, int64, int64, types.int32, corr, int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        native = isa_native(signature.args[0])
+        _, lhs_p, base_v, mr_v, blocks_v, block_v, groups_v, weights_v, corr_p, off_v = intrinsic_args(
+            context, builder, signature, args
+        )
+        b = builder
+        w = splat(b, weights_v, I32X16)
+        kgroup = b.mul(mr_v, i64(4))
+        with cgutils.for_range(b, blocks_v) as blk, cgutils.for_range(b, b.udiv(mr_v, i64(16))) as chunk:
+            start = b.add(b.add(base_v, b.mul(blk.index, block_v)), b.mul(chunk.index, i64(64)))
+            acc = cgutils.alloca_once_value(b, const_splat(I32X16, 0))
+            with cgutils.for_range(b, groups_v) as t:
+                data = load(b, byte_ptr(b, lhs_p, b.add(start, b.mul(kgroup, t.index))), I32X16)
+                b.store(dpbusd(b, b.load(acc), w, data, native), acc)
+            idx = b.add(b.add(off_v, b.mul(blk.index, mr_v)), b.mul(chunk.index, i64(16)))
+            store(b, b.neg(b.load(acc)), byte_ptr(b, corr_p, b.mul(idx, i64(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def neg_block_sums(isa, lhs, m, mr, group_bytes, blocks, block_bytes, groups, weight):
+    """−weight·Σq (int32, wrapping) per row and block of a packed LHS whose groups of mr rows are ``group_bytes``
+    apart and hold, from block b's start at b·block_bytes, the int8 of (K group t < ``groups``, row r) at
+    4·(t·mr + r): the int32 accumulator start that turns vpdpbusd's Σ q·u into Σ q·(u − weight). Laid out
+    [group][block][mr] (the 16-row chunks of an mr % 16 == 0 group with vpdpbusd, other groups with scalar code).
+    """
+    n_groups = (m + mr - 1) // mr
+    corr = np.empty(n_groups * blocks * mr, np.int32)
+    lhs_i8 = lhs.view(np.int8)
+    weights = np.int32(weight * 0x01010101)
+    for g in range(n_groups):
+        off = g * blocks * mr
+        if mr % 16 == 0:
+            _neg_block_sums16(isa, lhs, g * group_bytes, mr, blocks, block_bytes, groups, weights, corr, off)
+            continue
+        for b in range(blocks):
+            base = g * group_bytes + b * block_bytes
+            for r in range(mr):
+                s = 0
+                for t in range(groups):
+                    o = base + (t * mr + r) * 4
+                    s += np.int32(lhs_i8[o]) + np.int32(lhs_i8[o + 1]) + np.int32(lhs_i8[o + 2]) + lhs_i8[o + 3]
+                corr[off + b * mr + r] = -weight * s
+    return corr
 
 
 # --------------------------------------------------------------------------------------------- measurement

@@ -30,6 +30,8 @@ instead of round-to-odd 15393; the exact sum rounded once 13929; a single accumu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
@@ -348,46 +350,31 @@ def dot_geometry(vl: int) -> Geometry:
     return Geometry(m_step=1, n_step=36, mr=1, nr=12, kr=4, sr=1)
 
 
+def _kernel(
+    name: str,
+    tier: str,
+    kind: str,
+    lhs: Bf16LhsPacker,
+    rhs: Bf16KxnRhsPacker,
+    geometry: Callable[[int], Geometry],
+    **kw: object,
+) -> Bf16MatmulKernel:
+    return Bf16MatmulKernel(name, FAMILY, tier, kind, lhs, rhs, geometry, bl=None, **kw)
+
+
 KERNELS = [
-    Bf16MatmulKernel(
-        "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa",
-        FAMILY,
-        "sme2",
-        "gemm",
-        LHS_SME,
-        RHS_SME,
-        sme_geometry,
-        bl=None,
+    _kernel("matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa", "sme2", "gemm", LHS_SME, RHS_SME, sme_geometry),
+    _kernel("matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme_mopa", "sme", "gemm", LHS_SME, RHS_SME, sme_geometry),
+    _kernel(
+        "matmul_clamp_f32_bf16p8x4_bf16p12x4b_8x12_neon_mmla", "bf16", "gemm", LHS_NEON_8X4, RHS_NEON, mmla_geometry
     ),
-    Bf16MatmulKernel(
-        "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme_mopa",
-        FAMILY,
-        "sme",
-        "gemm",
-        LHS_SME,
-        RHS_SME,
-        sme_geometry,
-        bl=None,
-    ),
-    Bf16MatmulKernel(
-        "matmul_clamp_f32_bf16p8x4_bf16p12x4b_8x12_neon_mmla",
-        FAMILY,
-        "bf16",
-        "gemm",
-        LHS_NEON_8X4,
-        RHS_NEON,
-        mmla_geometry,
-        bl=None,
-    ),
-    Bf16MatmulKernel(
+    _kernel(
         "matmul_clamp_f32_bf16p1x4_bf16p12x4b_1x36_neon_dot",
-        FAMILY,
         "bf16",
         "gemv",
         LHS_NEON_1X4,
         RHS_NEON,
         dot_geometry,
-        bl=None,
         flags={"two_accumulators": True},
     ),
 ]

@@ -2,8 +2,9 @@
 
 A family module (``kernels/<family>.py``) subclasses :class:`LhsPacker`, :class:`RhsPacker` and
 :class:`MatmulKernel`, implementing one ``_reference`` and one ``_jit`` method each; this module owns
-everything the families share: KleidiAI's size/offset functions, argument validation, clamping, the
-llama.cpp thread split and the :class:`PackedBuffer` provenance check.
+everything the families share: KleidiAI's size/offset functions, argument validation (GET_ROWS arguments
+included), clamping, the llama.cpp thread split and the :class:`PackedBuffer` provenance check (accepting the
+buffers of alternative packers that write the same bytes).
 
 Executions: ``"reference"`` (plain numpy: the readable statement of the math), ``"jit"`` (numba) and
 ``"isa"`` (the instruction-level emulator in :mod:`kleidipy.emulator`, kernels only: packers run their
@@ -16,7 +17,7 @@ import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,20 @@ class Packer:
     def __repr__(self) -> str:
         return f"<{self.side.upper()} packer {self.name}>"
 
+    def _group_index(self, idx: int, idx_name: str, r: int, r_name: str) -> int:
+        """The group of mr rows / nr columns that starts at row/column ``idx`` (KernelShapeError if none does)."""
+        if idx % r:
+            raise KernelShapeError(f"{self.name}: {idx_name} {idx} is not a multiple of {r_name}={r}")
+        return idx // r
+
+    def _check_block_length(self, k: int, bl: int | None) -> None:
+        """The rule of the block-quantized (``blocked``) packers: bl = 32 and k a multiple of it."""
+        if self.blocked:
+            if bl is None or bl != 32:
+                raise KernelShapeError(f"{self.name}: block length bl must be 32, got {bl}")
+            if k % bl:
+                raise KernelShapeError(f"{self.name}: k={k} is not a multiple of the block length {bl}")
+
 
 class LhsPacker(Packer):
     """LHS (activation) quantize+pack. Subclasses implement the layout functions and two executions.
@@ -157,9 +172,7 @@ class LhsPacker(Packer):
         raise NotImplementedError
 
     def get_lhs_packed_offset(self, m_idx: int, k: int, mr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        if m_idx % mr:
-            raise KernelShapeError(f"{self.name}: m_idx {m_idx} is not a multiple of mr={mr}")
-        return (m_idx // mr) * self.get_lhs_packed_stride(k, mr, kr, sr, bl)
+        return self._group_index(m_idx, "m_idx", mr, "mr") * self.get_lhs_packed_stride(k, mr, kr, sr, bl)
 
     def get_lhs_packed_size(self, m: int, k: int, mr: int, kr: int, sr: int, bl: int | None = None) -> int:
         return -(-m // mr) * self.get_lhs_packed_stride(k, mr, kr, sr, bl)
@@ -168,11 +181,7 @@ class LhsPacker(Packer):
         """Family packers extend this with their own rules (kr/sr values, bl)."""
         if m < 0 or k <= 0:
             raise KernelShapeError(f"{self.name}: m={m}, k={k} must be m >= 0, k > 0")
-        if self.blocked:
-            if bl is None or bl != 32:
-                raise KernelShapeError(f"{self.name}: block length bl must be 32, got {bl}")
-            if k % bl:
-                raise KernelShapeError(f"{self.name}: k={k} is not a multiple of the block length {bl}")
+        self._check_block_length(k, bl)
 
     def run(
         self,
@@ -243,9 +252,7 @@ class RhsPacker(Packer):
         raise NotImplementedError
 
     def get_rhs_packed_offset(self, n_idx: int, k: int, nr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        if n_idx % nr:
-            raise KernelShapeError(f"{self.name}: n_idx {n_idx} is not a multiple of nr={nr}")
-        return (n_idx // nr) * self.get_rhs_packed_stride(k, nr, kr, sr, bl)
+        return self._group_index(n_idx, "n_idx", nr, "nr") * self.get_rhs_packed_stride(k, nr, kr, sr, bl)
 
     def get_rhs_packed_size(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None = None) -> int:
         return -(-n // nr) * self.get_rhs_packed_stride(k, nr, kr, sr, bl)
@@ -253,11 +260,14 @@ class RhsPacker(Packer):
     def check_args(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None) -> None:
         if n <= 0 or k <= 0:
             raise KernelShapeError(f"{self.name}: n={n}, k={k} must be positive")
-        if self.blocked:
-            if bl is None or bl != 32:
-                raise KernelShapeError(f"{self.name}: block length bl must be 32, got {bl}")
-            if k % bl:
-                raise KernelShapeError(f"{self.name}: k={k} is not a multiple of the block length {bl}")
+        self._check_block_length(k, bl)
+
+    def check_inputs(self, given: dict[str, np.ndarray | None]) -> None:
+        """The keyword inputs ``given`` (scale, zero, bias) must include every name in ``inputs``; a family packer
+        may refuse others."""
+        for name in self.inputs:
+            if given[name] is None:
+                raise KernelShapeError(f"{self.name}: needs the '{name}' input")
 
     def run(
         self,
@@ -277,10 +287,7 @@ class RhsPacker(Packer):
         """Pack n output channels of k values. Returns the packed buffer (padding as KleidiAI writes it)."""
         execution = check_execution(execution)
         self.check_args(n, k, nr, kr, sr, bl)
-        given = {"scale": scale, "zero": zero, "bias": bias}
-        for name in self.inputs:
-            if given[name] is None:
-                raise KernelShapeError(f"{self.name}: needs the '{name}' input")
+        self.check_inputs({"scale": scale, "zero": zero, "bias": bias})
         impl = self._jit if execution == "jit" else self._reference
         packed = impl(n, k, nr, kr, sr, bl, rhs, scale=scale, zero=zero, bias=bias)
         expected = self.get_rhs_packed_size(n, k, nr, kr, sr, bl)
@@ -292,6 +299,37 @@ class RhsPacker(Packer):
 
     def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
         raise NotImplementedError
+
+    def get_rows_operands(
+        self, rhs_packed: np.ndarray, rows: np.ndarray, n: int, k: int, nr: int, kr: int, sr: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The checked operands of a GET_ROWS (dequantizing output channels ``rows`` straight from a buffer this
+        packer wrote for n channels of k values): the packed bytes (flat uint8, exactly the packed size) and the
+        row ids (int64)."""
+        self.check_args(n, k, nr, kr, sr, 32 if self.blocked else None)
+        layout = getattr(rhs_packed, "layout", None)
+        if layout is not None and (layout.packer, layout.k, layout.mr_or_nr, layout.kr, layout.sr) != (
+            self.name,
+            k,
+            nr,
+            kr,
+            sr,
+        ):
+            raise PackedLayoutMismatchError(
+                f"{self.name}: buffer was packed by {layout.packer} (k={layout.k}, nr={layout.mr_or_nr}, "
+                f"kr={layout.kr}, sr={layout.sr}); GET_ROWS asked for k={k}, nr={nr}, kr={kr}, sr={sr}"
+            )
+        buf = as_u8(rhs_packed, f"{self.name} packed RHS")
+        size = self.get_rhs_packed_size(n, k, nr, kr, sr)
+        if buf.size < size:
+            raise BufferSizeError(f"{self.name}: packed RHS is {buf.size} bytes, n={n}, k={k} needs {size}")
+        idx = np.asarray(rows)
+        if idx.size and idx.dtype.kind not in "iu":
+            raise DTypeError(f"{self.name}: GET_ROWS row ids must be integers, got {idx.dtype}")
+        idx = idx.reshape(-1).astype(np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise KernelShapeError(f"{self.name}: GET_ROWS row ids must be in [0, {n}), got [{idx.min()}, {idx.max()}]")
+        return buf[:size], idx
 
 
 # --------------------------------------------------------------------------------------------- kernels
@@ -329,6 +367,10 @@ class MatmulKernel:
     svl_bits: int | None = None
     #: free-form per-kernel flags the family's compute code reads (e.g. {"first_block_fmul": True}).
     flags: dict[str, Any] = field(default_factory=dict)
+    #: other packers that write the same bytes as ``lhs_packer`` / ``rhs_packer`` (e.g. from another input
+    #: order, or another rounding of the same layout): buffers they packed are accepted too.
+    alt_lhs_packers: tuple[LhsPacker, ...] = ()
+    alt_rhs_packers: tuple[RhsPacker, ...] = ()
 
     # --- identity -----------------------------------------------------------------------------
     @property
@@ -343,8 +385,6 @@ class MatmulKernel:
         """This kernel at a given SVL (SME kernels only; NEON kernels ignore it)."""
         if not self.is_sme:
             return self
-        from dataclasses import replace
-
         return replace(self, svl_bits=check_svl(svl_bits or 512))
 
     def _geo(self) -> Geometry:
@@ -424,8 +464,17 @@ class MatmulKernel:
         return self.rhs_packer.run(n, k, g.nr, g.kr, g.sr, rhs, bl=self.bl, **kw)
 
     # --- run ------------------------------------------------------------------------------------
-    def _check_layout(self, buf: np.ndarray, side: str, rows: int, k: int) -> None:
+    def as_packer_buffer(self, buf: np.ndarray, side: str) -> np.ndarray:
+        """``buf``, relabelled as written by the kernel's own ``side`` packer when an alternative one wrote it."""
         layout = getattr(buf, "layout", None)
+        alternatives = self.alt_lhs_packers if side == "lhs" else self.alt_rhs_packers
+        if layout is not None and layout.packer in {p.name for p in alternatives}:
+            own = self.lhs_packer if side == "lhs" else self.rhs_packer
+            return PackedBuffer(buf, replace(layout, packer=own.name))
+        return buf
+
+    def _check_layout(self, buf: np.ndarray, side: str, rows: int, k: int) -> None:
+        layout = getattr(self.as_packer_buffer(buf, side), "layout", None)
         if layout is None:
             return
         g = self._geo()

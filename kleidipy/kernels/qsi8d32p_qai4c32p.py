@@ -32,24 +32,22 @@ so the NEON kernels use the recipe as written on the stored values (identical un
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
-from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
+from kleidipy.formats import q4_1
 from kleidipy.jit import qsi8d32p_qai4c32p as _jit
 from kleidipy.jit import qsi8d32p_qai4c32p_vnni as _vnni
 from kleidipy.kernels.interface import (
     Geometry,
     LhsPacker,
     MatmulKernel,
-    PackedBuffer,
     RhsPacker,
-    as_u8,
     check_execution,
 )
-from kleidipy.numerics import F16_BITS_TO_F32, fma_f32, round_even
+from kleidipy.numerics import f16_bits_to_f32, fma_f32, round_even
 
 FAMILY = "qsi8d32p_qai4c32p"
 #: jit compute of the SME2 kernels on this host: AVX-512 VNNI where available, else the portable numba loops
@@ -60,8 +58,6 @@ SME2_DOT_COMPUTE = _vnni.best_matmul_sme2_dot()
 BL = _jit.BL
 LHS_BLOCK_BYTES = _jit.LHS_BLOCK_BYTES
 RHS_BLOCK_BYTES = _jit.RHS_BLOCK_BYTES
-#: GGML block_q4_1: f16 d, f16 m, 16 bytes of codes (code j low nibble, code j+16 high nibble).
-Q4_1_BLOCK_BYTES = 20
 
 CodeOrder = Literal["s0s1", "s1s0"]
 
@@ -262,29 +258,8 @@ class Qai4c32pRhsPacker(RhsPacker):
         packed buffer: f32(f32(scale·w) + zero), i.e. scale·(u − 8) + zero with the product rounded first
         (exact for Q4_1 data: an fp16 d times a 4-bit integer), which equals GGML's u·d + m."""
         execution = check_execution(execution)
-        self.check_args(n, k, nr, kr, sr, BL)
-        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise KernelShapeError(
-                f"{self.name}: GET_ROWS row indices must be in [0, {n}), got {idx.min()}..{idx.max()}"
-            )
-        layout = getattr(rhs_packed, "layout", None)
-        if layout is not None and (layout.packer, layout.k, layout.mr_or_nr, layout.kr, layout.sr) != (
-            self.name,
-            k,
-            nr,
-            kr,
-            sr,
-        ):
-            raise PackedLayoutMismatchError(
-                f"{self.name}: GET_ROWS buffer was packed by {layout.packer} (k={layout.k}, nr={layout.mr_or_nr}, "
-                f"kr={layout.kr}, sr={layout.sr}), expected k={k}, nr={nr}, kr={kr}, sr={sr}"
-            )
-        buf = as_u8(rhs_packed, f"{self.name} GET_ROWS")
-        size = self.get_rhs_packed_size(n, k, nr, kr, sr)
-        if buf.size < size:
-            raise BufferSizeError(f"{self.name}: packed RHS is {buf.size} bytes, n={n}, k={k} needs {size}")
-        buf = _writable(buf[:size])
+        buf, idx = self.get_rows_operands(rhs_packed, rows, n, k, nr, kr, sr)
+        buf = _writable(buf)
         if execution == "jit":
             return _jit.get_rows(buf, idx, k, nr, self.chunk(kr, sr), self.neon)
         w, zero, scale, _ = self.unpack(buf, n, k, nr, kr, sr)
@@ -344,17 +319,9 @@ def q4_1_to_qai4c32(
         raise ValueError(f"order must be 's0s1' or 's1s0', got {order!r}")
     if n <= 0 or k <= 0 or k % BL:
         raise KernelShapeError(f"Q4_1: n={n}, k={k}: k must be a positive multiple of {BL}")
-    raw = np.asarray(blocks)
-    if raw.dtype != np.uint8:
-        raise DTypeError(f"Q4_1 blocks must be uint8 bytes, got {raw.dtype}")
-    nb = k // BL
-    if raw.size != n * nb * Q4_1_BLOCK_BYTES:
-        raise BufferSizeError(f"Q4_1: {raw.size} bytes given, n={n}, k={k} is {n * nb * Q4_1_BLOCK_BYTES}")
-    blk = raw.reshape(n, nb, Q4_1_BLOCK_BYTES)
-    halves = np.ascontiguousarray(blk[:, :, :4]).view("<u2")
-    d, m = F16_BITS_TO_F32[halves[..., 0]], F16_BITS_TO_F32[halves[..., 1]]
-    qs = blk[:, :, 4:]
-    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)  # GGML: code j low, code j+16 high
+    d = f16_bits_to_f32(q4_1.d_bits(blocks, n, k))
+    m = f16_bits_to_f32(q4_1.m_bits(blocks, n, k))
+    u = q4_1.codes(blocks, n, k)
     first, second = u[:, 0::2], u[:, 1::2]
     codes = (first << 4 | second) if order == "s0s1" else (first | second << 4)
     zero = m + np.float32(8) * d
@@ -387,22 +354,9 @@ def matmul_reference(
     return acc + bias[None, :]
 
 
-@dataclass
 class Qsi8d32pQai4c32pKernel(MatmulKernel):
-    """A qsi8d32p × qai4c32p kernel. ``alt_rhs_packers`` write the same bytes as ``rhs_packer`` from another
-    input nibble order; buffers they packed are accepted too."""
-
-    alt_rhs_packers: tuple[RhsPacker, ...] = ()
-
-    def as_rhs_packer_buffer(self, buf: np.ndarray) -> np.ndarray:
-        """``buf``, relabelled as written by ``rhs_packer`` when an alternative packer wrote it (same bytes)."""
-        layout = getattr(buf, "layout", None)
-        if layout is not None and layout.packer in {p.name for p in self.alt_rhs_packers}:
-            return PackedBuffer(buf, replace(layout, packer=self.rhs_packer.name))
-        return buf
-
-    def _check_layout(self, buf: np.ndarray, side: str, rows: int, k: int) -> None:
-        super()._check_layout(self.as_rhs_packer_buffer(buf) if side == "rhs" else buf, side, rows, k)
+    """A qsi8d32p × qai4c32p kernel. Its ``alt_rhs_packers`` write the same bytes as ``rhs_packer`` from another
+    input nibble order."""
 
     def _operands(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> tuple:
         g = self._geo()
@@ -430,7 +384,7 @@ def get_rows(
     """GET_ROWS from an RHS packed for ``kernel`` (bound to its SVL for SME2): float32 [len(rows), k]."""
     if not isinstance(kernel, Qsi8d32pQai4c32pKernel):
         raise KernelShapeError(f"{kernel.name} does not read a qai4c32p RHS")
-    packed = kernel.as_rhs_packer_buffer(rhs_packed)
+    packed = kernel.as_packer_buffer(rhs_packed, "rhs")
     return kernel.rhs_packer.get_rows(packed, rows, n, k, kernel.nr, kernel.kr, kernel.sr, execution=execution)
 
 

@@ -13,20 +13,18 @@ inverse (unpack, which is how the reference kernels read packed bytes); the jit 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
+from kleidipy.formats import q4_0
 from kleidipy.jit import qsi8d32p_qsi4c32p as jit
 from kleidipy.jit import qsi8d32p_qsi4c32p_vnni
 from kleidipy.kernels.interface import (
     Geometry,
     LhsPacker,
     MatmulKernel,
-    PackedBuffer,
     RhsPacker,
-    as_u8,
     check_execution,
 )
 from kleidipy.numerics import f16_bits_to_f32, f32_to_f16_bits, fma_f32, round_away, round_even
@@ -77,15 +75,6 @@ def q4_0_blocks(rhs: np.ndarray, n: int, k: int, who: str) -> np.ndarray:
     if flat.size < need:
         raise BufferSizeError(f"{who}: rhs holds {flat.size} bytes, {n} rows of {nb} Q4_0 blocks need {need}")
     return flat[:need].reshape(n, nb, Q4_0_BLOCK_BYTES)
-
-
-def q4_0_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unsigned codes u [n, k] (value (u − 8)·d) and fp16 bits of d [n, k/32] of Q4_0 blocks [n, nb, 18]."""
-    n, nb, _ = blocks.shape
-    qs = blocks[:, :, 2:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, nb * BL)
-    d_bits = blocks[:, :, 0].astype(np.uint16) | (blocks[:, :, 1].astype(np.uint16) << 8)
-    return codes, d_bits
 
 
 def quantize_qsi8d32(lhs: np.ndarray, ties_even: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -264,37 +253,19 @@ class _Qsi4c32pRhsPacker(RhsPacker):
         if self.fixed_kr_sr is not None and (kr, sr) != self.fixed_kr_sr:
             raise KernelShapeError(f"{self.name}: takes only kr={self.fixed_kr_sr[0]}, sr={self.fixed_kr_sr[1]}")
 
-    def run(
-        self,
-        n: int,
-        k: int,
-        nr: int,
-        kr: int,
-        sr: int,
-        rhs: np.ndarray,
-        *,
-        bl: int | None = None,
-        scale: np.ndarray | None = None,
-        zero: np.ndarray | None = None,
-        bias: np.ndarray | None = None,
-        execution: str | None = None,
-    ) -> PackedBuffer:
-        """Pack n rows of GGML Q4_0 blocks (uint8 [n, k/32, 18] or flat); scale, zero and bias must be None."""
-        for name, given in (("scale", scale), ("zero", zero), ("bias", bias)):
-            if given is not None:
+    def check_inputs(self, given: dict[str, np.ndarray | None]) -> None:
+        """Q4_0 blocks (uint8 [n, k/32, 18] or flat) are the only input: scale, zero and bias must be None."""
+        for name, value in given.items():
+            if value is not None:
                 raise KernelShapeError(f"{self.name}: takes no '{name}' input (Q4_0 scales are in the blocks)")
-        return super().run(n, k, nr, kr, sr, rhs, bl=bl, execution=execution)
 
     def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
         return self._pack(q4_0_blocks(rhs, n, k, self.name), nr, kr)
 
     def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
-        return self._pack_jit(_frozen(q4_0_blocks(rhs, n, k, self.name)), nr, kr)
+        return jit.rhs_pack(_frozen(q4_0_blocks(rhs, n, k, self.name)), nr, kr, self.layout)
 
     def _pack(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def _pack_jit(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
         raise NotImplementedError
 
     def unpack(self, packed: np.ndarray, n: int, k: int, nr: int, kr: int) -> tuple[np.ndarray, np.ndarray]:
@@ -322,23 +293,7 @@ class _Qsi4c32pRhsPacker(RhsPacker):
         if not self.has_get_rows:
             raise KernelShapeError(f"{self.name}: GET_ROWS is not supported on this layout (its scales are d/16)")
         sr = self.fixed_kr_sr[1] if self.fixed_kr_sr else 2
-        self.check_args(n, k, nr, kr, sr, BL)
-        layout = getattr(rhs_packed, "layout", None)
-        if layout is not None and (layout.packer, layout.k, layout.mr_or_nr, layout.kr) != (self.name, k, nr, kr):
-            raise PackedLayoutMismatchError(
-                f"{self.name}: buffer was packed by {layout.packer} (k={layout.k}, nr={layout.mr_or_nr}, "
-                f"kr={layout.kr}); GET_ROWS asked for k={k}, nr={nr}, kr={kr}"
-            )
-        buf = as_u8(rhs_packed, f"{self.name} packed RHS")
-        need = self.get_rhs_packed_size(n, k, nr, kr, sr)
-        if buf.size < need:
-            raise BufferSizeError(f"{self.name}: packed RHS is {buf.size} bytes, n={n}, k={k} needs {need}")
-        idx = np.asarray(rows)
-        if idx.dtype.kind not in "iu":
-            raise DTypeError(f"{self.name}: row ids must be integers, got {idx.dtype}")
-        idx = idx.reshape(-1).astype(np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise KernelShapeError(f"{self.name}: row ids must be in [0, {n}), got [{idx.min()}, {idx.max()}]")
+        buf, idx = self.get_rows_operands(rhs_packed, rows, n, k, nr, kr, sr)
         if execution == "jit":
             return jit.get_rows(_frozen(buf), _frozen(idx), k, nr, kr, self.layout)
         w, scale = self.unpack(buf, n, k, nr, kr)
@@ -371,9 +326,6 @@ class RhsPackNxkQsi4c32pscalef16Qsu4c32s16s0(_Qsi4c32pRhsPacker):
         scales = padded[:, :, :2].reshape(groups, nr, nb, 2).transpose(0, 2, 1, 3).reshape(groups, nb, 2 * nr)
         return np.concatenate([scales, qs.reshape(groups, nb, nr * 16)], axis=2).reshape(-1)
 
-    def _pack_jit(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
-        return jit.rhs_pack_qsi4c32pscalef16(blocks, nr, kr)
-
     def unpack(self, packed: np.ndarray, n: int, k: int, nr: int, kr: int) -> tuple[np.ndarray, np.ndarray]:
         nb, half = k // BL, kr // 2
         groups = -(-n // nr)
@@ -385,7 +337,48 @@ class RhsPackNxkQsi4c32pscalef16Qsu4c32s16s0(_Qsi4c32pRhsPacker):
         return w[:n], f16_bits_to_f32(scales[:n])
 
 
-class RhsPackNxkQsi4c32ps1s0scalef16Qsu4c32s16s0Neon(_Qsi4c32pRhsPacker):
+class _SmeQsi4c32pRhsPacker(_Qsi4c32pRhsPacker):
+    """The SME layouts (kr=4, sr=2): per group of nr rows, the data first, a ``unit``-byte value per (K unit U of
+    the row's codes, row r) at (U·nr + r)·unit, then the stored fp16 scales block-major. Padding rows are 0.
+    Subclasses give a row's units from its codes and back, and the stored scale."""
+
+    #: bytes of one row's value at each data position
+    unit: int
+
+    def _units(self, codes: np.ndarray) -> np.ndarray:
+        """uint8 [rows, k / (2·unit), unit] of unsigned codes u [rows, k]."""
+        raise NotImplementedError
+
+    def _values(self, units: np.ndarray) -> np.ndarray:
+        """Signed int4 values w = u − 8, int8 [rows, k], of units [rows, k / (2·unit), unit]."""
+        raise NotImplementedError
+
+    def _scale_bits(self, d_bits: np.ndarray) -> np.ndarray:
+        """The stored fp16 scales of the blocks' d (fp16 bits)."""
+        return d_bits
+
+    def _pack(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
+        n, nb, _ = blocks.shape
+        groups = -(-n // nr)
+        units = np.zeros((groups * nr, nb * 16 // self.unit, self.unit), np.uint8)
+        scales = np.zeros((groups * nr, nb), np.uint16)
+        units[:n] = self._units(q4_0.codes(blocks))
+        scales[:n] = self._scale_bits(q4_0.d_bits(blocks))
+        data = units.reshape(groups, nr, -1, self.unit).transpose(0, 2, 1, 3).reshape(groups, -1)
+        scale_bytes = _fp16_le_bytes(scales.reshape(groups, nr, nb).transpose(0, 2, 1)).reshape(groups, -1)
+        return np.concatenate([data, scale_bytes], axis=1).reshape(-1)
+
+    def unpack(self, packed: np.ndarray, n: int, k: int, nr: int, kr: int) -> tuple[np.ndarray, np.ndarray]:
+        nb = k // BL
+        groups = -(-n // nr)
+        group_bytes = packed[: groups * nr * nb * Q4_0_BLOCK_BYTES].reshape(groups, nr * nb * Q4_0_BLOCK_BYTES)
+        units = group_bytes[:, : nr * nb * 16].reshape(groups, -1, nr, self.unit).transpose(0, 2, 1, 3)
+        scales = _fp16_from_le_bytes(group_bytes[:, nr * nb * 16 :]).reshape(groups, nb, nr).transpose(0, 2, 1)
+        w = self._values(units.reshape(groups * nr, -1, self.unit)[:n])
+        return w, f16_bits_to_f32(scales.reshape(groups * nr, nb)[:n])
+
+
+class RhsPackNxkQsi4c32ps1s0scalef16Qsu4c32s16s0Neon(_SmeQsi4c32pRhsPacker):
     """``kai_run_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon`` (§4.1, SME2 kernels; kr=4, sr=2).
 
     Data first: a uint16 per (4-value K group G, row r) at index G·nr + r holding the unsigned codes of
@@ -395,35 +388,20 @@ class RhsPackNxkQsi4c32ps1s0scalef16Qsu4c32s16s0Neon(_Qsi4c32pRhsPacker):
 
     name = "rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon"
     layout = jit.RHS_S1S0
+    unit = 2
 
-    def _pack(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
-        n, nb, _ = blocks.shape
-        groups = -(-n // nr)
-        codes, d_bits = q4_0_codes(blocks)
-        u = np.zeros((groups * nr, nb * BL), np.uint16)
-        d = np.zeros((groups * nr, nb), np.uint16)
-        u[:n], d[:n] = codes, d_bits
-        quads = u.reshape(groups, nr, nb * 8, 4)
+    def _units(self, codes: np.ndarray) -> np.ndarray:
+        quads = codes.astype(np.uint16).reshape(codes.shape[0], -1, 4)
         words = quads[..., 0] | quads[..., 1] << 4 | quads[..., 2] << 8 | quads[..., 3] << 12
-        data = _fp16_le_bytes(words.transpose(0, 2, 1)).reshape(groups, -1)
-        scales = _fp16_le_bytes(d.reshape(groups, nr, nb).transpose(0, 2, 1)).reshape(groups, -1)
-        return np.concatenate([data, scales], axis=1).reshape(-1)
+        return _fp16_le_bytes(words).reshape(codes.shape[0], -1, 2)
 
-    def _pack_jit(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
-        return jit.rhs_pack_qsi4c32ps1s0scalef16(blocks, nr)
-
-    def unpack(self, packed: np.ndarray, n: int, k: int, nr: int, kr: int) -> tuple[np.ndarray, np.ndarray]:
-        nb = k // BL
-        groups = -(-n // nr)
-        group_bytes = packed[: groups * nr * nb * Q4_0_BLOCK_BYTES].reshape(groups, nr * nb * Q4_0_BLOCK_BYTES)
-        words = _fp16_from_le_bytes(group_bytes[:, : nr * nb * 16]).reshape(groups, nb * 8, nr).transpose(0, 2, 1)
-        codes = np.stack([(words >> (4 * e)) & 0x0F for e in range(4)], axis=-1).reshape(groups * nr, k)
-        scales = _fp16_from_le_bytes(group_bytes[:, nr * nb * 16 :]).reshape(groups, nb, nr).transpose(0, 2, 1)
-        w = (codes.astype(np.int8) - 8).astype(np.int8)
-        return w[:n], f16_bits_to_f32(scales.reshape(groups * nr, nb)[:n])
+    def _values(self, units: np.ndarray) -> np.ndarray:
+        words = _fp16_from_le_bytes(units.reshape(units.shape[0], -1))
+        codes = np.stack([(words >> (4 * e)) & 0x0F for e in range(4)], axis=-1).reshape(units.shape[0], -1)
+        return (codes.astype(np.int8) - 8).astype(np.int8)
 
 
-class RhsPackNxkQsi4c32ps4s0sf16Qsu4c32s16s0Neon(_Qsi4c32pRhsPacker):
+class RhsPackNxkQsi4c32ps4s0sf16Qsu4c32s16s0Neon(_SmeQsi4c32pRhsPacker):
     """``kai_run_rhs_pack_nxk_qsi4c32ps4s0sf16_qsu4c32s16s0_neon`` (SME1 kernels; kr=4, sr=2; golden README).
 
     Data first: a uint32 per (8-value packet p of block b, row r) at index (b·4 + p)·nr + r; its byte j holds the
@@ -435,32 +413,18 @@ class RhsPackNxkQsi4c32ps4s0sf16Qsu4c32s16s0Neon(_Qsi4c32pRhsPacker):
     layout = jit.RHS_S4S0
     dot_multiplier = 16
     has_get_rows = False
+    unit = 4
 
-    def _pack(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
-        n, nb, _ = blocks.shape
-        groups = -(-n // nr)
-        codes, d_bits = q4_0_codes(blocks)
-        packets = codes.reshape(n, nb, 4, 2, 4)  # [row, block, packet, low/high half, j]
-        data = np.zeros((groups * nr, nb, 4, 4), np.uint8)
-        data[:n] = (packets[:, :, :, 0] | packets[:, :, :, 1] << 4) ^ 0x88
-        scales = np.zeros((groups * nr, nb), np.uint16)
-        scales[:n] = f32_to_f16_bits(f16_bits_to_f32(d_bits) / np.float32(16))
-        data = data.reshape(groups, nr, nb * 4, 4).transpose(0, 2, 1, 3).reshape(groups, -1)
-        scale_bytes = _fp16_le_bytes(scales.reshape(groups, nr, nb).transpose(0, 2, 1)).reshape(groups, -1)
-        return np.concatenate([data, scale_bytes], axis=1).reshape(-1)
+    def _units(self, codes: np.ndarray) -> np.ndarray:
+        packets = codes.reshape(codes.shape[0], -1, 2, 4)  # [row, packet, low/high half, j]
+        return (packets[:, :, 0] | packets[:, :, 1] << 4) ^ 0x88
 
-    def _pack_jit(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:
-        return jit.rhs_pack_qsi4c32ps4s0sf16(blocks, nr)
+    def _values(self, units: np.ndarray) -> np.ndarray:
+        halves = units[:, :, None, :]
+        return np.concatenate([_sext4(halves & 0x0F), _sext4(halves >> 4)], axis=2).reshape(units.shape[0], -1)
 
-    def unpack(self, packed: np.ndarray, n: int, k: int, nr: int, kr: int) -> tuple[np.ndarray, np.ndarray]:
-        nb = k // BL
-        groups = -(-n // nr)
-        group_bytes = packed[: groups * nr * nb * Q4_0_BLOCK_BYTES].reshape(groups, nr * nb * Q4_0_BLOCK_BYTES)
-        data = group_bytes[:, : nr * nb * 16].reshape(groups, nb * 4, nr, 4).transpose(0, 2, 1, 3)
-        data = data.reshape(groups * nr, nb, 4, 1, 4)
-        w = np.concatenate([_sext4(data & 0x0F), _sext4(data >> 4)], axis=3).reshape(groups * nr, k)
-        scales = _fp16_from_le_bytes(group_bytes[:, nr * nb * 16 :]).reshape(groups, nb, nr).transpose(0, 2, 1)
-        return w[:n], f16_bits_to_f32(scales.reshape(groups * nr, nb)[:n])
+    def _scale_bits(self, d_bits: np.ndarray) -> np.ndarray:
+        return f32_to_f16_bits(f16_bits_to_f32(d_bits) / np.float32(16))
 
 
 LHS_QSI8D32P_F32 = LhsQuantPackQsi8d32pF32()
@@ -513,12 +477,9 @@ SME_JIT_COMPUTE: dict[str, Callable[..., np.ndarray]] = {
 }
 
 
-@dataclass
 class Qsi8d32pQsi4c32pKernel(MatmulKernel):
     """A matmul kernel of the family. ``flags["first_block_fmul"]`` marks the MOPA kernels (−0.0 quirk);
     ``alt_lhs_packers`` lists LHS packers whose buffers share the kernel's layout (accepted by ``run``)."""
-
-    alt_lhs_packers: tuple[LhsPacker, ...] = ()
 
     def _reference(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         g = self._geo()
@@ -534,12 +495,6 @@ class Qsi8d32pQsi4c32pKernel(MatmulKernel):
             compute = SME_JIT_COMPUTE[self.rhs_packer.name]
             return compute(m, n, k, g.mr, g.nr, lhs, rhs, self.flags.get("first_block_fmul", False))
         return jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, g.mr, g.nr, g.kr, g.sr, lhs, rhs)
-
-    def _check_layout(self, buf: np.ndarray, side: str, rows: int, k: int) -> None:
-        layout = getattr(buf, "layout", None)
-        if side == "lhs" and layout is not None and layout.packer in {p.name for p in self.alt_lhs_packers}:
-            buf = PackedBuffer(buf, replace(layout, packer=self.lhs_packer.name))
-        super()._check_layout(buf, side, rows, k)
 
 
 def _sme_gemm(vl: int) -> Geometry:
