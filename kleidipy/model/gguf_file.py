@@ -65,6 +65,9 @@ VECTOR_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 class GGUFError(KleidipyError):
     """Base of every error raised while opening or validating a GGUF file."""
 
+    def __str__(self) -> str:  # names read from a corrupt file may hold control characters: keep one line
+        return super().__str__().replace("\r", "\\r").replace("\n", "\\n")
+
 
 class GGUFOpenError(GGUFError, OSError):
     """The file cannot be opened or mapped (missing, unreadable, empty)."""
