@@ -341,12 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         p = sub.add_parser(name, help=help_text, description=desc)
-        p.add_argument(
-            "-m",
-            "--model",
-            default="smollm2-135m-instruct",
-            help="GGUF file or catalogue name (default: smollm2-135m-instruct, pulled on first use)",
-        )
+        _add_runtime_args(p, quiet="no progress bars or timing line")
         if name == "run":
             p.add_argument("-p", "--prompt", help="the prompt text")
             p.add_argument("-f", "--file", help="read the prompt from this UTF-8 text file")
@@ -354,22 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--system", help="system message")
         p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate at most (default 128)")
-        p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
-        p.add_argument("-c", "--ctx-size", type=int, default=None, help="context size (default: the model's)")
         p.add_argument("--temp", type=float, default=0.0 if name == "run" else 0.8, help="temperature (0 = greedy)")
         p.add_argument("--top-k", type=int, default=40, help="top-k sampling (default 40, 0 = off)")
         p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default 0.95)")
         p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling (default 0.05)")
         p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1.0 = off)")
         p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same text)")
-        p.add_argument(
-            "--execution",
-            default="jit",
-            choices=list(interface.EXECUTIONS),
-            help="how kernels run on this host: jit (default), reference (numpy) or isa (emulator, slow)",
-        )
-        p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or timing line")
-        _add_target_arg(p)
         p.set_defaults(func=_cmd_run if name == "run" else _cmd_chat)
 
     from kleidipy.trace import DEFAULT_PROMPT
@@ -381,16 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
         "runtime operation down to the KleidiAI packers and kernels that ran, with call counts, time and bytes "
         "per kernel and per weight. --json for machines, --chrome-trace FILE for Perfetto / chrome://tracing.",
     )
-    p.add_argument("-m", "--model", default="smollm2-135m-instruct", help="GGUF file or catalogue name")
+    _add_runtime_args(p, quiet=None)
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("-n", "--n-predict", type=int, default=8, help="tokens to decode (default 8)")
-    p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context size (default: the model's)")
-    p.add_argument("--execution", default="jit", choices=list(interface.EXECUTIONS), help="kernel execution")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--chrome-trace", metavar="FILE", help="also write a Chrome trace-event file")
-    _add_target_arg(p)
     p.set_defaults(func=_cmd_trace)
 
     p = sub.add_parser(
@@ -435,18 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a model over an OpenAI-compatible API: GET /health, GET /v1/models, POST "
         "/v1/chat/completions (the GGUF's chat template), POST /v1/completions, with stream: true as server-sent "
         "events. --parallel slots share one loaded model, each with its own KV cache; more requests wait in a "
-        "FIFO queue. Binds to loopback unless --host says otherwise.",
+        "FIFO queue; -c is the total context, split between the slots. Binds to loopback unless --host says otherwise.",
     )
-    p.add_argument("-m", "--model", default="smollm2-135m-instruct", help="GGUF file or catalogue name")
+    _add_runtime_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
-    p.add_argument("-c", "--ctx-size", "--ctx", type=int, default=None, help="total context, split between slots")
     p.add_argument("--parallel", type=int, default=4, help="concurrent generation slots (default 4)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
-    p.add_argument("--execution", default="jit", choices=list(interface.EXECUTIONS), help="kernel execution")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    _add_target_arg(p)
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser(
@@ -469,14 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure prompt processing (pp, one batch: GEMM kernels) and text generation (tg, one token "
         "at a time: GEMV kernels) in tokens/s, mean ± stdev over repetitions, for each thread count.",
     )
-    p.add_argument("-m", "--model", default="smollm2-135m-instruct", help="GGUF file or catalogue name")
+    _add_runtime_args(p, thread_list=True, ctx=False, quiet="no progress bar")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test, default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test, default 128)")
-    p.add_argument("-t", "--threads", default="1", help="comma-separated thread counts (default 1)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
-    p.add_argument("--execution", default="jit", choices=list(interface.EXECUTIONS), help="kernel execution")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _add_target_arg(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
@@ -488,6 +460,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")
     p.set_defaults(func=_cmd_models)
     return parser
+
+
+def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, ctx: bool = True,
+                      quiet: str | None = "no progress bars") -> None:  # fmt: skip
+    """The options every command that runs a model shares: model, threads, context, execution, target, quiet."""
+    p.add_argument(
+        "-m",
+        "--model",
+        default="smollm2-135m-instruct",
+        help="GGUF file or catalogue name (default: smollm2-135m-instruct, pulled on first use)",
+    )
+    if thread_list:
+        p.add_argument("-t", "--threads", default="1", help="comma-separated thread counts (default 1)")
+    else:
+        p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
+    if ctx:
+        p.add_argument("-c", "--ctx-size", "--ctx", type=int, default=None, help="context size (default: the model's)")
+    p.add_argument(
+        "--execution",
+        default="jit",
+        choices=list(interface.EXECUTIONS),
+        help="how kernels run on this host: jit (default), reference (numpy) or isa (emulator, slow)",
+    )
+    if quiet:
+        p.add_argument("-q", "--quiet", action="store_true", help=quiet)
+    _add_target_arg(p)
 
 
 def _add_target_arg(p: argparse.ArgumentParser) -> None:
