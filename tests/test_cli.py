@@ -101,3 +101,12 @@ def test_invalid_utf8_prompts(tmp_path):
     )
     one_line_error(proc, "not valid UTF-8")
     one_line_error(run_cli("run", "-q"), "-p TEXT or -f FILE")
+
+
+def test_chat_keeps_history_and_quits():
+    proc = run_cli(
+        "chat", "-n", "6", "--temp", "0", "-q", input="What is the capital of France?\nAnd of Italy?\n/exit\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    replies = [line for line in proc.stdout.split("> ") if line.strip()]
+    assert len(replies) == 2 and all(r.strip() for r in replies)
