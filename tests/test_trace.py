@@ -7,27 +7,26 @@ import json
 from pathlib import Path
 
 import pytest
+from model_files import SMOLLM2, model_file
 
 from kleidipy import backend
 from kleidipy.backend import KleidiBackend
 from kleidipy.errors import KleidipyError
 from kleidipy.kernels.interface import MatmulKernel
 from kleidipy.model.generate import PromptError
-from kleidipy.model.pull import model_path
 from kleidipy.target import resolve_target, select_kernels
 from kleidipy.trace import Op, Stage, Tracer, call_tree, chrome_trace, format_text, run_trace, to_json, trace_generation
 
-MODEL = "smollm2-135m-instruct"
+MODEL = SMOLLM2
 TARGET = "sme2:svl=512"
 GEMM_Q4_1 = "kai_run_matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa"
 GEMV_Q4_1 = "kai_run_matmul_clamp_f32_qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot"
 #: matmul weights of a llama block: q, k, v, output, gate, up, down
 PER_LAYER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
-pytestmark = pytest.mark.skipif(model_path(MODEL) is None, reason=f"{MODEL} is not pulled")
-
 HOOKS = {
     "TRACE_HOOK": lambda: backend.TRACE_HOOK,
+    "REPACK_HOOK": lambda: backend.REPACK_HOOK,
     "KleidiBackend.__call__": lambda: KleidiBackend.__dict__["__call__"],
     "MatmulKernel.pack_rhs": lambda: MatmulKernel.__dict__["pack_rhs"],
 }
@@ -35,6 +34,7 @@ HOOKS = {
 
 @pytest.fixture(scope="module")
 def originals() -> dict:
+    model_file(MODEL)  # pulled like `kleidipy pull` does, if this machine does not have it yet
     return {name: get() for name, get in HOOKS.items()}
 
 
