@@ -146,8 +146,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise PromptError("give the prompt with -p TEXT or -f FILE (one of them)")
     args.prompt = read_prompt_file(args.file) if args.file else check_prompt_text(args.prompt)
     engine = _engine(args)
-    ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat else engine.prompt(args.prompt)
-    if not args.chat:
+    chat = args.chat
+    if chat is None:  # like llama.cpp's chat tools for a question, a plain completion otherwise
+        chat = args.prompt.rstrip().endswith("?") and engine.chat_template.from_model
+    ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if chat else engine.prompt(args.prompt)
+    if not chat:
         print(args.prompt, end="", flush=True)
     for piece in engine.generate(ids, args.n_predict, _sampling(args), seed=args.seed):
         print(piece, end="", flush=True)
@@ -345,7 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("-p", "--prompt", help="the prompt text")
             p.add_argument("-f", "--file", help="read the prompt from this UTF-8 text file")
-            p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+            p.add_argument(
+                "--chat",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="wrap the prompt in the model's chat template (default: when the prompt is a question, i.e. "
+                "ends with '?', and the model has a template; --no-chat continues the text as it is)",
+            )
         else:
             p.add_argument("--system", help="system message")
         p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate at most (default 128)")

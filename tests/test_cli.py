@@ -110,3 +110,11 @@ def test_chat_keeps_history_and_quits():
     assert proc.returncode == 0, proc.stderr
     replies = [line for line in proc.stdout.split("> ") if line.strip()]
     assert len(replies) == 2 and all(r.strip() for r in replies)
+
+
+def test_question_uses_the_chat_template_by_default():
+    proc = run_cli("run", "-p", "What is the capital of France?", "-n", "6", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() and not proc.stdout.startswith("What is")  # an answer, not an echoed completion
+    raw = run_cli("run", "-p", "What is the capital of France?", "--no-chat", "-n", "2", "-q")
+    assert raw.returncode == 0 and raw.stdout.startswith("What is the capital of France?")

@@ -48,6 +48,7 @@ class ChatTemplate:
 
     def __init__(self, source: str | None = None, bos_token: str = "", eos_token: str = "") -> None:
         self.source = source or CHATML_TEMPLATE
+        self.from_model = bool(source)  # False: the ChatML fallback for a GGUF without a template
         self.bos_token = bos_token
         self.eos_token = eos_token
         env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True)
