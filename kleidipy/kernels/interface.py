@@ -141,6 +141,10 @@ class Packer:
     def __repr__(self) -> str:
         return f"<{self.side.upper()} packer {self.name}>"
 
+    def _impl(self, execution: str) -> Callable:
+        """The packing function of an execution (packers run their reference under the emulator)."""
+        return self._jit if execution == "jit" else self._reference
+
     def _group_index(self, idx: int, idx_name: str, r: int, r_name: str) -> int:
         """The group of mr rows / nr columns that starts at row/column ``idx`` (KernelShapeError if none does)."""
         if idx % r:
@@ -210,7 +214,7 @@ class LhsPacker(Packer):
         self.check_args(m, k, mr, kr, sr, bl)
         rows = as_f32_rows(lhs, m, k, self.name, lhs_stride)
         check_finite(rows, self.name)
-        impl = self._jit if execution == "jit" else self._reference
+        impl = self._impl(execution)
         size = self.get_lhs_packed_size(m + m_idx_start % mr, k, mr, kr, sr, bl)
         out = np.zeros(size, dtype=np.uint8)
         if m_idx_start % mr == 0 and threads > 1 and m > mr:
@@ -291,7 +295,7 @@ class RhsPacker(Packer):
         execution = check_execution(execution)
         self.check_args(n, k, nr, kr, sr, bl)
         self.check_inputs({"scale": scale, "zero": zero, "bias": bias})
-        impl = self._jit if execution == "jit" else self._reference
+        impl = self._impl(execution)
         packed = impl(n, k, nr, kr, sr, bl, rhs, scale=scale, zero=zero, bias=bias)
         expected = self.get_rhs_packed_size(n, k, nr, kr, sr, bl)
         assert packed.size == expected, (self.name, packed.size, expected)
@@ -549,9 +553,8 @@ class MatmulKernel:
         if math.isnan(clamp_min) or math.isnan(clamp_max) or clamp_min > clamp_max:
             raise KernelShapeError(f"{self.name}: clamp range [{clamp_min}, {clamp_max}] is not ordered")
         self._check_layout(lhs_packed, "lhs", m, k)
-        self._check_layout(rhs_packed, "rhs", n, k)
+        rhs = self._rhs_bytes(rhs_packed, n, k)
         lhs = as_u8(lhs_packed, f"{self.name} LHS") if self.lhs_packer else np.asarray(lhs_packed)
-        rhs = as_u8(rhs_packed, f"{self.name} RHS")
         if self.lhs_packer is None:
             if lhs.dtype != np.float32:
                 raise DTypeError(f"{self.name}: LHS must be float32, got {lhs.dtype}")
@@ -562,35 +565,41 @@ class MatmulKernel:
             raise BufferSizeError(
                 f"{self.name}: LHS packed buffer is {lhs.size} bytes, m={m}, k={k} needs {self.lhs_packed_size(m, k)}"
             )
+        out = self._dst_view(dst, m, n, dst_stride_row)
+        out[:, :] = clamp_f32(self._compute(self._impl(execution), m, n, k, lhs, rhs, threads), clamp_min, clamp_max)
+        return out
+
+    def _impl(self, execution: str) -> Callable:
+        return {"reference": self._reference, "jit": self._jit, "isa": self._isa}[execution]
+
+    def _rhs_bytes(self, rhs_packed: np.ndarray, n: int, k: int) -> np.ndarray:
+        """The packed RHS as flat bytes, after checking its layout (if known) and its size for n, k."""
+        self._check_layout(rhs_packed, "rhs", n, k)
+        rhs = as_u8(rhs_packed, f"{self.name} RHS")
         if rhs.size < self.rhs_packed_size(n, k):
             raise BufferSizeError(
                 f"{self.name}{self._svl_text()}: RHS packed buffer is {rhs.size} bytes, "
                 f"n={n}, k={k} needs {self.rhs_packed_size(n, k)}"
             )
-        out = self._dst_view(dst, m, n, dst_stride_row)
-        impl = {"reference": self._reference, "jit": self._jit, "isa": self._isa}[execution]
-        out[:, :] = clamp_f32(self._compute(impl, m, n, k, lhs, rhs, threads), clamp_min, clamp_max)
-        return out
+        return rhs
 
     def prepare(
         self, n: int, k: int, rhs_packed: np.ndarray, *, execution: str | None = None, threads: int = 1
     ) -> Callable[[np.ndarray], np.ndarray]:
-        """Validate packed weights once and return ``x -> x·Wᵀ`` (float32 [m, k] -> [m, n], no clamping).
+        """Validate packed weights once and return ``x -> x·Wᵀ`` (float32 [m, k] -> [m, n], clamped to
+        ±FLT_MAX as llama.cpp calls the kernels).
 
         This is what a runtime calls per MUL_MAT: the returned function only checks the activations (dtype,
         shape, finite) and runs the LHS quantize+pack and the kernel, as ``pack_lhs`` + ``run`` would.
         """
         execution = check_execution(execution)
         self.check_args(self.mr if self.kind == "gemm" else 1, n, k)
-        self._check_layout(rhs_packed, "rhs", n, k)
-        rhs = as_u8(rhs_packed, f"{self.name} RHS")
-        if rhs.size < self.rhs_packed_size(n, k):
-            raise BufferSizeError(f"{self.name}{self._svl_text()}: RHS packed buffer is too small for n={n}, k={k}")
-        impl = {"reference": self._reference, "jit": self._jit, "isa": self._isa}[execution]
+        rhs = self._rhs_bytes(rhs_packed, n, k)
+        impl = self._impl(execution)
         g, packer, bl = self._geo(), self.lhs_packer, self.bl
         pack = None
         if packer is not None:
-            pack = packer._jit if execution == "jit" else packer._reference
+            pack = packer._impl(execution)
             packer.check_args(1, k, g.mr, g.kr, g.sr, bl)
 
         lo, hi = np.float32(-FLT_MAX), np.float32(FLT_MAX)
