@@ -210,18 +210,21 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shape(text: str) -> tuple[int, int, int]:
+    """--shape M,N,K as three integers (a one-line error otherwise)."""
+    try:
+        m, n, k = (int(v) for v in text.split(","))
+    except ValueError:
+        raise KleidipyError(f"--shape takes M,N,K (three integers), got {text!r}") from None
+    return m, n, k
+
+
 def _cmd_layout(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kleidipy.layout import render_layout
 
-    m = n = k = None
-    if args.shape:
-        try:
-            m, n, k = (int(v) for v in args.shape.split(","))
-        except ValueError:
-            raise KleidipyError(f"--shape takes M,N,K (three integers), got {args.shape!r}") from None
-    dims = {"m": m, **({"n": n, "k": k} if n is not None else {})}
+    dims = dict(zip(("m", "n", "k"), _shape(args.shape), strict=True)) if args.shape else {}
     print(
         render_layout(args.kernel, svl_bits=args.svl, out=Path(args.out) if args.out else None, text=args.text, **dims)
     )
@@ -231,11 +234,7 @@ def _cmd_layout(args: argparse.Namespace) -> int:
 def _cmd_emulate(args: argparse.Namespace) -> int:
     from kleidipy.emulator import emulate_report
 
-    try:
-        m, n, k = (int(v) for v in args.shape.split(","))
-    except ValueError:
-        raise KleidipyError(f"--shape takes M,N,K (three integers), got {args.shape!r}") from None
-    report = emulate_report(args.kernel, m, n, k, args.svl, args.trace, args.seed)
+    report = emulate_report(args.kernel, *_shape(args.shape), args.svl, args.trace, args.seed)
     print(report)
     return 0 if "bit-exact with the jit execution: yes" in report else 1
 
@@ -390,13 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quantized+packed LHS, each byte or nibble labelled 'row,k'. The map comes from running the real packers "
         "on label-encoding inputs. Default: the seeds' example (LHS [16,64], RHS [64,64] Q4_0, SVL 512, SME2 MOPA).",
     )
-    p.add_argument(
-        "--kernel",
-        default="kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
-        help="catalogue kernel name (default: the SME2 Q4_0 MOPA GEMM)",
-    )
-    p.add_argument("--shape", metavar="M,N,K", help="problem shape (default 16,64,64; m=1 for GEMV kernels)")
-    p.add_argument("--svl", type=int, default=512, help="SME streaming vector length in bits (default 512)")
+    _add_kernel_args(p, shape=None, shape_help="problem shape (default 16,64,64; m=1 for GEMV kernels)")
     p.add_argument("--out", metavar="FILE", help="write a picture (.png or .svg)")
     p.add_argument("--text", action="store_true", help="print the full byte-by-byte table")
     p.set_defaults(func=_cmd_layout)
@@ -408,13 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on packed random inputs, check the result against the jit execution bit for bit, and print the "
         "instruction counts and bytes moved; --trace adds a readable log of the first K block.",
     )
-    p.add_argument(
-        "--kernel",
-        default="kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
-        help="catalogue kernel name (default: the SME2 Q4_0 MOPA GEMM)",
-    )
-    p.add_argument("--shape", default="16,64,64", metavar="M,N,K", help="problem shape (default 16,64,64)")
-    p.add_argument("--svl", type=int, default=512, help="SME streaming vector length in bits (default 512)")
+    _add_kernel_args(p, shape="16,64,64", shape_help="problem shape (default 16,64,64)")
     p.add_argument("--trace", action="store_true", help="print the step-by-step log of the first block")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.set_defaults(func=_cmd_emulate)
@@ -495,6 +482,17 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
     if quiet:
         p.add_argument("-q", "--quiet", action="store_true", help=quiet)
     _add_target_arg(p)
+
+
+def _add_kernel_args(p: argparse.ArgumentParser, shape: str | None, shape_help: str) -> None:
+    """--kernel, --shape and --svl: one kernel at one problem shape (the seeds' example by default)."""
+    p.add_argument(
+        "--kernel",
+        default="kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
+        help="catalogue kernel name (default: the SME2 Q4_0 MOPA GEMM)",
+    )
+    p.add_argument("--shape", default=shape, metavar="M,N,K", help=shape_help)
+    p.add_argument("--svl", type=int, default=512, help="SME streaming vector length in bits (default 512)")
 
 
 def _add_target_arg(p: argparse.ArgumentParser) -> None:
