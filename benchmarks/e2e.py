@@ -99,24 +99,29 @@ def weight_bytes(g: GGUFFile) -> int:
     return total
 
 
+def _pp_tg(reset, run, n_vocab: int, n_prompt: int, n_gen: int, reps: int) -> tuple[list, list]:  # noqa: ANN001
+    """pp and tg tokens/s of an engine given as ``reset()`` and ``run(token_ids)``: the same random prompt and the
+    same fixed decode tokens for every engine (decode cost only, no sampling), after one warm-up pass."""
+    rng = np.random.default_rng(0)
+    ids = [int(i) for i in rng.integers(3, n_vocab, n_prompt)]
+    gen_ids = [int(i) for i in rng.integers(3, n_vocab, n_gen)]
+    run(ids[:8])  # warm-up: JIT caches, page-in
+    pp, tg = [], []
+    for _ in range(reps):
+        reset()
+        pp.append(n_prompt / _timed(lambda: run(ids)))
+        t0 = time.perf_counter()
+        for tok in gen_ids:
+            run([tok])
+        tg.append(n_gen / (time.perf_counter() - t0))
+    return pp, tg
+
+
 def bench_kleidipy(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int, target) -> tuple[list, list]:  # noqa: ANN001
     g = GGUFFile(path)
     arch = {"llama": Llama, "qwen2": Qwen2}[g.architecture]
     lm = arch(g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=n_prompt + n_gen + 8)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(3, g.hparams.n_vocab, n_prompt)
-    gen_ids = [int(i) for i in rng.integers(3, g.hparams.n_vocab, n_gen)]  # fixed tokens: decode cost only
-    lm.forward(ids[:8])  # warm-up: JIT caches, page-in
-    lm.reset()
-    pp, tg = [], []
-    for _ in range(reps):
-        lm.reset()
-        pp.append(n_prompt / _timed(lambda: lm.forward(ids)))
-        t0 = time.perf_counter()
-        for tok in gen_ids:
-            lm.forward([tok])
-        tg.append(n_gen / (time.perf_counter() - t0))
-    return pp, tg
+    return _pp_tg(lm.reset, lm.forward, g.hparams.n_vocab, n_prompt, n_gen, reps)
 
 
 def bench_llama_cpp(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int) -> tuple[list, list] | None:
@@ -132,20 +137,10 @@ def bench_llama_cpp(path: Path, threads: int, n_prompt: int, n_gen: int, reps: i
         n_batch=max(n_prompt, 8),
         verbose=False,
     )
-    rng = np.random.default_rng(0)
-    ids = [int(i) for i in rng.integers(3, llm.n_vocab(), n_prompt)]
-    gen_ids = [int(i) for i in rng.integers(3, llm.n_vocab(), n_gen)]
-    llm.eval(ids[:8])
-    pp, tg = [], []
-    for _ in range(reps):
-        llm.reset()
-        pp.append(n_prompt / _timed(lambda: llm.eval(ids)))
-        t0 = time.perf_counter()
-        for tok in gen_ids:
-            llm.eval([tok])
-        tg.append(n_gen / (time.perf_counter() - t0))
-    llm.close()
-    return pp, tg
+    try:
+        return _pp_tg(llm.reset, llm.eval, llm.n_vocab(), n_prompt, n_gen, reps)
+    finally:
+        llm.close()
 
 
 def _fmt(values: list[float] | None) -> str:
