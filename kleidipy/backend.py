@@ -164,15 +164,10 @@ def packer_inputs(
         q, scale = requantize_q8_0_per_channel(raw, n, k, execution=execution)
         return q, {"scale": scale}
     if ggml_type == GGMLType.Q4_1:
-        codes, scale, zero = q4_1_to_qai4c32(np.asarray(raw, dtype=np.uint8), n, k, order=_q4_1_order(gemm))
+        codes, scale, zero = q4_1_to_qai4c32(np.asarray(raw, dtype=np.uint8), n, k, order=gemm.rhs_packer.code_order)
         return codes, {"scale": scale, "zero": zero}
     if ggml_type == GGMLType.F16:
         rhs, bias = f16_nxk_to_f32_kxn(np.asarray(raw).view(np.float16).reshape(n, k))
         return rhs, {"bias": bias}
     values = np.asarray(raw).view(np.float32).reshape(n, k)
     return np.ascontiguousarray(values.T), {"bias": np.zeros(n, np.float32)}
-
-
-def _q4_1_order(kern: MatmulKernel) -> str:
-    """The nibble order (s0s1 or s1s0) the Q4_1 RHS packer of ``kern`` reads, from its KleidiAI name."""
-    return "s1s0" if "qau4c32s1s0" in kern.rhs_packer.name else "s0s1"
