@@ -113,14 +113,13 @@ def test_prefill_gemm_and_counts(trace) -> None:
     attention = (
         "Engine.generate",
         "Generation.step",
-        "Engine.timed_forward",
         "CausalLM.forward",
         "CausalLM._decode",
         "LlamaBlock.__call__",
     )
     attention += ("SelfAttention.__call__", "SelfAttention._project", "RepackedLinear.__call__")
     assert attention + ("compute_forward_mul_mat", GEMM_Q4_1) in paths(prefill)
-    ffn = attention[:6] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_1)
+    ffn = attention[:5] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_1)
     assert ffn in paths(prefill)
 
 
@@ -136,8 +135,7 @@ def test_decode_gemv_and_counts(trace) -> None:
     assert [(n.frame, n.calls) for n in tree] == [("Engine.generate", 1)]
     (step,) = tree[0].children.values()
     assert (step.frame, step.calls) == ("Generation.step", len(decode.passes))
-    (timed,) = step.children.values()
-    (forward,) = timed.children.values()
+    (forward,) = step.children.values()
     assert (forward.frame, forward.calls) == ("CausalLM.forward", len(decode.passes))
     (layers, head) = forward.children["CausalLM._decode"].children.values()
     assert (layers.frame, layers.calls) == ("LlamaBlock.__call__", trace.hparams["n_layer"] * len(decode.passes))

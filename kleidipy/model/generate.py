@@ -224,17 +224,6 @@ class Engine:
         """Token ids of a plain-text prompt (BOS as the vocabulary says; special-token text is not parsed)."""
         return self.tokenizer.encode(check_prompt_text(text), add_special=True, parse_special=False)
 
-    def timed_forward(self, batch: Sequence[int]) -> np.ndarray:
-        """``lm.forward`` adding its time to the prefill (a batch, or the first pass) or decode timings."""
-        t, t0 = self.timings, time.perf_counter()
-        logits = self.lm.forward(batch)
-        if len(batch) > 1 or t.prefill_s == 0.0:
-            t.prefill_s += time.perf_counter() - t0
-        else:
-            t.decode_s += time.perf_counter() - t0
-            t.n_decoded += 1
-        return logits
-
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -260,6 +249,12 @@ class Engine:
 
         gen = Generation(self.tokenizer, ids, self.lm.n_ctx, max_tokens, params, seed, stop, chunk=len(ids))
         while not gen.done:
-            piece = gen.step(self.timed_forward)
+            prefill, t0 = gen.prefilling, time.perf_counter()
+            piece = gen.step(self.lm.forward)  # one forward pass (the whole prompt, or one token) + sampling
+            if prefill:
+                t.prefill_s += time.perf_counter() - t0
+            else:
+                t.decode_s += time.perf_counter() - t0
+                t.n_decoded += 1
             if piece:
                 yield piece
