@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kleidipy.errors import TargetError
 from kleidipy.kernels.catalogue import get_kernel
@@ -130,7 +130,6 @@ class KernelPair:
     requires: frozenset[str]
     gemm: MatmulKernel
     gemv: MatmulKernel
-    notes: tuple[str, ...] = field(default=())
 
     def for_m(self, m: int) -> MatmulKernel:
         return self.gemv if m == 1 else self.gemm
