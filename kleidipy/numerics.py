@@ -61,13 +61,10 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     s = p + c64
     bp = s - c64
     err = (p - bp) + (c64 - (s - bp))
-    bits = s.view(np.int64) if s.ndim else np.array(s).view(np.int64)
-    inexact_even = (err != 0) & ((bits & 1) == 0) & np.isfinite(s)
-    toward = np.where(err > 0, np.inf, -np.inf)
-    s = np.where(inexact_even, np.nextafter(s, toward), s)
-    # fma(±0·x, ±0) sign rules: when the exact result is zero, IEEE gives +0 unless both terms are -0.
-    out = s.astype(np.float32)
-    return out
+    inexact_even = (err != 0) & ((np.atleast_1d(s).view(np.int64).reshape(s.shape) & 1) == 0) & np.isfinite(s)
+    s = np.where(inexact_even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    # An exact zero sum keeps the float64 addition's IEEE sign (+0 unless both terms are -0), as fma does.
+    return s.astype(np.float32)
 
 
 def fmax_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
