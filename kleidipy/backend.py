@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
-from kleidipy.kernels.interface import MatmulKernel
+from kleidipy.kernels.interface import MIN_SPLIT_MACS, MatmulKernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import requantize_q8_0_per_channel
 from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
 from kleidipy.target import KernelPair, Target, select_kernels
@@ -85,7 +85,7 @@ class RepackedLinear:
 
     def __init__(self, name: str, pair: KernelPair, n: int, k: int, packed: np.ndarray, backend: KleidiBackend):
         self.name, self.pair, self.n, self.k, self.packed, self.backend = name, pair, n, k, packed, backend
-        opts = {"execution": backend.execution, "threads": backend.threads}
+        opts = {"execution": backend.execution, "min_split_macs": backend.min_split_macs}
         self.gemm = pair.gemm.prepare(n, k, packed, **opts)
         self.gemv = pair.gemv.prepare(n, k, packed, **opts) if pair.gemv is not pair.gemm else self.gemm
 
@@ -99,13 +99,15 @@ def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray
     run = weight.gemv if m == 1 else weight.gemm
     hook = TRACE_HOOK
     if hook is None:
-        return run(x)
+        return run(x, threads=weight.backend.threads)
     # Traced: the same kernels through the public API, timing the LHS pack and the matmul separately.
     kern, (n, k), be = weight.pair.for_m(m), (weight.n, weight.k), weight.backend
     t0 = perf_counter()
     lhs = kern.pack_lhs(x, m, k, execution=be.execution, threads=be.threads)
     t1 = perf_counter()
-    out = kern.run(m, n, k, lhs, weight.packed, execution=be.execution, threads=be.threads)
+    out = kern.run(
+        m, n, k, lhs, weight.packed, execution=be.execution, threads=be.threads, min_split_macs=be.min_split_macs
+    )
     t2 = perf_counter()
     hook(KernelCall(weight.name, kern, m, n, k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1, t0))
     return out
@@ -118,6 +120,8 @@ class KleidiBackend:
     target: Target
     execution: str = "jit"
     threads: int = 1
+    #: matmuls smaller than this many multiply-adds run on one thread (tests pass 0 to split tiny shapes)
+    min_split_macs: int = MIN_SPLIT_MACS
     notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
     #: called after each weight is repacked: (name, packer name, packed bytes)
     on_repack: Callable[[str, str, int], None] | None = None

@@ -90,7 +90,7 @@ def assert_threads_keep_bits(
     """``kernel.run`` on 2 threads (columns split in multiples of n_step) gives the bits of 1 thread."""
     for execution in executions:
         one = kernel.run(m, n, k, lhs_packed, rhs_packed, execution=execution)
-        two = kernel.run(m, n, k, lhs_packed, rhs_packed, execution=execution, threads=2)
+        two = kernel.run(m, n, k, lhs_packed, rhs_packed, execution=execution, threads=2, min_split_macs=0)
         assert np.array_equal(one.view(np.uint32), two.view(np.uint32))
 
 

@@ -5,9 +5,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from test_gguf_file import tiny_model
 
-from kleidipy import backend
+from kleidipy import backend, formats
 from kleidipy.backend import KleidiBackend
 from kleidipy.errors import DTypeError, NonFiniteInputError
+from kleidipy.golden import GoldenSet
 from kleidipy.model.gguf_file import GGUFFile
 from kleidipy.model.llama import Llama
 from kleidipy.model.weights import FloatLinear
@@ -53,7 +54,7 @@ def test_threads_give_identical_logits(tmp_path):
     path = tiny_model(tmp_path, types={"*": T.Q4_0}, n_ff=192, n_embd=128, n_head=4)
     out = []
     for threads in (1, 2):
-        lm = Llama(GGUFFile(path), linear=KleidiBackend(parse_target("i8mm"), threads=threads))
+        lm = Llama(GGUFFile(path), linear=KleidiBackend(parse_target("i8mm"), threads=threads, min_split_macs=0))
         out.append(lm.forward([1, 5, 7, 9], all_logits=True))
     assert np.array_equal(out[0], out[1])
 
@@ -67,3 +68,78 @@ def test_bad_activations(tmp_path):
         lin(x)
     with pytest.raises(DTypeError):
         lin(np.ones((2, lin.k), np.float64))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# golden tensors through the runtime's own path (GGML bytes -> backend repack -> prepared MUL_MAT), bit for bit
+
+#: the golden input holding each GGML weight type's raw blocks, as a GGUF file stores them
+GOLDEN_WEIGHTS = {T.Q4_0: "rhs_q4_0", T.Q8_0: "rhs_q8_0", T.Q4_1: "rhs_q4_1", T.F16: "rhs_f16"}
+#: the golden folder whose runs were made on each target's CPU
+GOLDEN_DIRS = {"sme2:svl=128": "sme_svl16", "sme2:svl=256": "sme_svl32", "sme2:svl=512": "sme_svl64"}
+GOLDEN_DIRS |= {"i8mm": "neon", "dotprod": "neon"}
+
+
+def _kai_run(name: str) -> str:
+    return "kai_run_" + name.removeprefix("kai_").removeprefix("run_")
+
+
+@pytest.mark.parametrize("spec", GOLDEN_DIRS)
+@pytest.mark.parametrize("ggml_type", GOLDEN_WEIGHTS)
+def test_golden_weights_through_backend_bit_for_bit(golden_dir, spec, ggml_type):
+    """KleidiAI's own packed RHS and dst for the kernels the target selects, reproduced from the GGML bytes by
+    the backend's conversion (Q8_0 per-channel requantization, Q4_1 offsets, F16 transpose) and its prepared
+    GEMM/GEMV, in every golden shape."""
+    golden = GoldenSet(golden_dir)
+    backend_ = KleidiBackend(parse_target(spec))
+    compared = 0
+    for case in golden.manifest["cases"]:
+        m, n, k, shape_dir = case["m"], case["n"], case["k"], f"m{case['m']}_n{case['n']}_k{case['k']}"
+        raw = golden.array(case["inputs"][GOLDEN_WEIGHTS[ggml_type]]).reshape(-1)
+        lin = backend_(f"blk.0.w{ggml_type.name}", ggml_type, (k, n), raw)
+        kern = lin.pair.for_m(m)
+        runs = [
+            r
+            for r in case["runs"]
+            if r["status"] == "ok"
+            and not r["clamped"]
+            and r["dir"] == f"{shape_dir}/{GOLDEN_DIRS[spec]}"
+            and r["kernels"]["matmul"] == _kai_run(kern.name)
+            and r["kernels"]["rhs_pack"] == _kai_run(kern.rhs_packer.name)
+        ]
+        assert len(runs) == 1, (shape_dir, kern.name)
+        files = runs[0]["files"]
+        assert lin.packed.tobytes() == golden.read(files["rhs_packed"]), f"{shape_dir}: packed RHS differs"
+        x = golden.array(case["inputs"]["lhs_f32"]).reshape(m, k)
+        out = lin(np.ascontiguousarray(x))
+        assert out.tobytes() == golden.read(files["dst"]), f"{shape_dir} {kern.name}: dst differs"
+        compared += 1
+    assert compared == len(golden.manifest["cases"])
+
+
+def test_production_split_rule(monkeypatch):
+    """With the default threshold a 2-thread backend splits a GEMM of >= MIN_SPLIT_MACS multiply-adds over n,
+    keeps smaller ones and (below 64x that) GEMVs on one thread, and every split gives the 1-thread bits."""
+    from kleidipy.kernels import interface
+
+    n, k = 1024, 1024
+    w = np.random.default_rng(5).standard_normal((n, k)).astype(np.float32)
+    raw = formats.quantize(w, T.Q4_0)
+    splits: list[int] = []
+    pool_map = interface.parallel_map
+
+    def spy(fn, items, threads):
+        splits.append(len(items))
+        return pool_map(fn, items, threads)
+
+    monkeypatch.setattr(interface, "parallel_map", spy)
+    lins = {t: KleidiBackend(parse_target("sme2:svl=512"), threads=t)("w", T.Q4_0, (k, n), raw) for t in (1, 2)}
+    x = np.random.default_rng(6).standard_normal((4, k)).astype(np.float32)
+    for m, split in ((1, False), (2, True), (4, True)):
+        assert m * n * k >= interface.MIN_SPLIT_MACS or not split
+        splits.clear()
+        one = lins[1](x[:m])
+        assert splits == []
+        two = lins[2](x[:m])
+        assert splits == ([2] if split else []), (m, splits)
+        assert one.tobytes() == two.tobytes()

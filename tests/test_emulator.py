@@ -125,7 +125,7 @@ def test_isa_honours_clamp_and_threads():
     kern = get_kernel(SEED_MOPA, 256)
     m, n, k = 9, 50, 64
     lhs, rhs = random_operands(kern, m, n, k, seed=3)
-    for kw in ({"clamp_min": -0.5, "clamp_max": 0.25}, {"threads": 2}):
+    for kw in ({"clamp_min": -0.5, "clamp_max": 0.25}, {"threads": 2, "min_split_macs": 0}):
         ours = kern.run(m, n, k, lhs, rhs, execution="isa", **kw)
         jit = kern.run(m, n, k, lhs, rhs, execution="jit", **kw)
         assert np.array_equal(ours.view(np.uint32), jit.view(np.uint32))

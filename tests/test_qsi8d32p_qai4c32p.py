@@ -350,7 +350,7 @@ def test_kernel_threads_and_dst_stride():
     (ref, _), (x, u, scale, zero, _) = _run_pair(kern, 9, 70, 64, rng, False)
     lhs = kern.pack_lhs(x)
     rhs = kern.pack_rhs(70, 64, _u_to_codes(u, "s0s1"), scale=scale, zero=zero)
-    threaded = kern.run(9, 70, 64, lhs, rhs, threads=2)
+    threaded = kern.run(9, 70, 64, lhs, rhs, threads=2, min_split_macs=0)
     dst = np.full((9, 80), 7.0, np.float32)
     kern.run(9, 70, 64, lhs, rhs, dst, 80 * 4)
     np.testing.assert_array_equal(threaded.view(np.uint32), ref.view(np.uint32))

@@ -538,13 +538,14 @@ class MatmulKernel:
         bl: int | None = None,
         execution: str | None = None,
         threads: int = 1,
+        min_split_macs: int = MIN_SPLIT_MACS,
     ) -> np.ndarray:
         """``kai_run_<name>``: dst[m, n] = clamp(lhs_packed · rhs_packedᵀ, clamp_min, clamp_max).
 
         ``dst`` is a float32 buffer written with a row stride of ``dst_stride_row`` bytes (default 4n);
         when omitted a new [m, n] array is returned. With ``threads`` > 1 the columns are split in multiples
-        of n_step (llama.cpp's split); the result is the same at every thread count.
-        Returns the [m, n] float32 view of dst.
+        of n_step (llama.cpp's split) once the matmul has ``min_split_macs`` multiply-adds (GEMV: 64× that);
+        the result is the same at every thread count. Returns the [m, n] float32 view of dst.
         """
         execution = check_execution(execution)
         self.check_args(m, n, k)
@@ -566,7 +567,9 @@ class MatmulKernel:
                 f"{self.name}: LHS packed buffer is {lhs.size} bytes, m={m}, k={k} needs {self.lhs_packed_size(m, k)}"
             )
         out = self._dst_view(dst, m, n, dst_stride_row)
-        out[:, :] = clamp_f32(self._compute(self._impl(execution), m, n, k, lhs, rhs, threads), clamp_min, clamp_max)
+        out[:, :] = clamp_f32(
+            self._compute(self._impl(execution), m, n, k, lhs, rhs, threads, min_split_macs), clamp_min, clamp_max
+        )
         return out
 
     def _impl(self, execution: str) -> Callable:
@@ -584,10 +587,16 @@ class MatmulKernel:
         return rhs
 
     def prepare(
-        self, n: int, k: int, rhs_packed: np.ndarray, *, execution: str | None = None, threads: int = 1
-    ) -> Callable[[np.ndarray], np.ndarray]:
-        """Validate packed weights once and return ``x -> x·Wᵀ`` (float32 [m, k] -> [m, n], clamped to
-        ±FLT_MAX as llama.cpp calls the kernels).
+        self,
+        n: int,
+        k: int,
+        rhs_packed: np.ndarray,
+        *,
+        execution: str | None = None,
+        min_split_macs: int = MIN_SPLIT_MACS,
+    ) -> Callable[..., np.ndarray]:
+        """Validate packed weights once and return ``matmul(x, threads=1) -> x·Wᵀ`` (float32 [m, k] -> [m, n],
+        clamped to ±FLT_MAX as llama.cpp calls the kernels; threads split as in :meth:`run`).
 
         This is what a runtime calls per MUL_MAT: the returned function only checks the activations (dtype,
         shape, finite) and runs the LHS quantize+pack and the kernel, as ``pack_lhs`` + ``run`` would.
@@ -604,7 +613,7 @@ class MatmulKernel:
 
         lo, hi = np.float32(-FLT_MAX), np.float32(FLT_MAX)
 
-        def matmul(x: np.ndarray) -> np.ndarray:
+        def matmul(x: np.ndarray, threads: int = 1) -> np.ndarray:
             if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
                 raise DTypeError(f"{self.name}: activations must be float32 [m, {k}], got {x.dtype} {x.shape}")
             m = x.shape[0]
@@ -620,18 +629,26 @@ class MatmulKernel:
                     lhs = lhs.view(np.ndarray)
                 else:
                     lhs = pack(np.ascontiguousarray(x), g.mr, g.kr, g.sr, bl, 0)
-            out = self._compute(impl, m, n, k, lhs, rhs, threads)
+            out = self._compute(impl, m, n, k, lhs, rhs, threads, min_split_macs)
             np.maximum(out, lo, out=out)  # llama.cpp's clamp range [-FLT_MAX, FLT_MAX]: ±inf -> ±FLT_MAX
             return np.minimum(out, hi, out=out)
 
         return matmul
 
     def _compute(
-        self, impl: Callable, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int
+        self,
+        impl: Callable,
+        m: int,
+        n: int,
+        k: int,
+        lhs: np.ndarray,
+        rhs: np.ndarray,
+        threads: int,
+        min_split_macs: int,
     ) -> np.ndarray:
         """Unclamped [m, n]; with threads > 1 the columns are split in multiples of n_step (llama.cpp's split)."""
         n_step = self._geo().n_step
-        if threads <= 1 or n <= n_step or m * n * k < MIN_SPLIT_MACS * (GEMV_SPLIT_FACTOR if m == 1 else 1):
+        if threads <= 1 or n <= n_step or m * n * k < min_split_macs * (GEMV_SPLIT_FACTOR if m == 1 else 1):
             return impl(m, n, k, lhs, rhs)
         out = np.empty((m, n), dtype=np.float32)
         per_n = roundup(-(-n // threads), n_step)
