@@ -5,7 +5,9 @@ Starts ``kleidipy.server.serve`` in a subprocess (or uses ``--url``), then for e
 after the other, and prints a markdown table: completion tokens per second over the whole level (all clients),
 time to first token (request sent -> first content delta; includes queueing when clients outnumber slots),
 and each stream's own decode rate (tokens after the first / time after the first). Token counts come from the
-server's usage chunk. A warm-up request runs first. The official ``openai`` client is the load generator.
+server's usage chunk. A warm-up request runs first. The official ``openai`` client is the load generator. While
+a level runs, ``/health`` is polled every 100 ms (its slowest answer shows whether the event loop stays responsive
+while the compute thread is busy), and the server process's RSS is read before and after each level.
 
     python benchmarks/server.py [-m MODEL] [--parallel 4] [--clients 1,4,16] [--max-tokens 32] [--rounds 1]
     python benchmarks/server.py --url http://127.0.0.1:8080/v1      # an already running server
@@ -25,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 
 import openai
+import psutil
 
 TOPICS = ["a lighthouse", "a robot", "the sea", "a small town", "a dragon", "winter", "a train", "the moon"]
 
@@ -90,18 +93,34 @@ async def one_request(client: openai.AsyncOpenAI, model: str, i: int, max_tokens
     return Sample((first or end) - t0, end - t0, tokens)
 
 
-async def level(url: str, model: str, clients: int, rounds: int, max_tokens: int) -> tuple[list[Sample], float]:
-    """Run ``clients`` concurrent clients of ``rounds`` sequential requests; (samples, wall seconds)."""
+def health_seconds(url: str) -> float:
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=600) as r:
+        r.read()
+    return time.perf_counter() - t0
+
+
+async def level(url: str, model: str, clients: int, rounds: int, max_tokens: int) -> tuple[list[Sample], float, float]:
+    """Run ``clients`` concurrent clients of ``rounds`` sequential requests; (samples, wall seconds, slowest
+    /health answer in seconds)."""
     client = openai.AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=3600)
+    health: list[float] = []
 
     async def worker(c: int) -> list[Sample]:
         return [await one_request(client, model, c * rounds + r, max_tokens) for r in range(rounds)]
 
+    async def poll_health() -> None:
+        while True:
+            health.append(await asyncio.to_thread(health_seconds, url))
+            await asyncio.sleep(0.1)
+
+    poller = asyncio.create_task(poll_health())
     t0 = time.perf_counter()
     per_client = await asyncio.gather(*(worker(c) for c in range(clients)))
     wall = time.perf_counter() - t0
+    poller.cancel()
     await client.close()
-    return [s for samples in per_client for s in samples], wall
+    return [s for samples in per_client for s in samples], wall, max(health, default=0.0)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -127,15 +146,18 @@ def main() -> None:
         model, meta = card.id, (card.model_extra or {}).get("meta", {})
         asyncio.run(level(url, model, 1, 1, 4))  # warm-up
         rows = []
+        server = psutil.Process(proc.pid) if proc is not None else None
         for clients in (int(c) for c in args.clients.split(",")):
-            samples, wall = asyncio.run(level(url, model, clients, args.rounds, args.max_tokens))
+            rss0 = server.memory_info().rss if server else 0
+            samples, wall, health = asyncio.run(level(url, model, clients, args.rounds, args.max_tokens))
+            rss = f"{(server.memory_info().rss - rss0) / 2**20:+.1f}" if server else "n/a"
             tokens = sum(s.tokens for s in samples)
             ttft = [s.ttft * 1e3 for s in samples]
             rates = [(s.tokens - 1) / (s.total - s.ttft) for s in samples if s.tokens > 1 and s.total > s.ttft]
             rows.append(
                 f"| {clients:>7} | {len(samples):>8} | {tokens:>6} | {wall:>6.1f} | {tokens / wall:>11.1f} "
                 f"| {statistics.median(ttft):>11.0f} | {percentile(ttft, 0.95):>11.0f} "
-                f"| {statistics.median(rates) if rates else 0:>16.1f} |"
+                f"| {statistics.median(rates) if rates else 0:>16.1f} | {health * 1e3:>14.0f} | {rss:>13} |"
             )
             print(f"  {clients} clients done", file=sys.stderr)
     finally:
@@ -144,8 +166,14 @@ def main() -> None:
             proc.wait(30)
     slots = f"{meta.get('parallel', '?')} slots x {meta.get('n_ctx_slot', '?')} tokens"
     print(f"\nmodel {model}, {slots}, max_tokens {args.max_tokens}, {args.rounds} request(s) per client\n")
-    print("| clients | requests | tokens | wall s | tok/s (all) | TTFT p50 ms | TTFT p95 ms | stream tok/s p50 |")
-    print("|--------:|---------:|-------:|-------:|------------:|------------:|------------:|-----------------:|")
+    print(
+        "| clients | requests | tokens | wall s | tok/s (all) | TTFT p50 ms | TTFT p95 ms | stream tok/s p50 "
+        "| /health max ms | RSS Δ MiB |"
+    )
+    print(
+        "|--------:|---------:|-------:|-------:|------------:|------------:|------------:|-----------------:"
+        "|---------------:|--------------:|"
+    )
     print("\n".join(rows))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import struct
-import time
 from pathlib import Path
 
 import gguf
@@ -545,12 +544,10 @@ def test_every_value_type_as_gguf_reader_reads_it(tmp_path: Path) -> None:
     assert gguf_metadata(path, prefix="str") == gguf_metadata(g, prefix="str") == g.metadata("str")
 
 
-def test_real_model_opens_fast_and_reads_as_gguf_reader() -> None:
+def test_real_model_reads_as_gguf_reader() -> None:
+    """SmolLM2 read by kleidipy's reader gives what gguf.GGUFReader gives (speed: benchmarks/load.py)."""
     path = model_file(SMOLLM2)
-    start = time.process_time()
     g = GGUFFile(path)
-    elapsed = time.process_time() - start
-    assert elapsed < 1.0, f"opening SmolLM2 took {elapsed:.2f} s of CPU"  # gguf.GGUFReader takes ~5 s
     assert g.array_length("tokenizer.ggml.tokens") == g.hparams.n_vocab == 49152
     assert_same_as_gguf_reader(g, gguf.GGUFReader(path))
 

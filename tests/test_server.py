@@ -7,6 +7,7 @@ step machine and scheduler on their own (stop strings held back, one failing job
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import http.client
 import json
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import openai
-import psutil
 import pytest
 import uvicorn
 from gguf import GGMLQuantizationType as T
@@ -93,14 +93,14 @@ class Server:
         assert status == 200
         return body
 
-    def wait_idle(self, timeout: float = 10.0) -> float:
-        """Seconds until no slot is busy and nothing is queued."""
-        t0 = time.monotonic()
+    def wait_idle(self) -> None:
+        """Wait until no slot is busy and nothing is queued (HANG_TIMEOUT only catches a hang)."""
+        deadline = time.monotonic() + HANG_TIMEOUT
         while True:
             h = self.health()
             if h["slots_processing"] == 0 and h["queued"] == 0:
-                return time.monotonic() - t0
-            assert time.monotonic() - t0 < timeout, f"server still busy after {timeout} s: {h}"
+                return
+            assert time.monotonic() < deadline, f"server still busy after {HANG_TIMEOUT} s: {h}"
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -127,6 +127,8 @@ def is_openai_error(body: dict, param: str | None = None) -> bool:
 # models
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+#: seconds after which a wait is a hang (never a speed requirement: speed is measured in benchmarks/server.py)
+HANG_TIMEOUT = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -332,26 +334,37 @@ def test_disconnect_mid_stream_frees_the_slot(tiny: Engine) -> None:
         job = scheduler.slots[0].job
         assert job is not None and server.health()["slots_processing"] == 1
         stream.close()
-        assert server.wait_idle(5.0) < 5.0
+        server.wait_idle()
         assert job.cancelled and not job.generation.done and job.generation.n_generated < 30000
-        t0 = time.monotonic()
+        assert scheduler.slots[0].job is None  # the slot is free: the next request takes it at once
         quick = client.chat.completions.create(model="tiny-chat.gguf", messages=MESSAGES, max_tokens=4)
-        assert time.monotonic() - t0 < 10 and quick.usage.completion_tokens <= 4  # 30000 tokens would take minutes
+        assert quick.usage.completion_tokens <= 4 and not job.generation.done
         # a non-streamed request whose client goes away is stopped as well
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         conn.request("POST", "/v1/chat/completions", json.dumps(long).encode(), {"Content-Type": "application/json"})
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + HANG_TIMEOUT
         while (job := scheduler.slots[0].job) is None:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         conn.close()
-        assert server.wait_idle(5.0) < 5.0
+        server.wait_idle()
         assert job.cancelled and not job.generation.done
 
 
 def test_queue_is_fifo_and_a_queued_disconnect_leaves_it(tiny: Engine) -> None:
     with serving(tiny, parallel=1) as server:
         client = server.client()
+        scheduler = server.app.state.scheduler
+        admitted: list[str] = []  # the order in which queued jobs take the slot, named by their prompts
+
+        class RecordingQueue(collections.deque):
+            def popleft(self) -> Job:
+                job = super().popleft()
+                admitted.append(next(n for n in NAMES if n in tiny.tokenizer.decode(job.generation.prompt)))
+                return job
+
+        NAMES = ("first", "second", "third", "fourth")
+        scheduler._queue = RecordingQueue(scheduler._queue)
 
         def start(name: str, max_tokens: int):  # noqa: ANN202
             stream = client.chat.completions.create(
@@ -362,7 +375,7 @@ def test_queue_is_fifo_and_a_queued_disconnect_leaves_it(tiny: Engine) -> None:
             return stream
 
         def wait_queued(n: int) -> None:
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + HANG_TIMEOUT
             while server.health()["queued"] != n:
                 assert time.monotonic() < deadline, server.health()
                 time.sleep(0.02)
@@ -379,25 +392,25 @@ def test_queue_is_fifo_and_a_queued_disconnect_leaves_it(tiny: Engine) -> None:
             t.start()
         first.close()
         for t in readers:
-            t.join(60)
-        assert done == ["second", "fourth"]
+            t.join(HANG_TIMEOUT)
+        assert sorted(done) == ["fourth", "second"]  # both answered (in whichever order the readers finish)
         server.wait_idle()
+        assert admitted == ["first", "second", "fourth"]
 
 
-def test_sixteen_concurrent_streaming_clients(tiny: Engine, capsys: pytest.CaptureFixture) -> None:
+def test_sixteen_concurrent_streaming_clients(tiny: Engine) -> None:
     n_clients, rounds, max_tokens = 16, 4, 64
     with serving(tiny, parallel=4) as server:
         server.client().chat.completions.create(model="tiny-chat.gguf", messages=MESSAGES, max_tokens=max_tokens)
-        rss0 = psutil.Process().memory_info().rss
-        latencies: list[float] = []
+        busy_health: list[dict] = []
         stop_polling = threading.Event()
 
-        def poll_health() -> None:  # the event loop must answer while the compute thread is busy
+        def poll_health() -> None:  # the event loop answers while the compute thread is busy
             while not stop_polling.is_set():
-                t0 = time.perf_counter()
-                server.health()
-                latencies.append(time.perf_counter() - t0)
-                time.sleep(0.1)
+                h = server.health()
+                if h["slots_processing"] == 4 and h["queued"] > 0:
+                    busy_health.append(h)
+                time.sleep(0.05)
 
         async def one_client(client: openai.AsyncOpenAI, i: int) -> list[tuple[str, str, int]]:
             answers = []
@@ -426,26 +439,16 @@ def test_sixteen_concurrent_streaming_clients(tiny: Engine, capsys: pytest.Captu
 
         poller = threading.Thread(target=poll_health)
         poller.start()
-        t0 = time.perf_counter()
-        results = asyncio.run(asyncio.wait_for(run(), 150))
-        elapsed = time.perf_counter() - t0
+        results = asyncio.run(asyncio.wait_for(run(), HANG_TIMEOUT * 2))
         stop_polling.set()
         poller.join()
-        rss1 = psutil.Process().memory_info().rss
         server.wait_idle()
-    total = 0
+    assert busy_health, "/health was never answered while all slots were busy and requests queued"
     for answers in results:
         assert not isinstance(answers, BaseException), answers
         for _, finish, n in answers:
             assert finish in ("stop", "length") and (n == max_tokens) == (finish == "length") and n <= max_tokens
-            total += n
         assert answers[0] == answers[1]  # same seed, same text, whatever else the other slots were doing
-    with capsys.disabled():
-        print(f"\n[server load] {n_clients} clients x {rounds} streamed requests: {total} tokens in {elapsed:.1f} s "
-              f"({total / elapsed:.0f} tok/s); /health max latency {max(latencies) * 1e3:.0f} ms; "
-              f"RSS growth {(rss1 - rss0) / 2**20:+.1f} MiB")  # fmt: skip
-    assert max(latencies) < 2.0
-    assert rss1 - rss0 < 100 * 2**20
 
 
 def test_api_key(tiny: Engine) -> None:

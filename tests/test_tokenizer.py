@@ -5,7 +5,6 @@ dummy-prefix / byte-fallback / score rules), the splitters against the regexes t
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,18 +99,15 @@ def test_reference_prompts_and_generations(model: tuple[str, Tokenizer], referen
         assert (eog[0] if eog else None) == greedy["first_eog_index"], label
 
 
-def test_perplexity_text_speed(model: tuple[str, Tokenizer], reference_dir: Path) -> None:
-    """The 11 kB Apache licence (one trailing newline removed, as llama-perplexity reads it): llama.cpp's token
-    count, in well under a second for these ~2,200 tokens, cold cache."""
+def test_perplexity_text_token_count(model: tuple[str, Tokenizer], reference_dir: Path) -> None:
+    """The 11 kB Apache licence (one trailing newline removed, as llama-perplexity reads it), cold cache:
+    llama.cpp's token count, and it decodes back to the text (speed: benchmarks/load.py)."""
     name, tok = model
     text = (reference_dir / "perplexity" / "Apache-2.0.txt").read_text().removesuffix("\n")
     expected = json.loads((reference_dir / "perplexity" / "perplexity.json").read_text())["tokenization"]
     tok._bpe_cache.clear()
-    start = time.perf_counter()
     ids = tok.encode(text)
-    elapsed = time.perf_counter() - start
     assert len(ids) == expected[f"{name}-q4_0"]["n_tokens"]
-    assert elapsed < 0.5, f"{elapsed:.3f} s"
     assert tok.decode(ids) == text
 
 

@@ -1,0 +1,80 @@
+"""Benchmark of the host-side work before the first token: opening a GGUF, tokenizing, format conversions.
+
+Prints a markdown table, best of ``-r`` runs each (CPU time of this process, so another process on the machine
+does not inflate it): opening SmolLM2's GGUF (header, metadata, 49,152-token vocabulary; ``gguf.GGUFReader``
+beside it), tokenizing the 11 kB Apache-2.0 licence that llama-perplexity reads (SmolLM2 and Qwen2.5 BPE, cold
+merge cache), and quantizing + dequantizing a 49152 × 576 float tensor (SmolLM2's embedding) to each GGML format.
+
+    python benchmarks/load.py [-r 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from kleidipy.formats import q4_0, q4_1, q8_0
+from kleidipy.model.gguf_file import GGUFFile
+from kleidipy.model.pull import pull
+from kleidipy.model.tokenizer import Tokenizer
+
+TEXT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "perplexity" / "Apache-2.0.txt"
+
+
+def best_cpu_seconds(fn: Callable[[], object], reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-r", "--repetitions", type=int, default=3)
+    args = parser.parse_args()
+    reps = args.repetitions
+    rows: list[tuple[str, str, str]] = []
+
+    smollm2 = pull("smollm2-135m-instruct")
+    size = smollm2.stat().st_size / 1e6
+    rows.append(
+        ("open SmolLM2 GGUF (kleidipy)", f"{best_cpu_seconds(lambda: GGUFFile(smollm2), reps):.3f}", f"{size:.0f} MB")
+    )
+    rows.append(
+        ("open SmolLM2 GGUF (gguf.GGUFReader)", f"{best_cpu_seconds(lambda: gguf.GGUFReader(smollm2), 1):.3f}", "")
+    )
+
+    text = TEXT.read_text().removesuffix("\n")
+    for name in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"):
+        tok = Tokenizer.from_gguf(pull(name))
+        n = len(tok.encode(text))
+
+        def encode_cold(tok: Tokenizer = tok) -> None:
+            tok._bpe_cache.clear()
+            tok.encode(text)
+
+        seconds = best_cpu_seconds(encode_cold, reps)
+        rows.append((f"tokenize Apache-2.0 ({name})", f"{seconds:.3f}", f"{n / seconds:,.0f} tokens/s"))
+
+    x = np.random.default_rng(0).standard_normal((49152, 576), dtype=np.float32)
+    for label, mod in (("Q4_0", q4_0), ("Q4_1", q4_1), ("Q8_0", q8_0)):
+        seconds = best_cpu_seconds(lambda mod=mod: mod.dequantize(mod.quantize(x), *x.shape), reps)
+        rows.append(
+            (f"quantize + dequantize 49152x576 {label}", f"{seconds:.3f}", f"{x.nbytes / seconds / 1e9:.2f} GB/s")
+        )
+
+    print("| step | CPU s (best) | rate |")
+    print("|---|---:|---:|")
+    for row in rows:
+        print(f"| {' | '.join(row)} |")
+
+
+if __name__ == "__main__":
+    main()
