@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from model_files import SMOLLM2, model_file
+from model_files import SMOLLM2, model_file, requantized
 from test_gguf_file import tiny_model
 
 from kleidipy import formats, quantize
@@ -30,16 +29,6 @@ from kleidipy.quantize import (
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 #: models.json file entries by (model key, type)
 FILES = {"smollm2": "SmolLM2-135M-Instruct", "qwen25": "Qwen2.5-Coder-0.5B-Instruct"}
-_OUT = tempfile.TemporaryDirectory(prefix="kleidipy-quantize-")  # removed when the test session ends
-
-
-@cache
-def requantized(model_name: str, qtype: str) -> Path:
-    """``kleidipy quantize --pure`` of catalogue model ``model_name`` (once per test session; shared with
-    test_runtime_reference)."""
-    dst = Path(_OUT.name) / f"{model_name}.pure-{qtype}.gguf"
-    quantize_gguf(model_file(model_name), dst, qtype, pure=True, progress=False)
-    return dst
 
 
 @cache
