@@ -125,6 +125,10 @@ def test_format_explanation_is_aligned() -> None:
         "matmul_clamp_f32_sme2_mopa",
         "kai_run_matmul_clamp_f32_qsi8d32p1vlx4_1vlx4vl_sme2_mopa",
         "kai_rhs_pack_qsi4c32p_qsu4c32s16s0",
+        # an unknown token is an error, not a line of output
+        "kai_matmul_clamp_f32_zz_f32p16x1b_6x16_neon_mla",
+        "kai_matmul_clamp_f32_qsi9d32p1x4_qsi4c32p4x4_1x4_neon_dotprod",
+        "kai_lhs_quant_pack_qsi8d32pq_f32_neon",
     ],
 )
 def test_not_a_kleidiai_name(bad: str) -> None:

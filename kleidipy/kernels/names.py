@@ -153,7 +153,9 @@ def _operand(text: str, side: str, lanes: _Lanes) -> list[tuple[str, str]]:
     """Tokens of one operand descriptor. ``side`` is "LHS" or "RHS" for a matmul operand, "" otherwise."""
     m = _DESCRIPTOR_RE.match(text)
     if not m:
-        return [(text, f"unknown operand descriptor {text!r}")]
+        raise KernelNameError(f"unknown operand descriptor {text!r}")
+    if m["type"] not in _TYPES:
+        raise KernelNameError(f"unknown element type {m['type']!r} in {text!r}")
     parts: list[tuple[str, str]] = []
     if m["quant"]:
         parts.append(("q", "quantized: small integers with scale factors"))
@@ -161,7 +163,7 @@ def _operand(text: str, side: str, lanes: _Lanes) -> list[tuple[str, str]]:
             parts.append(("s", "symmetric: value = scale x q, no zero point"))
         else:
             parts.append(("a", "asymmetric: value = scale x (q - zero point), or scale x q + offset"))
-    parts.append((m["type"], _TYPES.get(m["type"], f"unknown element type {m['type']!r}")))
+    parts.append((m["type"], _TYPES[m["type"]]))
     if m["axis"]:
         parts.append((m["axis"], _AXES[m["axis"]]))
     unit, width_name = ("columns", "nr") if side == "RHS" else ("rows", "mr" if side == "LHS" else "width")
@@ -201,8 +203,7 @@ def _operand(text: str, side: str, lanes: _Lanes) -> list[tuple[str, str]]:
             parts.append(suffix)
             rest = rest[len(suffix[0]) :]
         else:
-            parts.append((rest, f"unknown descriptor suffix {rest!r}"))
-            break
+            raise KernelNameError(f"unknown descriptor suffix {rest!r} in {text!r}")
     if packed_at is not None and not has_layout:
         group = "packed; the group sizes (mr or nr, kr, sr) are run-time arguments taken from the matmul kernel"
         parts[packed_at] = ("p", group)
@@ -331,7 +332,10 @@ def decode(name: str, svl_bits: int | None = None) -> list[Field]:
         raise KernelNameError(f"{name!r} lacks the operand fields of a KleidiAI {operation.text} name")
     fields.append(operation)
     sides += [""] * (len(rest) - len(sides))
-    operands = [_operand(t, side, lanes) for t, side in zip(rest, sides, strict=True)]
+    try:
+        operands = [_operand(t, side, lanes) for t, side in zip(rest, sides, strict=True)]
+    except KernelNameError as exc:
+        raise KernelNameError(f"{name!r} is not a KleidiAI name: {exc}") from None
     if op["mm"]:
         roles += ["additional input"] * (len(rest) - len(roles))
     else:
