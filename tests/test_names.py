@@ -9,7 +9,16 @@ import pytest
 from kleidipy.errors import KleidipyError
 from kleidipy.golden import GoldenSet
 from kleidipy.kernels import catalogue
-from kleidipy.kernels.names import KernelNameError, decode, explain, format_explanation
+from kleidipy.kernels.names import (
+    KernelNameError,
+    current_name,
+    decode,
+    explain,
+    folder,
+    format_explanation,
+    is_legacy,
+    summary,
+)
 
 EXAMPLE = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 # names named by the spec, the golden README's cross-checks and KleidiAI's naming notes
@@ -26,6 +35,22 @@ OTHER_NAMES = [
     "kai_matmul_clamp_qai8_qai8_qsi8cxp4vsx4bi32sf32_1x32vs_sme2_dot",
     "kai_imatmul_clamp_f32_f32p2vlx1_f32p2vlx1b_2vlx2vl_sme2_mopa",
 ]
+# KleidiAI's early spelling, as its overview page quotes it -> the name KleidiAI (and kleidipy) has today
+LEGACY = {
+    "kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_i8mm": (
+        "kai_matmul_clamp_f32_qai8dxp4x8_qsi4cxp4x8_4x4x32_neon_i8mm"
+    ),
+    "kai_run_lhs_quant_pack_qa8dxP_f32": "kai_lhs_quant_pack_qai8dxp_f32",
+    "kai_run_rhs_pack_nxk_qs4cxP_qs4cxS1S0": "kai_rhs_pack_nxk_qsi4cxp_qs4cxs1s0",
+    "matmul_clip_f32_qa8dxP_qs4cxP": "matmul_clamp_f32_qai8dxp_qsi4cxp",  # a folder
+}
+# the names of the llama.cpp pages: today's spelling already
+LLAMA_CPP_PAGES = [
+    "kai_run_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon",
+    "kai_run_lhs_quant_pack_qsi8d32p_f32_neon",
+    "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
+    "kai_run_matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot",
+]
 
 
 def _check_decodes(name: str) -> None:
@@ -35,7 +60,8 @@ def _check_decodes(name: str) -> None:
             assert "unknown" not in meaning.lower(), (name, token, meaning)
         # the fields put back together are the name, and each field is the concatenation of its tokens
         fields = decode(name, svl_bits)
-        assert "_".join(f.text for f in fields) == name
+        assert "_".join(f.spelled or f.text for f in fields) == name
+        assert any(f.spelled for f in fields) == is_legacy(name)
         for field in fields:
             sep = "_" if field.role == "operation" else ""
             assert sep.join(tok for tok, _ in field.parts) == field.text, field
@@ -55,10 +81,68 @@ def test_other_names_decode(name: str) -> None:
     _check_decodes(name)
 
 
+def _catalogue_entries(name: str) -> list[str]:
+    """What a name denotes in the catalogue: its kernel, its packer, or the kernels of its folder."""
+    today = current_name(name)
+    if today in {folder(k.name) for k in catalogue.all_kernels()}:
+        return [k.name for k in catalogue.all_kernels() if folder(k.name) == today]
+    lookup = catalogue.get_kernel if folder(today) else catalogue.get_packer
+    return [lookup(name).name]
+
+
 def test_catalogue_names_decode() -> None:
-    names = [k.name for k in catalogue.all_kernels()] + [p.name for p in catalogue.all_packers()]
-    for name in names:
-        _check_decodes(name)
+    entries = catalogue.all_kernels() + catalogue.all_packers()
+    for entry in entries:
+        _check_decodes(entry.name)
+        assert _catalogue_entries(entry.name) == [entry.name]
+
+
+@pytest.mark.parametrize("name", LLAMA_CPP_PAGES)
+def test_llama_cpp_page_names_decode_and_are_current(name: str) -> None:
+    _check_decodes(name)
+    assert not is_legacy(name)
+    assert _catalogue_entries(name) == [current_name(name).removeprefix("kai_")]
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_names_decode_and_map_to_todays(name: str) -> None:
+    _check_decodes(name)
+    assert is_legacy(name)
+    assert current_name(name) == LEGACY[name]
+    assert not is_legacy(LEGACY[name])
+    assert _catalogue_entries(name) == _catalogue_entries(LEGACY[name])
+    text = format_explanation(name)
+    assert text.splitlines()[0] == name and "unknown" not in text
+    assert text.splitlines()[-1] == f"legacy name; today: {LEGACY[name]}"
+
+
+def test_legacy_names_get_the_same_kernel_and_packers() -> None:
+    kernel = catalogue.get_kernel("kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_i8mm")
+    assert kernel == catalogue.get_kernel("kai_matmul_clamp_f32_qai8dxp4x8_qsi4cxp4x8_4x4x32_neon_i8mm")
+    assert catalogue.get_packer("kai_run_lhs_quant_pack_qa8dxP_f32") is kernel.lhs_packer
+    assert catalogue.get_packer("kai_run_rhs_pack_nxk_qs4cxP_qs4cxS1S0") is kernel.rhs_packer
+    with pytest.raises(KleidipyError, match="did you mean kai_matmul_clamp_f32_qai8dxp4x8_qsi4cxp4x8_4x4x32"):
+        catalogue.get_kernel("kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x64_neon_i8mm")
+
+
+def test_legacy_roles_say_what_the_kernel_computes() -> None:
+    """LHS = int8 activations (per-row asymmetric), RHS = int4 weights (per-channel symmetric), 'clip' = clamp."""
+    name = "kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_i8mm"
+    fields = {f.spelled or f.text: f for f in decode(name)}
+    assert fields["matmul_clip"].text == "matmul_clamp"
+    assert fields["f32"].role.startswith("destination")
+    lhs, rhs = fields["qa8dxP4X8"], fields["qs4cxP4X8"]
+    assert lhs.role == "LHS operand (m x k, activations)" and lhs.text == "qai8dxp4x8"
+    assert [tok for tok, _ in lhs.parts] == ["q", "a", "i8", "dx", "p", "4", "x8"]
+    assert rhs.role == "RHS operand (k x n, weights)" and rhs.text == "qsi4cxp4x8"
+    assert [tok for tok, _ in rhs.parts] == ["q", "s", "i4", "cx", "p", "4", "x8"]
+    assert summary(name) == (
+        "computes dst f32 = LHS activations int8 (per-row asymmetric) x RHS weights int4 (per-channel symmetric), "
+        "clamped to [scalar_min, scalar_max]"
+    )
+    assert summary("kai_run_lhs_quant_pack_qa8dxP_f32") == "packs LHS activations: f32 -> int8 (per-row asymmetric)"
+    assert folder("matmul_clip_f32_qa8dxP_qs4cxP") == "matmul_clamp_f32_qai8dxp_qsi4cxp"
+    assert folder(EXAMPLE) == "matmul_clamp_f32_qsi8d32p_qsi4c32p" and folder("kai_lhs_pack_f16pmrx2_f32_neon") is None
 
 
 def test_example_tokens_and_concrete_lane_counts() -> None:
@@ -101,7 +185,7 @@ def test_format_explanation_is_aligned() -> None:
     assert lines[0] == EXAMPLE
     assert lines[1] == "(SVL 512 bits: 1 VL = 16 32-bit lanes)"
     assert lines[2] == ""
-    body = lines[3:]
+    body = lines[3 : lines.index("", 3)]  # the token rows; then what it computes
     column = body[0].index("prefix: KleidiAI")  # every meaning starts in this column
     for line in body:
         token, meaning = line[:column], line[column:]

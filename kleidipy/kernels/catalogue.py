@@ -1,7 +1,8 @@
 """The catalogue: every matmul kernel and packer kleidipy implements, keyed by its KleidiAI name.
 
 Family modules in this package declare ``KERNELS`` (list of :class:`MatmulKernel`) and/or ``PACKERS``
-(list of :class:`Packer`); they are discovered here, so adding a family is adding a module.
+(list of :class:`Packer`); they are discovered here, so adding a family is adding a module. A name in
+KleidiAI's early spelling (``kai_run_matmul_clip_f32_qa8dxP4X8_...``) finds the entry it denotes today.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from functools import cache
 import kleidipy.kernels as _pkg
 from kleidipy.errors import UnknownKernelError
 from kleidipy.kernels.interface import MatmulKernel, Packer
+from kleidipy.kernels.names import current_name
 
 _NOT_FAMILIES = {"interface", "catalogue", "names"}
 
@@ -31,12 +33,10 @@ def _families() -> tuple:
 
 
 def _strip(name: str) -> str:
-    """Canonical key: the KleidiAI name without ``kai_run_`` / ``kai_`` and without a golden ``__rhs_*`` suffix."""
-    name = name.split("__")[0]
-    for prefix in ("kai_run_", "kai_"):
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name
+    """Canonical key: the KleidiAI name in today's spelling without ``kai_run_`` / ``kai_`` and without a
+    golden ``__rhs_*`` suffix."""
+    name = current_name(name.split("__")[0])
+    return name.removeprefix("kai_")
 
 
 @cache

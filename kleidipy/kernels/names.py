@@ -7,13 +7,19 @@ itself a small word: ``qsi8d32p1vlx4`` = q|s|i8|d32|p|1vl|x4 (KleidiAI's ``docs/
 grammar, plus the legacy spellings the library still ships: ``scalef16``, ``biasf32``, ``sb``, bare ``b``,
 ``s0s1``, ``nrx4`` after the nibble order, a third tile number). Vector-length sizes (``vl``/``vs``) are
 stated in concrete numbers for a given SVL.
+
+KleidiAI's early spelling (its first kernels, and the overview pages that still quote them) is read too, by
+respelling it the way names are written today before decoding: ``clip`` for ``clamp``, no signedness letter
+in packed quantized buffers (``qa8dxP``, ``qs4cxP`` for ``qai8dxp``, ``qsi4cxp``), upper-case ``P``, ``X`` and
+``S1S0``. A folder name (``matmul_clamp_f32_qai8dxp_qsi4cxp``: no tile, no engine) decodes as well.
 """
 
 from __future__ import annotations
 
 import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import islice
 
 from kleidipy.errors import KleidipyError
 from kleidipy.kernels.interface import SVL_CHOICES, check_svl
@@ -27,14 +33,20 @@ class KernelNameError(KleidipyError, ValueError):
 class Field:
     """One ``_``-separated field of a name: its role and the tokens it is made of."""
 
-    text: str
+    text: str  # in today's spelling
     role: str
     parts: tuple[tuple[str, str], ...]
+    spelled: str = ""  # as the name spells it, when that is a legacy spelling
 
     @property
     def simple(self) -> bool:
         """A field that is a single token (``f32``, ``sme2``): shown on one line."""
         return len(self.parts) == 1 and self.parts[0][0] == self.text
+
+    @property
+    def label(self) -> str:
+        """The role, and the legacy spelling the name used for this field."""
+        return f"{self.role} (legacy spelling {self.spelled!r})" if self.spelled else self.role
 
 
 # --------------------------------------------------------------------------------------------- vocabulary
@@ -50,30 +62,38 @@ _ENGINES = {
 }
 _UARCH = {"cortexa55": "scheduled for the Cortex-A55 micro-architecture"}
 
+#: element type: (short name, meaning)
 _TYPES = {
-    "f32": "32-bit IEEE floats",
-    "f16": "16-bit IEEE floats (fp16)",
-    "bf16": "bfloat16 (float32's exponent, 8-bit significand)",
-    "f64": "64-bit IEEE floats",
-    "i32": "signed 32-bit integers",
-    "i16": "signed 16-bit integers",
-    "i8": "signed 8-bit integers",
-    "u8": "unsigned 8-bit integers",
-    "i4": "signed 4-bit integers, two per byte",
-    "u4": "unsigned 4-bit codes 0..15, two per byte (the kernels use u - 8)",
-    "i2": "signed 2-bit integers, four per byte",
-    "u2": "unsigned 2-bit codes, four per byte",
-    "x32": "any 32-bit element type (moved, not converted)",
-    "x16": "any 16-bit element type (moved, not converted)",
-    "x8": "any 8-bit element type (moved, not converted)",
-    "4": "4-bit integers, two per byte (legacy spelling: rhs_zero_point 8 or 0 says unsigned or signed)",
+    "f32": ("f32", "32-bit IEEE floats"),
+    "f16": ("fp16", "16-bit IEEE floats (fp16)"),
+    "bf16": ("bf16", "bfloat16 (float32's exponent, 8-bit significand)"),
+    "f64": ("f64", "64-bit IEEE floats"),
+    "i32": ("int32", "signed 32-bit integers"),
+    "i16": ("int16", "signed 16-bit integers"),
+    "i8": ("int8", "signed 8-bit integers"),
+    "u8": ("uint8", "unsigned 8-bit integers"),
+    "i4": ("int4", "signed 4-bit integers, two per byte"),
+    "u4": ("uint4", "unsigned 4-bit codes 0..15, two per byte (the kernels use u - 8)"),
+    "i2": ("int2", "signed 2-bit integers, four per byte"),
+    "u2": ("uint2", "unsigned 2-bit codes, four per byte"),
+    "x32": ("32-bit", "any 32-bit element type (moved, not converted)"),
+    "x16": ("16-bit", "any 16-bit element type (moved, not converted)"),
+    "x8": ("8-bit", "any 8-bit element type (moved, not converted)"),
+    "4": ("4-bit", "4-bit integers, two per byte (legacy spelling: rhs_zero_point 8 or 0 says unsigned or signed)"),
 }
+#: quantization axis: (short name, meaning)
 _AXES = {
-    "dx": "one scale and zero point per row, computed from the data when packing (per dimension)",
-    "cx": "one scale per output channel (per RHS row = dst column)",
-    "d32": "one scale per row for each block of 32 K values (block length bl a multiple of 32), "
-    "computed from the data when packing",
-    "c32": "one scale per output channel for each block of 32 K values (bl a multiple of 32)",
+    "dx": ("per-row", "one scale and zero point per row, computed from the data when packing (per dimension)"),
+    "cx": ("per-channel", "one scale per output channel (per RHS row = dst column)"),
+    "d32": (
+        "per-row, per-32-block",
+        "one scale per row for each block of 32 K values (block length bl a multiple of 32), "
+        "computed from the data when packing",
+    ),
+    "c32": (
+        "per-channel, per-32-block",
+        "one scale per output channel for each block of 32 K values (bl a multiple of 32)",
+    ),
 }
 _ORDERS = {
     "s1s0": "nibble order sequential: byte j holds element 2j (low nibble) and 2j+1 (high nibble)",
@@ -83,7 +103,10 @@ _ORDERS = {
     "s4s0": "nibble order interleaved by 4: in each 8-value group byte j holds element j (low) and j+4 (high)",
     "s32s0": "nibble order interleaved by 32: byte j holds element j (low) and j+32 (high)",
 }
-_SCALAR_NAMES = {"f16": "fp16", "f32": "f32", "bf16": "bf16", "i32": "int32", "x32": "32-bit"}
+#: KleidiAI's early spelling of a whole ``_``-separated piece
+_LEGACY_WORDS = {"clip": "clamp"}
+#: early packed quantized buffers have no signedness letter: packed data is signed (``qa8dxp`` is ``qai8dxp``)
+_LEGACY_PACKED_WIDTH = re.compile(r"^(q[as])(\d+)(?=(?:cx|dx|d32|c32)?p)")
 
 _SIZE = r"(?:\d+vl|\d+vs|\d+|mr|nr)"
 _TILE_RE = re.compile(rf"^({_SIZE})x({_SIZE})(?:x(\d+))?$")
@@ -137,11 +160,11 @@ def _scalar_suffix(rest: str) -> tuple[str, str] | None:
     m = re.match(r"(scale|bias)(bf16|f16|f32)", rest)
     if m:
         kind = "scales" if m[1] == "scale" else "biases (one per output column)"
-        return m[0], f"{_SCALAR_NAMES[m[2]]} {kind} stored in the packed buffer (legacy spelling)"
+        return m[0], f"{_TYPES[m[2]][0]} {kind} stored in the packed buffer (legacy spelling)"
     m = re.match(r"(s|b)(bf16|f16|f32|i32|x32)", rest)
     if m:
         kind = "scales" if m[1] == "s" else "biases (one per output column)"
-        return m[0], f"{_SCALAR_NAMES[m[2]]} {kind} stored in the packed buffer"
+        return m[0], f"{_TYPES[m[2]][0]} {kind} stored in the packed buffer"
     if rest.startswith("sb"):
         return "sb", "scales (and biases where the format has them) stored in the packed buffer (legacy, untyped)"
     if rest.startswith("b"):
@@ -149,13 +172,10 @@ def _scalar_suffix(rest: str) -> tuple[str, str] | None:
     return None
 
 
-def _operand(text: str, side: str, lanes: _Lanes) -> list[tuple[str, str]]:
-    """Tokens of one operand descriptor. ``side`` is "LHS" or "RHS" for a matmul operand, "" otherwise."""
-    m = _DESCRIPTOR_RE.match(text)
-    if not m:
-        raise KernelNameError(f"unknown operand descriptor {text!r}")
-    if m["type"] not in _TYPES:
-        raise KernelNameError(f"unknown element type {m['type']!r} in {text!r}")
+def _operand(m: re.Match[str], side: str, lanes: _Lanes, is_folder: bool) -> list[tuple[str, str]]:
+    """Tokens of one operand descriptor (``m``: its :data:`_DESCRIPTOR_RE` match). ``side`` is "LHS" or "RHS"
+    for a matmul operand, "" otherwise; ``is_folder`` for the buffers of a folder name, which give no layout."""
+    text = m.string
     parts: list[tuple[str, str]] = []
     if m["quant"]:
         parts.append(("q", "quantized: small integers with scale factors"))
@@ -163,9 +183,9 @@ def _operand(text: str, side: str, lanes: _Lanes) -> list[tuple[str, str]]:
             parts.append(("s", "symmetric: value = scale x q, no zero point"))
         else:
             parts.append(("a", "asymmetric: value = scale x (q - zero point), or scale x q + offset"))
-    parts.append((m["type"], _TYPES[m["type"]]))
+    parts.append((m["type"], _TYPES[m["type"]][1]))
     if m["axis"]:
-        parts.append((m["axis"], _AXES[m["axis"]]))
+        parts.append((m["axis"], _AXES[m["axis"]][1]))
     unit, width_name = ("columns", "nr") if side == "RHS" else ("rows", "mr" if side == "LHS" else "width")
     rest = text[m.end() :]
     packed_at = None
@@ -205,7 +225,10 @@ def _operand(text: str, side: str, lanes: _Lanes) -> list[tuple[str, str]]:
         else:
             raise KernelNameError(f"unknown descriptor suffix {rest!r} in {text!r}")
     if packed_at is not None and not has_layout:
-        group = "packed; the group sizes (mr or nr, kr, sr) are run-time arguments taken from the matmul kernel"
+        if is_folder:
+            group = "packed; each kernel of the folder names its own packed layout"
+        else:
+            group = "packed; the group sizes (mr or nr, kr, sr) are run-time arguments taken from the matmul kernel"
         parts[packed_at] = ("p", group)
     return parts
 
@@ -213,17 +236,14 @@ def _operand(text: str, side: str, lanes: _Lanes) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------------------------- name fields
 
 
-def _tile(text: str, lanes: _Lanes) -> Field | None:
-    m = _TILE_RE.match(text)
-    if not m:
-        return None
+def _tile(m: re.Match[str], lanes: _Lanes) -> Field:
     parts = [
         (m[1], f"m_step = {lanes.size(m[1], 'dst rows')} per step"),
         (f"x{m[2]}", f"n_step = {lanes.size(m[2], 'dst columns')} per step"),
     ]
     if m[3]:
         parts.append((f"x{m[3]}", f"{m[3]} K values accumulated per inner-loop iteration (legacy third tile number)"))
-    return Field(text, "tile: m_step x n_step, the block of dst computed per step", tuple(parts))
+    return Field(m[0], "tile: m_step x n_step, the block of dst computed per step", tuple(parts))
 
 
 _TECHS = ("dot", "sdot", "dotprod", "i8mm", "mmla", "mla", "mopa", "fexpa", "mop4_mopa")
@@ -306,16 +326,38 @@ def _input_roles(n_extra: int, packed_parts: list[tuple[str, str]]) -> list[str]
     return ["additional input"] * n_extra
 
 
-def decode(name: str, svl_bits: int | None = None) -> list[Field]:
-    """The fields of a KleidiAI matmul or packer name (with or without ``kai_`` / ``kai_run_``)."""
-    text = name.strip()
-    fields: list[Field] = []
-    if text.startswith("kai_"):
-        fields.append(Field("kai", "prefix", (("kai", "KleidiAI micro-kernel"),)))
-        text = text[4:]
-    if text.startswith("run_"):
-        fields.append(Field("run", "entry point", (("run", "kai_run_<name> is the function that does the work"),)))
-        text = text[4:]
+def _respell(piece: str) -> str:
+    """One ``_``-separated piece of a name in today's spelling (itself when already current)."""
+    piece = piece.lower()
+    return _LEGACY_WORDS.get(piece) or _LEGACY_PACKED_WIDTH.sub(r"\1i\2", piece)
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """A name (in today's spelling) cut into its fields, before they are explained."""
+
+    prefix: tuple[str, ...]  # "kai", "run"
+    op: re.Match[str]
+    operands: list[re.Match[str]]  # each operand's _DESCRIPTOR_RE match (.string is the whole operand)
+    tile: re.Match[str] | None
+    engine: str | None
+    tech: str | None
+    uarch: str | None
+
+    @property
+    def is_folder(self) -> bool:
+        """A matmul name without tile and engine names a KleidiAI folder, not a kernel."""
+        return bool(self.op["mm"]) and not self.tile and not self.engine
+
+
+def _parse(name: str) -> _Parsed:
+    """Respell ``name`` the way KleidiAI writes names today and cut it into fields (KernelNameError if it cannot)."""
+    text = "_".join(_respell(piece) for piece in name.strip().split("_"))
+    prefix = []
+    for word in ("kai", "run"):
+        if text.startswith(f"{word}_"):
+            prefix.append(word)
+            text = text[len(word) + 1 :]
     op = _OP_RE.match(text)
     if not op:
         raise KernelNameError(
@@ -323,34 +365,121 @@ def decode(name: str, svl_bits: int | None = None) -> list[Field]:
             "kai_[run_]lhs_[quant_]pack_... or kai_[run_]rhs_[quant_]pack_{nxk|kxn}_...)"
         )
     rest, engine, tech, uarch = _split_tail(text[op.end() :].split("_"))
-    lanes = _Lanes(svl_bits, engine)
-    tile = _tile(rest[-1], lanes) if op["mm"] and rest else None
+    tile = _TILE_RE.match(rest[-1]) if op["mm"] and rest else None
     if tile:
         rest.pop()
-    operation, sides, roles = _operation(op, engine)
-    if len(rest) < len(sides) or not all(rest):
-        raise KernelNameError(f"{name!r} lacks the operand fields of a KleidiAI {operation.text} name")
-    fields.append(operation)
+    if len(rest) < (3 if op["mm"] else 2) or not all(rest):
+        raise KernelNameError(f"{name!r} lacks the operand fields of a KleidiAI {op[0].rstrip('_')} name")
+    operands = []
+    for operand in rest:
+        m = _DESCRIPTOR_RE.match(operand)
+        if not m:
+            raise _not_a_name(name, f"unknown operand descriptor {operand!r}")
+        if m["type"] not in _TYPES:
+            raise _not_a_name(name, f"unknown element type {m['type']!r} in {operand!r}")
+        operands.append(m)
+    return _Parsed(tuple(prefix), op, operands, tile, engine, tech, uarch)
+
+
+def _not_a_name(name: str, why: str) -> KernelNameError:
+    return KernelNameError(f"{name!r} is not a KleidiAI name: {why}")
+
+
+_PREFIXES = {
+    "kai": Field("kai", "prefix", (("kai", "KleidiAI micro-kernel"),)),
+    "run": Field("run", "entry point", (("run", "kai_run_<name> is the function that does the work"),)),
+}
+
+
+def decode(name: str, svl_bits: int | None = None) -> list[Field]:
+    """The fields of a KleidiAI matmul or packer name (with or without ``kai_`` / ``kai_run_``), or of a
+    matmul folder name, in today's spelling; a field written the legacy way keeps that spelling in ``spelled``."""
+    parsed = _parse(name)
+    lanes = _Lanes(svl_bits, parsed.engine)
+    operation, sides, roles = _operation(parsed.op, parsed.engine)
+    rest = [m.string for m in parsed.operands]
     sides += [""] * (len(rest) - len(sides))
     try:
-        operands = [_operand(t, side, lanes) for t, side in zip(rest, sides, strict=True)]
+        operands = [_operand(m, side, lanes, parsed.is_folder) for m, side in zip(parsed.operands, sides, strict=True)]
     except KernelNameError as exc:
-        raise KernelNameError(f"{name!r} is not a KleidiAI name: {exc}") from None
-    if op["mm"]:
+        raise _not_a_name(name, str(exc)) from None
+    if parsed.op["mm"]:
         roles += ["additional input"] * (len(rest) - len(roles))
     else:
         roles += _input_roles(len(rest) - len(roles), operands[0])
+    fields = [_PREFIXES[word] for word in parsed.prefix] + [operation]
     fields += [Field(t, role, tuple(parts)) for t, role, parts in zip(rest, roles, operands, strict=True)]
-    if tile:
-        fields.append(tile)
-    if engine:
-        fields.append(Field(engine, "engine", ((engine, _ENGINES[engine]),)))
-    if tech:
+    if parsed.tile:
+        fields.append(_tile(parsed.tile, lanes))
+    if parsed.engine:
+        fields.append(Field(parsed.engine, "engine", ((parsed.engine, _ENGINES[parsed.engine]),)))
+    if parsed.tech:
         types = {tok for parts in operands for tok, _ in parts}
-        fields.append(Field(tech, "instruction", ((tech, _instruction(tech, engine or "", types)),)))
-    if uarch:
-        fields.append(Field(uarch, "tuning", ((uarch, _UARCH[uarch]),)))
-    return fields
+        meaning = _instruction(parsed.tech, parsed.engine or "", types)
+        fields.append(Field(parsed.tech, "instruction", ((parsed.tech, meaning),)))
+    if parsed.uarch:
+        fields.append(Field(parsed.uarch, "tuning", ((parsed.uarch, _UARCH[parsed.uarch]),)))
+    pieces = iter(name.strip().split("_"))
+    spelled = ["_".join(islice(pieces, field.text.count("_") + 1)) for field in fields]
+    return [
+        field if old == field.text else replace(field, spelled=old) for field, old in zip(fields, spelled, strict=True)
+    ]
+
+
+def current_name(name: str) -> str:
+    """``name`` as KleidiAI spells it today, ``kai_run_`` shortened to ``kai_`` (``name`` itself if current)."""
+    pieces = [_respell(piece) for piece in name.strip().split("_")]
+    if pieces[:2] == ["kai", "run"]:
+        del pieces[1]
+    return "_".join(pieces)
+
+
+def is_legacy(name: str) -> bool:
+    """Whether ``name`` uses one of KleidiAI's early spellings (``clip``, ``qa8dxP4X8``, ``S1S0``, ...)."""
+    return any(_respell(piece) != piece for piece in name.strip().split("_"))
+
+
+def folder(name: str) -> str | None:
+    """The KleidiAI folder a matmul kernel lives in (``matmul_clamp_f32_qai8dxp_qsi4cxp``), None for a packer."""
+    parsed = _parse(name)
+    if not parsed.op["mm"]:
+        return None
+    buffers = [m.string[: m.end() + m.string.startswith("p", m.end())] for m in parsed.operands]
+    return "_".join([parsed.op[0].rstrip("_"), *buffers])
+
+
+def _gist(m: re.Match[str]) -> str:
+    """An operand in a few words: ``qai8dxp4x8`` -> "int8 (per-row asymmetric)"."""
+    kind = _TYPES[m["type"]][0]
+    if not m["quant"]:
+        return kind
+    axis = f"{_AXES[m['axis']][0]} " if m["axis"] else ""
+    return f"{kind} ({axis}{'symmetric' if m['quant'] == 'qs' else 'asymmetric'})"
+
+
+def summary(name: str) -> str:
+    """What the kernel (or packer) computes, in one line: what its descriptors say, not what prose around a
+    name may say (``qai8dxp`` LHS activations are int8 per-row asymmetric, ``qsi4cxp`` weights int4 symmetric)."""
+    parsed = _parse(name)
+    gists = [_gist(m) for m in parsed.operands]
+    if parsed.op["mm"]:
+        clamp = ", clamped to [scalar_min, scalar_max]" if parsed.op["clamp"] else ""
+        what = "a KleidiAI folder: its kernels compute" if parsed.is_folder else "computes"
+        return f"{what} dst {gists[0]} = LHS activations {gists[1]} x RHS weights {gists[2]}{clamp}"
+    what = "LHS activations" if parsed.op["lhs"] else "RHS weights"
+    return f"packs {what}: {gists[1]} -> {gists[0]}"
+
+
+def _rows(fields: list[Field], indent: str) -> list[tuple[str, str]]:
+    """(token, meaning) rows: each field, then (indented) the tokens it is made of; a one-token field is one row."""
+    rows: list[tuple[str, str]] = []
+    for field in fields:
+        if field.simple:
+            rows.append((field.text, f"{field.label}: {field.parts[0][1]}"))
+        else:
+            rows.append((field.text, field.label))
+            rows.extend((indent + tok, meaning) for tok, meaning in field.parts)
+    return rows
 
 
 def explain(name: str, svl_bits: int | None = None) -> list[tuple[str, str]]:
@@ -359,26 +488,14 @@ def explain(name: str, svl_bits: int | None = None) -> list[tuple[str, str]]:
 
     ``svl_bits`` (128..2048) turns ``vl``/``vs`` sizes into concrete numbers (1VL = 16 rows at SVL 512).
     """
-    out: list[tuple[str, str]] = []
-    for field in decode(name, svl_bits):
-        if field.simple:
-            out.append((field.text, f"{field.role}: {field.parts[0][1]}"))
-        else:
-            out.append((field.text, field.role))
-            out.extend(field.parts)
-    return out
+    return _rows(decode(name, svl_bits), "")
 
 
 def format_explanation(name: str, svl_bits: int | None = None, width: int = 110) -> str:
-    """A compact aligned text block explaining ``name`` (what ``kleidipy kernels --explain`` prints)."""
+    """A compact aligned text block explaining ``name`` (what ``kleidipy kernels --explain`` prints): its
+    tokens, what it computes, and for a legacy name today's name."""
     fields = decode(name, svl_bits)
-    rows: list[tuple[str, str]] = []
-    for field in fields:
-        if field.simple:
-            rows.append((field.text, f"{field.role}: {field.parts[0][1]}"))
-        else:
-            rows.append((field.text, field.role))
-            rows.extend((f"  {tok}", meaning) for tok, meaning in field.parts)
+    rows = _rows(fields, "  ")
     col = max(len(tok) for tok, _ in rows) + 3
     lines = [name.strip()]
     engine = next((f.text for f in fields if f.role == "engine"), None)
@@ -391,4 +508,8 @@ def format_explanation(name: str, svl_bits: int | None = None, width: int = 110)
         wrapped = textwrap.wrap(meaning, max(40, width - col - 2)) or [""]
         lines.append(f"  {tok.ljust(col)}{wrapped[0]}")
         lines.extend(f"  {' ' * col}{more}" for more in wrapped[1:])
+    lines.append("")
+    lines += textwrap.wrap(summary(name), width, subsequent_indent="  ")
+    if is_legacy(name):
+        lines.append(f"legacy name; today: {current_name(name)}")
     return "\n".join(lines)
