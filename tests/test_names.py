@@ -213,6 +213,7 @@ def test_format_explanation_is_aligned() -> None:
         "kai_matmul_clamp_f32_zz_f32p16x1b_6x16_neon_mla",
         "kai_matmul_clamp_f32_qsi9d32p1x4_qsi4c32p4x4_1x4_neon_dotprod",
         "kai_lhs_quant_pack_qsi8d32pq_f32_neon",
+        "kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_zzz",
     ],
 )
 def test_not_a_kleidiai_name(bad: str) -> None:
@@ -220,6 +221,8 @@ def test_not_a_kleidiai_name(bad: str) -> None:
         explain(bad)
     message = str(info.value)
     assert "\n" not in message and "KleidiAI" in message
+    if bad.endswith("_zzz"):
+        assert "unknown token 'zzz' after the engine 'neon'" in message
     assert isinstance(info.value, KleidipyError)
 
 

@@ -365,6 +365,9 @@ def _parse(name: str) -> _Parsed:
             "kai_[run_]lhs_[quant_]pack_... or kai_[run_]rhs_[quant_]pack_{nxk|kxn}_...)"
         )
     rest, engine, tech, uarch = _split_tail(text[op.end() :].split("_"))
+    stray = next((i for i, piece in enumerate(rest) if piece in _ENGINES), None)
+    if stray is not None:  # the engine is not last: what follows it is no instruction or tuning KleidiAI has
+        raise _not_a_name(name, f"unknown token {'_'.join(rest[stray + 1 :])!r} after the engine {rest[stray]!r}")
     tile = _TILE_RE.match(rest[-1]) if op["mm"] and rest else None
     if tile:
         rest.pop()
