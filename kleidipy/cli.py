@@ -49,7 +49,7 @@ def _target(args: argparse.Namespace):  # noqa: ANN202
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
     from kleidipy.kernels.catalogue import all_kernels, get_kernel
-    from kleidipy.target import WEIGHT_TYPES, select_kernels
+    from kleidipy.target import selected_uses, standing
 
     target = _target(args)
     if args.explain:
@@ -60,6 +60,7 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
         with contextlib.suppress(KleidipyError):  # a packer name is decoded all the same
             kern = get_kernel(args.explain, svl)
         print(format_explanation(args.explain, svl_bits=svl))
+        print(standing(args.explain, target))
         if kern is not None:
             print(
                 f"\nat SVL {svl}: m_step={kern.m_step} n_step={kern.n_step} mr={kern.mr} nr={kern.nr} "
@@ -68,14 +69,7 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
                 + f"; RHS packer kai_run_{kern.rhs_packer.name}"
             )
         return 0
-    selected = {}
-    for wtype in WEIGHT_TYPES:
-        try:
-            pair = select_kernels(wtype, target)
-        except KleidipyError:
-            continue
-        selected.setdefault(pair.gemm.name, []).append(f"{wtype} GEMM")
-        selected.setdefault(pair.gemv.name, []).append(f"{wtype} GEMV")
+    selected = selected_uses(target)
     print(f"target: {target.describe()}")
     header = f"{'kernel':<70} {'family':<18} {'tier':<7} {'kind':<4} {'mr':>3} {'nr':>3} {'kr':>2} {'sr':>2} "
     print(header + f"{'m_step':>6} {'n_step':>6}  selected")

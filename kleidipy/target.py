@@ -9,7 +9,8 @@ a virtual SME2 CPU with SVL 512. Users name a target with ``--target`` or ``KLEI
 
 Selection follows llama.cpp's KleidiAI tables (spec §6.2): per weight type, the first entry whose
 required features the target has, in the order SME2 → I8MM → DotProd; one RHS packing (made with the
-GEMM kernel's nr/kr/sr) serves the GEMM (m > 1) and the GEMV (m == 1) of a pair.
+GEMM kernel's nr/kr/sr) serves the GEMM (m > 1) and the GEMV (m == 1) of a pair. :func:`standing` says
+where any kernel, packer or folder name (legacy spellings included) stands in that selection.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import textwrap
 from dataclasses import dataclass
 
-from kleidipy.errors import TargetError
-from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.errors import TargetError, UnknownKernelError
+from kleidipy.kernels.catalogue import all_kernels, get_kernel, get_packer
 from kleidipy.kernels.interface import MatmulKernel, check_svl
+from kleidipy.kernels.names import current_name, folder
 
 # Linux arm64 auxiliary-vector bits (asm/hwcap.h).
 _AT_HWCAP, _AT_HWCAP2 = 16, 26
@@ -229,3 +232,66 @@ def select_kernels(weight_type: str, target: Target) -> KernelPair:
         if typ == wtype and target.has(*requires):
             return KernelPair(wtype, requires, get_kernel(gemm, target.svl_bits), get_kernel(gemv, target.svl_bits))
     raise TargetError(f"target {target.describe()} has no kernel for {weight_type}")
+
+
+def selected_uses(target: Target) -> dict[str, list[str]]:
+    """What ``target`` runs each kernel it selects for: kernel name -> ["q4_0 GEMM", "q4_0 GEMV", ...]."""
+    uses: dict[str, list[str]] = {}
+    for wtype in WEIGHT_TYPES:
+        try:
+            pair = select_kernels(wtype, target)
+        except TargetError:
+            continue
+        uses.setdefault(pair.gemm.name, []).append(f"{wtype} GEMM")
+        uses.setdefault(pair.gemv.name, []).append(f"{wtype} GEMV")
+    return uses
+
+
+def _kernels(n: int) -> str:
+    return f"{n} kernel{'s' * (n != 1)}"
+
+
+def _entries(name: str) -> tuple[str, list[MatmulKernel]]:
+    """What ``name`` is in the catalogue, and the kernels that are it, use it (a packer) or form it (a folder)."""
+    today = current_name(name).removeprefix("kai_")
+    kernels = all_kernels()
+    if folder(today) is None:
+        packer = get_packer(name)
+        users = [k for k in kernels if packer in (k.lhs_packer, k.rhs_packer, *k.alt_lhs_packers, *k.alt_rhs_packers)]
+        families = ", ".join(sorted({k.family for k in users}))
+        return f"{packer.side.upper()} packer of {_kernels(len(users))} (family {families})", users
+    if folder(today) == today:
+        members = [k for k in kernels if folder(k.name) == today]
+        if not members:
+            raise UnknownKernelError(f"no kernel of folder '{today}'")
+        tiers = ", ".join(sorted({k.tier for k in members}))
+        return f"family {members[0].family}, {_kernels(len(members))} (tiers {tiers})", members
+    kernel = get_kernel(name)
+    return f"family {kernel.family}, tier {kernel.tier}, {kernel.kind.upper()}", [kernel]
+
+
+def _selection(kernels: list[MatmulKernel], target: Target) -> str:
+    """What ``target`` selects of ``kernels`` (or, when nothing, of their family instead)."""
+    uses = selected_uses(target)
+
+    def picks(among: list[MatmulKernel]) -> str:
+        return "; ".join(f"kai_{k.name} for {', '.join(uses[k.name])}" for k in among if k.name in uses)
+
+    families = {k.family for k in kernels}
+    if picks(kernels):
+        return f"the {target.name} target selects {picks(kernels)}"
+    if siblings := picks([k for k in all_kernels() if k.family in families]):
+        return f"the {target.name} target selects none of it; of its family it selects {siblings}"
+    return f"the {target.name} target selects no kernel of family {', '.join(sorted(families))}"
+
+
+def standing(name: str, target: Target, width: int = 110) -> str:
+    """Where the kernel, packer or folder ``name`` (legacy spellings too) stands in kleidipy: its family and
+    tier, and what ``target`` selects of it; a name kleidipy lacks says so, with the closest one it has."""
+    try:
+        what, kernels = _entries(name)
+    except UnknownKernelError as exc:
+        line = f"not in the catalogue ({exc})"
+    else:
+        line = f"{what}; {_selection(kernels, target)}"
+    return textwrap.fill(f"in kleidipy: {line}", width, subsequent_indent="  ")

@@ -118,3 +118,46 @@ def test_question_uses_the_chat_template_by_default():
     assert proc.stdout.strip() and not proc.stdout.startswith("What is")  # an answer, not an echoed completion
     raw = run_cli("run", "-p", "What is the capital of France?", "--no-chat", "-n", "2", "-q")
     assert raw.returncode == 0 and raw.stdout.startswith("What is the capital of France?")
+
+
+def test_explain_legacy_names_with_todays_roles_and_name(capsys):
+    # KleidiAI's early spelling (its overview page) -> today's name, and the roles each operand field must show
+    cases = {
+        "kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_i8mm": (
+            "kai_matmul_clamp_f32_qai8dxp4x8_qsi4cxp4x8_4x4x32_neon_i8mm",
+            {"f32": "destination", "qai8dxp4x8": "LHS operand (m x k, activations)", "qsi4cxp4x8": "RHS operand"},
+        ),
+        "kai_run_lhs_quant_pack_qa8dxP_f32": (
+            "kai_lhs_quant_pack_qai8dxp_f32",
+            {"qai8dxp": "packed LHS", "f32": "LHS source"},
+        ),
+        "kai_run_rhs_pack_nxk_qs4cxP_qs4cxS1S0": (
+            "kai_rhs_pack_nxk_qsi4cxp_qs4cxs1s0",
+            {"qsi4cxp": "packed RHS", "qs4cxs1s0": "RHS source"},
+        ),
+        "matmul_clip_f32_qa8dxP_qs4cxP": (
+            "matmul_clamp_f32_qai8dxp_qsi4cxp",
+            {"f32": "destination", "qai8dxp": "LHS operand (m x k, activations)", "qsi4cxp": "RHS operand"},
+        ),
+    }
+    for name, (today, roles) in cases.items():
+        assert main(["kernels", "--target", "i8mm", "--explain", name]) == 0
+        out = capsys.readouterr().out
+        assert "unknown" not in out.lower(), out
+        assert f"legacy name; today: {today}" in out
+        assert "in kleidipy: " in out and "qai8dxp_qsi4cxp" in out
+        lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and line.strip()}
+        for token, role in roles.items():
+            assert role in lines[token], lines[token]
+    assert main(["kernels", "--explain", next(iter(cases))]) == 0
+    summary = " ".join(capsys.readouterr().out.split())
+    assert "LHS activations int8 (per-row asymmetric) x RHS weights int4 (per-channel symmetric)" in summary
+
+
+def test_explain_made_up_token_is_one_line_error():
+    one_line_error(
+        run_cli("kernels", "--explain", "kai_matmul_clamp_f32_qai8dxp4x8_qsi4cxq4x8_4x4x32_neon_i8mm"), "q4x8"
+    )
+    one_line_error(
+        run_cli("kernels", "--explain", "kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_zzz"), "zzz"
+    )

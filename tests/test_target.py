@@ -4,7 +4,16 @@ import pytest
 
 from kleidipy.errors import TargetError
 from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.target import WEIGHT_TYPES, detect_target, parse_target, resolve_target, select_kernels, selection_table
+from kleidipy.target import (
+    WEIGHT_TYPES,
+    detect_target,
+    parse_target,
+    resolve_target,
+    select_kernels,
+    selected_uses,
+    selection_table,
+    standing,
+)
 
 
 def test_default_on_non_arm_host_is_virtual_sme2_512(monkeypatch):
@@ -68,3 +77,30 @@ def test_every_table_entry_exists_and_pairs_share_rhs_layout():
 def test_unknown_weight_type():
     with pytest.raises(TargetError, match="no KleidiAI kernels for weight type"):
         select_kernels("q5_k", parse_target("sme2"))
+
+
+def test_selected_uses_name_each_selected_kernel_once():
+    uses = selected_uses(parse_target("i8mm"))
+    assert uses["matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm"] == ["q4_0 GEMM"]
+    assert sum(len(u) for u in uses.values()) == 2 * len(WEIGHT_TYPES)
+
+
+def test_standing_of_kernels_packers_and_folders_legacy_names_too():
+    i8mm, sme2 = parse_target("i8mm"), parse_target("sme2")
+    legacy = standing("kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_i8mm", i8mm)
+    assert legacy == standing("kai_matmul_clamp_f32_qai8dxp4x8_qsi4cxp4x8_4x4x32_neon_i8mm", i8mm)
+    assert " ".join(legacy.split()) == (
+        "in kleidipy: family qai8dxp_qsi4cxp, tier i8mm, GEMM; the i8mm target selects no kernel of family "
+        "qai8dxp_qsi4cxp"
+    )
+    folder = standing("matmul_clip_f32_qa8dxP_qs4cxP", i8mm)
+    assert "family qai8dxp_qsi4cxp, 5 kernels (tiers dotprod, i8mm, sme2)" in " ".join(folder.split())
+    lhs = " ".join(standing("kai_run_lhs_quant_pack_qa8dxP_f32", i8mm).split())
+    assert "LHS packer of 13 kernels (family qai8dxp_qsi4cxp, qai8dxp_qsi8cxp)" in lhs
+    assert "selects kai_matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm for q8_0 GEMM" in lhs
+    neon_q4 = " ".join(standing("kai_matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", sme2).split())
+    assert "the sme2 target selects none of it; of its family it selects" in neon_q4
+    assert "sme2_mopa for q4_0 GEMM" in neon_q4
+    missing = standing("kai_matmul_clamp_f32_qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", sme2)
+    assert missing.startswith("in kleidipy: not in the catalogue") and "did you mean" in missing
+    assert all(len(line) <= 110 for line in "\n".join([legacy, folder, missing]).splitlines())
