@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kleidipy.errors import TargetError, UnknownKernelError
 from kleidipy.kernels.catalogue import all_kernels, get_kernel, get_packer
 from kleidipy.kernels.interface import MatmulKernel, check_svl
-from kleidipy.kernels.names import current_name, folder
+from kleidipy.kernels.names import folder, kind
 
 # Linux arm64 auxiliary-vector bits (asm/hwcap.h).
 _AT_HWCAP, _AT_HWCAP2 = 16, 26
@@ -253,17 +253,17 @@ def _kernels(n: int) -> str:
 
 def _entries(name: str) -> tuple[str, list[MatmulKernel]]:
     """What ``name`` is in the catalogue, and the kernels that are it, use it (a packer) or form it (a folder)."""
-    today = current_name(name).removeprefix("kai_")
     kernels = all_kernels()
-    if folder(today) is None:
+    if kind(name) == "packer":
         packer = get_packer(name)
         users = [k for k in kernels if packer in (k.lhs_packer, k.rhs_packer, *k.alt_lhs_packers, *k.alt_rhs_packers)]
         families = ", ".join(sorted({k.family for k in users}))
         return f"{packer.side.upper()} packer of {_kernels(len(users))} (family {families})", users
-    if folder(today) == today:
-        members = [k for k in kernels if folder(k.name) == today]
+    if kind(name) == "folder":
+        home = folder(name)
+        members = [k for k in kernels if folder(k.name) == home]
         if not members:
-            raise UnknownKernelError(f"no kernel of folder '{today}'")
+            raise UnknownKernelError(f"no kernel of folder '{home}'")
         tiers = ", ".join(sorted({k.tier for k in members}))
         return f"family {members[0].family}, {_kernels(len(members))} (tiers {tiers})", members
     kernel = get_kernel(name)

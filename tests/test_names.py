@@ -17,6 +17,7 @@ from kleidipy.kernels.names import (
     folder,
     format_explanation,
     is_legacy,
+    kind,
     summary,
 )
 
@@ -83,10 +84,9 @@ def test_other_names_decode(name: str) -> None:
 
 def _catalogue_entries(name: str) -> list[str]:
     """What a name denotes in the catalogue: its kernel, its packer, or the kernels of its folder."""
-    today = current_name(name)
-    if today in {folder(k.name) for k in catalogue.all_kernels()}:
-        return [k.name for k in catalogue.all_kernels() if folder(k.name) == today]
-    lookup = catalogue.get_kernel if folder(today) else catalogue.get_packer
+    if kind(name) == "folder":
+        return [k.name for k in catalogue.all_kernels() if folder(k.name) == folder(name)]
+    lookup = catalogue.get_kernel if kind(name) == "kernel" else catalogue.get_packer
     return [lookup(name).name]
 
 
@@ -141,6 +141,7 @@ def test_legacy_roles_say_what_the_kernel_computes() -> None:
         "clamped to [scalar_min, scalar_max]"
     )
     assert summary("kai_run_lhs_quant_pack_qa8dxP_f32") == "packs LHS activations: f32 -> int8 (per-row asymmetric)"
+    assert [kind(n) for n in LEGACY] == ["kernel", "packer", "packer", "folder"]
     assert folder("matmul_clip_f32_qa8dxP_qs4cxP") == "matmul_clamp_f32_qai8dxp_qsi4cxp"
     assert folder(EXAMPLE) == "matmul_clamp_f32_qsi8d32p_qsi4c32p" and folder("kai_lhs_pack_f16pmrx2_f32_neon") is None
 

@@ -35,8 +35,7 @@ def _families() -> tuple:
 def _strip(name: str) -> str:
     """Canonical key: the KleidiAI name in today's spelling without ``kai_run_`` / ``kai_`` and without a
     golden ``__rhs_*`` suffix."""
-    name = current_name(name.split("__")[0])
-    return name.removeprefix("kai_")
+    return current_name(name.split("__")[0]).removeprefix("kai_")
 
 
 @cache

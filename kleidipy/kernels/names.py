@@ -442,6 +442,12 @@ def is_legacy(name: str) -> bool:
     return any(_respell(piece) != piece for piece in name.strip().split("_"))
 
 
+def kind(name: str) -> str:
+    """What ``name`` names: "kernel", "packer" or "folder" (a matmul name without tile and engine)."""
+    parsed = _parse(name)
+    return "folder" if parsed.is_folder else "kernel" if parsed.op["mm"] else "packer"
+
+
 def folder(name: str) -> str | None:
     """The KleidiAI folder a matmul kernel lives in (``matmul_clamp_f32_qai8dxp_qsi4cxp``), None for a packer."""
     parsed = _parse(name)
