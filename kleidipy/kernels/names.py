@@ -449,7 +449,8 @@ def kind(name: str) -> str:
 
 
 def folder(name: str) -> str | None:
-    """The KleidiAI folder a matmul kernel lives in (``matmul_clamp_f32_qai8dxp_qsi4cxp``), None for a packer."""
+    """The KleidiAI folder a matmul kernel lives in (``matmul_clamp_f32_qai8dxp_qsi4cxp``; a folder name gives
+    itself, in today's spelling), None for a packer."""
     parsed = _parse(name)
     if not parsed.op["mm"]:
         return None
@@ -459,11 +460,11 @@ def folder(name: str) -> str | None:
 
 def _gist(m: re.Match[str]) -> str:
     """An operand in a few words: ``qai8dxp4x8`` -> "int8 (per-row asymmetric)"."""
-    kind = _TYPES[m["type"]][0]
+    element = _TYPES[m["type"]][0]
     if not m["quant"]:
-        return kind
+        return element
     axis = f"{_AXES[m['axis']][0]} " if m["axis"] else ""
-    return f"{kind} ({axis}{'symmetric' if m['quant'] == 'qs' else 'asymmetric'})"
+    return f"{element} ({axis}{'symmetric' if m['quant'] == 'qs' else 'asymmetric'})"
 
 
 def summary(name: str) -> str:
