@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
+from kleidipy.core import vnni
+from kleidipy.core.catalogue import get_kernel
 from kleidipy.jit import qsi8d32p_qsi4c32p_vnni as vk
-from kleidipy.jit import vnni
 from kleidipy.kernels import qsi8d32p_qsi4c32p as family
-from kleidipy.kernels.catalogue import get_kernel
 
 SVL = 512
 GEMM = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"

@@ -19,8 +19,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.threads import MIN_SPLIT_MACS
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
-from kleidipy.kernels.interface import MIN_SPLIT_MACS, MatmulKernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import requantize_q8_0_per_channel
 from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
 from kleidipy.target import KernelPair, Target, select_kernels

@@ -12,14 +12,14 @@ import contextlib
 import platform
 import sys
 
+from kleidipy.core import buffers
 from kleidipy.errors import KleidipyError
-from kleidipy.kernels import interface
 
 
 def _cmd_golden(args: argparse.Namespace) -> int:
     from kleidipy.golden import verify
 
-    executions = list(interface.EXECUTIONS) if args.execution == "all" else [args.execution]
+    executions = list(buffers.EXECUTIONS) if args.execution == "all" else [args.execution]
 
     def report(res) -> None:  # noqa: ANN001
         if args.quiet and res.ok:
@@ -48,12 +48,12 @@ def _target(args: argparse.Namespace):  # noqa: ANN202
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
-    from kleidipy.kernels.catalogue import all_kernels, get_kernel
+    from kleidipy.core.catalogue import all_kernels, get_kernel
     from kleidipy.target import selected_uses, standing
 
     target = _target(args)
     if args.explain:
-        from kleidipy.kernels.names import format_explanation
+        from kleidipy.core.names import format_explanation
 
         svl = target.svl_bits if target.svl_bits else 512
         kern = None
@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--execution",
         default="all",
-        choices=[*interface.EXECUTIONS, "all"],
+        choices=[*buffers.EXECUTIONS, "all"],
         help="which execution to check (default: all of them)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
@@ -470,7 +470,7 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
     p.add_argument(
         "--execution",
         default="jit",
-        choices=list(interface.EXECUTIONS),
+        choices=list(buffers.EXECUTIONS),
         help="how kernels run on this host: jit (default), reference (numpy) or isa (emulator, slow)",
     )
     if quiet:

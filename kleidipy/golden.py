@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kleidipy.core import buffers
+from kleidipy.core.catalogue import get_kernel, get_packer
+from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import GoldenDataError, KleidipyError
-from kleidipy.kernels import interface
-from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.numerics import FLT_MAX
 
 
 @dataclass
@@ -190,7 +190,7 @@ def verify(
     results: list[RunResult] = []
     skipped = 0
     for execution in executions:
-        interface.check_execution(execution)
+        buffers.check_execution(execution)
         cache: dict[tuple, np.ndarray] = {}
         last_case = None
         for case, run in iter_runs(golden):

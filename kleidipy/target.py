@@ -21,10 +21,11 @@ import platform
 import textwrap
 from dataclasses import dataclass
 
+from kleidipy.core.buffers import check_svl
+from kleidipy.core.catalogue import all_kernels, get_kernel, get_packer
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.names import folder, kind
 from kleidipy.errors import TargetError, UnknownKernelError
-from kleidipy.kernels.catalogue import all_kernels, get_kernel, get_packer
-from kleidipy.kernels.interface import MatmulKernel, check_svl
-from kleidipy.kernels.names import folder, kind
 
 # Linux arm64 auxiliary-vector bits (asm/hwcap.h).
 _AT_HWCAP, _AT_HWCAP2 = 16, 26

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kleidipy.core.catalogue import get_kernel
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.golden import GoldenSet, iter_runs, verify_run
-from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.kernels.interface import MatmulKernel
 
 
 def family_runs(golden_dir: Path, family: str) -> tuple[GoldenSet, list[tuple[dict, dict]]]:

@@ -120,23 +120,23 @@ def test_golden_weights_through_backend_bit_for_bit(golden_dir, spec, ggml_type)
 def test_production_split_rule(monkeypatch):
     """With the default threshold a 2-thread backend splits a GEMM of >= MIN_SPLIT_MACS multiply-adds over n,
     keeps smaller ones and (below 64x that) GEMVs on one thread, and every split gives the 1-thread bits."""
-    from kleidipy.kernels import interface
+    from kleidipy.core import matmul, threads
 
     n, k = 1024, 1024
     w = np.random.default_rng(5).standard_normal((n, k)).astype(np.float32)
     raw = formats.quantize(w, T.Q4_0)
     splits: list[int] = []
-    pool_map = interface.parallel_map
+    pool_map = matmul.parallel_map
 
     def spy(fn, items, threads):
         splits.append(len(items))
         return pool_map(fn, items, threads)
 
-    monkeypatch.setattr(interface, "parallel_map", spy)
+    monkeypatch.setattr(matmul, "parallel_map", spy)
     lins = {t: KleidiBackend(parse_target("sme2:svl=512"), threads=t)("w", T.Q4_0, (k, n), raw) for t in (1, 2)}
     x = np.random.default_rng(6).standard_normal((4, k)).astype(np.float32)
     for m, split in ((1, False), (2, True), (4, True)):
-        assert m * n * k >= interface.MIN_SPLIT_MACS or not split
+        assert m * n * k >= threads.MIN_SPLIT_MACS or not split
         splits.clear()
         one = lins[1](x[:m])
         assert splits == []

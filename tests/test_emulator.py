@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kleidipy.core.catalogue import all_kernels, get_kernel
 from kleidipy.emulator import (
     PROGRAMS,
     covered,
@@ -19,7 +20,6 @@ from kleidipy.emulator import (
 )
 from kleidipy.errors import KernelShapeError, UnknownKernelError
 from kleidipy.golden import verify
-from kleidipy.kernels.catalogue import all_kernels, get_kernel
 
 SEED_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 SEED_SDOT = "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from model_files import SMOLLM2, model_file
 
 from kleidipy import formats
+from kleidipy.core.numerics import f16_bits_to_f32
 from kleidipy.errors import (
     BufferSizeError,
     DTypeError,
@@ -34,7 +35,6 @@ from kleidipy.errors import (
 from kleidipy.formats import f16, other, q4_0, q4_1, q8_0
 from kleidipy.golden import GoldenSet
 from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
-from kleidipy.numerics import f16_bits_to_f32
 
 MODULES = {T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q8_0: q8_0}
 F32 = np.float32

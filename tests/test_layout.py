@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kleidipy.core.buffers import SVL_CHOICES
+from kleidipy.core.catalogue import all_kernels
 from kleidipy.errors import KernelShapeError, KleidipyError, UnknownKernelError
-from kleidipy.kernels.catalogue import all_kernels
-from kleidipy.kernels.interface import SVL_CHOICES
 from kleidipy.layout import (
     DEFAULT_KERNEL,
     MAX_BYTES,

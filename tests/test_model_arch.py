@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from model_files import SMOLLM2, model_file
 from test_gguf_file import TINY, tiny_model
 
+from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.errors import DTypeError, KernelShapeError
 from kleidipy.model.gguf_file import GGUFFile, UnsupportedArchitectureError
 from kleidipy.model.kv_cache import ContextOverflowError, KVCache, PositionError, _f16_to_f32
@@ -23,7 +24,6 @@ from kleidipy.model.layers import attention, round_to_f16
 from kleidipy.model.llama import Llama
 from kleidipy.model.qwen2 import Qwen2
 from kleidipy.model.weights import FloatLinear, InvalidTokenError, RowEmbedding, dequantize_rows
-from kleidipy.numerics import F16_BITS_TO_F32
 
 MODELS = {"llama": Llama, "qwen2": Qwen2}
 

@@ -1,4 +1,4 @@
-"""kleidipy.kernels.names: every KleidiAI name of the golden set decodes token by token with no unknown part."""
+"""kleidipy.core.names: every KleidiAI name of the golden set decodes token by token with no unknown part."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kleidipy.errors import KleidipyError
-from kleidipy.golden import GoldenSet
-from kleidipy.kernels import catalogue
-from kleidipy.kernels.names import (
+from kleidipy.core import catalogue
+from kleidipy.core.names import (
     KernelNameError,
     current_name,
     decode,
@@ -20,6 +18,8 @@ from kleidipy.kernels.names import (
     kind,
     summary,
 )
+from kleidipy.errors import KleidipyError
+from kleidipy.golden import GoldenSet
 
 EXAMPLE = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 # names named by the spec, the golden README's cross-checks and KleidiAI's naming notes

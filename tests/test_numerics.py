@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from kleidipy.numerics import clamp_f32, fma_f32
+from kleidipy.core.numerics import clamp_f32, fma_f32
 
 
 def test_clamp_orders_signed_zeros_as_arm_fmax_fmin():

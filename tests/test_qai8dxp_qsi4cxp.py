@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, family_runs, verify_family
 from test_qai8dxp_qsi8cxp import HYP, SVLS, model_dst, model_lhs_packed
 
+from kleidipy.core.catalogue import get_kernel, get_packer
+from kleidipy.core.numerics import FLT_MAX, fma_f32
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
 from kleidipy.kernels import qai8dxp_qsi4cxp as fam
 from kleidipy.kernels import qai8dxp_qsi8cxp as core
-from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.numerics import FLT_MAX, fma_f32
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME_MOPA = "matmul_clamp_f32_qai8dxp1vlx8_qsi4cxp4vlx8_1vlx4vl_sme2_mopa"

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, exact_fma, family_runs, verify_family
 
+from kleidipy.core.catalogue import get_kernel, get_packer
+from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import (
     BufferSizeError,
     DTypeError,
@@ -24,8 +26,6 @@ from kleidipy.errors import (
 )
 from kleidipy.golden import GoldenSet
 from kleidipy.kernels import qai8dxp_qsi8cxp as fam
-from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.numerics import FLT_MAX
 
 F32 = np.float32
 KERNEL_NAMES = [k.name for k in fam.KERNELS]

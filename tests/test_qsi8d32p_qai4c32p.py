@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, exact_fma, verify_family
 
+from kleidipy.core.catalogue import get_kernel, get_packer
+from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX
 from kleidipy.errors import (
     BufferSizeError,
     DTypeError,
@@ -20,8 +22,6 @@ from kleidipy.errors import (
 )
 from kleidipy.golden import GoldenSet
 from kleidipy.kernels import qsi8d32p_qai4c32p as fam
-from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.numerics import F16_BITS_TO_F32, FLT_MAX
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa"

@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, exact_fma, exact_round, round_binary, verify_family
 
+from kleidipy.core.catalogue import get_kernel, get_packer
+from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX, f32_to_f16_bits
 from kleidipy.errors import (
     BufferSizeError,
     DTypeError,
@@ -24,8 +26,6 @@ from kleidipy.errors import (
 from kleidipy.golden import GoldenSet
 from kleidipy.jit import qsi8d32p_qsi4c32p as jit
 from kleidipy.kernels import qsi8d32p_qsi4c32p as fam
-from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.numerics import F16_BITS_TO_F32, FLT_MAX, f32_to_f16_bits
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME2_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import bits_equal
 
+from kleidipy.core import vnni
+from kleidipy.core.numerics import F16_BITS_TO_F32, clamp_f32, f32_to_f16_bits, fma_f32, round_away
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.golden import GoldenSet, iter_runs
 from kleidipy.jit import qsi8d32p_qsi4c32p_vnni as vk
-from kleidipy.jit import vnni
-from kleidipy.numerics import F16_BITS_TO_F32, clamp_f32, f32_to_f16_bits, fma_f32, round_away
 
 ISAS = [vnni.PORTABLE] + ([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])
 SVLS = (128, 256, 512, 1024, 2048)
@@ -187,7 +187,7 @@ def test_padding_columns_are_ignored() -> None:
 def test_matches_family_reference() -> None:
     """The family's numpy reference kernel (another implementation of the same recipe), when present."""
     fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p")
-    from kleidipy.kernels.catalogue import get_kernel
+    from kleidipy.core.catalogue import get_kernel
 
     rng = np.random.default_rng(11)
     for name, m in ((GEMM, 19), (GEMV, 1)):

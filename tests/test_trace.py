@@ -11,8 +11,8 @@ from model_files import SMOLLM2, model_file
 
 from kleidipy import backend
 from kleidipy.backend import KleidiBackend
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.errors import KleidipyError
-from kleidipy.kernels.interface import MatmulKernel
 from kleidipy.model.generate import PromptError
 from kleidipy.target import resolve_target, select_kernels
 from kleidipy.trace import Op, Stage, Tracer, call_tree, chrome_trace, format_text, run_trace, to_json, trace_generation

@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import bits_equal
 
+from kleidipy.core.catalogue import get_kernel
+from kleidipy.core.numerics import FLT_MAX
 from kleidipy.jit import qai8dxp as q8_jit
 from kleidipy.jit import qai8dxp_vnni as q8_vnni
 from kleidipy.jit import qsi8d32p_qai4c32p as q41_jit
 from kleidipy.jit import qsi8d32p_qai4c32p_vnni as q41_vnni
 from kleidipy.kernels import qai8dxp_qsi8cxp as q8_fam
 from kleidipy.kernels import qsi8d32p_qai4c32p as q41_fam
-from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.numerics import FLT_MAX
 
 needs_vnni = pytest.mark.skipif(not q41_vnni.HAVE_VNNI, reason="host lacks AVX-512 VNNI")
 SVLS = (128, 256, 512, 1024, 2048)

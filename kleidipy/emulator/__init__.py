@@ -16,6 +16,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kleidipy.core.buffers import check_svl
+from kleidipy.core.catalogue import all_kernels, get_kernel
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.numerics import FLT_MAX, clamp_f32
 from kleidipy.emulator import (
     bf16p_bf16p,
     f32_f32p,
@@ -25,9 +29,6 @@ from kleidipy.emulator import (
     qsi8d32p_qsi4c32p,
 )
 from kleidipy.emulator.machine import Buffer, Machine
-from kleidipy.kernels.catalogue import all_kernels, get_kernel
-from kleidipy.kernels.interface import MatmulKernel, check_svl
-from kleidipy.numerics import FLT_MAX, clamp_f32
 
 #: A program: (machine, kernel, m, n, k, lhs, rhs, dst) -> None; it writes the unclamped result into dst.
 Program = Callable[[Machine, MatmulKernel, int, int, int, Buffer, Buffer, Buffer], None]

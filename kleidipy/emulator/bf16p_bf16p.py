@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.core.buffers import roundup
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import neon_limits, output_tiles, sme_start
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
-from kleidipy.kernels.interface import MatmulKernel, roundup
 
 
 def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from kleidipy.core.numerics import FLT_MAX
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.machine import Buffer, Machine
-from kleidipy.numerics import FLT_MAX
 
 #: first V register of the per-row output accumulators.
 NEON_ACC = 16

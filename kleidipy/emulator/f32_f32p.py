@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon
 from kleidipy.emulator.common import neon_limits, output_tiles
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
-from kleidipy.kernels.interface import MatmulKernel
 
 NR, MR = 16, 6
 

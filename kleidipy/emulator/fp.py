@@ -2,7 +2,7 @@
 
 numpy has no fused multiply-add and no round-to-odd, so the instructions that need them (FMLA/FMLALB/FMLALT and
 the FPCR.EBF = 0 BF16 dot products of BFMOPA/BFMMLA/BFDOT) call these loops over their lanes. The scalar
-semantics are kleidipy's: :func:`kleidipy.jit.numerics.fma32` (one rounding) and :func:`kleidipy.jit.bf16.bfdotadd`
+semantics are kleidipy's: :func:`kleidipy.core.numerics.fma32` (one rounding) and :func:`kleidipy.jit.bf16.bfdotadd`
 (every step rounded to odd, denormals flushed).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from kleidipy.core.numerics import fma32
 from kleidipy.jit.bf16 import bf16_value, bfdotadd
-from kleidipy.jit.numerics import fma32
 
 
 @numba.njit(cache=True, nogil=True)

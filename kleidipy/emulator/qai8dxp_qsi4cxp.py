@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator.qai8dxp_qsi8cxp import _neon_dotprod_1x8, _neon_i8mm, _sme_dot, _sme_mopa
-from kleidipy.kernels.interface import MatmulKernel
 
 PROGRAMS = {
     "matmul_clamp_f32_qai8dxp1vlx8_qsi4cxp4vlx8_1vlx4vl_sme2_mopa": _sme_mopa,

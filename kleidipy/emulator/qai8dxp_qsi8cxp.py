@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import (
     LUT_S4,
@@ -29,7 +30,6 @@ from kleidipy.emulator.common import (
 )
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.formats import q8_0
-from kleidipy.kernels.interface import MatmulKernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import k_internal, requantize_q8_0_per_channel
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import (
     LUT_U4,
@@ -31,7 +32,6 @@ from kleidipy.emulator.common import (
 )
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.formats import q4_1
-from kleidipy.kernels.interface import MatmulKernel
 from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
 
 BL = 32

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import (
     LUT_U4,
@@ -32,7 +33,6 @@ from kleidipy.emulator.common import (
 )
 from kleidipy.emulator.machine import Buffer, Machine
 from kleidipy.formats import q4_0
-from kleidipy.kernels.interface import MatmulKernel
 
 BL = 32
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits
 from kleidipy.formats import (
     QK,
     block_view,
@@ -23,7 +24,6 @@ from kleidipy.formats import (
     split_nibbles,
     store_fp16_field,
 )
-from kleidipy.numerics import f16_bits_to_f32, f32_to_f16_bits
 
 BLOCK_SIZE = QK
 TYPE_SIZE = 4 + QK // 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.jit.numerics import fma_f32, round_away
+from kleidipy.core.numerics import fma_f32_scalar, round_away_scalar
 
 #: float epilogues of the kernels (see ``Recipe`` in kleidipy.kernels.qai8dxp_qsi8cxp)
 RECIPE_FMUL_FADD = 0
@@ -68,7 +68,7 @@ def lhs_quant_pack_qai8dxp(lhs, mr, kbl, row_offset, k_int, out):
         zp = min(zp, qmax)
         nzp = np.int32(np.rint(zp))
         for j in range(k):
-            q = np.int32(round_away(np.float32(x[j] * scale))) + nzp
+            q = np.int32(round_away_scalar(np.float32(x[j] * scale))) + nzp
             qrow[j] = max(min(q, 127), -128)
         qrow[k:] = qrow[k - 1]
         pos = row_offset + i
@@ -181,7 +181,7 @@ def requantize_q8_0(blocks, f16_table, q, scale):
         inv = np.float32(np.float32(1.0) / sc) if sc > 0 else np.float32(0.0)
         scale[row] = sc
         for j in range(nb * 32):
-            r = np.int64(round_away(np.float32(v[j] * inv)))
+            r = np.int64(round_away_scalar(np.float32(v[j] * inv)))
             q[row, j] = max(min(r, 127), -127)
 
 
@@ -291,6 +291,6 @@ def matmul_qai8dxp(
                     sc = np.float32(rhs_f32[params + nr + col] * recip)
                     bias = rhs_f32[params + 2 * nr + col]
                     if recipe == RECIPE_FMA_BIAS:
-                        out[i, g * nr + col] = fma_f32(sc, acc, bias)
+                        out[i, g * nr + col] = fma_f32_scalar(sc, acc, bias)
                     else:
                         out[i, g * nr + col] = np.float32(np.float32(acc * sc) + bias)

@@ -12,7 +12,7 @@ multiplies it by the broadcast signed LHS bytes: Σ q·(w + 128) = Σ q·w + 128
 starts at −128·Σq of the row (over k_int, as the kernels' dot runs over the padded K too). Everything is int32
 arithmetic modulo 2^32, like the kernels' wrapping MLA, so acc = Σ q·w + (−zp)·rowsum exactly; then
 F = f32(acc), S = f32(scale·recip) and the recipe's ``fma(S, F, bias)`` (GEMV) or ``f32(F·S) + bias`` (GEMM).
-A register tile of rows × 4 vectors (64 columns) is generated in LLVM IR with :mod:`kleidipy.jit.vnni`.
+A register tile of rows × 4 vectors (64 columns) is generated in LLVM IR with :mod:`kleidipy.core.vnni`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kleidipy.core import vnni
+from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, i64
 from kleidipy.jit import qai8dxp as _portable
-from kleidipy.jit import vnni
 from kleidipy.jit.qai8dxp import RECIPE_FMA_BIAS
-from kleidipy.jit.vnni import F32, F32X16, I8X64, I32, I32X16, i64
 
 #: the host runs these kernels (else :func:`best_matmul_qai8dxp` returns the portable jit function).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI

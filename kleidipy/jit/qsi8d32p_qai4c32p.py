@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.jit.numerics import fma_f32
+from kleidipy.core.numerics import fma_f32_scalar
 
 BL = 32
 LHS_BLOCK_BYTES = 40  # per row: 32 int8, f32 row sum, f32 recip
@@ -226,11 +226,11 @@ def matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
                     rs, rc = row_sum[i0 + r, b], recip[i0 + r, b]
                     if first_block_fmul and b == 0:
                         for c in range(cols):
-                            acc[r, c] = fma_f32(scale[b, c] * rc, np.float32(dot[r, c]), zero[b, c] * rs)
+                            acc[r, c] = fma_f32_scalar(scale[b, c] * rc, np.float32(dot[r, c]), zero[b, c] * rs)
                     else:
                         for c in range(cols):
-                            zero_term = fma_f32(zero[b, c], rs, acc[r, c])
-                            acc[r, c] = fma_f32(scale[b, c] * rc, np.float32(dot[r, c]), zero_term)
+                            zero_term = fma_f32_scalar(zero[b, c], rs, acc[r, c])
+                            acc[r, c] = fma_f32_scalar(scale[b, c] * rc, np.float32(dot[r, c]), zero_term)
             for r in range(rows):
                 for c in range(cols):
                     out[i0 + r, j0 + c] = acc[r, c] + bias[c]

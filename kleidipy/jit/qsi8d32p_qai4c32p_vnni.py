@@ -13,7 +13,7 @@ the broadcast signed LHS bytes into an int32 accumulator that starts at −8·Σ
 Σ q·(u − 8) exactly. Per block the float steps run on whole vectors in the recipe's order:
 ``acc = fma(zero, rs, acc)``, ``acc = fma(f32(scale·rc), f32(dot), acc)`` from acc = +0 (−0 for the MOPA kernel:
 fma(x, y, −0) is the FMUL x·y, signed zeros included); finally ``acc + bias``. A register tile of rows × 4
-vectors (64 columns) is generated in LLVM IR with :mod:`kleidipy.jit.vnni`. With few rows the codes are spread
+vectors (64 columns) is generated in LLVM IR with :mod:`kleidipy.core.vnni`. With few rows the codes are spread
 straight from the packed RHS; otherwise a panel of 64 columns is spread to bytes once and every row tile reads
 it. Without AVX-512 VNNI, :func:`best_matmul_sme2_mopa` / :func:`best_matmul_sme2_dot` give the portable jit.
 """
@@ -29,10 +29,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kleidipy.core import vnni
+from kleidipy.core.vnni import F32, F32X16, I32, I32X16, i64
 from kleidipy.jit import qsi8d32p_qai4c32p as _portable
-from kleidipy.jit import vnni
 from kleidipy.jit.qsi8d32p_qai4c32p import BL, LHS_BLOCK_BYTES, RHS_BLOCK_BYTES
-from kleidipy.jit.vnni import F32, F32X16, I32, I32X16, i64
 
 #: the host runs these kernels (else the best_* selectors return the portable jit functions).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.jit.numerics import F16_TABLE, fma32, round_away, round_even
+from kleidipy.core.numerics import F16_BITS_TO_F32, fma32, round_away_scalar, round_even_scalar
 
 LHS_QSI8D32P = 0
 LHS_QSI8D32P_NEON = 1
@@ -119,7 +119,7 @@ def lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even):
             sf[b] = s
             for t in range(32):
                 v = np.float32(x[k0 + t] * inv)
-                qrow[t] = np.int8(round_even(v) if ties_even else round_away(v))
+                qrow[t] = np.int8(round_even_scalar(v) if ties_even else round_away_scalar(v))
             data, _ = _lhs_offsets(layout, mr, nb, base, b, r)
             for c in range(32 // kbl):
                 dst = data + c * mr * kbl + r * kbl
@@ -146,7 +146,7 @@ def _unpack_lhs(m, k, mr, kbl, lhs, layout):
         r = i % mr
         for b in range(nb):
             data, so = _lhs_offsets(layout, mr, nb, base, b, r)
-            scale[i, b] = F16_TABLE[np.int64(lhs[so]) | (np.int64(lhs[so + 1]) << 8)]
+            scale[i, b] = F16_BITS_TO_F32[np.int64(lhs[so]) | (np.int64(lhs[so + 1]) << 8)]
             for c in range(32 // kbl):
                 src = data + c * mr * kbl + r * kbl
                 for t in range(kbl):
@@ -208,7 +208,7 @@ def _rhs_scale_offset(layout, nr, nb, g, b, r):
 def _rhs_scale(rhs, layout, nr, nb, g, b, r):
     """Stored scale (float32) of column r of group g, block b."""
     so = _rhs_scale_offset(layout, nr, nb, g, b, r)
-    return F16_TABLE[np.int64(rhs[so]) | (np.int64(rhs[so + 1]) << 8)]
+    return F16_BITS_TO_F32[np.int64(rhs[so]) | (np.int64(rhs[so + 1]) << 8)]
 
 
 # --------------------------------------------------------------------------------------------- RHS pack
@@ -247,7 +247,9 @@ def rhs_pack(blocks, nr, kr, layout):
                 out[data + at[x]] = codes[k_lo[x]] | (codes[k_hi[x]] << np.uint8(4))
             so = _rhs_scale_offset(layout, nr, nb, g, b, r)
             if layout == RHS_S4S0:
-                scaled[0] = F16_TABLE[np.int64(blocks[src, b, 0]) | (np.int64(blocks[src, b, 1]) << 8)] * sixteenth
+                scaled[0] = (
+                    F16_BITS_TO_F32[np.int64(blocks[src, b, 0]) | (np.int64(blocks[src, b, 1]) << 8)] * sixteenth
+                )
                 h = f32_to_f16_bits(scaled_bits[0])
                 out[so] = np.uint8(h & 0xFF)
                 out[so + 1] = np.uint8(h >> 8)

@@ -14,7 +14,7 @@ block after block, from ``acc = +0`` — or ``acc = −0`` for the MOPA kernel, 
 How: 16 columns per 512-bit vector (4 K values per 32-bit lane, as kr = 4). ``vpdpbusd`` multiplies the
 unsigned codes u (nibbles spread to bytes) by the broadcast signed LHS bytes; the integer accumulator of a
 block starts at −8·Σ q_L (per row and block, precomputed), which makes it Σ q_L·(u − 8) exactly. A register
-tile of up to 4 rows × 4 vectors is generated in LLVM IR (:mod:`kleidipy.jit.vnni`); the codes are spread to
+tile of up to 4 rows × 4 vectors is generated in LLVM IR (:mod:`kleidipy.core.vnni`); the codes are spread to
 bytes on the fly from the packed RHS (``vpmultishiftqb``), panel (64 columns) by panel: the first row tile
 streams the panel from memory with prefetching (the GEMV is memory-bound), the next ones read it from L2.
 
@@ -30,10 +30,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kleidipy.core import vnni
+from kleidipy.core.numerics import F16_BITS_TO_F32
+from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
-from kleidipy.jit import vnni
-from kleidipy.jit.numerics import F16_TABLE
-from kleidipy.jit.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
 
 #: columns per vector; vectors per tile: a panel of 64 columns.
 VEC_COLS = 16
@@ -316,7 +316,7 @@ def _lhs_terms(isa, m, k, mr, lhs):
         scales = base + mr * nb * 32
         _f16_to_f32_vectors(isa, lhs, scales, vec, sl, off)
         for x in range(vec * VEC_COLS, count):
-            sl[off + x] = F16_TABLE[np.int64(lhs[scales + 2 * x]) | (np.int64(lhs[scales + 2 * x + 1]) << 8)]
+            sl[off + x] = F16_BITS_TO_F32[np.int64(lhs[scales + 2 * x]) | (np.int64(lhs[scales + 2 * x + 1]) << 8)]
     return corr, sl
 
 

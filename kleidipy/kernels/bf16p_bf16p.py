@@ -34,10 +34,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kleidipy.core import numerics
+from kleidipy.core.buffers import SVL_CHOICES, roundup
+from kleidipy.core.matmul import Geometry, MatmulKernel
+from kleidipy.core.numerics import bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits
+from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.jit import bf16 as jit
-from kleidipy.kernels.interface import SVL_CHOICES, Geometry, LhsPacker, MatmulKernel, RhsPacker, roundup
-from kleidipy.numerics import bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits
 
 FAMILY = "bf16p_bf16p"
 #: mr / nr of the SME packers: 2·VL for every supported SVL.
@@ -45,7 +48,7 @@ SME_2VL = tuple(2 * svl // 32 for svl in SVL_CHOICES)
 
 _MIN_NORMAL = 2.0**-126
 _LOW29 = np.int64((1 << 29) - 1)
-_DEFAULT_NAN = float(np.array([jit.DEFAULT_NAN_BITS], dtype=np.uint32).view(np.float32)[0])
+_DEFAULT_NAN = float(np.array([numerics.DEFAULT_NAN_BITS], dtype=np.uint32).view(np.float32)[0])
 
 
 # --------------------------------------------------------------------------------------------- inputs

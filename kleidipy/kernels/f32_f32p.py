@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.core.buffers import check_finite
+from kleidipy.core.matmul import Geometry, MatmulKernel
+from kleidipy.core.numerics import fma_f32
+from kleidipy.core.packers import RhsPacker
 from kleidipy.errors import KernelShapeError
 from kleidipy.jit import bf16 as jit
 from kleidipy.kernels.bf16p_bf16p import check_no_bl, kxn_inputs
-from kleidipy.kernels.interface import Geometry, MatmulKernel, RhsPacker, check_finite
-from kleidipy.numerics import fma_f32
 
 FAMILY = "f32_f32p"
 NR = 16

@@ -22,19 +22,13 @@ from functools import cache
 
 import numpy as np
 
+from kleidipy.core.buffers import check_execution, roundup
+from kleidipy.core.matmul import Geometry, MatmulKernel
+from kleidipy.core.numerics import F16_BITS_TO_F32, f16_bits_to_f32, fma_f32, round_away
+from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 from kleidipy.jit import qai8dxp as jit
-from kleidipy.jit.numerics import F16_TABLE
 from kleidipy.jit.qai8dxp_vnni import best_matmul_qai8dxp
-from kleidipy.kernels.interface import (
-    Geometry,
-    LhsPacker,
-    MatmulKernel,
-    RhsPacker,
-    check_execution,
-    roundup,
-)
-from kleidipy.numerics import f16_bits_to_f32, fma_f32, round_away
 
 #: K is padded to a multiple of this in every qai8dxp packed buffer (k_int = roundup(k, 32)).
 K_MULTIPLE = 32
@@ -388,7 +382,7 @@ def requantize_q8_0_per_channel(
     if execution == "jit":
         q = np.empty((n, k), dtype=np.int8)
         scale = np.empty(n, dtype=np.float32)
-        jit.requantize_q8_0(blocks, F16_TABLE, q, scale)
+        jit.requantize_q8_0(blocks, F16_BITS_TO_F32, q, scale)
         return q, scale
     v = (d[:, :, None] * blocks[:, :, 2:].view(np.int8).astype(np.float32)).reshape(n, k)
     amax = np.abs(v).max(axis=1)

@@ -36,18 +36,14 @@ from typing import Literal
 
 import numpy as np
 
+from kleidipy.core.buffers import check_execution
+from kleidipy.core.matmul import Geometry, MatmulKernel
+from kleidipy.core.numerics import f16_bits_to_f32, fma_f32, round_even
+from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_1
 from kleidipy.jit import qsi8d32p_qai4c32p as _jit
 from kleidipy.jit import qsi8d32p_qai4c32p_vnni as _vnni
-from kleidipy.kernels.interface import (
-    Geometry,
-    LhsPacker,
-    MatmulKernel,
-    RhsPacker,
-    check_execution,
-)
-from kleidipy.numerics import f16_bits_to_f32, fma_f32, round_even
 
 FAMILY = "qsi8d32p_qai4c32p"
 #: jit compute of the SME2 kernels on this host: AVX-512 VNNI where available, else the portable numba loops

@@ -16,18 +16,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kleidipy.core.buffers import check_execution
+from kleidipy.core.matmul import Geometry, MatmulKernel
+from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits, fma_f32, round_away, round_even
+from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_0
 from kleidipy.jit import qsi8d32p_qsi4c32p as jit
 from kleidipy.jit import qsi8d32p_qsi4c32p_vnni
-from kleidipy.kernels.interface import (
-    Geometry,
-    LhsPacker,
-    MatmulKernel,
-    RhsPacker,
-    check_execution,
-)
-from kleidipy.numerics import f16_bits_to_f32, f32_to_f16_bits, fma_f32, round_away, round_even
 
 FAMILY = "qsi8d32p_qsi4c32p"
 BL = 32

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kleidipy.core.buffers import check_svl
+from kleidipy.core.catalogue import get_kernel
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.errors import KernelShapeError, KleidipyError
-from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.kernels.interface import MatmulKernel, check_svl
 from kleidipy.layout import encodings
 from kleidipy.layout.probe import BufferMap, Field, Region, trace
 

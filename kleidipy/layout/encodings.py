@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kleidipy.core.packers import RhsPacker
 from kleidipy.formats import q4_0, q4_1, q8_0
 from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
-from kleidipy.kernels.interface import RhsPacker
 from kleidipy.kernels.qai8dxp_qsi8cxp import requantize_q8_0_per_channel
 from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
 from kleidipy.layout.probe import Channel, View

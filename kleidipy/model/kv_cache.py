@@ -10,8 +10,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.errors import DTypeError, KleidipyError
-from kleidipy.jit.numerics import F16_TABLE
 
 CACHE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
@@ -77,8 +77,8 @@ class KVCache:
         if not self.f16:
             return k, v
         k32, v32 = self._k32[:, :n_kv], self._v32[:, :n_kv]
-        _f16_to_f32(k.view(np.uint16), F16_TABLE, k32)
-        _f16_to_f32(v.view(np.uint16), F16_TABLE, v32)
+        _f16_to_f32(k.view(np.uint16), F16_BITS_TO_F32, k32)
+        _f16_to_f32(v.view(np.uint16), F16_BITS_TO_F32, v32)
         return k32, v32
 
     def advance(self, start: int, m: int) -> None:

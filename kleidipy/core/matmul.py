@@ -1,345 +1,42 @@
-"""The micro-kernel interface shared by every KleidiAI family: packers, matmul kernels, executions, threading.
+"""The matmul kernel interface shared by every KleidiAI family: geometry, run, prepare, executions.
 
-A family module (``kernels/<family>.py``) subclasses :class:`LhsPacker`, :class:`RhsPacker` and
-:class:`MatmulKernel`, implementing one ``_reference`` and one ``_jit`` method each; this module owns
-everything the families share: KleidiAI's size/offset functions, argument validation (GET_ROWS arguments
-included), clamping, the llama.cpp thread split and the :class:`PackedBuffer` provenance check (accepting the
-buffers of alternative packers that write the same bytes).
+A family subclasses :class:`MatmulKernel`, implementing one ``_reference`` and one ``_jit`` method; this module
+owns KleidiAI's getters (m_step, n_step, mr, nr, kr, sr, packed offsets), argument validation, clamping, the
+llama.cpp thread split over n and the prepared path a runtime calls per MUL_MAT.
 
 Executions: ``"reference"`` (plain numpy: the readable statement of the math), ``"jit"`` (numba) and
-``"isa"`` (the instruction-level emulator in :mod:`kleidipy.emulator`, kernels only: packers run their
-reference under it); all bit-exact with KleidiAI.
+``"isa"`` (the instruction-level emulator, through the program its family registers: ``isa_runner``); all
+bit-exact with KleidiAI.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from kleidipy.core.buffers import (
+    PackedBuffer,
+    PackedLayout,
+    as_f32_rows,
+    as_u8,
+    check_execution,
+    check_finite,
+    check_svl,
+    roundup,
+)
+from kleidipy.core.numerics import FLT_MAX, clamp_f32
+from kleidipy.core.packers import LhsPacker, RhsPacker
+from kleidipy.core.threads import GEMV_SPLIT_FACTOR, MIN_SPLIT_MACS, parallel_map
 from kleidipy.errors import (
     BufferSizeError,
     DTypeError,
     KernelShapeError,
-    NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.numerics import FLT_MAX, clamp_f32
-
-EXECUTIONS = ("reference", "jit", "isa")
-DEFAULT_EXECUTION = "jit"
-#: Smaller matmuls run on one thread: handing work to the pool costs tens of µs, more than they take.
-MIN_SPLIT_MACS = 1 << 21
-#: A GEMV is memory-bound: a second thread adds little bandwidth, so only very large ones are split
-#: (measured: splitting TinyLlama-1.1B's GEMVs made decode slower at 2 threads than at 1).
-GEMV_SPLIT_FACTOR = 64
-#: SVL values (bits) an SME/SME2 kernel can be built for.
-SVL_CHOICES = (128, 256, 512, 1024, 2048)
-
-
-def check_execution(execution: str | None) -> str:
-    execution = execution or DEFAULT_EXECUTION
-    if execution not in EXECUTIONS:
-        raise ValueError(f"unknown execution {execution!r}: choose one of {', '.join(EXECUTIONS)}")
-    return execution
-
-
-def check_svl(svl_bits: int) -> int:
-    """Validate an SME streaming vector length in bits (a power of two in 128..2048)."""
-    if svl_bits not in SVL_CHOICES:
-        raise KernelShapeError(f"SVL {svl_bits} is not a power of two in 128..2048 bits")
-    return svl_bits
-
-
-def roundup(a: int, b: int) -> int:
-    return (a + b - 1) // b * b
-
-
-# --------------------------------------------------------------------------------------------- buffers
-
-
-@dataclass(frozen=True)
-class PackedLayout:
-    """Where a packed buffer came from: the packer and every parameter that shapes its bytes."""
-
-    packer: str
-    rows: int  # m for LHS, n for RHS
-    k: int
-    mr_or_nr: int
-    kr: int
-    sr: int
-    bl: int | None = None
-
-
-class PackedBuffer(np.ndarray):
-    """A uint8 buffer written by a packer, remembering its :class:`PackedLayout`.
-
-    It is an ordinary numpy array (compare it, save it, slice it); kernels use ``layout`` to refuse a
-    buffer packed for another kernel or SVL. Plain uint8 arrays are accepted too (size checks only).
-    """
-
-    layout: PackedLayout | None
-
-    def __new__(cls, data: np.ndarray, layout: PackedLayout) -> PackedBuffer:
-        obj = np.asarray(data, dtype=np.uint8).view(cls)
-        obj.layout = layout
-        return obj
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.layout = getattr(obj, "layout", None)
-
-
-def as_u8(buf: np.ndarray, what: str) -> np.ndarray:
-    """A flat, contiguous uint8 view of a packed buffer (raises DTypeError for other dtypes)."""
-    arr = np.asarray(buf)
-    if arr.dtype != np.uint8:
-        raise DTypeError(f"{what} must be a uint8 buffer, got {arr.dtype}")
-    return np.ascontiguousarray(arr).reshape(-1).view(np.ndarray)
-
-
-def check_finite(x: np.ndarray, who: str) -> None:
-    if not np.isfinite(x).all():
-        bad = np.argwhere(~np.isfinite(x))[0]
-        raise NonFiniteInputError(f"{who}: LHS has NaN/Inf (first at index {tuple(int(i) for i in bad)})")
-
-
-def as_f32_rows(x: np.ndarray, m: int, k: int, who: str, lhs_stride: int | None = None) -> np.ndarray:
-    """View of m rows of k float32 values; lhs_stride is in bytes (KleidiAI's convention)."""
-    arr = np.asarray(x)
-    if arr.dtype != np.float32:
-        raise DTypeError(f"{who}: LHS must be float32, got {arr.dtype}")
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    stride = k if lhs_stride is None else lhs_stride // 4
-    if lhs_stride is not None and (lhs_stride % 4 or stride < k):
-        raise KernelShapeError(f"{who}: lhs_stride {lhs_stride} bytes is not a multiple of 4 >= 4*k")
-    need = (m - 1) * stride + k if m else 0
-    if flat.size < need:
-        raise BufferSizeError(f"{who}: LHS holds {flat.size} floats, {m}x{k} with stride {stride} needs {need}")
-    rows = np.lib.stride_tricks.as_strided(flat, shape=(m, k), strides=(stride * 4, 4))
-    return rows
-
-
-# --------------------------------------------------------------------------------------------- packers
-
-
-class Packer:
-    """Common part of LHS and RHS packers: a KleidiAI name and the two executions."""
-
-    #: KleidiAI name without the ``kai_run_`` prefix, e.g. ``lhs_quant_pack_qsi8d32p_f32_neon``.
-    name: str = ""
-    side: str = ""
-
-    @property
-    def kai_name(self) -> str:
-        return "kai_run_" + self.name
-
-    def __repr__(self) -> str:
-        return f"<{self.side.upper()} packer {self.name}>"
-
-    def _impl(self, execution: str) -> Callable:
-        """The packing function of an execution (packers run their reference under the emulator)."""
-        return self._jit if execution == "jit" else self._reference
-
-    def _group_index(self, idx: int, idx_name: str, r: int, r_name: str) -> int:
-        """The group of mr rows / nr columns that starts at row/column ``idx`` (KernelShapeError if none does)."""
-        if idx % r:
-            raise KernelShapeError(f"{self.name}: {idx_name} {idx} is not a multiple of {r_name}={r}")
-        return idx // r
-
-    def _check_block_length(self, k: int, bl: int | None) -> None:
-        """The rule of the block-quantized (``blocked``) packers: bl = 32 and k a multiple of it."""
-        if self.blocked:
-            if bl is None or bl != 32:
-                raise KernelShapeError(f"{self.name}: block length bl must be 32, got {bl}")
-            if k % bl:
-                raise KernelShapeError(f"{self.name}: k={k} is not a multiple of the block length {bl}")
-
-
-class LhsPacker(Packer):
-    """LHS (activation) quantize+pack. Subclasses implement the layout functions and two executions.
-
-    ``_reference``/``_jit`` receive validated float32 rows ``lhs`` [m, k] and must return the packed
-    bytes for those m rows (``get_lhs_packed_size(m, ...)`` long, padding rows 0).
-    """
-
-    side = "lhs"
-    #: whether the packer takes ``bl`` (block-quantized ``d32`` packers) — the KleidiAI signature differs.
-    blocked: bool = True
-
-    def get_m_step(self, mr: int) -> int:
-        return mr
-
-    def get_lhs_packed_stride(self, k: int, mr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        """Bytes of one group of mr packed rows."""
-        raise NotImplementedError
-
-    def get_lhs_packed_offset(self, m_idx: int, k: int, mr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        return self._group_index(m_idx, "m_idx", mr, "mr") * self.get_lhs_packed_stride(k, mr, kr, sr, bl)
-
-    def get_lhs_packed_size(self, m: int, k: int, mr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        return -(-m // mr) * self.get_lhs_packed_stride(k, mr, kr, sr, bl)
-
-    def check_args(self, m: int, k: int, mr: int, kr: int, sr: int, bl: int | None) -> None:
-        """Family packers extend this with their own rules (kr/sr values, bl)."""
-        if m < 0 or k <= 0:
-            raise KernelShapeError(f"{self.name}: m={m}, k={k} must be m >= 0, k > 0")
-        self._check_block_length(k, bl)
-
-    def run(
-        self,
-        m: int,
-        k: int,
-        mr: int,
-        kr: int,
-        sr: int,
-        lhs: np.ndarray,
-        *,
-        bl: int | None = None,
-        m_idx_start: int = 0,
-        lhs_stride: int | None = None,
-        execution: str | None = None,
-        threads: int = 1,
-    ) -> PackedBuffer:
-        """Quantize+pack m rows of ``lhs`` (float32, row stride ``lhs_stride`` bytes). Returns the packed buffer.
-
-        ``m_idx_start`` follows KleidiAI: the row index of the first packed row (offsets rows inside a group).
-        With ``threads`` > 1 the rows are split in multiples of mr across threads (llama.cpp's split).
-        """
-        execution = check_execution(execution)
-        self.check_args(m, k, mr, kr, sr, bl)
-        rows = as_f32_rows(lhs, m, k, self.name, lhs_stride)
-        check_finite(rows, self.name)
-        impl = self._impl(execution)
-        size = self.get_lhs_packed_size(m + m_idx_start % mr, k, mr, kr, sr, bl)
-        out = np.zeros(size, dtype=np.uint8)
-        if m_idx_start % mr == 0 and threads > 1 and m > mr:
-            per = roundup(m, mr * threads) // threads
-            parts = [(s, min(m, s + per)) for s in range(0, m, per)]
-
-            def pack_part(part: tuple[int, int]) -> None:
-                s, e = part
-                off = self.get_lhs_packed_offset(s, k, mr, kr, sr, bl)
-                packed = impl(rows[s:e], mr, kr, sr, bl, 0)
-                out[off : off + packed.size] = packed
-
-            parallel_map(pack_part, parts, threads)
-        else:
-            packed = impl(rows, mr, kr, sr, bl, m_idx_start % mr)
-            out[: packed.size] = packed
-        return PackedBuffer(out, PackedLayout(self.name, m, k, mr, kr, sr, bl))
-
-    def _reference(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        """Pack rows; ``row_offset`` = m_idx_start % mr (row position of lhs[0] inside its group)."""
-        raise NotImplementedError
-
-    def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        raise NotImplementedError
-
-
-class RhsPacker(Packer):
-    """RHS (weights) pack, done once at model load. Inputs are keyword arrays named as KleidiAI's arguments.
-
-    ``rhs`` is the weight data (GGML blocks, codes or floats), ``scale``/``zero``/``bias`` the per-channel or
-    per-block parameters the packer takes. Subclasses implement the layout functions and two executions.
-    """
-
-    side = "rhs"
-    blocked: bool = True
-    #: the names of the keyword inputs this packer needs besides ``rhs`` (e.g. ("scale",)).
-    inputs: tuple[str, ...] = ()
-    #: "nxk" or "kxn"
-    rhs_order: str = "nxk"
-
-    def get_rhs_packed_stride(self, k: int, nr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        raise NotImplementedError
-
-    def get_rhs_packed_offset(self, n_idx: int, k: int, nr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        return self._group_index(n_idx, "n_idx", nr, "nr") * self.get_rhs_packed_stride(k, nr, kr, sr, bl)
-
-    def get_rhs_packed_size(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        return -(-n // nr) * self.get_rhs_packed_stride(k, nr, kr, sr, bl)
-
-    def check_args(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None) -> None:
-        if n <= 0 or k <= 0:
-            raise KernelShapeError(f"{self.name}: n={n}, k={k} must be positive")
-        self._check_block_length(k, bl)
-
-    def check_inputs(self, given: dict[str, np.ndarray | None]) -> None:
-        """The keyword inputs ``given`` (scale, zero, bias) must include every name in ``inputs``; a family packer
-        may refuse others."""
-        for name in self.inputs:
-            if given[name] is None:
-                raise KernelShapeError(f"{self.name}: needs the '{name}' input")
-
-    def run(
-        self,
-        n: int,
-        k: int,
-        nr: int,
-        kr: int,
-        sr: int,
-        rhs: np.ndarray,
-        *,
-        bl: int | None = None,
-        scale: np.ndarray | None = None,
-        zero: np.ndarray | None = None,
-        bias: np.ndarray | None = None,
-        execution: str | None = None,
-    ) -> PackedBuffer:
-        """Pack n output channels of k values. Returns the packed buffer (padding as KleidiAI writes it)."""
-        execution = check_execution(execution)
-        self.check_args(n, k, nr, kr, sr, bl)
-        self.check_inputs({"scale": scale, "zero": zero, "bias": bias})
-        impl = self._impl(execution)
-        packed = impl(n, k, nr, kr, sr, bl, rhs, scale=scale, zero=zero, bias=bias)
-        expected = self.get_rhs_packed_size(n, k, nr, kr, sr, bl)
-        assert packed.size == expected, (self.name, packed.size, expected)
-        return PackedBuffer(packed, PackedLayout(self.name, n, k, nr, kr, sr, bl))
-
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
-        raise NotImplementedError
-
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
-        raise NotImplementedError
-
-    def get_rows_operands(
-        self, rhs_packed: np.ndarray, rows: np.ndarray, n: int, k: int, nr: int, kr: int, sr: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The checked operands of a GET_ROWS (dequantizing output channels ``rows`` straight from a buffer this
-        packer wrote for n channels of k values): the packed bytes (flat uint8, exactly the packed size) and the
-        row ids (int64)."""
-        self.check_args(n, k, nr, kr, sr, 32 if self.blocked else None)
-        layout = getattr(rhs_packed, "layout", None)
-        if layout is not None and (layout.packer, layout.k, layout.mr_or_nr, layout.kr, layout.sr) != (
-            self.name,
-            k,
-            nr,
-            kr,
-            sr,
-        ):
-            raise PackedLayoutMismatchError(
-                f"{self.name}: buffer was packed by {layout.packer} (k={layout.k}, nr={layout.mr_or_nr}, "
-                f"kr={layout.kr}, sr={layout.sr}); GET_ROWS asked for k={k}, nr={nr}, kr={kr}, sr={sr}"
-            )
-        buf = as_u8(rhs_packed, f"{self.name} packed RHS")
-        size = self.get_rhs_packed_size(n, k, nr, kr, sr)
-        if buf.size < size:
-            raise BufferSizeError(f"{self.name}: packed RHS is {buf.size} bytes, n={n}, k={k} needs {size}")
-        idx = np.asarray(rows)
-        if idx.size and idx.dtype.kind not in "iu":
-            raise DTypeError(f"{self.name}: GET_ROWS row ids must be integers, got {idx.dtype}")
-        idx = idx.reshape(-1).astype(np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise KernelShapeError(f"{self.name}: GET_ROWS row ids must be in [0, {n}), got [{idx.min()}, {idx.max()}]")
-        return buf[:size], idx
-
-
-# --------------------------------------------------------------------------------------------- kernels
 
 
 @dataclass(frozen=True)
@@ -690,26 +387,3 @@ class MatmulKernel:
         from kleidipy.emulator import emulate_kernel
 
         return emulate_kernel(self, m, n, k, lhs, rhs)
-
-
-# --------------------------------------------------------------------------------------------- threads
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def parallel_map(fn: Callable[[Any], None], items: list[Any], threads: int) -> None:
-    """Run fn over items on up to ``threads`` threads (numba code releases the GIL with nogil=True)."""
-    global _POOL
-    if threads <= 1 or len(items) <= 1:
-        for it in items:
-            fn(it)
-        return
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < threads:
-            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kleidipy")
-        pool = _POOL
-    futures = [pool.submit(fn, it) for it in items[1:]]
-    fn(items[0])
-    for f in futures:
-        f.result()

@@ -21,8 +21,8 @@ import textwrap
 from dataclasses import dataclass, replace
 from itertools import islice
 
+from kleidipy.core.buffers import SVL_CHOICES, check_svl
 from kleidipy.errors import KleidipyError
-from kleidipy.kernels.interface import SVL_CHOICES, check_svl
 
 
 class KernelNameError(KleidipyError, ValueError):

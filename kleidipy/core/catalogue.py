@@ -13,9 +13,10 @@ import pkgutil
 from functools import cache
 
 import kleidipy.kernels as _pkg
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.names import current_name
+from kleidipy.core.packers import Packer
 from kleidipy.errors import UnknownKernelError
-from kleidipy.kernels.interface import MatmulKernel, Packer
-from kleidipy.kernels.names import current_name
 
 _NOT_FAMILIES = {"interface", "catalogue", "names"}
 

@@ -1,0 +1,107 @@
+"""Packed buffers and the argument checks every packer and kernel shares.
+
+:class:`PackedBuffer` is a uint8 array that remembers its :class:`PackedLayout` (the packer and every parameter
+that shapes its bytes), so a kernel can refuse a buffer packed for another kernel or SVL; the executions
+(``reference``, ``jit``, ``isa``), SVL values and the small validators live here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kleidipy.errors import (
+    BufferSizeError,
+    DTypeError,
+    KernelShapeError,
+    NonFiniteInputError,
+)
+
+EXECUTIONS = ("reference", "jit", "isa")
+DEFAULT_EXECUTION = "jit"
+#: SVL values (bits) an SME/SME2 kernel can be built for.
+SVL_CHOICES = (128, 256, 512, 1024, 2048)
+
+
+def check_execution(execution: str | None) -> str:
+    execution = execution or DEFAULT_EXECUTION
+    if execution not in EXECUTIONS:
+        raise ValueError(f"unknown execution {execution!r}: choose one of {', '.join(EXECUTIONS)}")
+    return execution
+
+
+def check_svl(svl_bits: int) -> int:
+    """Validate an SME streaming vector length in bits (a power of two in 128..2048)."""
+    if svl_bits not in SVL_CHOICES:
+        raise KernelShapeError(f"SVL {svl_bits} is not a power of two in 128..2048 bits")
+    return svl_bits
+
+
+def roundup(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+# --------------------------------------------------------------------------------------------- buffers
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where a packed buffer came from: the packer and every parameter that shapes its bytes."""
+
+    packer: str
+    rows: int  # m for LHS, n for RHS
+    k: int
+    mr_or_nr: int
+    kr: int
+    sr: int
+    bl: int | None = None
+
+
+class PackedBuffer(np.ndarray):
+    """A uint8 buffer written by a packer, remembering its :class:`PackedLayout`.
+
+    It is an ordinary numpy array (compare it, save it, slice it); kernels use ``layout`` to refuse a
+    buffer packed for another kernel or SVL. Plain uint8 arrays are accepted too (size checks only).
+    """
+
+    layout: PackedLayout | None
+
+    def __new__(cls, data: np.ndarray, layout: PackedLayout) -> PackedBuffer:
+        obj = np.asarray(data, dtype=np.uint8).view(cls)
+        obj.layout = layout
+        return obj
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.layout = getattr(obj, "layout", None)
+
+
+def as_u8(buf: np.ndarray, what: str) -> np.ndarray:
+    """A flat, contiguous uint8 view of a packed buffer (raises DTypeError for other dtypes)."""
+    arr = np.asarray(buf)
+    if arr.dtype != np.uint8:
+        raise DTypeError(f"{what} must be a uint8 buffer, got {arr.dtype}")
+    return np.ascontiguousarray(arr).reshape(-1).view(np.ndarray)
+
+
+def check_finite(x: np.ndarray, who: str) -> None:
+    if not np.isfinite(x).all():
+        bad = np.argwhere(~np.isfinite(x))[0]
+        raise NonFiniteInputError(f"{who}: LHS has NaN/Inf (first at index {tuple(int(i) for i in bad)})")
+
+
+def as_f32_rows(x: np.ndarray, m: int, k: int, who: str, lhs_stride: int | None = None) -> np.ndarray:
+    """View of m rows of k float32 values; lhs_stride is in bytes (KleidiAI's convention)."""
+    arr = np.asarray(x)
+    if arr.dtype != np.float32:
+        raise DTypeError(f"{who}: LHS must be float32, got {arr.dtype}")
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    stride = k if lhs_stride is None else lhs_stride // 4
+    if lhs_stride is not None and (lhs_stride % 4 or stride < k):
+        raise KernelShapeError(f"{who}: lhs_stride {lhs_stride} bytes is not a multiple of 4 >= 4*k")
+    need = (m - 1) * stride + k if m else 0
+    if flat.size < need:
+        raise BufferSizeError(f"{who}: LHS holds {flat.size} floats, {m}x{k} with stride {stride} needs {need}")
+    rows = np.lib.stride_tricks.as_strided(flat, shape=(m, k), strides=(stride * 4, 4))
+    return rows
