@@ -25,13 +25,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kleidipy.backend import KleidiBackend  # noqa: E402
-from kleidipy.model.gguf_file import GGUFFile  # noqa: E402
-from kleidipy.model.llama import Llama  # noqa: E402
-from kleidipy.model.pull import cache_dir, pull  # noqa: E402
-from kleidipy.model.qwen2 import Qwen2  # noqa: E402
-from kleidipy.model.synthetic import TINYLLAMA_1_1B, write_random_llama  # noqa: E402
-from kleidipy.target import resolve_target  # noqa: E402
+from kleidipy.backend import KleidiBackend
+from kleidipy.model.gguf_file import GGUFFile
+from kleidipy.model.llama import Llama
+from kleidipy.model.pull import cache_dir, pull
+from kleidipy.model.qwen2 import Qwen2
+from kleidipy.model.synthetic import TINYLLAMA_1_1B, write_random_llama
+from kleidipy.target import resolve_target
 
 
 def bench_dir() -> Path:

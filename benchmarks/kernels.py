@@ -5,7 +5,7 @@ the matmul (the MOPA GEMM for m > 1, the SDOT GEMV for m = 1, SVL 512) through t
 (``get_kernel(...).pack_rhs/.pack_lhs/.run(threads=t)``) and the LHS quantize+pack, and prints a markdown
 table next to this machine's measured memory read bandwidth and vpdpbusd peak (so the % of roofline).
 
-By default the AVX-512 VNNI compute (``kleidipy.jit.qsi8d32p_qsi4c32p_vnni.compute``) is put into the family's
+By default the AVX-512 VNNI compute (``kleidipy.kernels.qsi8d32p_qsi4c32p.vnni.compute``) is put into the family's
 jit hook first; ``--compute library`` measures whatever the library is wired to. Timings are the best of several
 runs (other processes on the machine make single runs noisy; ``--cpu-time`` times by process CPU time per thread,
 which leaves out the time they hold the cores). ``--quick``: fewer shapes and repetitions.
@@ -26,8 +26,8 @@ import numpy as np
 
 from kleidipy.core import vnni
 from kleidipy.core.catalogue import get_kernel
-from kleidipy.jit import qsi8d32p_qsi4c32p_vnni as vk
-from kleidipy.kernels import qsi8d32p_qsi4c32p as family
+from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as family
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 
 SVL = 512
 GEMM = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"

@@ -19,11 +19,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
+from kleidipy.core.catalogue import family_of
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
-from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
-from kleidipy.kernels.qai8dxp_qsi8cxp import requantize_q8_0_per_channel
-from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
 from kleidipy.target import KernelPair, Target, select_kernels
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
@@ -162,17 +160,5 @@ class KleidiBackend:
 def packer_inputs(
     ggml_type: GGMLType, n: int, k: int, raw: np.ndarray, gemm: MatmulKernel, execution: str
 ) -> tuple[np.ndarray, dict]:
-    """(rhs, packer keywords) for the raw GGUF bytes of a weight the kernels take (see module docstring)."""
-    if ggml_type == GGMLType.Q4_0:
-        return np.asarray(raw, dtype=np.uint8).reshape(n, -1), {}
-    if ggml_type == GGMLType.Q8_0:
-        q, scale = requantize_q8_0_per_channel(raw, n, k, execution=execution)
-        return q, {"scale": scale}
-    if ggml_type == GGMLType.Q4_1:
-        codes, scale, zero = q4_1_to_qai4c32(np.asarray(raw, dtype=np.uint8), n, k, order=gemm.rhs_packer.code_order)
-        return codes, {"scale": scale, "zero": zero}
-    if ggml_type == GGMLType.F16:
-        rhs, bias = f16_nxk_to_f32_kxn(np.asarray(raw).view(np.float16).reshape(n, k))
-        return rhs, {"bias": bias}
-    values = np.asarray(raw).view(np.float32).reshape(n, k)
-    return np.ascontiguousarray(values.T), {"bias": np.zeros(n, np.float32)}
+    """(rhs, packer keywords) for the raw GGUF bytes of a weight the kernels take: the family's GGML adaptor."""
+    return family_of(gemm).from_ggml(ggml_type, raw, n, k, gemm.rhs_packer, execution)

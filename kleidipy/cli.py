@@ -226,7 +226,7 @@ def _cmd_layout(args: argparse.Namespace) -> int:
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
-    from kleidipy.emulator import emulate_report
+    from kleidipy.tools.emulate import emulate_report
 
     report = emulate_report(args.kernel, *_shape(args.shape), args.svl, args.trace, args.seed)
     print(report)

@@ -22,8 +22,8 @@ from kleidipy.errors import (
     PackedLayoutMismatchError,
 )
 from kleidipy.golden import GoldenSet
-from kleidipy.jit import bf16 as jit
-from kleidipy.kernels import bf16p_bf16p as fam
+from kleidipy.kernels.bf16p_bf16p import jit
+from kleidipy.kernels.bf16p_bf16p import ukernels as fam
 
 EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py
 

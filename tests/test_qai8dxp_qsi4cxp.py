@@ -15,8 +15,8 @@ from test_qai8dxp_qsi8cxp import HYP, SVLS, model_dst, model_lhs_packed
 from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import FLT_MAX, fma_f32
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
-from kleidipy.kernels import qai8dxp_qsi4cxp as fam
-from kleidipy.kernels import qai8dxp_qsi8cxp as core
+from kleidipy.kernels.qai8dxp_qsi4cxp import ukernels as fam
+from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as core
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME_MOPA = "matmul_clamp_f32_qai8dxp1vlx8_qsi4cxp4vlx8_1vlx4vl_sme2_mopa"
@@ -115,13 +115,13 @@ def random_case(seed: int, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_golden_runs_bit_exact(golden_dir, execution):
-    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    count, failures = verify_family(golden_dir, fam.FAMILY_NAME, execution)
     assert count == 66
     assert not failures, "\n".join(failures[:10])
 
 
 def test_golden_packed_buffers_match_the_readme_models(golden_dir):
-    golden, runs = family_runs(golden_dir, fam.FAMILY)
+    golden, runs = family_runs(golden_dir, fam.FAMILY_NAME)
     seen = set()
     for case, run in runs:
         p, packer = run["params"], run["kernels"]["rhs_pack"].removeprefix("kai_run_")
@@ -140,7 +140,7 @@ def test_golden_packed_buffers_match_the_readme_models(golden_dir):
 
 def test_sme2_mopa_uses_the_integer_zero_point_correction(golden_dir):
     """v1.16's SME2 MOPA added f32(f32(−zp)·f32(Σw))·S in float; the v1.30 golden dst is the integer recipe."""
-    golden, runs = family_runs(golden_dir, fam.FAMILY)
+    golden, runs = family_runs(golden_dir, fam.FAMILY_NAME)
     for case, run in runs:
         if run["variant"] != "clamp_f32_qai8dxp1vlx8_qsi4cxp4vlx8_1vlx4vl_sme2_mopa" or run["clamped"]:
             continue

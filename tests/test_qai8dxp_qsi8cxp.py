@@ -25,7 +25,7 @@ from kleidipy.errors import (
     PackedLayoutMismatchError,
 )
 from kleidipy.golden import GoldenSet
-from kleidipy.kernels import qai8dxp_qsi8cxp as fam
+from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
 
 F32 = np.float32
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
@@ -128,7 +128,7 @@ def random_case(seed: int, m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_golden_runs_bit_exact(golden_dir, execution):
-    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    count, failures = verify_family(golden_dir, fam.FAMILY_NAME, execution)
     assert count == 112
     assert not failures, "\n".join(failures[:10])
 
@@ -144,7 +144,7 @@ def test_requantize_q8_0_reproduces_golden_inputs(golden_dir, execution):
 
 
 def test_golden_lhs_and_rhs_match_the_readme_models(golden_dir):
-    golden, runs = family_runs(golden_dir, fam.FAMILY)
+    golden, runs = family_runs(golden_dir, fam.FAMILY_NAME)
     seen = set()
     for case, run in runs:
         p = run["params"]

@@ -21,7 +21,7 @@ from kleidipy.errors import (
     PackedLayoutMismatchError,
 )
 from kleidipy.golden import GoldenSet
-from kleidipy.kernels import qsi8d32p_qai4c32p as fam
+from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as fam
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa"
@@ -38,7 +38,7 @@ HYP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChec
 
 @pytest.mark.parametrize("execution", ["reference", "jit"])
 def test_golden_runs_bit_exact(golden_dir, execution):
-    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    count, failures = verify_family(golden_dir, fam.FAMILY_NAME, execution)
     assert count == 112
     assert not failures, "\n".join(failures[:10])
 

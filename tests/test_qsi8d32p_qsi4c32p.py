@@ -24,8 +24,8 @@ from kleidipy.errors import (
     PackedLayoutMismatchError,
 )
 from kleidipy.golden import GoldenSet
-from kleidipy.jit import qsi8d32p_qsi4c32p as jit
-from kleidipy.kernels import qsi8d32p_qsi4c32p as fam
+from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as fam
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME2_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
@@ -196,7 +196,7 @@ def _model_rhs_packed(blocks: np.ndarray, packer, nr: int, kr: int) -> np.ndarra
 
 @pytest.mark.parametrize("execution", ["reference", "jit"])
 def test_golden_runs_bit_exact(golden_dir, execution):
-    count, failures = verify_family(golden_dir, fam.FAMILY, execution)
+    count, failures = verify_family(golden_dir, fam.FAMILY_NAME, execution)
     assert count == 122
     assert not failures, "\n".join(failures[:10])
 
@@ -209,7 +209,7 @@ def test_golden_layouts_match_the_element_models(golden_dir):
     lhs = golden.array(case["inputs"]["lhs_f32"]).reshape(7, 96)
     seen = set()
     for run in case["runs"]:
-        if run.get("family") != fam.FAMILY or run.get("status") != "ok" or (run["dir"], run["variant"]) in seen:
+        if run.get("family") != fam.FAMILY_NAME or run.get("status") != "ok" or (run["dir"], run["variant"]) in seen:
             continue
         seen.add((run["dir"], run["variant"]))
         p = run["params"]

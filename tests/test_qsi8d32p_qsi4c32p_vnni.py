@@ -1,4 +1,4 @@
-"""AVX-512 VNNI execution of the Q4_0 SME2-layout kernels (kleidipy.jit.qsi8d32p_qsi4c32p_vnni).
+"""AVX-512 VNNI execution of the Q4_0 SME2-layout kernels (kleidipy.kernels.qsi8d32p_qsi4c32p.vnni).
 
 Both ISAs (VNNI512 when the host has it, PORTABLE everywhere) against: an independent exact model of spec
 §5.2 written here (own packers from codes, integer dots, float64-exact fma), the golden KleidiAI outputs, and
@@ -18,7 +18,7 @@ from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32, clamp_f32, f32_to_f16_bits, fma_f32, round_away
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.golden import GoldenSet, iter_runs
-from kleidipy.jit import qsi8d32p_qsi4c32p_vnni as vk
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 
 ISAS = [vnni.PORTABLE] + ([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])
 SVLS = (128, 256, 512, 1024, 2048)
@@ -186,7 +186,7 @@ def test_padding_columns_are_ignored() -> None:
 
 def test_matches_family_reference() -> None:
     """The family's numpy reference kernel (another implementation of the same recipe), when present."""
-    fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p")
+    fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p.ukernels")
     from kleidipy.core.catalogue import get_kernel
 
     rng = np.random.default_rng(11)
@@ -205,7 +205,7 @@ def test_matches_family_reference() -> None:
         for isa in ISAS:
             got = vk.compute(m, n, k, kern.mr, kern.nr, np.asarray(lhs), np.asarray(rhs), fmul, isa)
             assert bits_equal(got, want), (name, isa)
-    assert fam.FAMILY == "qsi8d32p_qsi4c32p"
+    assert fam.FAMILY_NAME == "qsi8d32p_qsi4c32p"
 
 
 def _golden_sme2_runs(golden_dir):  # noqa: ANN001, ANN202
@@ -296,7 +296,7 @@ def test_lhs_pack_matches_model(isa: vnni.Isa) -> None:
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_lhs_pack_matches_family_packer() -> None:
-    fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p")
+    fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p.ukernels")
     packer = fam.LHS_QSI8D32P_F32_NEON
     rng = np.random.default_rng(5)
     for m, k, mr in ((1, 2048, 1), (19, 256, 16), (9, 96, 8)):

@@ -1,7 +1,8 @@
-"""AVX-512 VNNI execution of the Q4_1 (kleidipy.jit.qsi8d32p_qai4c32p_vnni) and Q8_0 (kleidipy.jit.qai8dxp_vnni)
-SME2-layout kernels: bit for bit equal to the portable jit functions they replace and to the families' numpy
-references on random shapes with tails and every SVL; through the public kernels (clamp, threads, golden runs)
-after switching them in; the fallbacks for other layouts and for hosts without AVX-512 VNNI."""
+"""AVX-512 VNNI execution of the Q4_1 (kleidipy.kernels.qsi8d32p_qai4c32p.vnni) and Q8_0
+(kleidipy.kernels.qai8dxp_qsi8cxp.vnni) SME2-layout kernels: bit for bit equal to the portable jit functions they
+replace and to the families' numpy references on random shapes with tails and every SVL; through the public kernels
+(clamp, threads, golden runs) after switching them in; the fallbacks for other layouts and for hosts without
+AVX-512 VNNI."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from kernel_helpers import bits_equal
 
 from kleidipy.core.catalogue import get_kernel
 from kleidipy.core.numerics import FLT_MAX
-from kleidipy.jit import qai8dxp as q8_jit
-from kleidipy.jit import qai8dxp_vnni as q8_vnni
-from kleidipy.jit import qsi8d32p_qai4c32p as q41_jit
-from kleidipy.jit import qsi8d32p_qai4c32p_vnni as q41_vnni
-from kleidipy.kernels import qai8dxp_qsi8cxp as q8_fam
-from kleidipy.kernels import qsi8d32p_qai4c32p as q41_fam
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
+from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_fam
+from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
+from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
+from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as q41_fam
+from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 
 needs_vnni = pytest.mark.skipif(not q41_vnni.HAVE_VNNI, reason="host lacks AVX-512 VNNI")
 SVLS = (128, 256, 512, 1024, 2048)

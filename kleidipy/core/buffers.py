@@ -12,12 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from kleidipy.errors import (
-    BufferSizeError,
-    DTypeError,
-    KernelShapeError,
-    NonFiniteInputError,
-)
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 
 EXECUTIONS = ("reference", "jit", "isa")
 DEFAULT_EXECUTION = "jit"

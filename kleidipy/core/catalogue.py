@@ -1,7 +1,7 @@
 """The catalogue: every matmul kernel and packer kleidipy implements, keyed by its KleidiAI name.
 
-Family modules in this package declare ``KERNELS`` (list of :class:`MatmulKernel`) and/or ``PACKERS``
-(list of :class:`Packer`); they are discovered here, so adding a family is adding a module. A name in
+Each family package ``kleidipy/kernels/<family>/`` declares one :class:`~kleidipy.core.family.Family` record
+(``FAMILY``); they are discovered here, so adding a family is adding a folder. A name in
 KleidiAI's early spelling (``kai_run_matmul_clip_f32_qa8dxP4X8_...``) finds the entry it denotes today.
 """
 
@@ -13,24 +13,31 @@ import pkgutil
 from functools import cache
 
 import kleidipy.kernels as _pkg
+from kleidipy.core.family import Family
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.names import current_name
 from kleidipy.core.packers import Packer
 from kleidipy.errors import UnknownKernelError
 
-_NOT_FAMILIES = {"interface", "catalogue", "names"}
-
 
 @cache
-def _families() -> tuple:
-    mods = []
+def families() -> tuple[Family, ...]:
+    """Every family package's record, in name order."""
+    found = []
     for info in sorted(pkgutil.iter_modules(_pkg.__path__), key=lambda i: i.name):
-        if info.name in _NOT_FAMILIES or info.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{_pkg.__name__}.{info.name}")
-        if hasattr(mod, "KERNELS") or hasattr(mod, "PACKERS"):
-            mods.append(mod)
-    return tuple(mods)
+        if info.ispkg and not info.name.startswith("_"):
+            found.append(importlib.import_module(f"{_pkg.__name__}.{info.name}").FAMILY)
+    return tuple(found)
+
+
+def family_of(kernel: MatmulKernel) -> Family:
+    """The family a kernel belongs to."""
+    return next(f for f in families() if f.name == kernel.family)
+
+
+def family_of_packer(packer: Packer) -> Family:
+    """The (first) family that declares a packer (the Q8_0 family's LHS packer serves two)."""
+    return next(f for f in families() if any(p.name == packer.name for p in f.packers))
 
 
 def _strip(name: str) -> str:
@@ -41,12 +48,12 @@ def _strip(name: str) -> str:
 
 @cache
 def _kernels() -> dict[str, MatmulKernel]:
-    return {kern.name: kern for mod in _families() for kern in getattr(mod, "KERNELS", [])}
+    return {kern.name: kern for fam in families() for kern in fam.kernels}
 
 
 @cache
 def _packers() -> dict[str, Packer]:
-    return {p.name: p for mod in _families() for p in getattr(mod, "PACKERS", [])}
+    return {p.name: p for fam in families() for p in fam.packers}
 
 
 def all_kernels() -> list[MatmulKernel]:

@@ -31,12 +31,7 @@ from kleidipy.core.buffers import (
 from kleidipy.core.numerics import FLT_MAX, clamp_f32
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.core.threads import GEMV_SPLIT_FACTOR, MIN_SPLIT_MACS, parallel_map
-from kleidipy.errors import (
-    BufferSizeError,
-    DTypeError,
-    KernelShapeError,
-    PackedLayoutMismatchError,
-)
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
 
 
 @dataclass(frozen=True)
@@ -75,6 +70,9 @@ class MatmulKernel:
     #: order, or another rounding of the same layout): buffers they packed are accepted too.
     alt_lhs_packers: tuple[LhsPacker, ...] = ()
     alt_rhs_packers: tuple[RhsPacker, ...] = ()
+    #: the ``isa`` execution: ``isa(kernel, m, n, k, lhs, rhs, trace=False) -> (unclamped dst, machine)``, set
+    #: by the kernel's family from its emulator program (None: not emulated)
+    isa: Callable[..., tuple[np.ndarray, Any]] | None = field(default=None, repr=False, compare=False)
 
     # --- identity -----------------------------------------------------------------------------
     @property
@@ -383,7 +381,7 @@ class MatmulKernel:
         raise NotImplementedError
 
     def _isa(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-        """Instruction-level emulation of this kernel (NotImplementedError if the emulator does not cover it)."""
-        from kleidipy.emulator import emulate_kernel
-
-        return emulate_kernel(self, m, n, k, lhs, rhs)
+        """Instruction-level emulation of this kernel (NotImplementedError if its family has no program)."""
+        if self.isa is None:
+            raise NotImplementedError(f"the isa emulator has no program for kernel {self.kai_name}")
+        return self.isa(self, m, n, k, lhs, rhs)[0]

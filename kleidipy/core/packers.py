@@ -13,12 +13,7 @@ import numpy as np
 
 from kleidipy.core.buffers import PackedBuffer, PackedLayout, as_f32_rows, as_u8, check_execution, check_finite, roundup
 from kleidipy.core.threads import parallel_map
-from kleidipy.errors import (
-    BufferSizeError,
-    DTypeError,
-    KernelShapeError,
-    PackedLayoutMismatchError,
-)
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
 
 
 class Packer:

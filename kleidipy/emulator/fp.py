@@ -2,8 +2,8 @@
 
 numpy has no fused multiply-add and no round-to-odd, so the instructions that need them (FMLA/FMLALB/FMLALT and
 the FPCR.EBF = 0 BF16 dot products of BFMOPA/BFMMLA/BFDOT) call these loops over their lanes. The scalar
-semantics are kleidipy's: :func:`kleidipy.core.numerics.fma32` (one rounding) and :func:`kleidipy.jit.bf16.bfdotadd`
-(every step rounded to odd, denormals flushed).
+semantics are kleidipy's: :func:`kleidipy.core.numerics.fma32` (one rounding) and
+:func:`kleidipy.core.numerics.bfdotadd` (every step rounded to odd, denormals flushed).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.core.numerics import fma32
-from kleidipy.jit.bf16 import bf16_value, bfdotadd
+from kleidipy.core.numerics import bf16_value, bfdotadd, fma32
 
 
 @numba.njit(cache=True, nogil=True)

@@ -3,7 +3,7 @@
 Bytes 0-1: fp16 d, bytes 2-3: fp16 m (the block minimum), bytes 4-19: qs[16] with byte j = u[j] | u[j+16] << 4.
 :func:`quantize` is ggml's ``quantize_row_q4_1_ref`` bit for bit; :func:`dequantize` is
 ``dequantize_row_q4_1`` (f32(u*d) then f32(+m): a multiply and an add, not a fused multiply-add). The field
-accessors give what the runtime and ``kleidipy.kernels.qsi8d32p_qai4c32p.q4_1_to_qai4c32`` (the KleidiAI
+accessors give what the runtime and ``kleidipy.kernels.qsi8d32p_qai4c32p.ukernels.q4_1_to_qai4c32`` (the KleidiAI
 ``qai4c32`` packers' inputs) read.
 """
 

@@ -1,2 +1,3 @@
-"""KleidiAI micro-kernel families: one module per family (its packers and matmul kernels), the shared
-interface (``interface``), the catalogue keyed by KleidiAI name (``catalogue``) and the name decoder (``names``)."""
+"""KleidiAI micro-kernel families, one package each (as KleidiAI's ``kai/ukernels/matmul/<family>/``): its
+packers and kernels, their jit/VNNI code, emulator programs and GGML adaptor, declared in one ``FAMILY`` record
+that :mod:`kleidipy.core.catalogue` discovers."""

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from gguf import GGMLQuantizationType as GGMLType
 
+from kleidipy.core.catalogue import family_of_packer
 from kleidipy.core.packers import RhsPacker
 from kleidipy.formats import q4_0, q4_1, q8_0
-from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
-from kleidipy.kernels.qai8dxp_qsi8cxp import requantize_q8_0_per_channel
-from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
 from kleidipy.layout.probe import Channel, View
 
 BL = 32
@@ -63,6 +62,12 @@ def _f32_rows(choice: np.ndarray, n: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- RHS formats
 
 
+def _from_ggml(ggml_type: GGMLType, raw: np.ndarray, n: int, k: int, packer: RhsPacker) -> dict[str, np.ndarray]:
+    """The packer's keyword inputs for GGML bytes, from the packer's family adaptor (as the runtime repacks)."""
+    rhs, kwargs = family_of_packer(packer).from_ggml(ggml_type, raw, n, k, packer, "reference")
+    return {"rhs": rhs, **kwargs}
+
+
 def rhs_q4_0(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
     """GGML Q4_0 blocks, passed to the packer unchanged (llama.cpp's Q4_0 route)."""
     nb = k // BL
@@ -84,14 +89,12 @@ def rhs_q4_0(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
 
 
 def rhs_q4_1(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
-    """GGML Q4_1 blocks -> codes, scale = d, zero = m + 8d (:func:`q4_1_to_qai4c32`) in the packer's nibble order."""
+    """GGML Q4_1 blocks -> codes, scale = d, zero = m + 8d in the packer's nibble order (the family's adaptor)."""
     nb = k // BL
-    order = packer.code_order
 
     def inputs(d: np.ndarray, m: np.ndarray, u: np.ndarray, bias: np.ndarray) -> RhsInputs:
-        raw = q4_1.from_fields(d, m, u)
-        codes_, scale, zero = q4_1_to_qai4c32(raw.reshape(-1), n, k, order)
-        return raw.reshape(-1), {"rhs": codes_, "scale": scale, "zero": zero, "bias": bias}
+        raw = q4_1.from_fields(d, m, u).reshape(-1)
+        return raw, _from_ggml(GGMLType.Q4_1, raw, n, k, packer) | {"bias": bias}
 
     ones, zeros = np.full((n, nb), F16_ONE, np.uint16), np.zeros((n, nb), np.uint16)
     no_codes, no_bias = np.zeros((n, k), np.uint8), np.zeros(n, np.float32)
@@ -127,16 +130,17 @@ def rhs_q4_1(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
 
 
 def rhs_q8_0(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
-    """GGML Q8_0 blocks -> per-channel int8 + f32 scale (:func:`requantize_q8_0_per_channel`, llama.cpp's route);
+    """GGML Q8_0 blocks -> per-channel int8 + f32 scale (the family's adaptor: llama.cpp's requantization);
     for k not a multiple of 32 (no Q8_0 tensor has it) the packer's own int8 input, as :func:`rhs_per_channel`."""
     if k % BL:
         return rhs_per_channel(n, k, packer)
     nb = k // BL
 
     def inputs(d: np.ndarray, q: np.ndarray, bias: np.ndarray | None = None) -> RhsInputs:
-        raw = q8_0.from_fields(d, q)
-        q8, scale = requantize_q8_0_per_channel(raw, n, k, execution="reference")
-        return raw.reshape(-1), {"rhs": q8, "scale": scale, "bias": np.zeros(n, np.float32) if bias is None else bias}
+        raw = q8_0.from_fields(d, q).reshape(-1)
+        return raw, _from_ggml(GGMLType.Q8_0, raw, n, k, packer) | {
+            "bias": np.zeros(n, np.float32) if bias is None else bias
+        }
 
     ones, full = np.full((n, nb), F16_ONE, np.uint16), np.full((n, k), 127, np.int8)
 
@@ -212,12 +216,12 @@ def rhs_per_channel(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channe
 
 
 def rhs_f16(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
-    """GGML F16 weights [n][k] -> exact f32 K x N (:func:`f16_nxk_to_f32_kxn`, llama.cpp's F16 route) + bias."""
+    """GGML F16 weights [n][k] -> exact f32 K x N (the family's adaptor: llama.cpp's F16 route) + bias."""
     width = 2 if "bf16" in packer.name else 4
 
     def inputs(bits: np.ndarray, bias: np.ndarray | None = None) -> RhsInputs:
-        rhs, zero_bias = f16_nxk_to_f32_kxn(bits)
-        return bits.view(np.uint8).reshape(-1), {"rhs": rhs, "bias": zero_bias if bias is None else bias}
+        given = _from_ggml(GGMLType.F16, bits, n, k, packer)
+        return bits.view(np.uint8).reshape(-1), given | ({} if bias is None else {"bias": bias})
 
     ones = np.full((n, k), F16_ONE, np.uint16)
     return "GGML F16 tensor [n][k]", [

@@ -27,8 +27,8 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import F16_BITS_TO_F32, f16_bits_to_f32, fma_f32, round_away
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
-from kleidipy.jit import qai8dxp as jit
-from kleidipy.jit.qai8dxp_vnni import best_matmul_qai8dxp
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit
+from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import best_matmul_qai8dxp
 
 #: K is padded to a multiple of this in every qai8dxp packed buffer (k_int = roundup(k, 32)).
 K_MULTIPLE = 32
@@ -37,7 +37,7 @@ LHS_PARAM_BYTES = 8
 #: bytes after the data of one packed RHS column: int32 row sum, f32 scale, f32 bias.
 RHS_PARAM_BYTES = 12
 
-FAMILY = "qai8dxp_qsi8cxp"
+FAMILY_NAME = "qai8dxp_qsi8cxp"
 #: jit matmul of both qai8dxp families on this host: AVX-512 VNNI for the SME int8 layouts where available,
 #: else (and for every other layout) the portable numba loop; same arguments, bit-identical results.
 MATMUL_COMPUTE = best_matmul_qai8dxp()
@@ -483,7 +483,7 @@ def make_kernel(
 
 
 KERNELS = [
-    make_kernel(f"matmul_clamp_f32_qai8dxp{lhs}_qsi8cxp{rhs}_{tile}", FAMILY, tier, RHS_PACKER, geo, recipe)
+    make_kernel(f"matmul_clamp_f32_qai8dxp{lhs}_qsi8cxp{rhs}_{tile}", FAMILY_NAME, tier, RHS_PACKER, geo, recipe)
     for lhs, rhs, tile, tier, geo, recipe in (
         ("1vlx4", "4vlx4", "1vlx4vl_sme2_mopa", "sme2", sme_geometry(True), Recipe.FMUL_FADD),
         ("1x4", "4vlx4", "1x4vl_sme2_dot", "sme2", sme_geometry(False), Recipe.FMA_BIAS),

@@ -15,8 +15,6 @@ instruction pattern.
 
 from __future__ import annotations
 
-import numpy as np
-
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import (
@@ -29,8 +27,7 @@ from kleidipy.emulator.common import (
     sme_start,
 )
 from kleidipy.emulator.machine import Buffer, Machine
-from kleidipy.formats import q8_0
-from kleidipy.kernels.qai8dxp_qsi8cxp import k_internal, requantize_q8_0_per_channel
+from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import k_internal
 
 
 def _int4(kern: MatmulKernel) -> bool:
@@ -367,11 +364,3 @@ PROGRAMS = {
     "matmul_clamp_f32_qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod": _neon_dotprod,
     "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod": _neon_dotprod,
 }
-
-
-def rhs_inputs(kern: MatmulKernel, weights: np.ndarray) -> tuple[np.ndarray, dict]:
-    """The RHS packer inputs for float weights [n, k]: GGML Q8_0 blocks re-quantized per channel as llama.cpp
-    does (int8 q, f32 scale)."""
-    n, k = weights.shape
-    q, scale = requantize_q8_0_per_channel(q8_0.quantize(weights), n, k)
-    return q, {"scale": scale}

@@ -1,7 +1,7 @@
 """Numba code of the F16 weight routes: BF16 packers and BFMOPA/BFMMLA/BFDOT kernels, f32 packer and FMLA kernel.
 
-Each function mirrors a numpy reference in ``kleidipy.kernels.bf16p_bf16p`` / ``kleidipy.kernels.f32_f32p``
-bit for bit. The BF16 arithmetic is the FPCR.EBF = 0 ``BFDotAdd`` described there: every product and sum is
+Each function mirrors a numpy reference in ``ukernels.py`` beside it / ``kleidipy.kernels.f32_f32p.ukernels`` bit
+for bit. The BF16 arithmetic is the FPCR.EBF = 0 ``BFDotAdd`` described there: every product and sum is
 rounded to odd in float32, denormal inputs and results are flushed to zero, NaN results are the default NaN.
 """
 

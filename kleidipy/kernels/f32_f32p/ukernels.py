@@ -2,7 +2,8 @@
 
 Owns the RHS packer ``rhs_pack_kxn_x32p16x1b_x32_x32_neon`` and the kernel
 ``matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla``. The LHS is not packed: the kernel reads the float32 rows.
-The weights come from :func:`kleidipy.kernels.bf16p_bf16p.f16_nxk_to_f32_kxn` (exact F16 -> F32, K x N, zero bias).
+The weights come from :func:`kleidipy.kernels.bf16p_bf16p.ukernels.f16_nxk_to_f32_kxn` (exact F16 -> F32, K x N,
+zero bias).
 
 Packed RHS: per group of 16 columns, 16 f32 biases, then for each k the 16 f32 of row k (padding columns 0).
 
@@ -23,10 +24,10 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import fma_f32
 from kleidipy.core.packers import RhsPacker
 from kleidipy.errors import KernelShapeError
-from kleidipy.jit import bf16 as jit
-from kleidipy.kernels.bf16p_bf16p import check_no_bl, kxn_inputs
+from kleidipy.kernels.bf16p_bf16p import jit
+from kleidipy.kernels.bf16p_bf16p.ukernels import check_no_bl, kxn_inputs
 
-FAMILY = "f32_f32p"
+FAMILY_NAME = "f32_f32p"
 NR = 16
 
 
@@ -99,6 +100,13 @@ def mla_geometry(vl: int) -> Geometry:
 
 KERNELS = [
     F32MatmulKernel(
-        "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla", FAMILY, "neon", "gemm", None, RHS_X32, mla_geometry, bl=None
+        "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
+        FAMILY_NAME,
+        "neon",
+        "gemm",
+        None,
+        RHS_X32,
+        mla_geometry,
+        bl=None,
     ),
 ]

@@ -10,19 +10,16 @@
 
 The BF16 steps follow FPCR.EBF = 0 (every product and sum rounded to odd, :mod:`.fp`). KleidiAI's BF16 sources
 were not available to read; the instruction sequences follow the packed layouts and the arithmetic the golden
-data pins down (module docstring of :mod:`kleidipy.kernels.bf16p_bf16p`).
+data pins down (module docstring of :mod:`kleidipy.kernels.bf16p_bf16p.ukernels`).
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from kleidipy.core.buffers import roundup
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import neon_limits, output_tiles, sme_start
 from kleidipy.emulator.machine import Buffer, Machine
-from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
 
 
 def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
@@ -146,10 +143,3 @@ PROGRAMS = {
     "matmul_clamp_f32_bf16p8x4_bf16p12x4b_8x12_neon_mmla": _neon_mmla,
     "matmul_clamp_f32_bf16p1x4_bf16p12x4b_1x36_neon_dot": _neon_dot,
 }
-
-
-def rhs_inputs(kern: MatmulKernel, weights: np.ndarray) -> tuple[np.ndarray, dict]:
-    """The RHS packer inputs for float weights [n, k]: the F16 tensor as llama.cpp hands it over (exact f32,
-    K x N) and n zero biases."""
-    rhs, bias = f16_nxk_to_f32_kxn(weights.astype(np.float16))
-    return rhs, {"bias": bias}

@@ -9,13 +9,10 @@ arithmetic (one fma per k, from the bias).
 
 from __future__ import annotations
 
-import numpy as np
-
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon
 from kleidipy.emulator.common import neon_limits, output_tiles
 from kleidipy.emulator.machine import Buffer, Machine
-from kleidipy.kernels.bf16p_bf16p import f16_nxk_to_f32_kxn
 
 NR, MR = 16, 6
 
@@ -51,9 +48,3 @@ def _neon_mla(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
 
 
 PROGRAMS = {"matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla": _neon_mla}
-
-
-def rhs_inputs(kern: MatmulKernel, weights: np.ndarray) -> tuple[np.ndarray, dict]:
-    """The RHS packer inputs for float weights [n, k]: the F16 tensor as exact f32, K x N, and zero biases."""
-    rhs, bias = f16_nxk_to_f32_kxn(weights.astype(np.float16))
-    return rhs, {"bias": bias}

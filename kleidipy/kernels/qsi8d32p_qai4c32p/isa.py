@@ -1,5 +1,5 @@
 """Instruction programs of the Q4_1 family ``qsi8d32p × qai4c32p`` (8-bit blocked activations × asymmetric
-4-bit blocked weights; recipe in :mod:`kleidipy.kernels.qsi8d32p_qai4c32p`).
+4-bit blocked weights; recipe in :mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels`).
 
 Per block the integer dot a = Σ q·w is built like the Q4_0 kernels' (SME2: LUTI4 of the unsigned codes with
 entry i = i − 8, then SMOPA into the ZA.S tiles or SDOT into a ZA vector group; NEON: SMMLA / SDOT on the
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import (
@@ -31,8 +29,6 @@ from kleidipy.emulator.common import (
     sme_start,
 )
 from kleidipy.emulator.machine import Buffer, Machine
-from kleidipy.formats import q4_1
-from kleidipy.kernels.qsi8d32p_qai4c32p import q4_1_to_qai4c32
 
 BL = 32
 LHS_BLOCK = 40  # per row: 32 int8, f32 row sum, f32 recip
@@ -295,11 +291,3 @@ PROGRAMS = {
     "matmul_clamp_f32_qsi8d32p1x8_qai4c32p4x8_1x4_neon_dotprod": _neon_dotprod_1x8,
     "matmul_clamp_f32_qsi8d32p1x4_qai4c32p4x4_1x4_neon_dotprod": _neon_dotprod,
 }
-
-
-def rhs_inputs(kern: MatmulKernel, weights: np.ndarray) -> tuple[np.ndarray, dict]:
-    """The RHS packer inputs for float weights [n, k]: GGML Q4_1 blocks mapped to codes (s0s1), f32 scale and
-    f32 zero (= m + 8d) per block."""
-    n, k = weights.shape
-    codes, scale, zero = q4_1_to_qai4c32(q4_1.quantize(weights), n, k, "s0s1")
-    return codes, {"scale": scale, "zero": zero}

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.emulator import neon, sme
 from kleidipy.emulator.common import (
@@ -32,7 +30,6 @@ from kleidipy.emulator.common import (
     sme_start,
 )
 from kleidipy.emulator.machine import Buffer, Machine
-from kleidipy.formats import q4_0
 
 BL = 32
 
@@ -357,8 +354,3 @@ PROGRAMS = {
     "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4x4_1x4_neon_dotprod": _neon_dotprod,
     "matmul_clamp_f32_qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod": _neon_dotprod_1x8,
 }
-
-
-def rhs_inputs(kern: MatmulKernel, weights: np.ndarray) -> tuple[np.ndarray, dict]:
-    """The RHS packer input for float weights [n, k]: GGML Q4_0 blocks."""
-    return q4_0.quantize(weights), {}

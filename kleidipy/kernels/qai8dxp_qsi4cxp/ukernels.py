@@ -2,14 +2,14 @@
 
 Owns the two RHS packers (NEON ``rhs_pack_nxk_qsi4cxp_qs4cxs1s0`` and SME2
 ``rhs_pack_nxk_qsi4cxps1s0_qsu4cxs1s0_neon``) and the five kernels. The LHS packer, the per-channel RHS
-base and the kernel arithmetic are shared with the Q8_0 family (:mod:`kleidipy.kernels.qai8dxp_qsi8cxp`).
+base and the kernel arithmetic are shared with the Q8_0 family (:mod:`kleidipy.kernels.qai8dxp_qsi8cxp.ukernels`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kleidipy.kernels.qai8dxp_qsi8cxp import (
+from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import (
     LHS_PACKER,
     PerChannelRhsPacker,
     Recipe,
@@ -20,7 +20,7 @@ from kleidipy.kernels.qai8dxp_qsi8cxp import (
     sme_geometry,
 )
 
-FAMILY = "qai8dxp_qsi4cxp"
+FAMILY_NAME = "qai8dxp_qsi4cxp"
 #: KleidiAI's ``params.rhs_zero_point``: the input codes u are unsigned, the weight is u − 8.
 RHS_ZERO_POINT = 8
 
@@ -83,7 +83,7 @@ RHS_PACKER_NEON = RhsPackNxkQsi4cxpQs4cxs1s0()
 RHS_PACKER_SME2 = RhsPackNxkQsi4cxps1s0Qsu4cxs1s0Neon()
 
 KERNELS = [
-    make_kernel(f"matmul_clamp_f32_qai8dxp{lhs}_qsi4cxp{rhs}_{tile}", FAMILY, tier, packer, geo, recipe)
+    make_kernel(f"matmul_clamp_f32_qai8dxp{lhs}_qsi4cxp{rhs}_{tile}", FAMILY_NAME, tier, packer, geo, recipe)
     for lhs, rhs, tile, tier, packer, geo, recipe in (
         ("1vlx8", "4vlx8", "1vlx4vl_sme2_mopa", "sme2", RHS_PACKER_SME2, sme_geometry(True), Recipe.FMUL_FADD),
         ("1x4", "4vlx4", "1x4vl_sme2_sdot", "sme2", RHS_PACKER_SME2, sme_geometry(False), Recipe.FMA_BIAS),

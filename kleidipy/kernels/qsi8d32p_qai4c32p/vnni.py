@@ -1,7 +1,7 @@
 """AVX-512 VNNI host execution of the Q4_1 SME2-layout kernels ``…qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa``
 and ``…qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot``: drop-ins for ``matmul_sme2_mopa`` / ``matmul_sme2_dot`` of
-:mod:`kleidipy.jit.qsi8d32p_qai4c32p`, same arguments, same bits (the recipe is in
-:mod:`kleidipy.kernels.qsi8d32p_qai4c32p`).
+:mod:`kleidipy.kernels.qsi8d32p_qai4c32p.jit`, same arguments, same bits (the recipe is in
+:mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels`).
 
 Layouts read (bl = 32, kr/sr = 4): the LHS group of mr rows holds per block mr·40 bytes, the int8 of (row r,
 K group t) at 4·(t·mr + r), then mr f32 row sums, mr f32 recips; the RHS group of nr columns (nr % 16 == 0)
@@ -31,8 +31,8 @@ from numba.extending import intrinsic
 
 from kleidipy.core import vnni
 from kleidipy.core.vnni import F32, F32X16, I32, I32X16, i64
-from kleidipy.jit import qsi8d32p_qai4c32p as _portable
-from kleidipy.jit.qsi8d32p_qai4c32p import BL, LHS_BLOCK_BYTES, RHS_BLOCK_BYTES
+from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _portable
+from kleidipy.kernels.qsi8d32p_qai4c32p.jit import BL, LHS_BLOCK_BYTES, RHS_BLOCK_BYTES
 
 #: the host runs these kernels (else the best_* selectors return the portable jit functions).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI

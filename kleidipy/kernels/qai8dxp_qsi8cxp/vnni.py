@@ -1,7 +1,7 @@
 """AVX-512 VNNI host execution of the Q8_0 SME/SME2-layout kernels ``…qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme{,2}_mopa``
 and ``…qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme{,2}_dot``: :func:`matmul_qai8dxp` is a drop-in for
-:func:`kleidipy.jit.qai8dxp.matmul_qai8dxp` (same arguments, same bits written to ``out``) that runs them with
-``vpdpbusd`` and hands every other layout to that portable function.
+:func:`kleidipy.kernels.qai8dxp_qsi8cxp.jit.matmul_qai8dxp` (same arguments, same bits written to ``out``) that
+runs them with ``vpdpbusd`` and hands every other layout to that portable function.
 
 Layouts read (kr = 4, sr = 1, k_int = roundup(k, 32)): the LHS group of mr rows holds the int8 of (row r, K
 group t) at 4·(t·mr + r), then mr int32 −zp, mr f32 recips; the RHS group of nr columns (nr % 16 == 0) holds
@@ -27,12 +27,12 @@ from numba.extending import intrinsic
 
 from kleidipy.core import vnni
 from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, i64
-from kleidipy.jit import qai8dxp as _portable
-from kleidipy.jit.qai8dxp import RECIPE_FMA_BIAS
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit as _portable
+from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS
 
 #: the host runs these kernels (else :func:`best_matmul_qai8dxp` returns the portable jit function).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
-#: the portable function, held here so that rebinding ``kleidipy.jit.qai8dxp.matmul_qai8dxp`` to ours is safe.
+#: the portable function, held here so that rebinding ``jit.matmul_qai8dxp`` to ours is safe.
 PORTABLE_MATMUL = _portable.matmul_qai8dxp
 
 KR = 4
@@ -172,9 +172,9 @@ def matmul_qai8dxp(
     recipe: int,
     out: np.ndarray,
 ) -> None:
-    """:func:`kleidipy.jit.qai8dxp.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into
-    ``out``, C-contiguous): the VNNI kernel for the int8 kr = 4, nr % 16 == 0 layout of the SME/SME2 kernels,
-    the portable jit for every other layout. Needs AVX-512 VNNI (see :func:`best_matmul_qai8dxp`)."""
+    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
+    the VNNI kernel for the int8 kr = 4, nr % 16 == 0 layout of the SME/SME2 kernels, the portable jit for every
+    other layout. Needs AVX-512 VNNI (see :func:`best_matmul_qai8dxp`)."""
     if _is_sme_int8_layout(k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         _matmul(m, n, k_int, mr, nr, lhs_i8, rhs_u8, recipe == RECIPE_FMA_BIAS, out)
     else:

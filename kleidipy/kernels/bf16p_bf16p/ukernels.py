@@ -40,9 +40,9 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
-from kleidipy.jit import bf16 as jit
+from kleidipy.kernels.bf16p_bf16p import jit
 
-FAMILY = "bf16p_bf16p"
+FAMILY_NAME = "bf16p_bf16p"
 #: mr / nr of the SME packers: 2·VL for every supported SVL.
 SME_2VL = tuple(2 * svl // 32 for svl in SVL_CHOICES)
 
@@ -362,7 +362,7 @@ def _kernel(
     geometry: Callable[[int], Geometry],
     **kw: object,
 ) -> Bf16MatmulKernel:
-    return Bf16MatmulKernel(name, FAMILY, tier, kind, lhs, rhs, geometry, bl=None, **kw)
+    return Bf16MatmulKernel(name, FAMILY_NAME, tier, kind, lhs, rhs, geometry, bl=None, **kw)
 
 
 KERNELS = [

@@ -42,10 +42,10 @@ from kleidipy.core.numerics import f16_bits_to_f32, fma_f32, round_even
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_1
-from kleidipy.jit import qsi8d32p_qai4c32p as _jit
-from kleidipy.jit import qsi8d32p_qai4c32p_vnni as _vnni
+from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
+from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as _vnni
 
-FAMILY = "qsi8d32p_qai4c32p"
+FAMILY_NAME = "qsi8d32p_qai4c32p"
 #: jit compute of the SME2 kernels on this host: AVX-512 VNNI where available, else the portable numba loops
 #: (same signature ``(m, n, k, mr, nr, lhs_u8, rhs_u8) -> float32 [m, n]`` and bit-identical results).
 SME2_MOPA_COMPUTE = _vnni.best_matmul_sme2_mopa()
@@ -403,7 +403,7 @@ def _sme_geometry(rows_vl: bool) -> Callable[[int], Geometry]:
 def _kernel(
     name: str, tier: str, kind: str, geometry: Callable[[int], Geometry], **kw: object
 ) -> Qsi8d32pQai4c32pKernel:
-    return Qsi8d32pQai4c32pKernel(name, FAMILY, tier, kind, LHS_PACKER, geometry=geometry, **kw)
+    return Qsi8d32pQai4c32pKernel(name, FAMILY_NAME, tier, kind, LHS_PACKER, geometry=geometry, **kw)
 
 
 #: The SME2 kernels default to the s0s1 packer (the code order the NEON packer reads too, so one set of

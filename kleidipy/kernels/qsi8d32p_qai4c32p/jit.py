@@ -1,7 +1,7 @@
 """Numba executions of the Q4_1 family ``qsi8d32p × qai4c32p``: LHS quantize+pack, the NEON and SME2 RHS
 packers, the matmul compute loops and GET_ROWS.
 
-Each function matches its numpy statement in :mod:`kleidipy.kernels.qsi8d32p_qai4c32p` bit for bit; the
+Each function matches its numpy statement in :mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels` bit for bit; the
 layouts and the float recipe are documented there. Packed RHS blocks of both layouts are read through one
 per-column decoder: ``neon`` selects the NEON layout (nibble pair (t, t+16) XOR 0x88, kernel weight
 16·(u−8), chunks of kr/sr bytes) or the SME2 one (nibble pair (2j, 2j+1), weight u−8, chunks of 2 bytes).

@@ -4,7 +4,7 @@
 This module owns the family's packers (three RHS layouts, three LHS quantize+pack routines), its nine matmul
 kernels (SME2 / SME1 / I8MM / DotProd, GEMM and GEMV) and GET_ROWS (dequantizing selected output channels
 straight from a packed RHS, as llama.cpp does for token embeddings). Layouts: spec §4.1–4.4 and the golden
-README; arithmetic: spec §5.2 (see ``kleidipy/jit/qsi8d32p_qsi4c32p.py`` for the recipe in one paragraph).
+README; arithmetic: spec §5.2 (see ``jit.py`` beside this module for the recipe in one paragraph).
 
 The reference execution states each layout as reshapes/transposes of the logical arrays (pack) and their
 inverse (unpack, which is how the reference kernels read packed bytes); the jit execution is the numba code.
@@ -22,10 +22,10 @@ from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits, fma_f32, ro
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_0
-from kleidipy.jit import qsi8d32p_qsi4c32p as jit
-from kleidipy.jit import qsi8d32p_qsi4c32p_vnni
+from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as qsi8d32p_qsi4c32p_vnni
 
-FAMILY = "qsi8d32p_qsi4c32p"
+FAMILY_NAME = "qsi8d32p_qsi4c32p"
 BL = 32
 #: bytes of one GGML block_q4_0 (fp16 d + 16 bytes of codes) — also the packed bytes per block and column.
 Q4_0_BLOCK_BYTES = 18
@@ -524,7 +524,7 @@ def _kernel(
         lhs, rhs = LHS_QSI8D32P_F32, RHS_QSI4C32PSCALEF16
     flags = {"first_block_fmul": True} if first_block_fmul else {}
     return Qsi8d32pQsi4c32pKernel(
-        name, FAMILY, tier, kind, lhs, rhs, geometry, flags=flags, alt_lhs_packers=alt_lhs_packers
+        name, FAMILY_NAME, tier, kind, lhs, rhs, geometry, flags=flags, alt_lhs_packers=alt_lhs_packers
     )
 
 

@@ -3,7 +3,7 @@
 It owns the jit execution of: the LHS quantize+pack ``lhs_quant_pack_qai8dxp_f32``, the three RHS packers
 (``qsi8cxp_qsi8cx_neon``, ``qsi4cxp_qs4cxs1s0``, ``qsi4cxps1s0_qsu4cxs1s0_neon``), llama.cpp's Q8_0 per-channel
 re-quantization and the matmul kernels of both families. Every function is bit-exact with the numpy
-reference of ``kleidipy.kernels.qai8dxp_qsi8cxp`` / ``qai8dxp_qsi4cxp`` (same bytes in, same bytes out).
+reference of ``kleidipy.kernels.qai8dxp_qsi8cxp.ukernels`` / ``qai8dxp_qsi4cxp`` (same bytes in, same bytes out).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from kleidipy.core.numerics import fma_f32_scalar, round_away_scalar
 
-#: float epilogues of the kernels (see ``Recipe`` in kleidipy.kernels.qai8dxp_qsi8cxp)
+#: float epilogues of the kernels (see ``Recipe`` in kleidipy.kernels.qai8dxp_qsi8cxp.ukernels)
 RECIPE_FMUL_FADD = 0
 RECIPE_FMA_BIAS = 1
 

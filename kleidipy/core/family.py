@@ -1,0 +1,38 @@
+"""The record a KleidiAI family package declares, and which :mod:`kleidipy.core.catalogue` discovers.
+
+A family (``kleidipy/kernels/<family>/``, as KleidiAI's ``kai/ukernels/matmul/<family>/``) owns its packers and
+matmul kernels (``ukernels``), their numba code (``jit``, ``vnni``), their instruction programs for the emulator
+(``isa``) and the adaptor from GGML weight bytes to its RHS packer's inputs (``ggml``). Its ``__init__`` states
+all of that in one :class:`Family`; adding a family is adding one folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGMLQuantizationType as GGMLType
+
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.packers import Packer, RhsPacker
+
+#: (GGML type, raw tensor bytes, n, k, RHS packer, execution) -> (rhs, packer keywords)
+FromGGML = Callable[[GGMLType, np.ndarray, int, int, RhsPacker, str], tuple[np.ndarray, dict]]
+#: (float weights [n, k], RHS packer) -> (rhs, packer keywords): the family's weight format made from floats
+FromFloat = Callable[[np.ndarray, RhsPacker], tuple[np.ndarray, dict]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its kernels and packers, the GGML types it takes and how, and its emulator programs."""
+
+    name: str
+    kernels: tuple[MatmulKernel, ...]
+    packers: tuple[Packer, ...]
+    #: GGML weight types whose bytes :attr:`from_ggml` turns into RHS packer inputs (empty: none)
+    ggml_types: tuple[GGMLType, ...] = ()
+    from_ggml: FromGGML | None = None
+    from_float: FromFloat | None = None
+    #: kernel name -> instruction program (run by :mod:`kleidipy.emulator`)
+    programs: Mapping[str, Callable] = field(default_factory=dict)

@@ -1,0 +1,22 @@
+"""Per-channel int4 weights, int8 activations per row (``matmul_clamp_f32_qai8dxp_qsi4cxp``, KleidiAI's own
+format, no GGML type): SME2, I8MM and DotProd; the LHS packer and jit are the Q8_0 family's.
+
+``ukernels`` holds the packers and kernels (KleidiAI's names, getters and argument orders; the numpy reference
+execution), ``isa`` the instruction programs the emulator runs and ``ggml`` the adaptor from weight bytes or floats
+to the RHS packer's inputs.
+"""
+
+from kleidipy.core.family import Family
+from kleidipy.emulator import attach_programs
+from kleidipy.kernels.qai8dxp_qsi4cxp import ggml, isa, ukernels
+
+FAMILY = Family(
+    name=ukernels.FAMILY_NAME,
+    kernels=tuple(ukernels.KERNELS),
+    packers=tuple(ukernels.PACKERS),
+    ggml_types=(),
+    from_ggml=None,
+    from_float=ggml.from_float,
+    programs=isa.PROGRAMS,
+)
+attach_programs(FAMILY.kernels, FAMILY.programs)

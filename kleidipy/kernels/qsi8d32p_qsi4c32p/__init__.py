@@ -1,0 +1,25 @@
+"""Q4_0 weights, int8 activations per 32-block (``matmul_clamp_f32_qsi8d32p_qsi4c32p``): llama.cpp's Q4_0 route on
+SME2 (MOPA GEMM, SDOT GEMV), SME, I8MM and DotProd.
+
+``ukernels`` holds the packers and kernels (KleidiAI's names, getters and argument orders; the numpy reference
+execution), ``jit`` their numba code, ``vnni`` the AVX-512 VNNI tiles of the SME/SME2 layouts, ``isa`` the
+instruction programs the emulator runs and ``ggml`` the adaptor from weight bytes or floats to the RHS packer's
+inputs.
+"""
+
+from gguf import GGMLQuantizationType as GGMLType
+
+from kleidipy.core.family import Family
+from kleidipy.emulator import attach_programs
+from kleidipy.kernels.qsi8d32p_qsi4c32p import ggml, isa, ukernels
+
+FAMILY = Family(
+    name=ukernels.FAMILY_NAME,
+    kernels=tuple(ukernels.KERNELS),
+    packers=tuple(ukernels.PACKERS),
+    ggml_types=(GGMLType.Q4_0,),
+    from_ggml=ggml.from_ggml,
+    from_float=ggml.from_float,
+    programs=isa.PROGRAMS,
+)
+attach_programs(FAMILY.kernels, FAMILY.programs)
