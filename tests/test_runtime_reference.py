@@ -1,9 +1,10 @@
 """The runtime end to end against llama.cpp's own logits, for every model and weight type kleidipy ships or the
 reference covers (Engine: GGUF -> KleidiBackend repack -> llama/qwen2, target sme2:svl=512, jit execution).
 
-Models: SmolLM2-135M Q4_1 as shipped; SmolLM2 Q4_0 and Q8_0 and Qwen2.5-Coder-0.5B Q4_0 made by
-``kleidipy quantize --pure`` (byte-identical to the llama-quantize files the reference used, checked here and in
-test_quantize).
+Models: SmolLM2-135M Q4_1 and Qwen2.5-Coder-0.5B Q4_K_M as shipped; SmolLM2 Q4_0 and Q8_0 and Qwen2.5 Q4_0 made
+by ``kleidipy quantize --pure`` (byte-identical to the llama-quantize files the reference used, checked here and in
+test_quantize). The shared reference (``../shared/reference``) has no Q4_K_M logits: those were made here with the
+same llama.cpp build and procedure (``tests/data/llama_cpp/``, which reproduces the shared files bit for bit).
 
 For each model and prompt (reference README, "logits"), with **spread** = llama.cpp's own last-position
 max |Δlogit| between its repacked and plain (no-repack) kernels for that model and prompt
@@ -38,6 +39,15 @@ from kleidipy.model.generate import Engine
 from kleidipy.target import parse_target
 
 LOGITS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "logits"
+#: reference files made here with the same llama.cpp and procedure for a model the shared set lacks
+#: (tests/data/llama_cpp/README.md): Qwen2.5-Coder Q4_K_M as shipped
+OWN_LOGITS = Path(__file__).resolve().parent / "data" / "llama_cpp" / "logits"
+
+
+def logits_dir(key: str) -> Path:
+    return OWN_LOGITS if (OWN_LOGITS / f"{key}__default.run.json").is_file() else LOGITS
+
+
 TARGET = parse_target("sme2:svl=512")
 PROMPTS = ("short_fact", "single_word", "code_python", "chat_capital", "mixed_unicode", "long_prose")
 MIN_POSITIONS = 16
@@ -47,7 +57,7 @@ MIN_POSITIONS = 16
 #: Q8_0 through one path on x86 (nothing is repacked), so it has no spread of its own for them: the same
 #: network's Q4_0 repack/no-repack spread for the prompt stands in.
 SPREAD_OF = {"smollm2-q4_0": "smollm2-q4_0", "smollm2-q4_1": "smollm2-q4_0", "smollm2-q8_0": "smollm2-q4_0"}
-SPREAD_OF |= {"qwen25-q4_0": "qwen25-q4_0"}
+SPREAD_OF |= {"qwen25-q4_0": "qwen25-q4_0", "qwen25-q4_k_m": "qwen25-q4_k_m"}
 
 #: One token (no attention mixing; RoPE at position 0 is the identity): the Q4_0 path -- KleidiAI's kernels,
 #: norms, SwiGLU, LM head -- gives llama.cpp's repacked x86 logits bit for bit.
@@ -67,6 +77,11 @@ Q8_0_REQUANT = (
     "Q8_0: the weights are requantized per output channel at load, as llama.cpp does for KleidiAI on Arm "
     "(measured there with llama.cpp + KleidiAI on an emulated SME2 CPU: the same perplexity), while x86 llama.cpp "
     "runs the Q8_0 blocks as stored"
+)
+REQUANT_AT_LOAD = (
+    "Q4_K_M mix: its Q5_0, Q4_K and Q6_K tensors have no KleidiAI kernel and are dequantized and requantized to "
+    "Q8_0/Q4_0 at load (a one-line notice says so; issue 13 maps them without that loss), while llama.cpp runs them "
+    "natively"
 )
 #: (model key, prompt) -> (measured last-logit max |Δ|, rounded up to 0.01; reason) where the path cannot meet
 #: llama.cpp's spread for that prompt. Every other pair is held to the spread itself.
@@ -90,17 +105,23 @@ MEASURED = {
     ("smollm2-q8_0", "chat_capital"): (2.00, Q8_0_REQUANT),
     ("smollm2-q8_0", "mixed_unicode"): (2.58, Q8_0_REQUANT),
     ("smollm2-q8_0", "long_prose"): (1.39, Q8_0_REQUANT),
+    ("qwen25-q4_k_m", "short_fact"): (1.30, REQUANT_AT_LOAD),
+    ("qwen25-q4_k_m", "single_word"): (1.45, REQUANT_AT_LOAD),
+    ("qwen25-q4_k_m", "code_python"): (1.15, REQUANT_AT_LOAD),
+    ("qwen25-q4_k_m", "chat_capital"): (1.27, REQUANT_AT_LOAD),
+    ("qwen25-q4_k_m", "mixed_unicode"): (0.79, REQUANT_AT_LOAD),
+    ("qwen25-q4_k_m", "long_prose"): (0.78, REQUANT_AT_LOAD),
 }
 
 
-def _load(stem: str) -> dict:
-    return json.loads((LOGITS / f"{stem}.json").read_text())
+def _load(key: str, rest: str) -> dict:
+    return json.loads((logits_dir(key) / f"{key}__{rest}.json").read_text())
 
 
 @cache
 def spread(model: str, prompt: str) -> float:
     """llama.cpp's repacked vs plain kernels: last-position max |Δlogit| for ``model`` and ``prompt``."""
-    data = json.loads((LOGITS / "variant_spread.json").read_text())
+    data = json.loads((logits_dir(model) / "variant_spread.json").read_text())
     return data[f"{model}/{prompt}"]["default_vs_norepack"]["last_logits_max_abs_diff"]
 
 
@@ -133,8 +154,8 @@ class Comparison:
 
 def compare(engine: Engine, key: str, prompt: str, threshold: float) -> Comparison:
     """Run ``prompt`` through ``engine`` and compare with llama.cpp's ``key`` files (see module docstring)."""
-    ref = _load(f"{key}__{prompt}__default")
-    last = np.load(LOGITS / f"{key}__{prompt}__default.last_logits.npy")
+    ref = _load(key, f"{prompt}__default")
+    last = np.load(logits_dir(key) / f"{key}__{prompt}__default.last_logits.npy")
     if ref["prompt_kind"] == "chat":
         assert engine.chat_template.render(ref["messages"], add_generation_prompt=True) == ref["prompt_text"]
         ids = engine.chat_prompt(ref["messages"])
@@ -238,6 +259,16 @@ def test_smollm2_q4_0_vs_llama_cpp(smollm2_q4_0: Engine, prompt: str) -> None:
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_smollm2_q8_0_vs_llama_cpp(smollm2_q8_0: Engine, prompt: str) -> None:
     check_against_reference(smollm2_q8_0, "smollm2-q8_0", prompt)
+
+
+@pytest.fixture(scope="module")
+def qwen25_q4_k_m() -> Engine:
+    return _engine(model_file(QWEN25))
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_qwen25_q4_k_m_as_shipped_vs_llama_cpp(qwen25_q4_k_m: Engine, prompt: str) -> None:
+    check_against_reference(qwen25_q4_k_m, "qwen25-q4_k_m", prompt)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
