@@ -18,11 +18,15 @@ class DTypeError(KleidipyError, TypeError):
 
 
 class NonFiniteInputError(KleidipyError, ValueError):
-    """NaN or Inf where the kernels need finite numbers (activations to be quantized)."""
+    """NaN or Inf where the kernels need finite numbers (activations, weights, scales, zero points, biases)."""
 
 
 class PackedLayoutMismatchError(KleidipyError, ValueError):
     """A packed buffer made by another packer, or with other parameters (nr, kr, SVL), than the kernel needs."""
+
+
+class InvalidArgumentError(KleidipyError, ValueError):
+    """An option outside its range or choices: execution, thread count, seed, port, context size..."""
 
 
 class UnknownKernelError(KleidipyError, KeyError):

@@ -12,19 +12,28 @@ from typing import Any
 
 import numpy as np
 
-from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
+from kleidipy.errors import BufferSizeError, DTypeError, InvalidArgumentError, KernelShapeError, NonFiniteInputError
 
 EXECUTIONS = ("reference", "jit", "isa")
 DEFAULT_EXECUTION = "jit"
 #: SVL values (bits) an SME/SME2 kernel can be built for.
 SVL_CHOICES = (128, 256, 512, 1024, 2048)
+#: Most threads a kernel call, a packer or the runtime takes (ggml's GGML_MAX_N_THREADS).
+MAX_THREADS = 512
 
 
 def check_execution(execution: str | None) -> str:
     execution = execution or DEFAULT_EXECUTION
     if execution not in EXECUTIONS:
-        raise ValueError(f"unknown execution {execution!r}: choose one of {', '.join(EXECUTIONS)}")
+        raise InvalidArgumentError(f"unknown execution {execution!r}: choose one of {', '.join(EXECUTIONS)}")
     return execution
+
+
+def check_threads(threads: int) -> int:
+    """Validate a thread count: an integer in 1..MAX_THREADS."""
+    if isinstance(threads, bool) or not isinstance(threads, int | np.integer) or not 1 <= threads <= MAX_THREADS:
+        raise InvalidArgumentError(f"thread count must be an integer in 1..{MAX_THREADS}, got {threads!r}")
+    return int(threads)
 
 
 def check_svl(svl_bits: int) -> int:
@@ -80,14 +89,17 @@ def as_u8(buf: np.ndarray, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr).reshape(-1).view(np.ndarray)
 
 
-def check_finite(x: np.ndarray, who: str) -> None:
-    if not np.isfinite(x).all():
+def check_finite(x: np.ndarray, who: str, what: str = "LHS") -> None:
+    """NonFiniteInputError naming the first NaN/Inf of ``x`` (float arrays only; others are left to dtype checks)."""
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
         bad = np.argwhere(~np.isfinite(x))[0]
-        raise NonFiniteInputError(f"{who}: LHS has NaN/Inf (first at index {tuple(int(i) for i in bad)})")
+        raise NonFiniteInputError(f"{who}: {what} has NaN/Inf (first at index {tuple(int(i) for i in bad)})")
 
 
 def as_f32_rows(x: np.ndarray, m: int, k: int, who: str, lhs_stride: int | None = None) -> np.ndarray:
     """View of m rows of k float32 values; lhs_stride is in bytes (KleidiAI's convention)."""
+    if m < 0 or k <= 0:
+        raise KernelShapeError(f"{who}: m={m}, k={k} must be m >= 0, k > 0")
     arr = np.asarray(x)
     if arr.dtype != np.float32:
         raise DTypeError(f"{who}: LHS must be float32, got {arr.dtype}")

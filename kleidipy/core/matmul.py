@@ -26,6 +26,7 @@ from kleidipy.core.buffers import (
     check_execution,
     check_finite,
     check_svl,
+    check_threads,
     roundup,
 )
 from kleidipy.core.numerics import FLT_MAX, clamp_f32
@@ -154,6 +155,8 @@ class MatmulKernel:
         """Quantize+pack activations [m, k] with the packer and mr/kr/sr this kernel needs."""
         arr = np.asarray(lhs)
         if m is None or k is None:
+            if arr.ndim == 0 or arr.shape[-1] == 0:
+                raise KernelShapeError(f"{self.name}: activations of shape {list(arr.shape)} have no k columns")
             m, k = arr.reshape(-1, arr.shape[-1]).shape
         if self.lhs_packer is None:
             return as_f32_rows(arr, m, k, self.name).copy()
@@ -243,6 +246,7 @@ class MatmulKernel:
         the result is the same at every thread count. Returns the [m, n] float32 view of dst.
         """
         execution = check_execution(execution)
+        check_threads(threads)
         self.check_args(m, n, k)
         if bl is not None and bl != self.bl:
             raise KernelShapeError(f"{self.name}: block length bl={bl}, the kernel's is {self.bl}")
@@ -257,10 +261,8 @@ class MatmulKernel:
             lhs = np.ascontiguousarray(lhs).reshape(-1)
             if lhs.size < m * k:
                 raise BufferSizeError(f"{self.name}: LHS holds {lhs.size} floats, {m}x{k} needs {m * k}")
-        elif lhs.size < self.lhs_packed_size(m, k):
-            raise BufferSizeError(
-                f"{self.name}: LHS packed buffer is {lhs.size} bytes, m={m}, k={k} needs {self.lhs_packed_size(m, k)}"
-            )
+        else:
+            self._check_size(lhs_packed, lhs.size, self.lhs_packed_size(m, k), f"LHS packed buffer for m={m}, k={k}")
         out = self._dst_view(dst, m, n, dst_stride_row)
         out[:, :] = clamp_f32(
             self._compute(self._impl(execution), m, n, k, lhs, rhs, threads, min_split_macs), clamp_min, clamp_max
@@ -274,12 +276,16 @@ class MatmulKernel:
         """The packed RHS as flat bytes, after checking its layout (if known) and its size for n, k."""
         self._check_layout(rhs_packed, "rhs", n, k)
         rhs = as_u8(rhs_packed, f"{self.name} RHS")
-        if rhs.size < self.rhs_packed_size(n, k):
-            raise BufferSizeError(
-                f"{self.name}{self._svl_text()}: RHS packed buffer is {rhs.size} bytes, "
-                f"n={n}, k={k} needs {self.rhs_packed_size(n, k)}"
-            )
+        self._check_size(rhs_packed, rhs.size, self.rhs_packed_size(n, k), f"RHS packed buffer for n={n}, k={k}")
         return rhs
+
+    def _check_size(self, buf: np.ndarray, size: int, need: int, what: str) -> None:
+        """A packed buffer must hold ``need`` bytes; a plain array (no packer provenance to check its layout
+        against) must be exactly that size, so that one packed for another k or row count is refused."""
+        plain = getattr(buf, "layout", None) is None
+        if size < need or (plain and size != need):
+            exactly = " exactly (a plain array, without packer provenance)" if plain and size > need else ""
+            raise BufferSizeError(f"{self.name}{self._svl_text()}: {what} is {size} bytes, needs {need}{exactly}")
 
     def prepare(
         self,
@@ -309,6 +315,7 @@ class MatmulKernel:
         lo, hi = np.float32(-FLT_MAX), np.float32(FLT_MAX)
 
         def matmul(x: np.ndarray, threads: int = 1) -> np.ndarray:
+            check_threads(threads)
             if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
                 raise DTypeError(f"{self.name}: activations must be float32 [m, {k}], got {x.dtype} {x.shape}")
             m = x.shape[0]

@@ -11,7 +11,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kleidipy.core.buffers import PackedBuffer, PackedLayout, as_f32_rows, as_u8, check_execution, check_finite, roundup
+from kleidipy.core.buffers import (
+    PackedBuffer,
+    PackedLayout,
+    as_f32_rows,
+    as_u8,
+    check_execution,
+    check_finite,
+    check_threads,
+    roundup,
+)
 from kleidipy.core.threads import parallel_map
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
 
@@ -100,6 +109,7 @@ class LhsPacker(Packer):
         With ``threads`` > 1 the rows are split in multiples of mr across threads (llama.cpp's split).
         """
         execution = check_execution(execution)
+        check_threads(threads)
         self.check_args(m, k, mr, kr, sr, bl)
         rows = as_f32_rows(lhs, m, k, self.name, lhs_stride)
         check_finite(rows, self.name)
@@ -117,7 +127,7 @@ class LhsPacker(Packer):
                 out[off : off + packed.size] = packed
 
             parallel_map(pack_part, parts, threads)
-        else:
+        elif m:  # no rows: the buffer is only the zero padding of a started group
             packed = impl(rows, mr, kr, sr, bl, m_idx_start % mr)
             out[: packed.size] = packed
         return PackedBuffer(out, PackedLayout(self.name, m, k, mr, kr, sr, bl))
@@ -184,6 +194,9 @@ class RhsPacker(Packer):
         execution = check_execution(execution)
         self.check_args(n, k, nr, kr, sr, bl)
         self.check_inputs({"scale": scale, "zero": zero, "bias": bias})
+        for what, arr in (("rhs", rhs), ("scale", scale), ("zero", zero), ("bias", bias)):
+            if arr is not None:
+                check_finite(np.asarray(arr), self.name, what)
         impl = self._impl(execution)
         packed = impl(n, k, nr, kr, sr, bl, rhs, scale=scale, zero=zero, bias=bias)
         expected = self.get_rhs_packed_size(n, k, nr, kr, sr, bl)

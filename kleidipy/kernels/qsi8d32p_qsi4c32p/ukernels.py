@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kleidipy.core.buffers import check_execution
+from kleidipy.core.buffers import check_execution, check_finite
 from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits, fma_f32, round_away, round_even
 from kleidipy.core.packers import LhsPacker, RhsPacker
@@ -70,7 +70,9 @@ def q4_0_blocks(rhs: np.ndarray, n: int, k: int, who: str) -> np.ndarray:
     flat = np.ascontiguousarray(arr).reshape(-1)
     if flat.size < need:
         raise BufferSizeError(f"{who}: rhs holds {flat.size} bytes, {n} rows of {nb} Q4_0 blocks need {need}")
-    return flat[:need].reshape(n, nb, Q4_0_BLOCK_BYTES)
+    blocks = flat[:need].reshape(n, nb, Q4_0_BLOCK_BYTES)
+    check_finite(blocks[:, :, :2].copy().view(np.float16), who, "Q4_0 block scale d")
+    return blocks
 
 
 def quantize_qsi8d32(lhs: np.ndarray, ties_even: bool) -> tuple[np.ndarray, np.ndarray]:
