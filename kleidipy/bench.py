@@ -21,7 +21,8 @@ import numpy as np
 from gguf import LlamaFileType
 from tqdm import tqdm
 
-from kleidipy.errors import KleidipyError
+from kleidipy.errors import InvalidArgumentError, KleidipyError
+from kleidipy.kernels.interface import check_threads
 from kleidipy.model.generate import Engine
 from kleidipy.target import Target, resolve_target
 
@@ -71,6 +72,7 @@ def run_bench(
     progress: bool = True,
     execution: str = "jit",
     notice: Callable[[str], None] = lambda msg: print(f"kleidipy: {msg}", file=sys.stderr),
+    check_tensors: bool = True,
 ) -> list[BenchRow]:
     """Load ``model`` (a path or catalogue name; an :class:`Engine` is used as it is, ``target`` and ``execution``
     then being its own) once and time ``pp{n_prompt}`` and ``tg{n_gen}`` (a count of 0 skips the test) at every
@@ -80,12 +82,18 @@ def run_bench(
         raise BenchError(f"need a prompt (-p) or generation (-n) length > 0, got -p {n_prompt} -n {n_gen}")
     if repetitions < 1:
         raise BenchError(f"repetitions (-r) must be >= 1, got {repetitions}")
-    if not threads_list or min(threads_list) < 1:
-        raise BenchError(f"thread counts (-t) must be >= 1, got {list(threads_list)}")
+    threads_list = _thread_counts(threads_list)
     if isinstance(model, Engine):
         engine = model
     else:
-        engine = Engine(model, target=target or resolve_target(), execution=execution, progress=progress, notice=notice)
+        engine = Engine(
+            model,
+            target=target or resolve_target(),
+            execution=execution,
+            progress=progress,
+            notice=notice,
+            check_tensors=check_tensors,
+        )
     longest = max(n_prompt, n_gen)
     if longest > engine.context_length:
         raise BenchError(f"a test of {longest} tokens does not fit the context of {engine.context_length}")
@@ -120,9 +128,17 @@ def parse_threads(text: str) -> list[int]:
         values = [int(v) for v in text.split(",")]
     except ValueError:
         raise BenchError(f"thread counts (-t) must be integers separated by commas, got {text!r}") from None
-    if min(values) < 1:
-        raise BenchError(f"thread counts (-t) must be >= 1, got {text!r}")
-    return values
+    return _thread_counts(values)
+
+
+def _thread_counts(values: Sequence[int]) -> list[int]:
+    """The thread counts, each checked as every thread count is (:func:`check_threads`)."""
+    if not values:
+        raise BenchError("no thread counts (-t) given")
+    try:
+        return [check_threads(v) for v in values]
+    except InvalidArgumentError as exc:
+        raise BenchError(f"thread counts (-t): {exc}") from None
 
 
 def _random_tokens(engine: Engine, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -11,14 +11,16 @@
   token is drawn from the softmax with a seeded ``numpy.random.Generator`` (same seed -> same tokens).
 
 Candidates are ordered by logit, ties going to the lower token id, so greedy picks the lowest id among equal
-maxima.
+maxima. Values a user sets (the CLI's options, a server request's fields) go through :func:`sampling_options`,
+which holds them to :data:`OPTION_RANGES`.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -26,7 +28,15 @@ from kleidipy.errors import KleidipyError
 
 
 class SamplingError(KleidipyError, ValueError):
-    """Invalid sampling parameters or logits (wrong shape, NaN)."""
+    """Invalid sampling parameters, seed or logits (wrong shape, NaN)."""
+
+
+class SamplingOptionError(SamplingError):
+    """A user-set sampling option outside :data:`OPTION_RANGES`; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,48 @@ class SamplingParams:
 
 GREEDY = SamplingParams(temperature=0.0)
 
+#: The range of each sampling option a user may set, the same for the CLI and the server: OpenAI's for the
+#: temperature, top_p and the frequency/presence penalties; top_k 0 and min_p 0 are "off", repeat_last_n -1 "all".
+OPTION_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_k": (0, math.inf),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "repeat_penalty": (1e-6, 10.0),
+    "repeat_last_n": (-1, math.inf),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+}
+_INTEGER_OPTIONS = frozenset(f.name for f in fields(SamplingParams) if f.type == "int")
+
+
+def sampling_options(**options: float) -> SamplingParams:
+    """SamplingParams from user-set options (unset ones take SamplingParams' defaults), each a finite number of
+    the right kind inside :data:`OPTION_RANGES` (SamplingOptionError naming the option otherwise)."""
+    checked = {}
+    for name, value in options.items():
+        if name not in OPTION_RANGES:
+            raise SamplingOptionError(name, f"unknown sampling option {name!r}")
+        kinds = (int,) if name in _INTEGER_OPTIONS else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+            kind = "an integer" if name in _INTEGER_OPTIONS else "a finite number"
+            raise SamplingOptionError(name, f"{name} must be {kind}, got {value!r}")
+        lo, hi = OPTION_RANGES[name]
+        if not lo <= value <= hi:
+            limits = f">= {lo:g}" if hi == math.inf else f"between {lo:g} and {hi:g}"
+            raise SamplingOptionError(name, f"{name} must be {limits}, got {value}")
+        checked[name] = int(value) if name in _INTEGER_OPTIONS else float(value)
+    return SamplingParams(**checked)
+
+
+def check_seed(seed: int | None) -> int | None:
+    """A sampler seed: None (random) or any integer, taken modulo 2**64 (numpy's seeds are unsigned)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise SamplingError(f"the seed must be an integer, got {seed!r}")
+    return int(seed) % 2**64
+
 
 def greedy(logits: np.ndarray) -> int:
     """Argmax, ties going to the lowest token id."""
@@ -78,7 +130,7 @@ class Sampler:
 
     def __init__(self, params: SamplingParams = SamplingParams(), seed: int | None = None) -> None:
         self.params = params
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(check_seed(seed))
 
     def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """float32 logits with the repetition/frequency/presence penalties of ``history`` applied (a copy)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.sampler import SamplingParams
+from kleidipy.model.sampler import SamplingOptionError, SamplingParams, sampling_options
 
 Kind = Literal["chat", "completion"]
 FinishReason = Literal["stop", "length"]
@@ -104,14 +104,12 @@ def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int | 
     return value
 
 
-def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+def _number(body: Mapping[str, Any], name: str, default: float) -> float:
     value = _get(body, name, default)
     if isinstance(value, int) and not isinstance(value, bool):
         value = float(value) if abs(value) < 2**64 else math.inf
     if not isinstance(value, float) or not math.isfinite(value):
         raise invalid(name, f"'{name}' must be a finite number, got {value!r}", "invalid_type")
-    if not lo <= value <= hi:
-        raise invalid(name, f"'{name}' must be between {lo:g} and {hi:g}, got {value}", "invalid_value")
     return value
 
 
@@ -163,15 +161,19 @@ def _unsupported(body: Mapping[str, Any], kind: Kind) -> None:
 
 
 def _sampling(body: Mapping[str, Any]) -> SamplingParams:
-    return SamplingParams(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=_integer(body, "top_k", 40, lo=0),
-        min_p=_number(body, "min_p", 0.05, 0.0, 1.0),
-        repeat_penalty=_number(body, "repeat_penalty", 1.0, 1e-6, 10.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-    )
+    """The sampling fields, held to the ranges the CLI's options have too (:func:`sampling_options`)."""
+    try:
+        return sampling_options(
+            temperature=_number(body, "temperature", 1.0),
+            top_p=_number(body, "top_p", 1.0),
+            top_k=_integer(body, "top_k", 40),
+            min_p=_number(body, "min_p", 0.05),
+            repeat_penalty=_number(body, "repeat_penalty", 1.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0),
+            presence_penalty=_number(body, "presence_penalty", 0.0),
+        )
+    except SamplingOptionError as exc:
+        raise invalid(exc.param, str(exc), "invalid_value") from None
 
 
 def _common(body: Any, kind: Kind) -> dict[str, Any]:
@@ -193,7 +195,7 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
         model=_model(body),
         params=_sampling(body),
         max_tokens=max_tokens,
-        seed=None if seed is None else seed % 2**64,
+        seed=seed,
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage,
@@ -201,9 +203,10 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
 
 
 def _content(message: Mapping[str, Any], i: int) -> str:
-    """A message's text: a string, or the concatenated text of its ``{"type": "text"}`` parts."""
+    """A message's text: a string, or the concatenated text of its ``{"type": "text"}`` parts (only an assistant
+    message may have none: null content, as OpenAI allows there)."""
     content = message.get("content")
-    if content is None:
+    if content is None and message.get("role") == "assistant":
         return ""
     if isinstance(content, str):
         return _unicode(content, f"messages[{i}].content")
