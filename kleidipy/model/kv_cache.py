@@ -3,9 +3,13 @@
 Cells are addressed by position (cell p holds the token at position p), as llama.cpp's unified cache is for a
 single sequence. The storage type is selectable: float16 (llama.cpp's default ``type_k = type_v = F16``: values are
 rounded to nearest even on store, and attention then also rounds Q and the softmax weights to F16) or float32.
+:func:`check_context_size` refuses a context whose cache could not fit in the machine's memory, before anything
+is allocated.
 """
 
 from __future__ import annotations
+
+import os
 
 import numba
 import numpy as np
@@ -22,6 +26,31 @@ class ContextOverflowError(KleidipyError, ValueError):
 
 class PositionError(KleidipyError, ValueError):
     """Positions that are not consecutive or that leave a gap after the cached ones."""
+
+
+class ContextSizeError(KleidipyError, ValueError):
+    """A context size that is not a positive integer, or whose KV cache cannot fit in the machine's memory."""
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no limit known
+        return None
+
+
+def check_context_size(n_ctx: int, n_layer: int, n_head_kv: int, head_dim: int, dtype: type = np.float16) -> int:
+    """``n_ctx`` if it is a positive integer whose K and V caches fit in physical memory (ContextSizeError if not)."""
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int | np.integer) or n_ctx <= 0:
+        raise ContextSizeError(f"the context size must be a positive integer, got {n_ctx!r}")
+    need = 2 * n_layer * n_head_kv * int(n_ctx) * head_dim * np.dtype(dtype).itemsize
+    have = _physical_memory()
+    if have is not None and need > have:
+        raise ContextSizeError(
+            f"a context of {n_ctx} tokens needs {need / 2**30:.1f} GiB of KV cache, more than the "
+            f"{have / 2**30:.1f} GiB of memory of this machine: use a smaller context size"
+        )
+    return int(n_ctx)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -43,8 +72,7 @@ class KVCache:
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, dtype: type = np.float16) -> None:
         if np.dtype(dtype) not in CACHE_DTYPES:
             raise DTypeError(f"KV cache dtype must be float16 or float32, got {np.dtype(dtype)}")
-        if n_ctx <= 0:
-            raise ContextOverflowError(f"context size must be > 0, got {n_ctx}")
+        check_context_size(n_ctx, n_layer, n_head_kv, head_dim, dtype)
         self.dtype = np.dtype(dtype)
         self.n_ctx = n_ctx
         shape = (n_layer, n_head_kv, n_ctx, head_dim)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.model.gguf_file import GGUFFile, UnsupportedArchitectureError
-from kleidipy.model.kv_cache import KVCache
+from kleidipy.model.kv_cache import KVCache, check_context_size
 from kleidipy.model.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiGLU
 from kleidipy.model.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
@@ -54,6 +54,7 @@ class Llama(CausalLM):
             )
         hp = model.hparams
         n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
+        check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)  # before any weight is repacked
 
         def weight(name: str):
             t = model.tensor(name)
