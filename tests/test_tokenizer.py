@@ -261,13 +261,14 @@ def test_spm_rules(tmp_path: Path) -> None:
 
 def test_metadata_errors() -> None:
     base = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": []}
+    base["tokenizer.ggml.eos_token_id"] = 1  # a vocabulary without an end-of-generation token is refused
     Tokenizer(base)
     for bad, message in (
         ({"tokenizer.ggml.pre": "no-such-pre"}, "unknown pre-tokenizer"),
         ({"tokenizer.ggml.model": "t5"}, "unsupported tokenizer model"),
         ({"tokenizer.ggml.tokens": ["a", "a"]}, "duplicate token"),
         ({"tokenizer.ggml.merges": None}, "merges"),
-        ({"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.bos_token_id": 7}, "add_bos_token is true"),
+        ({"tokenizer.ggml.add_bos_token": True}, "add_bos_token is true"),  # the default BOS id 11 is out of range
     ):
         with pytest.raises(TokenizerError, match=message) as exc:
             Tokenizer({**base, **bad})

@@ -11,6 +11,11 @@ Two vocabulary types, chosen by ``tokenizer.ggml.model``:
   merged while the merged text is a token (highest score first, leftmost first); characters that end up as
   no token fall back to ``<0xNN>`` byte tokens.
 
+Metadata that contradicts itself is refused with a TokenizerError where llama.cpp would guess: a special-token id
+that is not an id of the vocabulary (a string, -1, past the end), a SentencePiece vocabulary without token types
+(its byte tokens could not be told from text), a vocabulary with no end-of-generation token at all (no EOS id, and
+none of the texts llama.cpp takes for one); a missing EOS id is not replaced by llama.cpp's default id.
+
 Token attributes follow llama.cpp, including its load-time overrides (end-of-generation and FIM texts such as
 ``</s>`` or ``<|im_end|>`` become CONTROL): CONTROL and UNKNOWN tokens are matched in text only with
 ``parse_special``, USER_DEFINED ones always. Character classes come from Python's ``unicodedata`` (its Unicode
@@ -524,6 +529,18 @@ def _clean_spaces(buf: bytearray) -> bytearray:
 # GGUF metadata
 
 
+def special_token_id(metadata: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
+    """The token id stored at ``tokenizer.ggml.<key>`` (None when absent); a TokenizerError when it is not an id of
+    the vocabulary (not an integer, negative, or not below ``n_vocab``)."""
+    value = metadata.get(f"tokenizer.ggml.{key}")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_vocab:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise TokenizerError(f"tokenizer.ggml.{key} = {shown} is not a token id of the vocabulary (0..{n_vocab - 1})")
+    return int(value)
+
+
 def gguf_metadata(
     source: str | os.PathLike[str] | GGUFContainer | gguf.GGUFReader | Mapping[str, gguf.ReaderField],
     prefix: str = "tokenizer.",
@@ -569,7 +586,7 @@ class Tokenizer:
             self._pre = PRE_TOKENIZERS[pre_name]
             self.clean_spaces, self.ignore_merges = self._pre.clean_spaces, self._pre.ignore_merges
             self.add_space_prefix, self.add_bos, self.add_eos = False, self._pre.add_bos, False
-            bos, eos, unk = 11, 11, None
+            bos, unk = 11, None
             if get("merges") is None:
                 raise TokenizerError("cannot find tokenizer merges in model file")
             for rank, merge in enumerate(get("merges")):
@@ -578,7 +595,7 @@ class Tokenizer:
                 self._merge_ranks.setdefault(pair, rank)
         elif self.model == "llama":
             self.add_space_prefix, self.add_bos, self.add_eos = True, True, False
-            bos, eos, unk = 1, 2, 0
+            bos, unk = 1, 0
         else:
             raise TokenizerError(f"unsupported tokenizer model: {self.model!r} (supported: gpt2, llama)")
         self.pre = pre_name if self.model == "gpt2" else "default"
@@ -590,6 +607,8 @@ class Tokenizer:
         n = len(texts)
         scores = get("scores")
         types = get("token_type")
+        if types is None and self.model == "llama":
+            raise TokenizerError("tokenizer.ggml.token_type is missing: a SentencePiece vocabulary needs it")
         for key, values in (("scores", scores), ("token_type", types)):
             if values is not None and len(values) < n:
                 raise TokenizerError(f"tokenizer.ggml.{key} has {len(values)} entries for {n} tokens")
@@ -607,16 +626,13 @@ class Tokenizer:
                 seen[text] = i
 
         def special_id(keys: Iterable[str], default: int | None) -> int | None:
-            if default is not None and default >= n:
-                default = None
-            for key in keys:
-                value = get(key)
-                if value is not None and int(value) < n:
-                    default = int(value)
-            return default
+            found = [i for i in (special_token_id(metadata, key, n) for key in keys) if i is not None]
+            if found:  # the last key given wins (the FIM ids have deprecated names too)
+                return found[-1]
+            return default if default is not None and default < n else None
 
         self.bos_id = special_id(("bos_token_id",), bos)
-        self.eos_id = special_id(("eos_token_id",), eos)
+        self.eos_id = special_id(("eos_token_id",), None)
         self.unk_id = special_id(("unknown_token_id",), unk)
         self.add_bos = bool(get("add_bos_token", self.add_bos))
         self.add_eos = bool(get("add_eos_token", self.add_eos))
@@ -624,6 +640,8 @@ class Tokenizer:
             if getattr(self, flag.removesuffix("_token")) and token is None:
                 raise TokenizerError(f"tokenizer.ggml.{flag} is true, but its token id is not set")
         self._eog_ids = self._apply_overrides({kind: special_id(_ID_KEYS[kind], None) for kind in _ID_KEYS})
+        if not self._eog_ids:
+            raise TokenizerError("no end-of-generation token: tokenizer.ggml.eos_token_id is missing")
 
         # tokens matched as a whole in raw text, longest first
         self._special_cache = sorted(
