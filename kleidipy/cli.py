@@ -11,6 +11,7 @@ import argparse  # noqa: E402
 import contextlib
 import platform
 import sys
+from typing import NoReturn
 
 from kleidipy.core import buffers
 from kleidipy.errors import KleidipyError
@@ -118,13 +119,15 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
         execution=args.execution,
         n_ctx=args.ctx_size,
         progress=not args.quiet,
+        check_tensors=args.check_tensors,
     )
 
 
 def _sampling(args: argparse.Namespace):  # noqa: ANN202
-    from kleidipy.model.sampler import SamplingParams
+    """The sampling options, checked (as the server checks a request's) before the model is loaded."""
+    from kleidipy.model.sampler import sampling_options
 
-    return SamplingParams(
+    return sampling_options(
         temperature=args.temp,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -133,12 +136,18 @@ def _sampling(args: argparse.Namespace):  # noqa: ANN202
     )
 
 
+def _seed(args: argparse.Namespace) -> int | None:
+    """--seed, where -1 means a random seed (llama.cpp's LLAMA_DEFAULT_SEED)."""
+    return None if args.seed == -1 else args.seed
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from kleidipy.model.generate import PromptError, check_prompt_text, read_prompt_file
 
     if (args.prompt is None) == (args.file is None):
         raise PromptError("give the prompt with -p TEXT or -f FILE (one of them)")
     args.prompt = read_prompt_file(args.file) if args.file else check_prompt_text(args.prompt)
+    params = _sampling(args)
     engine = _engine(args)
     chat = args.chat
     if chat is None:  # like llama.cpp's chat tools for a question, a plain completion otherwise
@@ -146,7 +155,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if chat else engine.prompt(args.prompt)
     if not chat:
         print(args.prompt, end="", flush=True)
-    for piece in engine.generate(ids, args.n_predict, _sampling(args), seed=args.seed):
+    for piece in engine.generate(ids, args.n_predict, params, seed=_seed(args)):
         print(piece, end="", flush=True)
     print()
     if not args.quiet:
@@ -155,6 +164,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    params = _sampling(args)
     engine = _engine(args)
     messages: list[dict[str, str]] = []
     if args.system:
@@ -173,7 +183,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "user", "content": line})
         reply = ""
         try:
-            for piece in engine.generate(engine.chat_prompt(messages), args.n_predict, _sampling(args), seed=args.seed):
+            for piece in engine.generate(engine.chat_prompt(messages), args.n_predict, params, seed=_seed(args)):
                 reply += piece
                 print(piece, end="", flush=True)
         except KeyboardInterrupt:
@@ -187,6 +197,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
     from kleidipy.trace import run_trace
 
+    chrome_trace = Path(args.chrome_trace) if args.chrome_trace else None
     print(
         run_trace(
             args.model,
@@ -195,12 +206,15 @@ def _cmd_trace(args: argparse.Namespace) -> int:
             _target(args),
             args.threads,
             json_out=args.json,
-            chrome_trace_path=Path(args.chrome_trace) if args.chrome_trace else None,
+            chrome_trace_path=chrome_trace,
             execution=args.execution,
             n_ctx=args.ctx_size,
             chat=args.chat,
+            check_tensors=args.check_tensors,
         )
     )
+    if chrome_trace is not None:
+        print(f"kleidipy: wrote the Chrome trace to {chrome_trace.resolve()}", file=sys.stderr)
     return 0
 
 
@@ -253,6 +267,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         target=_target(args),
         progress=not args.quiet,
         execution=args.execution,
+        check_tensors=args.check_tensors,
     )
     print(format_bench_table(rows))
     return 0
@@ -272,12 +287,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         target=_target(args),
         execution=args.execution,
         progress=not args.quiet,
+        check_tensors=args.check_tensors,
     )
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with kleidipy's error form: one line, ``kleidipy: error: ...``, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"kleidipy: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kleidipy",
         description="KleidiAI-compatible quantized matmul micro-kernels in Python, and an LLM runtime on them.",
     )
@@ -356,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default 0.95)")
         p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling (default 0.05)")
         p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1.0 = off)")
-        p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same text)")
+        p.add_argument(
+            "--seed", type=int, default=-1, help="random seed: same seed, same text (default -1: a random seed)"
+        )
         p.set_defaults(func=_cmd_run if name == "run" else _cmd_chat)
 
     from kleidipy.trace import DEFAULT_PROMPT
@@ -473,6 +498,13 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
         choices=list(buffers.EXECUTIONS),
         help="how kernels run on this host: jit (default), reference (numpy) or isa (emulator, slow)",
     )
+    p.add_argument(
+        "--check-tensors",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check at load that every weight is finite, as llama.cpp's --check-tensors (default: on, it adds "
+        "about 3%% to the load time; --no-check-tensors skips it)",
+    )
     if quiet:
         p.add_argument("-q", "--quiet", action="store_true", help=quiet)
     _add_target_arg(p)
@@ -511,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kleidipy: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`kleidipy layout --text | head`): stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit flush does not fail
+        return 141
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from typing import Any
 
 from kleidipy import backend
 from kleidipy.backend import KernelCall, RepackCall
+from kleidipy.errors import KleidipyError
 from kleidipy.model.generate import Engine
 from kleidipy.target import Target, resolve_target
 
@@ -45,6 +46,10 @@ DEFAULT_PROMPT = "The capital of France is"
 
 
 # --------------------------------------------------------------------------------------------- records
+
+
+class TraceError(KleidipyError, OSError):
+    """The Chrome trace-event file cannot be written."""
 
 
 @dataclass
@@ -213,13 +218,23 @@ class Tracer:
         finally:
             backend.REPACK_HOOK = previous
 
-    def load(self, model: str | Path, target: Target, threads: int, execution: str, n_ctx: int | None) -> Engine:
+    def load(
+        self, model: str | Path, target: Target, threads: int, execution: str, n_ctx: int | None, check_tensors: bool
+    ) -> Engine:
         """Build the Engine (the model load stage: every repack recorded)."""
         stage = self._enter("model load")
         try:
             with self._repack_hook():
                 stage.start = self.now()
-                engine = Engine(model, target=target, threads=threads, execution=execution, n_ctx=n_ctx, progress=False)
+                engine = Engine(
+                    model,
+                    target=target,
+                    threads=threads,
+                    execution=execution,
+                    n_ctx=n_ctx,
+                    progress=False,
+                    check_tensors=check_tensors,
+                )
                 stage.wall_s = self.now() - stage.start
         finally:
             self._leave()
@@ -289,11 +304,12 @@ def trace_generation(
     execution: str = "jit",
     n_ctx: int | None = None,
     chat: bool = False,
+    check_tensors: bool = True,
 ) -> Trace:
     """Load ``model`` and generate ``n_predict`` tokens (greedy) from ``prompt``, tracing every KleidiAI call."""
     tgt = target if isinstance(target, Target) else resolve_target(target)
     tracer = Tracer()
-    engine = tracer.load(model, tgt, threads, execution, n_ctx)
+    engine = tracer.load(model, tgt, threads, execution, n_ctx, check_tensors)
     ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.prompt(prompt)
     text = tracer.generate(engine, ids, n_predict)
     t, hp = engine.timings, engine.lm.hparams
@@ -618,10 +634,14 @@ def run_trace(
     execution: str = "jit",
     n_ctx: int | None = None,
     chat: bool = False,
+    check_tensors: bool = True,
 ) -> str:
     """``kleidipy trace``: trace a generation; returns the report (text, or JSON with ``json_out``) and writes the
     Chrome trace-event file to ``chrome_trace_path`` when given."""
-    trace = trace_generation(model, prompt, n_predict, target, threads, execution, n_ctx, chat)
+    trace = trace_generation(model, prompt, n_predict, target, threads, execution, n_ctx, chat, check_tensors)
     if chrome_trace_path is not None:
-        Path(chrome_trace_path).write_text(json.dumps(chrome_trace(trace)))
+        try:
+            Path(chrome_trace_path).write_text(json.dumps(chrome_trace(trace)))
+        except OSError as exc:
+            raise TraceError(f"cannot write the Chrome trace to '{chrome_trace_path}': {exc.strerror or exc}") from None
     return json.dumps(to_json(trace), indent=1) if json_out else format_text(trace)

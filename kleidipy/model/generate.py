@@ -1,9 +1,10 @@
 """The generate loop: load a model end to end, then prefill (GEMM) and decode (GEMV) with streaming output.
 
-:class:`Engine` opens a GGUF (a path or a catalogue name, pulled on first use), builds the tokenizer and chat
-template from its metadata, repacks every matmul weight once for the target's kernels (progress bar), and
-builds the architecture. :meth:`Engine.generate` yields text pieces as tokens are sampled and records
-:class:`Timings` (load, repack, prefill and decode tokens/s) the way llama.cpp's tools report them.
+:class:`Engine` opens a GGUF (a path or a catalogue name, pulled on first use), checks that every weight is finite
+(``check_tensors``, llama.cpp's ``--check-tensors``), builds the tokenizer and chat template from its metadata,
+repacks every matmul weight once for the target's kernels (progress bar), and builds the architecture.
+:meth:`Engine.generate` yields text pieces as tokens are sampled and records :class:`Timings` (load, repack,
+prefill and decode tokens/s) the way llama.cpp's tools report them.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from tqdm import tqdm
 
 from kleidipy.backend import KleidiBackend
 from kleidipy.errors import KleidipyError
+from kleidipy.kernels.interface import check_threads
 from kleidipy.model.chat_template import ChatTemplate
 from kleidipy.model.gguf_file import GGUFFile
 from kleidipy.model.llama import Llama
 from kleidipy.model.pull import resolve_model
 from kleidipy.model.qwen2 import Qwen2
 from kleidipy.model.sampler import Sampler, SamplingParams
+from kleidipy.model.tensor_check import check_tensors
 from kleidipy.model.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
 
@@ -187,12 +190,16 @@ class Engine:
     kv_dtype: type = np.float16
     progress: bool = True
     notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
+    check_tensors: bool = True
 
     def __post_init__(self) -> None:
         t0 = time.perf_counter()
+        check_threads(self.threads)
         self.target = self.target or resolve_target()
         self.path = resolve_model(self.model, progress=self.progress)
         self.gguf = GGUFFile(self.path)
+        if self.check_tensors:
+            check_tensors(self.gguf)
         metadata = self.gguf.metadata("tokenizer.")
         self.tokenizer = Tokenizer(metadata)
         self.chat_template = ChatTemplate.from_metadata(metadata)

@@ -64,16 +64,17 @@ def error_response(exc: APIError) -> JSONResponse:
 
 
 class APIKeyMiddleware:
-    """Answers 401 unless the request carries ``Authorization: Bearer <key>``."""
+    """Answers 401 unless the request carries ``Authorization: Bearer <key>`` (the scheme in any case, RFC 7235)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.key = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.key):
+            scheme, _, token = given.strip(b" ").partition(b" ")
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.key)):
                 message = "invalid API key: send it as 'Authorization: Bearer <key>'"
                 await error_response(APIError(401, message, code="invalid_api_key"))(scope, receive, send)
                 return
@@ -305,13 +306,24 @@ def serve(
     execution: str = "jit",
     progress: bool = True,
     log_level: str = "info",
+    check_tensors: bool = True,
 ) -> None:
     """Load ``model`` and serve it until interrupted (``kleidipy serve``). ``ctx`` is the total context, split
     between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved)."""
     import uvicorn
 
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ServerConfigError(f"--port must be in 0..65535, got {port!r}")
     slot_context(ctx or parallel * MIN_SLOT_CTX, parallel)  # fail before loading the model
-    engine = Engine(model, target=target, threads=threads, execution=execution, n_ctx=ctx, progress=progress)
+    engine = Engine(
+        model,
+        target=target,
+        threads=threads,
+        execution=execution,
+        n_ctx=ctx,
+        progress=progress,
+        check_tensors=check_tensors,
+    )
     app = create_app(engine, parallel=parallel, api_key=api_key)
     print(
         f"kleidipy: serving {app.state.model_id} on http://{host}:{port}/v1 "
