@@ -316,8 +316,9 @@ class MatmulKernel:
 
         def matmul(x: np.ndarray, threads: int = 1) -> np.ndarray:
             check_threads(threads)
-            if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
-                raise DTypeError(f"{self.name}: activations must be float32 [m, {k}], got {x.dtype} {x.shape}")
+            if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
+                got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+                raise DTypeError(f"{self.name}: activations must be a float32 array [m, {k}], got {got}")
             m = x.shape[0]
             if self.kind == "gemv" and m != 1:
                 raise KernelShapeError(f"{self.name}: GEMV kernel takes m == 1, got m={m}")

@@ -13,8 +13,9 @@ Two vocabulary types, chosen by ``tokenizer.ggml.model``:
 
 Metadata that contradicts itself is refused with a TokenizerError where llama.cpp would guess: a special-token id
 that is not an id of the vocabulary (a string, -1, past the end), a SentencePiece vocabulary without token types
-(its byte tokens could not be told from text), a vocabulary with no end-of-generation token at all (no EOS id, and
-none of the texts llama.cpp takes for one); a missing EOS id is not replaced by llama.cpp's default id.
+(its byte tokens could not be told from text), a BYTE token whose text is not ``<0xNN>``, a vocabulary with no
+end-of-generation token at all (no EOS id, and none of the texts llama.cpp takes for one); a missing EOS id is
+not replaced by llama.cpp's default id.
 
 Token attributes follow llama.cpp, including its load-time overrides (end-of-generation and FIM texts such as
 ``</s>`` or ``<|im_end|>`` become CONTROL): CONTROL and UNKNOWN tokens are matched in text only with
@@ -617,6 +618,9 @@ class Tokenizer:
         self._attrs: list[int] = (
             [_TYPE_TO_ATTR.get(int(t), 0) for t in types[:n]] if types is not None else [_NORMAL] * n
         )
+        for i, attr in enumerate(self._attrs):
+            if attr & _BYTE and not re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", self._texts[i]):
+                raise TokenizerError(f"token {i} is a BYTE token but its text {self._texts[i]!r} is not <0xNN>")
         self._token_to_id: dict[str, int] = {text: i for i, text in enumerate(self._texts)}
         if len(self._token_to_id) != n:
             seen: dict[str, int] = {}

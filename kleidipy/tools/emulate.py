@@ -9,6 +9,13 @@ from kleidipy.core.buffers import check_svl
 from kleidipy.core.catalogue import all_kernels, family_of, get_kernel
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.numerics import FLT_MAX, clamp_f32
+from kleidipy.errors import KernelShapeError
+from kleidipy.model.sampler import check_seed
+
+#: The largest problem ``emulate_report`` takes: m·n·k (the emulator runs 10-30 million MACs a second) and
+#: (m + n)·k input values.
+MAX_REPORT_MACS = 1 << 28
+MAX_REPORT_VALUES = 1 << 26
 
 
 def random_operands(kernel: MatmulKernel, m: int, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -28,13 +35,19 @@ def emulate_report(kernel_name: str, m: int, n: int, k: int, svl_bits: int, trac
 
     Runs the emulator, checks the result against the jit execution bit for bit, and returns the
     instruction-count table (plus the trace of the first K block of the first tile when ``trace``).
-    Raises UnknownKernelError for an unknown name, KernelShapeError for a bad SVL or shape."""
+    Raises UnknownKernelError for an unknown name, KernelShapeError for a bad SVL or shape (or one above
+    MAX_REPORT_MACS); any integer seeds the inputs."""
     check_svl(svl_bits)
     kern = get_kernel(kernel_name, svl_bits)
     kern.check_args(m, n, k)
+    if m * n * k > MAX_REPORT_MACS or (m + n) * k > MAX_REPORT_VALUES:
+        raise KernelShapeError(
+            f"m={m}, n={n}, k={k} is too large to emulate (m·n·k at most {MAX_REPORT_MACS}, (m + n)·k at most "
+            f"{MAX_REPORT_VALUES}): use a smaller --shape"
+        )
     if kern.isa is None:
         raise NotImplementedError(f"the isa emulator has no program for kernel {kern.kai_name}")
-    lhs_packed, rhs_packed = random_operands(kern, m, n, k, seed)
+    lhs_packed, rhs_packed = random_operands(kern, m, n, k, check_seed(seed))
     result, machine = kern.isa(kern, m, n, k, lhs_packed, rhs_packed, trace=trace)
     jit = kern.run(m, n, k, lhs_packed, rhs_packed, execution="jit")
     ours = clamp_f32(result, -FLT_MAX, FLT_MAX)
