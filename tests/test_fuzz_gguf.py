@@ -36,6 +36,10 @@ def fuzz(tmp_path: Path, seed: int, n: int) -> Tally:
     return tally
 
 
+NUMERIC_NOISE = ("ignore::RuntimeWarning", "ignore::DeprecationWarning")  # mutated weights and template escapes
+
+
+@pytest.mark.filterwarnings(*NUMERIC_NOISE)
 def test_fuzz_gguf_short(tmp_path: Path) -> None:
     tally = fuzz(tmp_path, seed=0, n=cases("KLEIDIPY_FUZZ_GGUF_SHORT", 1000))
     assert not tally.failures, tally.report("GGUF fuzz")
@@ -43,6 +47,7 @@ def test_fuzz_gguf_short(tmp_path: Path) -> None:
 
 
 @pytest.mark.fuzz
+@pytest.mark.filterwarnings(*NUMERIC_NOISE)
 def test_fuzz_gguf_long(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     tally = fuzz(tmp_path, seed=1, n=cases("KLEIDIPY_FUZZ_GGUF_CASES", 10_000))
     with capsys.disabled():
