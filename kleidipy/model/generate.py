@@ -22,13 +22,13 @@ from tqdm import tqdm
 from kleidipy.backend import KleidiBackend
 from kleidipy.errors import KleidipyError
 from kleidipy.kernels.interface import check_threads
+from kleidipy.model import tensor_check
 from kleidipy.model.chat_template import ChatTemplate
 from kleidipy.model.gguf_file import GGUFFile
 from kleidipy.model.llama import Llama
 from kleidipy.model.pull import resolve_model
 from kleidipy.model.qwen2 import Qwen2
 from kleidipy.model.sampler import Sampler, SamplingParams
-from kleidipy.model.tensor_check import check_tensors
 from kleidipy.model.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
 
@@ -199,7 +199,7 @@ class Engine:
         self.path = resolve_model(self.model, progress=self.progress)
         self.gguf = GGUFFile(self.path)
         if self.check_tensors:
-            check_tensors(self.gguf)
+            tensor_check.check_tensors(self.gguf)
         metadata = self.gguf.metadata("tokenizer.")
         self.tokenizer = Tokenizer(metadata)
         self.chat_template = ChatTemplate.from_metadata(metadata)
