@@ -219,7 +219,13 @@ class Tracer:
             backend.REPACK_HOOK = previous
 
     def load(
-        self, model: str | Path, target: Target, threads: int, execution: str, n_ctx: int | None, check_tensors: bool
+        self,
+        model: str | Path,
+        target: Target,
+        threads: int,
+        execution: str,
+        n_ctx: int | None,
+        check_tensors: bool = True,
     ) -> Engine:
         """Build the Engine (the model load stage: every repack recorded)."""
         stage = self._enter("model load")
