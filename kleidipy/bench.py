@@ -21,8 +21,8 @@ import numpy as np
 from gguf import LlamaFileType
 from tqdm import tqdm
 
+from kleidipy.core.buffers import check_threads
 from kleidipy.errors import InvalidArgumentError, KleidipyError
-from kleidipy.kernels.interface import check_threads
 from kleidipy.model.generate import Engine
 from kleidipy.target import Target, resolve_target
 

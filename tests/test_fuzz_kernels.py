@@ -12,8 +12,10 @@ import pytest
 from fuzzing import Tally, outcome
 from gguf import GGMLQuantizationType as T
 
-from kleidipy.kernels.catalogue import all_kernels
-from kleidipy.kernels.interface import EXECUTIONS, MatmulKernel, PackedBuffer, RhsPacker
+from kleidipy.core.buffers import EXECUTIONS, PackedBuffer
+from kleidipy.core.catalogue import all_kernels
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.packers import RhsPacker
 
 K = 64
 Case = Callable[[MatmulKernel, str], object]

@@ -20,8 +20,8 @@ import numpy as np
 from tqdm import tqdm
 
 from kleidipy.backend import KleidiBackend
+from kleidipy.core.buffers import check_threads
 from kleidipy.errors import KleidipyError
-from kleidipy.kernels.interface import check_threads
 from kleidipy.model import tensor_check
 from kleidipy.model.chat_template import ChatTemplate
 from kleidipy.model.gguf_file import GGUFFile
