@@ -158,12 +158,12 @@ def run_cases() -> dict[str, Case]:
         def case(kern: MatmulKernel, execution: str) -> object:
             m, n0 = shape(kern)
             _, rhs = packed(kern, m, n0)
-            return kern.prepare(n(n0), K, rhs, execution=execution, threads=threads)(x(m))
+            return kern.prepare(n(n0), K, rhs, execution=execution)(x(m), threads=threads)
 
         return case
 
     cases["prepare n past the RHS"] = prepared(lambda m: np.ones((m, K), np.float32), n=lambda n: 2 * n)
-    cases["prepare threads=0"] = prepared(lambda m: np.ones((m, K), np.float32), threads=0)
+    cases["prepared threads=0"] = prepared(lambda m: np.ones((m, K), np.float32), threads=0)
     cases["prepared x NaN"] = prepared(lambda m: with_nan(np.ones((m, K), np.float32)))
     cases["prepared x float64"] = prepared(lambda m: np.ones((m, K)))
     cases["prepared x wrong k"] = prepared(lambda m: np.ones((m, K + 32), np.float32))
