@@ -30,8 +30,8 @@ from kleidipy.model.gguf_file import GGUFFile
 from kleidipy.model.llama import Llama
 from kleidipy.model.pull import cache_dir, pull
 from kleidipy.model.qwen2 import Qwen2
-from kleidipy.model.synthetic import TINYLLAMA_1_1B, write_random_llama
 from kleidipy.target import resolve_target
+from kleidipy.tools.synthetic import TINYLLAMA_1_1B, write_random_llama
 
 
 def bench_dir() -> Path:
@@ -45,7 +45,7 @@ def model_files() -> dict[str, Path | callable]:
 
     def quantized(name: str, key: str):  # noqa: ANN202
         def make() -> Path:
-            from kleidipy.quantize import quantize_gguf
+            from kleidipy.tools.quantize import quantize_gguf
 
             dst = bench_dir() / f"{key}.gguf"
             if not dst.exists():

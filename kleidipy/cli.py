@@ -18,7 +18,7 @@ from kleidipy.errors import KleidipyError
 
 
 def _cmd_golden(args: argparse.Namespace) -> int:
-    from kleidipy.golden import verify
+    from kleidipy.tools.golden import verify
 
     executions = list(buffers.EXECUTIONS) if args.execution == "all" else [args.execution]
 
@@ -195,7 +195,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 def _cmd_trace(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kleidipy.trace import run_trace
+    from kleidipy.tools.trace import run_trace
 
     chrome_trace = Path(args.chrome_trace) if args.chrome_trace else None
     print(
@@ -230,7 +230,7 @@ def _shape(text: str) -> tuple[int, int, int]:
 def _cmd_layout(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kleidipy.layout import render_layout
+    from kleidipy.tools.layout import render_layout
 
     dims = dict(zip(("m", "n", "k"), _shape(args.shape), strict=True)) if args.shape else {}
     print(
@@ -248,7 +248,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from kleidipy.quantize import quantize_gguf
+    from kleidipy.tools.quantize import quantize_gguf
 
     report = quantize_gguf(args.input, args.output, args.type, pure=args.pure, progress=not args.quiet)
     print(report.summary())
@@ -256,7 +256,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from kleidipy.bench import format_bench_table, parse_threads, run_bench
+    from kleidipy.tools.bench import format_bench_table, parse_threads, run_bench
 
     rows = run_bench(
         args.model,
@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.set_defaults(func=_cmd_run if name == "run" else _cmd_chat)
 
-    from kleidipy.trace import DEFAULT_PROMPT
+    from kleidipy.tools.trace import DEFAULT_PROMPT
 
     p = sub.add_parser(
         "trace",

@@ -11,7 +11,7 @@ import numpy as np
 
 from kleidipy.core.catalogue import get_kernel
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.golden import GoldenSet, iter_runs, verify_run
+from kleidipy.tools.golden import GoldenSet, iter_runs, verify_run
 
 
 def family_runs(golden_dir: Path, family: str) -> tuple[GoldenSet, list[tuple[dict, dict]]]:

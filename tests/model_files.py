@@ -6,7 +6,7 @@ from functools import cache
 from pathlib import Path
 
 from kleidipy.model.pull import pull
-from kleidipy.quantize import quantize_gguf
+from kleidipy.tools.quantize import quantize_gguf
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN25 = "qwen2.5-coder-0.5b-instruct"

@@ -8,11 +8,11 @@ from test_gguf_file import tiny_model
 from kleidipy import backend, formats
 from kleidipy.backend import KleidiBackend
 from kleidipy.errors import DTypeError, NonFiniteInputError
-from kleidipy.golden import GoldenSet
 from kleidipy.model.gguf_file import GGUFFile
 from kleidipy.model.llama import Llama
 from kleidipy.model.weights import FloatLinear
 from kleidipy.target import parse_target
+from kleidipy.tools.golden import GoldenSet
 
 TARGETS = ["sme2:svl=512", "sme2:svl=128", "i8mm", "dotprod"]
 TYPES = [T.Q4_0, T.Q8_0, T.Q4_1, T.F16, T.F32, T.Q5_0]

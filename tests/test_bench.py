@@ -1,13 +1,13 @@
-"""kleidipy.bench: llama-bench-style pp/tg throughput rows and the markdown table, on SmolLM2 with tiny counts."""
+"""kleidipy.tools.bench: llama-bench-style pp/tg throughput rows and the markdown table, on SmolLM2 with tiny counts."""
 
 from __future__ import annotations
 
 import pytest
 from model_files import SMOLLM2, model_file
 
-from kleidipy.bench import BenchError, BenchRow, format_bench_table, parse_threads, run_bench
 from kleidipy.model.generate import Engine
 from kleidipy.target import parse_target
+from kleidipy.tools.bench import BenchError, BenchRow, format_bench_table, parse_threads, run_bench
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet
 from kleidipy.kernels.bf16p_bf16p import jit
 from kleidipy.kernels.bf16p_bf16p import ukernels as fam
+from kleidipy.tools.golden import GoldenSet
 
 EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from kleidipy.core.catalogue import all_kernels, families, get_kernel
 from kleidipy.errors import KernelShapeError, UnknownKernelError
-from kleidipy.golden import verify
 from kleidipy.tools.emulate import emulate_report, random_operands, uncovered_kernels
+from kleidipy.tools.golden import verify
 
 SEED_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 SEED_SDOT = "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"

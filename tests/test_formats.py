@@ -33,8 +33,8 @@ from kleidipy.errors import (
     UnsupportedTensorTypeError,
 )
 from kleidipy.formats import f16, other, q4_0, q4_1, q8_0
-from kleidipy.golden import GoldenSet
 from kleidipy.kernels.qsi8d32p_qai4c32p.ukernels import q4_1_to_qai4c32
+from kleidipy.tools.golden import GoldenSet
 
 MODULES = {T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q8_0: q8_0}
 F32 = np.float32

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from kleidipy.cli import main
-from kleidipy.golden import verify
+from kleidipy.tools.golden import verify
 
 
 @pytest.mark.parametrize("execution", ["reference", "jit"])  # isa: tests/test_emulator.py

@@ -1,4 +1,4 @@
-"""Tests for kleidipy.layout: label maps found by probing the real packers, text snapshot, PNG/SVG, bad input."""
+"""Tests for kleidipy.tools.layout: label maps found by probing the real packers, text snapshot, PNG/SVG, bad input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from kleidipy.core.buffers import SVL_CHOICES
 from kleidipy.core.catalogue import all_kernels
 from kleidipy.errors import KernelShapeError, KleidipyError, UnknownKernelError
-from kleidipy.layout import DEFAULT_KERNEL, MAX_BYTES, BufferMap, LayoutError, layout_maps, render_layout
+from kleidipy.tools.layout import DEFAULT_KERNEL, MAX_BYTES, BufferMap, LayoutError, layout_maps, render_layout
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "layout_default.txt"
 I8MM = "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm"

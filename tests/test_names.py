@@ -19,7 +19,7 @@ from kleidipy.core.names import (
     summary,
 )
 from kleidipy.errors import KleidipyError
-from kleidipy.golden import GoldenSet
+from kleidipy.tools.golden import GoldenSet
 
 EXAMPLE = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 # names named by the spec, the golden README's cross-checks and KleidiAI's naming notes

@@ -24,8 +24,8 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
+from kleidipy.tools.golden import GoldenSet
 
 F32 = np.float32
 KERNEL_NAMES = [k.name for k in fam.KERNELS]

@@ -20,8 +20,8 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as fam
+from kleidipy.tools.golden import GoldenSet
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa"

@@ -23,9 +23,9 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
-from kleidipy.golden import GoldenSet
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as fam
+from kleidipy.tools.golden import GoldenSet
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
 SME2_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"

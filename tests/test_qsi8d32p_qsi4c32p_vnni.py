@@ -17,8 +17,8 @@ from kernel_helpers import bits_equal
 from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32, clamp_f32, f32_to_f16_bits, fma_f32, round_away
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
-from kleidipy.golden import GoldenSet, iter_runs
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
+from kleidipy.tools.golden import GoldenSet, iter_runs
 
 ISAS = [vnni.PORTABLE] + ([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])
 SVLS = (128, 256, 512, 1024, 2048)
@@ -222,7 +222,7 @@ def test_golden_dst(golden_dir) -> None:  # noqa: ANN001
     """Every SME2 Q4_0 golden run (MOPA and SDOT, SVL 128/256/512, clamped or not): dst bit for bit."""
     gold, runs = _golden_sme2_runs(golden_dir)
     assert len(runs) >= 20
-    from kleidipy.golden import _clamp_values
+    from kleidipy.tools.golden import _clamp_values
 
     for case, run in runs:
         m, n, k = case["m"], case["n"], case["k"]

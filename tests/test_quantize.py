@@ -1,4 +1,4 @@
-"""kleidipy.quantize against llama.cpp's llama-quantize: the --pure SmolLM2 Q4_0 / Q8_0 files reproduce the
+"""kleidipy.tools.quantize against llama.cpp's llama-quantize: the --pure SmolLM2 Q4_0 / Q8_0 files reproduce the
 reference outputs byte for byte (whole-file and per-tensor sha256 from models.json), metadata and tensor order
 as llama-quantize writes them, the non-pure mixture rule, tiny models of every source type, and bad inputs."""
 
@@ -15,9 +15,10 @@ from gguf import GGMLQuantizationType as T
 from model_files import SMOLLM2, model_file, requantized
 from test_gguf_file import tiny_model
 
-from kleidipy import formats, quantize
+from kleidipy import formats
 from kleidipy.model.gguf_file import GGUFFile, GGUFFormatError, GGUFOpenError
-from kleidipy.quantize import (
+from kleidipy.tools import quantize
+from kleidipy.tools.quantize import (
     OutputPathError,
     QuantizeError,
     UnsupportedQuantTypeError,

@@ -1,4 +1,4 @@
-"""kleidipy.trace: a traced short generation of the default model on the virtual SME2 (SVL 512) target — stages,
+"""kleidipy.tools.trace: a traced short generation of the default model on the virtual SME2 (SVL 512) target — stages,
 frames, kernel names, counts against the model's hyper-parameters, JSON and Chrome trace outputs, hooks restored."""
 
 from __future__ import annotations
@@ -15,7 +15,17 @@ from kleidipy.core.matmul import MatmulKernel
 from kleidipy.errors import KleidipyError
 from kleidipy.model.generate import PromptError
 from kleidipy.target import resolve_target, select_kernels
-from kleidipy.trace import Op, Stage, Tracer, call_tree, chrome_trace, format_text, run_trace, to_json, trace_generation
+from kleidipy.tools.trace import (
+    Op,
+    Stage,
+    Tracer,
+    call_tree,
+    chrome_trace,
+    format_text,
+    run_trace,
+    to_json,
+    trace_generation,
+)
 
 MODEL = SMOLLM2
 TARGET = "sme2:svl=512"

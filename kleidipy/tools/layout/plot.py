@@ -12,11 +12,11 @@ import colorsys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kleidipy.layout.probe import PAD, BufferMap, Field
-from kleidipy.layout.text import LEGEND, NO_LHS, label, label_width, region_kinds
+from kleidipy.tools.layout.probe import PAD, BufferMap, Field
+from kleidipy.tools.layout.text import LEGEND, NO_LHS, label, label_width, region_kinds
 
 if TYPE_CHECKING:
-    from kleidipy.layout import LayoutMaps
+    from kleidipy.tools.layout import LayoutMaps
 
 DPI = 120
 #: labels are monospace text, CHARS_PER_CELL characters per byte cell: DejaVu Sans Mono (shipped with matplotlib)
@@ -35,7 +35,7 @@ GOLDEN = 0.6180339887
 
 def _matplotlib() -> Any:
     """The matplotlib module (imported lazily: the ``plot`` extra is optional)."""
-    from kleidipy.layout import LayoutError
+    from kleidipy.tools.layout import LayoutError
 
     try:
         import matplotlib
@@ -182,8 +182,8 @@ def _draw_panel(ax: Any, title: str, lay: _PanelLayout) -> None:
 
 
 def draw(maps: LayoutMaps, out: Path) -> None:
-    """Write the picture of :class:`~kleidipy.layout.LayoutMaps` to ``out`` (.png or .svg)."""
-    from kleidipy.layout import LayoutError
+    """Write the picture of :class:`~kleidipy.tools.layout.LayoutMaps` to ``out`` (.png or .svg)."""
+    from kleidipy.tools.layout import LayoutError
 
     mpl = _matplotlib()
     panels = [(p.title + f"  ({p.detail}; {p.map.size} B)", _PanelLayout(p.map, p.period)) for p in maps.panels]

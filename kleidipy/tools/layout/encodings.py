@@ -1,6 +1,6 @@
 """Label encodings: for each input format a packer takes, the channels that make its values traceable.
 
-Each function returns the :class:`~kleidipy.layout.probe.Channel` list of one input format, in priority order
+Each function returns the :class:`~kleidipy.tools.layout.probe.Channel` list of one input format, in priority order
 (element data first, then per-block / per-row values). A channel's ``build`` turns a boolean choice per label
 into the packer's inputs, choosing between two values A and B that stay distinguishable through the packer
 (codes 0 / 15, int8 ±127, fp16 0x3555 / 0x42AA, f32 0x3F955555 / 0xC06AAAAA, ...) while keeping every other
@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as GGMLType
 from kleidipy.core.catalogue import family_of_packer
 from kleidipy.core.packers import RhsPacker
 from kleidipy.formats import q4_0, q4_1, q8_0
-from kleidipy.layout.probe import Channel, View
+from kleidipy.tools.layout.probe import Channel, View
 
 BL = 32
 RhsInputs = tuple[np.ndarray | None, dict[str, np.ndarray | None]]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kleidipy.layout.probe import PAD, BufferMap, Field, Region
+from kleidipy.tools.layout.probe import PAD, BufferMap, Field, Region
 
 if TYPE_CHECKING:
-    from kleidipy.layout import LayoutMaps
+    from kleidipy.tools.layout import LayoutMaps
 
 LEGEND = (
     "labels: rr,kk = element (row, k); rr,bB = block B of row rr; rr = per-row value; "
@@ -99,7 +99,7 @@ def buffer_table(title: str, detail: str, bmap: BufferMap) -> list[str]:
 
 
 def text_table(maps: LayoutMaps) -> str:
-    """The whole text form of :class:`~kleidipy.layout.LayoutMaps`."""
+    """The whole text form of :class:`~kleidipy.tools.layout.LayoutMaps`."""
     lines = [maps.heading, maps.geometry, LEGEND]
     for panel in maps.panels:
         lines += ["", *buffer_table(panel.title, panel.detail, panel.map)]

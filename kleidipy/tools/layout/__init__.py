@@ -3,11 +3,11 @@
 For a catalogue kernel and a small shape this package finds, for every byte (or nibble) of the packed RHS, of
 the RHS as given (GGML blocks or the packer's input) and of the packed LHS, which logical value it holds —
 element (row, k), block scale (row, block), per-row sum/scale/bias — by running the kernel's own packers on
-label-encoding inputs (:mod:`kleidipy.layout.probe`, :mod:`kleidipy.layout.encodings`). Nothing is drawn from a
-description of the layout: a packer change shows up in the picture.
+label-encoding inputs (:mod:`.probe`, :mod:`.encodings`). Nothing is drawn from a description of the layout:
+a packer change shows up in the picture.
 
-Outputs: a text table (:mod:`kleidipy.layout.text`, stable, for terminals and snapshot tests) and a matplotlib
-picture (:mod:`kleidipy.layout.plot`, PNG or SVG; needs the ``plot`` extra).
+Outputs: a text table (:mod:`kleidipy.tools.layout.text`, stable, for terminals and snapshot tests) and a matplotlib
+picture (:mod:`kleidipy.tools.layout.plot`, PNG or SVG; needs the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from kleidipy.core.buffers import check_svl
 from kleidipy.core.catalogue import get_kernel
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.errors import KernelShapeError, KleidipyError
-from kleidipy.layout import encodings
-from kleidipy.layout.probe import BufferMap, Field, Region, trace
+from kleidipy.tools.layout import encodings
+from kleidipy.tools.layout.probe import BufferMap, Field, Region, trace
 
 __all__ = [
     "BufferMap",
@@ -182,13 +182,13 @@ def render_layout(
     Writes the picture to ``out`` (.png or .svg) when given. Returns the full text table when ``text`` is true,
     else a short summary (heading and regions) to print.
     """
-    from kleidipy.layout.text import summary, text_table
+    from kleidipy.tools.layout.text import summary, text_table
 
     if out is not None:
         out = _check_out(out)
     maps = layout_maps(kernel_name, m, n, k, svl_bits)
     if out is not None:
-        from kleidipy.layout.plot import draw
+        from kleidipy.tools.layout.plot import draw
 
         draw(maps, out)
     result = text_table(maps) if text else summary(maps)
