@@ -19,9 +19,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
-from kleidipy.core.catalogue import family_of
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
+from kleidipy.kernels.catalogue import family_of
 from kleidipy.target import KernelPair, Target, select_kernels
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.

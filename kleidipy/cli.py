@@ -49,7 +49,7 @@ def _target(args: argparse.Namespace):  # noqa: ANN202
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
-    from kleidipy.core.catalogue import all_kernels, get_kernel
+    from kleidipy.kernels.catalogue import all_kernels, get_kernel
     from kleidipy.target import selected_uses, standing
 
     target = _target(args)

@@ -22,10 +22,10 @@ import textwrap
 from dataclasses import dataclass
 
 from kleidipy.core.buffers import check_svl
-from kleidipy.core.catalogue import all_kernels, get_kernel, get_packer
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.names import folder, kind
 from kleidipy.errors import TargetError, UnknownKernelError
+from kleidipy.kernels.catalogue import all_kernels, get_kernel, get_packer
 
 # Linux arm64 auxiliary-vector bits (asm/hwcap.h).
 _AT_HWCAP, _AT_HWCAP2 = 16, 26

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kleidipy.core.catalogue import get_kernel
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.tools.golden import GoldenSet, iter_runs, verify_run
 
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from kernel_helpers import exact_round, verify_family
 
 from kleidipy.core import numerics
-from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import FLT_MAX, bf16_bits_to_f32, f32_to_bf16_bits
 from kleidipy.errors import (
     BufferSizeError,
@@ -23,6 +22,7 @@ from kleidipy.errors import (
 )
 from kleidipy.kernels.bf16p_bf16p import jit
 from kleidipy.kernels.bf16p_bf16p import ukernels as fam
+from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.tools.golden import GoldenSet
 
 EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py

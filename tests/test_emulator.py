@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kleidipy.core.catalogue import all_kernels, families, get_kernel
 from kleidipy.errors import KernelShapeError, UnknownKernelError
+from kleidipy.kernels.catalogue import all_kernels, families, get_kernel
 from kleidipy.tools.emulate import emulate_report, random_operands, uncovered_kernels
 from kleidipy.tools.golden import verify
 

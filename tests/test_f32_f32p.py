@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from kernel_helpers import exact_round, verify_family
 from test_bf16p_bf16p import bits, make_problem
 
-from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 from kleidipy.kernels.bf16p_bf16p.ukernels import f16_nxk_to_f32_kxn
+from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.kernels.f32_f32p import ukernels as fam
 
 EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py

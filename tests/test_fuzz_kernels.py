@@ -13,9 +13,9 @@ from fuzzing import Tally, outcome
 from gguf import GGMLQuantizationType as T
 
 from kleidipy.core.buffers import EXECUTIONS, PackedBuffer
-from kleidipy.core.catalogue import all_kernels
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.packers import RhsPacker
+from kleidipy.kernels.catalogue import all_kernels
 
 K = 64
 Case = Callable[[MatmulKernel, str], object]

@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 from tiny_models import model_parts, write_model
 
 from kleidipy.cli import main
-from kleidipy.core.catalogue import get_kernel
 from kleidipy.errors import BufferSizeError, InvalidArgumentError, KernelShapeError, KleidipyError, NonFiniteInputError
+from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.model import kv_cache
 from kleidipy.model.chat_template import ChatTemplate, ChatTemplateError
 from kleidipy.model.generate import Engine

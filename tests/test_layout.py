@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kleidipy.core.buffers import SVL_CHOICES
-from kleidipy.core.catalogue import all_kernels
 from kleidipy.errors import KernelShapeError, KleidipyError, UnknownKernelError
+from kleidipy.kernels.catalogue import all_kernels
 from kleidipy.tools.layout import DEFAULT_KERNEL, MAX_BYTES, BufferMap, LayoutError, layout_maps, render_layout
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "layout_default.txt"

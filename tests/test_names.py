@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from kleidipy.core import catalogue
 from kleidipy.core.names import (
     KernelNameError,
     current_name,
@@ -19,6 +18,7 @@ from kleidipy.core.names import (
     summary,
 )
 from kleidipy.errors import KleidipyError
+from kleidipy.kernels import catalogue
 from kleidipy.tools.golden import GoldenSet
 
 EXAMPLE = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"

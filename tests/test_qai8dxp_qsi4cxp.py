@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, family_runs, verify_family
 from test_qai8dxp_qsi8cxp import HYP, SVLS, model_dst, model_lhs_packed
 
-from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import FLT_MAX, fma_f32
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError
+from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.kernels.qai8dxp_qsi4cxp import ukernels as fam
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as core
 

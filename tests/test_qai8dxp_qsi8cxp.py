@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, exact_fma, family_runs, verify_family
 
-from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import (
     BufferSizeError,
@@ -24,6 +23,7 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
+from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
 from kleidipy.tools.golden import GoldenSet
 

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, exact_fma, verify_family
 
-from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX
 from kleidipy.errors import (
     BufferSizeError,
@@ -20,6 +19,7 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
+from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as fam
 from kleidipy.tools.golden import GoldenSet
 

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, exact_fma, exact_round, round_binary, verify_family
 
-from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX, f32_to_f16_bits
 from kleidipy.errors import (
     BufferSizeError,
@@ -23,6 +22,7 @@ from kleidipy.errors import (
     NonFiniteInputError,
     PackedLayoutMismatchError,
 )
+from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as fam
 from kleidipy.tools.golden import GoldenSet

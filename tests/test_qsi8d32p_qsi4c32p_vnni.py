@@ -187,7 +187,7 @@ def test_padding_columns_are_ignored() -> None:
 def test_matches_family_reference() -> None:
     """The family's numpy reference kernel (another implementation of the same recipe), when present."""
     fam = pytest.importorskip("kleidipy.kernels.qsi8d32p_qsi4c32p.ukernels")
-    from kleidipy.core.catalogue import get_kernel
+    from kleidipy.kernels.catalogue import get_kernel
 
     rng = np.random.default_rng(11)
     for name, m in ((GEMM, 19), (GEMV, 1)):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from kleidipy.core.catalogue import get_kernel
 from kleidipy.errors import TargetError
+from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.target import (
     WEIGHT_TYPES,
     detect_target,

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import bits_equal
 
-from kleidipy.core.catalogue import get_kernel
 from kleidipy.core.numerics import FLT_MAX
+from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_fam
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni

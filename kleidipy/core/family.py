@@ -1,4 +1,4 @@
-"""The record a KleidiAI family package declares, and which :mod:`kleidipy.core.catalogue` discovers.
+"""The record a KleidiAI family package declares, and which :mod:`kleidipy.kernels.catalogue` discovers.
 
 A family (``kleidipy/kernels/<family>/``, as KleidiAI's ``kai/ukernels/matmul/<family>/``) owns its packers and
 matmul kernels (``ukernels``), their numba code (``jit``, ``vnni``), their instruction programs for the emulator

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits
-from kleidipy.formats import (
+from kleidipy.formats.blocks import (
     QK,
     block_view,
     c_trunc_code,

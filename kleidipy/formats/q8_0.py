@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits, round_away
-from kleidipy.formats import QK, block_view, dequantize_rows, fp16_field, quantize_rows, store_fp16_field
+from kleidipy.formats.blocks import QK, block_view, dequantize_rows, fp16_field, quantize_rows, store_fp16_field
 
 BLOCK_SIZE = QK
 TYPE_SIZE = 2 + QK

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.core.buffers import check_svl
-from kleidipy.core.catalogue import all_kernels, family_of, get_kernel
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.numerics import FLT_MAX, clamp_f32
 from kleidipy.errors import KernelShapeError
+from kleidipy.kernels.catalogue import all_kernels, family_of, get_kernel
 from kleidipy.model.sampler import check_seed
 
 #: The largest problem ``emulate_report`` takes: m·n·k (the emulator runs 10-30 million MACs a second) and

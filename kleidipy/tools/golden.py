@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from kleidipy.core import buffers
-from kleidipy.core.catalogue import get_kernel, get_packer
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import GoldenDataError, KleidipyError
+from kleidipy.kernels.catalogue import get_kernel, get_packer
 
 
 @dataclass

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.core.catalogue import family_of_packer
 from kleidipy.core.packers import RhsPacker
 from kleidipy.formats import q4_0, q4_1, q8_0
+from kleidipy.kernels.catalogue import family_of_packer
 from kleidipy.tools.layout.probe import Channel, View
 
 BL = 32

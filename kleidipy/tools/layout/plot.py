@@ -16,7 +16,7 @@ from kleidipy.tools.layout.probe import PAD, BufferMap, Field
 from kleidipy.tools.layout.text import LEGEND, NO_LHS, label, label_width, region_kinds
 
 if TYPE_CHECKING:
-    from kleidipy.tools.layout import LayoutMaps
+    from kleidipy.tools.layout.maps import LayoutMaps
 
 DPI = 120
 #: labels are monospace text, CHARS_PER_CELL characters per byte cell: DejaVu Sans Mono (shipped with matplotlib)
@@ -35,7 +35,7 @@ GOLDEN = 0.6180339887
 
 def _matplotlib() -> Any:
     """The matplotlib module (imported lazily: the ``plot`` extra is optional)."""
-    from kleidipy.tools.layout import LayoutError
+    from kleidipy.tools.layout.maps import LayoutError
 
     try:
         import matplotlib
@@ -183,7 +183,7 @@ def _draw_panel(ax: Any, title: str, lay: _PanelLayout) -> None:
 
 def draw(maps: LayoutMaps, out: Path) -> None:
     """Write the picture of :class:`~kleidipy.tools.layout.LayoutMaps` to ``out`` (.png or .svg)."""
-    from kleidipy.tools.layout import LayoutError
+    from kleidipy.tools.layout.maps import LayoutError
 
     mpl = _matplotlib()
     panels = [(p.title + f"  ({p.detail}; {p.map.size} B)", _PanelLayout(p.map, p.period)) for p in maps.panels]

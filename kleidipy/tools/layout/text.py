@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kleidipy.tools.layout.probe import PAD, BufferMap, Field, Region
 
 if TYPE_CHECKING:
-    from kleidipy.tools.layout import LayoutMaps
+    from kleidipy.tools.layout.maps import LayoutMaps
 
 LEGEND = (
     "labels: rr,kk = element (row, k); rr,bB = block B of row rr; rr = per-row value; "

@@ -1,0 +1,128 @@
+"""The package's shape: no import cycle between kleidipy's modules, the core never imports a family, the
+emulator or the runtime, every family package holds its parts and declares them, and modules stay small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from kleidipy.kernels.catalogue import families
+
+import kleidipy
+
+ROOT = Path(kleidipy.__file__).resolve().parent
+#: modules allowed past MAX_LINES, with the reason
+LONG_MODULES = {"kleidipy.runtime.tokenizer": "the three pre-tokenizers and BPE/SPM state machines of llama.cpp"}
+MAX_LINES = 560
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The kleidipy modules ``name`` imports anywhere in its text (functions included); ``from pkg import x``
+    counts as importing the submodule pkg.x when x is one, else pkg."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("kleidipy")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            if not base.startswith("kleidipy"):
+                continue
+            for a in node.names:
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles() == []
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    """The check itself: two modules importing each other are one cycle."""
+    saved = {k: set(v) for k, v in GRAPH.items()}
+    try:
+        GRAPH["kleidipy.core.buffers"].add("kleidipy.core.matmul")
+        assert any("kleidipy.core.buffers" in c and "kleidipy.core.matmul" in c for c in _cycles())
+    finally:
+        GRAPH.clear()
+        GRAPH.update(saved)
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m.startswith("kleidipy.core")))
+def test_core_imports_only_core(name: str) -> None:
+    outside = {m for m in GRAPH[name] if not m.startswith("kleidipy.core") and m != "kleidipy.errors"}
+    assert not outside, f"{name} imports {sorted(outside)}"
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m.startswith("kleidipy.emulator")))
+def test_emulator_imports_no_family(name: str) -> None:
+    assert not {m for m in GRAPH[name] if m.startswith("kleidipy.kernels")}, GRAPH[name]
+
+
+def test_each_family_folder_holds_its_parts() -> None:
+    found = {f.name for f in families()}
+    folders = {p.name for p in (ROOT / "kernels").iterdir() if (p / "__init__.py").is_file()}
+    assert found == folders
+    for fam in families():
+        folder = ROOT / "kernels" / fam.name
+        assert {"ukernels.py", "isa.py"} <= {p.name for p in folder.iterdir()}
+        assert fam.from_float is not None
+        assert all(k.family == fam.name for k in fam.kernels)
+        assert {k.name for k in fam.kernels} == set(fam.programs), "every kernel has its instruction program"
+        assert bool(fam.ggml_types) == (fam.from_ggml is not None)
+
+
+def test_modules_stay_small() -> None:
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert set(long) <= set(LONG_MODULES), long
