@@ -91,7 +91,7 @@ def assert_threads_keep_bits(
     for execution in executions:
         one = kernel.run(m, n, k, lhs_packed, rhs_packed, execution=execution)
         two = kernel.run(m, n, k, lhs_packed, rhs_packed, execution=execution, threads=2, min_split_macs=0)
-        assert np.array_equal(one.view(np.uint32), two.view(np.uint32))
+        assert bits_equal(one, two)
 
 
 def assert_sme_geometry(mopa_name: str, dot_name: str, svls: tuple[int, ...], kr: int, sr: int) -> None:
@@ -105,5 +105,9 @@ def assert_sme_geometry(mopa_name: str, dot_name: str, svls: tuple[int, ...], kr
 
 
 def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Same shape and the same float32 bit patterns."""
-    return a.shape == b.shape and np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+    """Both float32, same shape and the same bit patterns: what "exact" means for a kernel's output (−0.0 is not
+    +0.0, NaN payloads count), where value equality would let signed zeros and NaNs through."""
+    a, b = np.asarray(a), np.asarray(b)
+    return (
+        a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    )

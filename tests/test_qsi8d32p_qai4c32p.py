@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import assert_sme_geometry, exact_fma, verify_family
+from kernel_helpers import assert_sme_geometry, bits_equal, exact_fma, verify_family
 
 from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX
 from kleidipy.errors import (
@@ -51,8 +51,8 @@ def test_q4_1_mapping_matches_golden_inputs(golden_dir):
         for order in ("s0s1", "s1s0"):
             codes, scale, zero = fam.q4_1_to_qai4c32(blocks, n, k, order)
             np.testing.assert_array_equal(codes, golden.array(inputs[f"rhs_q4_1_qau4c32_{order}"]))
-            assert scale.view(np.uint32).tolist() == golden.array(inputs["rhs_q4_1_scale_f32"]).view(np.uint32).tolist()
-            assert zero.view(np.uint32).tolist() == golden.array(inputs["rhs_q4_1_zero_f32"]).view(np.uint32).tolist()
+            assert bits_equal(scale, golden.array(inputs["rhs_q4_1_scale_f32"]))
+            assert bits_equal(zero, golden.array(inputs["rhs_q4_1_zero_f32"]))
 
 
 def _ggml_q4_1_dequant(blocks: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -81,7 +81,7 @@ def test_get_rows_equals_ggml_dequant(golden_dir, kernel_name, svl):
         for execution in ("reference", "jit"):
             got = fam.get_rows(kern, packed, rows, n, k, execution=execution)
             assert got.dtype == np.float32 and got.shape == (rows.size, k)
-            np.testing.assert_array_equal(got.view(np.uint32), want[rows].view(np.uint32))
+            assert bits_equal(got, want[rows])
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -302,7 +302,7 @@ def test_kernels_jit_equals_reference(name, svl, m, n, nb, with_bias, clamp, see
     kern = get_kernel(name, svl)
     m = 1 if kern.kind == "gemv" else m
     (ref, jit), _ = _run_pair(kern, m, n, 32 * nb, np.random.default_rng(seed), with_bias, clamp)
-    np.testing.assert_array_equal(ref.view(np.uint32), jit.view(np.uint32))
+    assert bits_equal(ref, jit)
     assert (ref >= np.float32(clamp[0])).all() and (ref <= np.float32(clamp[1])).all()
 
 
@@ -321,7 +321,7 @@ def test_reference_equals_exact_scalar_model(name, svl, m, n, nb, with_bias, see
     m = 1 if kern.kind == "gemv" else m
     (ref, _), (x, u, scale, zero, bias) = _run_pair(kern, m, n, 32 * nb, np.random.default_rng(seed), with_bias)
     want = _kernel_model(x, u, scale, zero, bias, kern.flags.get("first_block_fmul", False))
-    np.testing.assert_array_equal(ref.view(np.uint32), want.view(np.uint32))
+    assert bits_equal(ref, want)
 
 
 def test_mopa_first_block_fmul_keeps_negative_zero():
@@ -336,11 +336,11 @@ def test_mopa_first_block_fmul_keeps_negative_zero():
         kern = get_kernel(name, 128)
         rhs = kern.pack_rhs(n, k, _u_to_codes(u, "s0s1"), scale=scale, zero=zero, bias=bias)
         outs = [kern.run(1, n, k, kern.pack_lhs(x), rhs, execution=e) for e in ("reference", "jit")]
-        np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+        assert bits_equal(outs[0], outs[1])
         assert (outs[0] == 0).all()
         signs[name] = bool(np.signbit(outs[0]).all())
         want = _kernel_model(x, u, scale, zero, bias, kern.flags.get("first_block_fmul", False))
-        np.testing.assert_array_equal(outs[0].view(np.uint32), want.view(np.uint32))
+        assert bits_equal(outs[0], want)
     assert signs == {SME_MOPA: True, SME_DOT: False}
 
 
@@ -353,8 +353,8 @@ def test_kernel_threads_and_dst_stride():
     threaded = kern.run(9, 70, 64, lhs, rhs, threads=2, min_split_macs=0)
     dst = np.full((9, 80), 7.0, np.float32)
     kern.run(9, 70, 64, lhs, rhs, dst, 80 * 4)
-    np.testing.assert_array_equal(threaded.view(np.uint32), ref.view(np.uint32))
-    np.testing.assert_array_equal(dst[:, :70].view(np.uint32), ref.view(np.uint32))
+    assert bits_equal(threaded, ref)
+    assert bits_equal(dst[:, :70], ref)
     assert (dst[:, 70:] == 7.0).all()
 
 
@@ -368,8 +368,8 @@ def test_sme_kernels_accept_either_packer_and_catalogue_geometry():
         rhs = packer.run(64, 64, kern.nr, 8, 2, _u_to_codes(u, packer.code_order), bl=32, scale=scale, zero=zero)
         outs.append(kern.run(1, 64, 64, kern.pack_lhs(x), rhs))
         rows.append(fam.get_rows(kern, rhs, [0, 63], 64, 64))
-    np.testing.assert_array_equal(outs[0], outs[1])
-    np.testing.assert_array_equal(rows[0], rows[1])
+    assert bits_equal(outs[0], outs[1])
+    assert bits_equal(rows[0], rows[1])
 
 
 # --------------------------------------------------------------------------------------------- bad inputs
