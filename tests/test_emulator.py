@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_helpers import bits_equal
 
 from kleidipy.errors import KernelShapeError, UnknownKernelError
 from kleidipy.kernels.catalogue import all_kernels, families, get_kernel
@@ -58,7 +59,7 @@ def test_seed_example_mopa_counts_by_hand():
     loaded = k_steps * 3 * svl_bytes + nb * (2 * svl_bytes + 2 * 16) + 64 + rows * (nb - 1) * 4 * svl_bytes
     assert mach.bytes_loaded == loaded == 7552
     assert mach.bytes_stored == rows * nb * 4 * svl_bytes == 8192
-    assert np.array_equal(dst.view(np.uint32), kern.run(16, 64, 64, lhs, rhs, execution="jit").view(np.uint32))
+    assert bits_equal(dst, kern.run(16, 64, 64, lhs, rhs, execution="jit"))
 
 
 def test_seed_example_sdot_counts_by_hand():
@@ -111,7 +112,7 @@ def test_isa_equals_jit_on_random_shapes(name, m, n, blocks, svl, seed):
     lhs, rhs = random_operands(kern, m, n, k, seed)
     ours = kern.run(m, n, k, lhs, rhs, execution="isa")
     jit = kern.run(m, n, k, lhs, rhs, execution="jit")
-    assert np.array_equal(ours.view(np.uint32), jit.view(np.uint32))
+    assert bits_equal(ours, jit)
 
 
 def test_isa_honours_clamp_and_threads():
@@ -121,7 +122,7 @@ def test_isa_honours_clamp_and_threads():
     for kw in ({"clamp_min": -0.5, "clamp_max": 0.25}, {"threads": 2, "min_split_macs": 0}):
         ours = kern.run(m, n, k, lhs, rhs, execution="isa", **kw)
         jit = kern.run(m, n, k, lhs, rhs, execution="jit", **kw)
-        assert np.array_equal(ours.view(np.uint32), jit.view(np.uint32))
+        assert bits_equal(ours, jit)
 
 
 def test_unknown_kernel_is_typed_error():

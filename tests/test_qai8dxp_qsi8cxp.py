@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, exact_fma, family_runs, verify_family
+from kernel_helpers import (
+    assert_sme_geometry,
+    assert_threads_keep_bits,
+    bits_equal,
+    exact_fma,
+    family_runs,
+    verify_family,
+)
 
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import (
@@ -140,7 +147,7 @@ def test_requantize_q8_0_reproduces_golden_inputs(golden_dir, execution):
         n, k, inputs = case["n"], case["k"], case["inputs"]
         q, scale = fam.requantize_q8_0_per_channel(golden.array(inputs["rhs_q8_0"]), n, k, execution=execution)
         assert np.array_equal(q, golden.array(inputs["rhs_q8_0_requant_qsi8cx"]).reshape(n, k))
-        assert np.array_equal(scale.view(np.uint32), golden.array(inputs["rhs_q8_0_requant_scale_f32"]).view(np.uint32))
+        assert bits_equal(scale, golden.array(inputs["rhs_q8_0_requant_scale_f32"]))
 
 
 def test_golden_lhs_and_rhs_match_the_readme_models(golden_dir):
@@ -198,7 +205,7 @@ def test_requantize_q8_0_matches_scalar_model(execution):
     q, scale = fam.requantize_q8_0_per_channel(blocks, n, k, execution=execution)
     q_model, scale_model = _model_requant(blocks, n, k)
     assert np.array_equal(q, q_model)
-    assert np.array_equal(scale.view(np.uint32), scale_model.view(np.uint32))
+    assert bits_equal(scale, scale_model)
     assert scale[-1] == 0 and not q[-1].any()
 
 
@@ -306,9 +313,9 @@ def test_kernels_jit_equals_reference_equals_model(name, svl, m, n, k, clamp, se
         rhs_packed = kernel.pack_rhs(n, k, q, scale=scale, bias=bias, execution=execution)
         lhs_packed = kernel.pack_lhs(lhs, execution=execution)
         outs.append(kernel.run(m, n, k, lhs_packed, rhs_packed, clamp_min=lo, clamp_max=hi, execution=execution))
-    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    assert bits_equal(outs[0], outs[1])
     model = np.minimum(np.maximum(model_dst(lhs, q, scale, bias, kernel.recipe), F32(lo)), F32(hi))
-    assert np.array_equal(outs[0].view(np.uint32), model.view(np.uint32))
+    assert bits_equal(outs[0], model)
 
 
 @pytest.mark.parametrize("name", [NEON_I8MM, SME_DOT])
@@ -329,7 +336,7 @@ def test_large_accumulators_round_in_scvtf(name):
         out = kernel.run(
             m, n, k, kernel.pack_lhs(lhs), kernel.pack_rhs(n, k, q, scale=scale, bias=bias), execution=execution
         )
-        assert np.array_equal(out.view(np.uint32), model.view(np.uint32))
+        assert bits_equal(out, model)
 
 
 @pytest.mark.parametrize("name", [NEON_I8MM, SME_MOPA])

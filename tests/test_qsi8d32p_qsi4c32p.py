@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import assert_sme_geometry, exact_fma, exact_round, round_binary, verify_family
+from kernel_helpers import assert_sme_geometry, bits_equal, exact_fma, exact_round, round_binary, verify_family
 
 from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX, f32_to_f16_bits
 from kleidipy.errors import (
@@ -248,7 +248,7 @@ def test_jit_equals_reference(name, svl, m, n, nb, seed, clamp):
     np.testing.assert_array_equal(lhs["jit"], lhs["reference"])
     lo, hi = (-0.3, 0.25) if clamp else (-FLT_MAX, FLT_MAX)
     dst = {ex: kern.run(m, n, k, lhs[ex], rhs[ex], None, None, lo, hi, execution=ex) for ex in ("reference", "jit")}
-    assert dst["jit"].view(np.uint32).tolist() == dst["reference"].view(np.uint32).tolist()
+    assert bits_equal(dst["jit"], dst["reference"])
     if clamp:
         assert dst["jit"].min() >= np.float32(lo) and dst["jit"].max() <= np.float32(hi)
 
@@ -270,7 +270,7 @@ def test_reference_equals_exact_model(name, svl, m, n, nb, seed):
     x, blocks = _lhs(rng, m, k), _q4_0(rng, n, k)
     dst = kern.run(m, n, k, kern.pack_lhs(x, execution="reference"), kern.pack_rhs(n, k, blocks), execution="reference")
     want = _model_matmul(x, blocks, kern)
-    assert dst.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert bits_equal(dst, want)
 
 
 @HYP
@@ -339,8 +339,8 @@ def test_lhs_row_offset_and_stride(packer):
         q_full, s_full = packer.unpack(np.asarray(full), 9, 64, mr, kr, sr)
         q_part, s_part = packer.unpack(np.asarray(shifted), 9, 64, mr, kr, sr)
         np.testing.assert_array_equal(q_part[2:], q_full[2:])
-        np.testing.assert_array_equal(s_part[2:], s_full[2:])
-        assert not q_part[:2].any() and not s_part[:2].any()
+        assert bits_equal(s_part[2:], s_full[2:])
+        assert not q_part[:2].any() and bits_equal(s_part[:2], np.zeros_like(s_part[:2]))  # +0.0, not −0.0
 
 
 def test_threads_give_the_same_bits():
@@ -355,7 +355,7 @@ def test_threads_give_the_same_bits():
         np.testing.assert_array_equal(lhs1, lhs2)
         one = kern.run(m, n, k, lhs1, rhs)
         two = kern.run(m, n, k, lhs1, rhs, threads=2, min_split_macs=0)
-        assert one.view(np.uint32).tolist() == two.view(np.uint32).tolist()
+        assert bits_equal(one, two)
 
 
 def test_dst_stride_and_gemv_rows_path():
@@ -369,10 +369,10 @@ def test_dst_stride_and_gemv_rows_path():
     full = kern.run(6, n, k, kern.pack_lhs(x), rhs)
     for rows in (1, 2, 3):  # rows <= FEW_ROWS use the GEMV nest
         part = kern.run(rows, n, k, kern.pack_lhs(x[:rows]), rhs)
-        assert part.view(np.uint32).tolist() == full[:rows].view(np.uint32).tolist()
+        assert bits_equal(part, full[:rows])
     dst = np.full((6, n + 5), 7.0, np.float32)
     kern.run(6, n, k, kern.pack_lhs(x), rhs, dst, (n + 5) * 4)
-    assert dst[:, :n].view(np.uint32).tolist() == full.view(np.uint32).tolist()
+    assert bits_equal(dst[:, :n], full)
     assert (dst[:, n:] == 7.0).all()
 
 
@@ -430,7 +430,7 @@ def test_i8mm_kernels_accept_the_4x8sb_lhs():
     generic = kern.run(m, n, k, kern.pack_lhs(x), rhs)  # random data has no exact ties: same bytes, same dst
     for execution in ("reference", "jit"):
         dst = kern.run(m, n, k, lhs, rhs, execution=execution)
-        assert dst.view(np.uint32).tolist() == generic.view(np.uint32).tolist()
+        assert bits_equal(dst, generic)
     with pytest.raises(PackedLayoutMismatchError):  # same layout, but not this kernel's packer or kr
         get_kernel(DOTPROD_16X4).run(m, n, k, lhs, get_kernel(DOTPROD_16X4).pack_rhs(n, k, blocks))
 
@@ -483,7 +483,7 @@ def test_get_rows_is_ggml_dequantization(which, svl, kr, n, nb, seed):
     for execution in ("reference", "jit"):
         got = packer.get_rows(packed, rows, n, k, nr, kr, execution=execution)
         assert got.dtype == np.float32 and got.shape == (7, k)
-        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+        assert bits_equal(got, want)
 
 
 def test_get_rows_bad_inputs():
