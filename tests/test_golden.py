@@ -6,18 +6,21 @@ import shutil
 import pytest
 
 from kleidipy.cli import main
-from kleidipy.tools.golden import verify
 
 
 @pytest.mark.parametrize("execution", ["reference", "jit"])  # isa: tests/test_emulator.py
-def test_golden_set_passes(golden_dir, execution):
-    results, skipped = verify(golden_dir, [execution])
-    failures = [r.line() for r in results if not r.ok]
+def test_golden_set_passes(golden_dir, execution, capsys):
+    """`kleidipy golden DIR --execution E`: a PASS line per runnable run, then "N passed, 0 failed, S skipped"."""
+    code = main(["golden", str(golden_dir), "--execution", execution])
+    lines = capsys.readouterr().out.strip().splitlines()
+    failures = [line for line in lines if line.startswith("FAIL")]
     assert not failures, "\n".join(failures[:20])
     manifest = json.loads((golden_dir / "manifest.json").read_text())
     statuses = [r.get("status") for c in manifest["cases"] for r in c["runs"]]
-    assert len(results) == statuses.count("ok")
-    assert skipped == sum(s != "ok" for s in statuses)
+    ok = statuses.count("ok")
+    assert lines[-1] == f"{ok} passed, 0 failed, {len(statuses) - ok} skipped"
+    assert len(lines) == ok + 1 and all(line.startswith(f"PASS [{execution}") for line in lines[:-1])
+    assert code == 0
 
 
 def test_cli_reports_unrunnable_entry(golden_dir, tmp_path, capsys):
