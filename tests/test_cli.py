@@ -7,6 +7,7 @@ import pytest
 from model_files import SMOLLM2, model_file
 
 from kleidipy.cli import build_parser, main
+from kleidipy.model.generate import Engine
 
 
 def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -62,9 +63,12 @@ def test_bad_target_and_shapes():
     one_line_error(run_cli("emulate", "--kernel", "kai_matmul_nope"), "unknown kernel")
 
 
-def test_verbose_shows_traceback(capsys):
-    with pytest.raises(Exception, match="unknown model"):
-        main(["--verbose", "pull", "smollm"])
+def test_verbose_shows_traceback():
+    """--verbose lets the error through with its traceback (without it: one line, test_unknown_model_name_suggests)."""
+    proc = run_cli("--verbose", "pull", "smollm")
+    assert proc.returncode != 0
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("kleidipy.model.pull.UnknownModelError: unknown model")
 
 
 def test_explain_reads_well(capsys):
@@ -103,13 +107,36 @@ def test_invalid_utf8_prompts(tmp_path):
     one_line_error(run_cli("run", "-q"), "-p TEXT or -f FILE")
 
 
-def test_chat_keeps_history_and_quits():
-    proc = run_cli(
-        "chat", "-n", "6", "--temp", "0", "-q", input="What is the capital of France?\nAnd of Italy?\n/exit\n"
-    )
-    assert proc.returncode == 0, proc.stderr
-    replies = [line for line in proc.stdout.split("> ") if line.strip()]
-    assert len(replies) == 2 and all(r.strip() for r in replies)
+def chat(monkeypatch, typed: list, *flags: str, interrupt_turn: int | None = None) -> tuple[int, list, list]:
+    """`kleidipy chat` in-process on SmolLM2 with ``typed`` as the user's input lines (an exception instance is
+    raised at the prompt instead: EOFError for Ctrl-D, KeyboardInterrupt for Ctrl-C). Reply ``interrupt_turn``
+    (1-based) gets a Ctrl-C after its first piece. Returns the exit status, the text of each prompt the engine
+    generated from (its token ids decoded) and each reply as the engine streamed it."""
+    lines = iter(typed)
+    prompts: list[str] = []
+    replies: list[str] = []
+    generate = Engine.generate
+
+    def fake_input(prompt: str = "") -> str:
+        print(prompt, end="")
+        line = next(lines)
+        if isinstance(line, BaseException):
+            raise line
+        return line
+
+    def spy_generate(self, prompt_ids, *args, **kwargs):  # noqa: ANN001, ANN202
+        prompts.append(self.tokenizer.decode(prompt_ids))
+        replies.append("")
+        for piece in generate(self, prompt_ids, *args, **kwargs):
+            if len(prompts) == interrupt_turn and replies[-1]:
+                raise KeyboardInterrupt
+            replies[-1] += piece
+            yield piece
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr(Engine, "generate", spy_generate)
+    code = main(["chat", "-m", str(model_file(SMOLLM2)), "--temp", "0", "-q", *flags])
+    return code, prompts, replies
 
 
 def test_question_uses_the_chat_template_by_default():
@@ -161,3 +188,31 @@ def test_explain_made_up_token_is_one_line_error():
     one_line_error(
         run_cli("kernels", "--explain", "kai_run_matmul_clip_f32_qa8dxP4X8_qs4cxP4X8_4x4x32_neon_zzz"), "zzz"
     )
+
+
+def test_chat_keeps_the_conversation(monkeypatch, capsys):
+    """The second turn's prompt is the first turn's prompt, the first reply and the new message, rendered with
+    the model's chat template; /exit quits with 0."""
+    typed = ["What is the capital of France?", "And of Italy?", "/exit"]
+    code, prompts, replies = chat(monkeypatch, typed, "-n", "4", "--system", "Answer briefly.")
+    assert code == 0 and len(prompts) == 2 and replies[0].strip()
+    assert "Answer briefly." in prompts[0] and prompts[0].rstrip().endswith("assistant")
+    assert prompts[1].startswith(prompts[0] + replies[0])
+    rest = prompts[1][len(prompts[0] + replies[0]) :]
+    assert "What is the capital of France?" not in rest and "And of Italy?" in rest
+    assert capsys.readouterr().out.count("> ") == 3
+
+
+@pytest.mark.parametrize(("at_prompt", "status"), [(EOFError(), 0), (KeyboardInterrupt(), 130)])
+def test_chat_ctrl_c_stops_the_reply(monkeypatch, capsys, at_prompt, status):
+    """Ctrl-C during a reply ends that reply ("[stopped]") and the chat goes on, the partial reply kept in the
+    conversation; Ctrl-D or a second Ctrl-C at the prompt quits without a traceback."""
+    typed = ["Tell me a long story about a dragon.", "Say hello.", at_prompt]
+    code, prompts, replies = chat(monkeypatch, typed, "-n", "6", interrupt_turn=1)
+    out, err = capsys.readouterr()
+    assert code == status
+    assert len(prompts) == 2 and replies[0] and out.count(" [stopped]") == 1
+    assert out.index(replies[0] + " [stopped]\n> ") < out.index(replies[1])
+    assert prompts[1].startswith(prompts[0] + replies[0] + "<|im_end|>")
+    assert "Traceback" not in err
+    assert ("kleidipy: interrupted" in err) == (status == 130)
