@@ -8,6 +8,7 @@ from model_files import SMOLLM2, model_file
 
 from kleidipy.cli import build_parser, main
 from kleidipy.model.generate import Engine
+from kleidipy.model.pull import CATALOGUE
 
 
 def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -216,3 +217,37 @@ def test_chat_ctrl_c_stops_the_reply(monkeypatch, capsys, at_prompt, status):
     assert prompts[1].startswith(prompts[0] + replies[0] + "<|im_end|>")
     assert "Traceback" not in err
     assert ("kleidipy: interrupted" in err) == (status == 130)
+
+
+# --------------------------------------------------------------------------------------------- models
+
+
+def test_models_lists_the_catalogue_and_marks_what_is_pulled(tmp_path, monkeypatch, capsys):
+    """Each catalogue model and where it is cached; a file counts as pulled only at the catalogue's size."""
+    monkeypatch.setenv("KLEIDIPY_CACHE", str(tmp_path))
+    spec = CATALOGUE[SMOLLM2]
+    cached = tmp_path / "models" / spec.filename
+
+    def listed() -> dict[str, str]:
+        assert main(["models"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 * len(CATALOGUE)
+        return {name.split()[0]: state.strip() for name, state in zip(lines[0::2], lines[1::2], strict=True)}
+
+    assert listed() == dict.fromkeys(CATALOGUE, "not pulled")
+    assert main(["models", "--path", SMOLLM2]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kleidipy: error:") and "not pulled yet" in err and "\n" not in err
+
+    cached.parent.mkdir()
+    with cached.open("wb") as f:
+        f.truncate(spec.size)  # sparse: the size is what `models` looks at
+    assert listed() == {**dict.fromkeys(CATALOGUE, "not pulled"), SMOLLM2: str(cached)}
+    assert main(["models", "--path", SMOLLM2]) == 0
+    assert capsys.readouterr().out == f"{cached}\n"
+
+    with cached.open("r+b") as f:
+        f.truncate(spec.size - 1)  # an interrupted copy is not a pulled model
+    assert listed() == dict.fromkeys(CATALOGUE, "not pulled")
+    assert main(["models", "--path", "smollm"]) == 2
+    assert "unknown model" in capsys.readouterr().err
