@@ -4,10 +4,13 @@ import subprocess
 import sys
 
 import pytest
+from gguf import GGMLQuantizationType as T
 from model_files import SMOLLM2, model_file
+from test_gguf_file import tiny_model
 
 from kleidipy.cli import build_parser, main
 from kleidipy.model.generate import Engine
+from kleidipy.model.gguf_file import GGUFFile
 from kleidipy.model.pull import CATALOGUE
 
 
@@ -251,3 +254,30 @@ def test_models_lists_the_catalogue_and_marks_what_is_pulled(tmp_path, monkeypat
     assert listed() == dict.fromkeys(CATALOGUE, "not pulled")
     assert main(["models", "--path", "smollm"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------- quantize
+
+
+def test_quantize_tiny_model(tmp_path, capsys):
+    src = tiny_model(tmp_path)
+    dst = tmp_path / "tiny.q8_0.gguf"
+    assert main(["quantize", str(src), str(dst), "--type", "q8_0", "--pure", "-q"]) == 0
+    assert capsys.readouterr().out.startswith(f"{dst}: ")
+    tensors = GGUFFile(dst).tensors.values()
+    assert {t.ggml_type for t in tensors if len(t.shape) == 2} == {T.Q8_0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf", "tiny.q8_0.gguf"]
+
+
+def test_quantize_bad_arguments(tmp_path):
+    """One line and a non-zero exit for every mistake; nothing is written."""
+    src = tiny_model(tmp_path)
+    out = str(tmp_path / "out.gguf")
+    one_line_error(run_cli("quantize", str(tmp_path / "missing.gguf"), out, "--type", "q4_0"), "missing.gguf")
+    one_line_error(run_cli("quantize", str(src), str(tmp_path / "no" / "out.gguf"), "--type", "q4_0"), "not exist")
+    one_line_error(run_cli("quantize", str(src), str(src), "--type", "q4_0"), "is the input file")
+    one_line_error(run_cli("quantize", str(src), str(tmp_path), "--type", "q4_0"), "is a directory")
+    bad_type = run_cli("quantize", str(src), out, "--type", "q5_0")  # argparse: usage, then the error line
+    assert bad_type.returncode == 2 and "Traceback" not in bad_type.stderr
+    assert "error: argument --type: invalid choice: 'q5_0'" in bad_type.stderr.splitlines()[-1]
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]
