@@ -276,6 +276,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from kleidipy.server import serve
 
+    if args.api_key is not None and not args.api_key.strip():  # an empty key would serve without authentication
+        raise KleidipyError("--api-key is empty: give a key, or leave --api-key out to serve without one")
     serve(
         args.model,
         host=args.host,
