@@ -20,6 +20,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_helpers import bits_equal
 from model_files import SMOLLM2, model_file
 
 from kleidipy import formats
@@ -195,7 +196,7 @@ def test_dequantize_matches_gguf_and_float64_model(t: T) -> None:
     ours = MODULES[t].dequantize(blocks, 9, 160)
     assert ours.dtype == np.float32 and ours.shape == (9, 160)
     theirs = gguf.quants.dequantize(blocks.reshape(9, -1), t)
-    np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    assert bits_equal(ours, theirs)
     # float64 model: the products are exact, Q4_1's "+ m" is the only rounding
     d = f16_bits_to_f32(MODULES[t].d_bits(blocks)).astype(np.float64)[..., None]
     if t == T.Q8_0:
@@ -205,7 +206,7 @@ def test_dequantize_matches_gguf_and_float64_model(t: T) -> None:
     else:
         m = f16_bits_to_f32(q4_1.m_bits(blocks)).astype(np.float64)[..., None]
         model = q4_1.codes(blocks).reshape(9, 5, 32) * d + m
-    np.testing.assert_array_equal(ours, model.reshape(9, 160).astype(F32))
+    assert bits_equal(ours, model.reshape(9, 160).astype(F32))
 
 
 @pytest.mark.parametrize("t", list(MODULES))
@@ -248,16 +249,16 @@ def test_golden_inputs(golden_dir: Path) -> None:
         blocks = q4_1.quantize(w)
         assert np.array_equal(blocks, load("rhs_q4_1"))
         assert np.array_equal(f16.quantize(w), load("rhs_f16"))
-        assert np.array_equal(f16.dequantize(load("rhs_f16"), n, k).T, load("rhs_f16_as_f32_kxn"))
+        assert bits_equal(f16.dequantize(load("rhs_f16"), n, k).T, load("rhs_f16_as_f32_kxn"))
         # Q4_1 onto KleidiAI's qai4c32 inputs: codes in sequential nibble order, f32 scale and offset
         u = q4_1.codes(blocks)
         assert np.array_equal(u[:, 0::2] | (u[:, 1::2] << 4), load("rhs_q4_1_qau4c32_s1s0"))
         _, kai_scale, kai_zero = q4_1_to_qai4c32(blocks, n, k)
-        assert np.array_equal(kai_scale, load("rhs_q4_1_scale_f32"))
-        assert np.array_equal(kai_zero, load("rhs_q4_1_zero_f32"))
+        assert bits_equal(kai_scale, load("rhs_q4_1_scale_f32"))
+        assert bits_equal(kai_zero, load("rhs_q4_1_zero_f32"))
         deq = q4_1.dequantize(blocks, n, k).reshape(n, -1, 32)
         scale, zero = kai_scale[..., None], kai_zero[..., None]
-        assert np.array_equal(deq, scale * (u.reshape(n, -1, 32) - F32(8)) + zero)
+        assert bits_equal(deq, scale * (u.reshape(n, -1, 32) - F32(8)) + zero)
 
 
 SMOLLM2_TENSORS = ["token_embd.weight", "blk.0.attn_k.weight", "blk.7.ffn_down.weight", "blk.29.attn_output.weight"]
@@ -299,13 +300,13 @@ def test_f16_f32_exact() -> None:
     assert values.dtype == np.float32
     finite = ~np.isnan(values)
     assert np.array_equal(f16.quantize(values).view(np.uint16)[finite], bits[finite])
-    assert np.array_equal(f16.dequantize(bits.view(np.float16), 256, 256)[finite], values[finite])
+    assert bits_equal(f16.dequantize(bits.view(np.float16), 256, 256)[finite], values[finite])
     x = np.random.default_rng(1).standard_normal((4, 8), dtype=F32) * F32(1e5)
     with np.errstate(over="ignore"):
         assert np.array_equal(f16.quantize(x), gguf.quants.quantize(x, T.F16))  # RNE, overflow to Inf
     y = f16.quantize_f32(x)
-    assert np.array_equal(y, x) and y is not x
-    assert np.array_equal(f16.dequantize_f32(x.view(np.uint8), 4, 8), x)
+    assert bits_equal(y, x) and y is not x
+    assert bits_equal(f16.dequantize_f32(x.view(np.uint8), 4, 8), x)
 
 
 # --------------------------------------------------------------------------------------------- registry
@@ -321,9 +322,9 @@ def test_registry_sizes_and_dispatch() -> None:
     for t, mod in MODULES.items():
         assert np.array_equal(formats.quantize(x, t.name), mod.quantize(x))
         blocks = formats.quantize(x, t)
-        assert np.array_equal(formats.dequantize(blocks, t, 5, 128), mod.dequantize(blocks, 5, 128))
+        assert bits_equal(formats.dequantize(blocks, t, 5, 128), mod.dequantize(blocks, 5, 128))
     assert formats.quantize(x, "F16").dtype == np.float16
-    assert np.array_equal(formats.dequantize(x, T.F32, 5, 128), x)
+    assert bits_equal(formats.dequantize(x, T.F32, 5, 128), x)
 
 
 @pytest.mark.parametrize("t", [T.BF16, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS])
@@ -335,7 +336,7 @@ def test_other_types_dequantize_like_gguf(t: T) -> None:
         theirs = gguf.quants.dequantize(raw.reshape(rows, -1), t)
         ours = formats.dequantize(raw, t, rows, k)
     assert ours.shape == (rows, k) and ours.dtype == np.float32
-    np.testing.assert_array_equal(ours, theirs)
+    assert bits_equal(ours, theirs)
     assert formats.get_format(t).quantize is None
 
 
@@ -347,7 +348,7 @@ def test_q8_k_dequantize() -> None:
     raw = np.concatenate([d[:, None].view(np.uint8), q.view(np.uint8), bsums.view(np.uint8)], axis=1)
     assert raw.shape[1] == GGML_QUANT_SIZES[T.Q8_K][1]
     out = formats.dequantize(raw, T.Q8_K, 1, 512)
-    assert np.array_equal(out.reshape(2, 256), q.astype(F32) * d[:, None])
+    assert bits_equal(out.reshape(2, 256), q.astype(F32) * d[:, None])
 
 
 @pytest.mark.parametrize("t", [T.Q8_1, T.I32, T.F64, T.NVFP4, "Q9_9", 999])
