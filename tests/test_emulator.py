@@ -116,10 +116,16 @@ def test_isa_equals_jit_on_random_shapes(name, m, n, blocks, svl, seed):
 
 
 def test_isa_honours_clamp_and_threads():
+    """With a clamp the isa output is the unclamped one clipped (and some values are clipped); with 2 threads
+    the same bits; both as the jit execution gives them."""
     kern = get_kernel(SEED_MOPA, 256)
     m, n, k = 9, 50, 64
     lhs, rhs = random_operands(kern, m, n, k, seed=3)
-    for kw in ({"clamp_min": -0.5, "clamp_max": 0.25}, {"threads": 2, "min_split_macs": 0}):
+    free = kern.run(m, n, k, lhs, rhs, execution="isa")
+    clamp = {"clamp_min": -0.5, "clamp_max": 0.25}
+    clamped = kern.run(m, n, k, lhs, rhs, execution="isa", **clamp)
+    assert bits_equal(clamped, np.clip(free, np.float32(-0.5), np.float32(0.25))) and not bits_equal(clamped, free)
+    for kw in (clamp, {"threads": 2, "min_split_macs": 0}):
         ours = kern.run(m, n, k, lhs, rhs, execution="isa", **kw)
         jit = kern.run(m, n, k, lhs, rhs, execution="jit", **kw)
         assert bits_equal(ours, jit)
