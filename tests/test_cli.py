@@ -297,11 +297,6 @@ def test_serve_help_lists_llama_server_flags(capsys):
         assert flag in out
 
 
-PORT_AFTER_LOAD = pytest.mark.xfail(
-    strict=True, reason="--port is only checked by uvicorn's bind, after the model loaded (a traceback); issue 14"
-)
-
-
 @pytest.mark.parametrize(
     ("flags", "word"),
     [
@@ -310,8 +305,8 @@ PORT_AFTER_LOAD = pytest.mark.xfail(
         (("-c", "32", "--parallel", "4"), "--ctx"),  # 8 tokens a slot
         (("--api-key", ""), "--api-key"),
         (("--api-key", "  "), "--api-key"),
-        pytest.param(("--port", "70000"), "--port", marks=PORT_AFTER_LOAD),
-        pytest.param(("--port", "-1"), "--port", marks=PORT_AFTER_LOAD),
+        (("--port", "70000"), "--port"),
+        (("--port", "-1"), "--port"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, tuple) else None,
 )
