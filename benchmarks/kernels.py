@@ -25,7 +25,7 @@ import numba
 import numpy as np
 
 from kleidipy.core import vnni
-from kleidipy.core.catalogue import get_kernel
+from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as family
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 
