@@ -7,9 +7,9 @@ import ast
 from pathlib import Path
 
 import pytest
-from kleidipy.kernels.catalogue import families
 
 import kleidipy
+from kleidipy.kernels.catalogue import families
 
 ROOT = Path(kleidipy.__file__).resolve().parent
 #: modules allowed past MAX_LINES, with the reason
