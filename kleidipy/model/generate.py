@@ -75,6 +75,7 @@ class Timings:
     load_s: float = 0.0
     repack_s: float = 0.0
     n_prompt: int = 0
+    n_cached: int = 0
     prefill_s: float = 0.0
     n_decoded: int = 0
     decode_s: float = 0.0
@@ -90,13 +91,15 @@ class Timings:
     def summary(self) -> str:
         return (
             f"load {self.load_s:.2f} s (repack {self.repack_s:.2f} s) | prefill {self.n_prompt} tokens "
-            f"{self.prefill_tps:.1f} t/s | decode {self.n_decoded} tokens {self.decode_tps:.1f} t/s"
+            + (f"(+{self.n_cached} cached) " if self.n_cached else "")
+            + f"{self.prefill_tps:.1f} t/s | decode {self.n_decoded} tokens {self.decode_tps:.1f} t/s"
         )
 
 
 class Generation:
     """One sequence from prompt ids to finish: ``step(forward)`` runs one prefill chunk or one decode token and
-    returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over."""
+    returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over. The first
+    ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is prefilled)."""
 
     def __init__(
         self,
@@ -108,6 +111,7 @@ class Generation:
         seed: int | None = None,
         stop: Sequence[str] = (),
         chunk: int = 512,
+        n_cached: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompt = list(prompt_ids)
@@ -118,7 +122,7 @@ class Generation:
         self.chunk = chunk
         self.detok = StreamDetokenizer(tokenizer)
         self.history = list(self.prompt)
-        self.n_past = 0
+        self.n_past = n_cached
         self.n_generated = 0
         self.finish_reason: FinishReason | None = None
         self._text = ""
@@ -217,6 +221,8 @@ class Engine:
         bar.close()
         t2 = time.perf_counter()
         self.timings = Timings(load_s=t2 - t0, repack_s=t2 - t1)
+        #: why the last generation ended (None before the first one)
+        self.finish_reason: FinishReason | None = None
 
     @property
     def context_length(self) -> int:
@@ -234,27 +240,37 @@ class Engine:
     def generate(
         self,
         prompt_ids: Sequence[int],
-        max_tokens: int = 128,
+        max_tokens: int | None = 128,
         params: SamplingParams | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        reuse_cache: bool = False,
     ) -> Iterator[str]:
-        """Yield the text pieces of up to ``max_tokens`` sampled tokens (stops at end-of-generation or a ``stop``
-        string, which is never yielded). The prompt runs as one batch (GEMM), then one token at a time (GEMV)."""
+        """Yield the text pieces of up to ``max_tokens`` sampled tokens (None: until the context is full; stops at
+        end-of-generation or a ``stop`` string, which is never yielded). The prompt runs as one batch (GEMM), then
+        one token at a time (GEMV). With ``reuse_cache`` the cached positions holding the prompt's first tokens are
+        kept and only the rest is prefilled (a growing conversation); otherwise the KV cache starts empty. When the
+        iterator is exhausted, ``finish_reason`` and ``timings`` (``n_cached``: prompt tokens reused) describe it."""
         ids = list(prompt_ids)
         if not ids:
             raise PromptError("the prompt is empty")
-        if max_tokens < 0:
+        if max_tokens is not None and max_tokens < 0:
             raise PromptError(f"max_tokens must be >= 0, got {max_tokens}")
         if len(ids) > self.lm.n_ctx:
             raise PromptError(f"the prompt is {len(ids)} tokens, more than the context of {self.lm.n_ctx}")
-        self.lm.reset()
+        if not reuse_cache:
+            self.lm.reset()
+        n_cached = self.lm.cache.reuse(ids)
         t = self.timings
-        t.n_prompt, t.n_decoded, t.prefill_s, t.decode_s = len(ids), 0, 0.0, 0.0
+        t.n_prompt, t.n_cached, t.n_decoded, t.prefill_s, t.decode_s = len(ids) - n_cached, n_cached, 0, 0.0, 0.0
+        self.finish_reason = None
         if max_tokens == 0:
+            self.finish_reason = "length"
             return
 
-        gen = Generation(self.tokenizer, ids, self.lm.n_ctx, max_tokens, params, seed, stop, chunk=len(ids))
+        gen = Generation(
+            self.tokenizer, ids, self.lm.n_ctx, max_tokens, params, seed, stop, chunk=len(ids), n_cached=n_cached
+        )
         while not gen.done:
             prefill, t0 = gen.prefilling, time.perf_counter()
             piece = gen.step(self.lm.forward)  # one forward pass (the whole prompt, or one token) + sampling
@@ -265,3 +281,4 @@ class Engine:
                 t.n_decoded += 1
             if piece:
                 yield piece
+        self.finish_reason = gen.finish_reason

@@ -10,6 +10,7 @@ is allocated.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numba
 import numpy as np
@@ -84,6 +85,8 @@ class KVCache:
         #: K/V are F16, so attention rounds Q and the softmax weights to F16 too (ggml's vec_dot_f16)
         self.f16 = self.dtype == np.float16
         self.n_past = 0
+        #: the token id at each filled cell (what a later prompt can reuse)
+        self.tokens = np.zeros(n_ctx, np.int64)
 
     def check(self, start: int, m: int) -> None:
         """Raise unless positions start..start+m-1 can be written next."""
@@ -109,9 +112,21 @@ class KVCache:
         _f16_to_f32(v.view(np.uint16), F16_BITS_TO_F32, v32)
         return k32, v32
 
-    def advance(self, start: int, m: int) -> None:
-        """Mark positions start..start+m-1 as filled (after every layer stored them)."""
-        self.n_past = start + m
+    def advance(self, start: int, ids: np.ndarray) -> None:
+        """Mark positions start..start+len(ids)-1 as filled with tokens ``ids`` (after every layer stored them)."""
+        self.tokens[start : start + len(ids)] = ids
+        self.n_past = start + len(ids)
+
+    def reuse(self, ids: Sequence[int]) -> int:
+        """Keep the cached positions that hold the first tokens of ``ids`` (at most all but the last, whose
+        logits the caller needs), forget the rest, and return how many were kept."""
+        n = min(self.n_past, len(ids) - 1)
+        if n <= 0:
+            self.n_past = 0
+            return 0
+        differ = np.flatnonzero(self.tokens[:n] != np.asarray(ids[:n]))
+        self.n_past = int(differ[0]) if differ.size else n
+        return self.n_past
 
     def clear(self) -> None:
         """Forget every position (the stored bytes are simply overwritten later)."""

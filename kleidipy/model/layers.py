@@ -287,7 +287,7 @@ class CausalLM:
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             x = block(x, start, self.cache, keep if i == last else None)
-        self.cache.advance(start, len(ids))
+        self.cache.advance(start, ids)
         if x.shape[0] == 0:
             return np.empty((0, self.hparams.n_vocab), np.float32)
         return self.lm_head(self.output_norm(x))
