@@ -149,18 +149,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     args.prompt = read_prompt_file(args.file) if args.file else check_prompt_text(args.prompt)
     params = _sampling(args)
     engine = _engine(args)
-    chat = args.chat
-    if chat is None:  # like llama.cpp's chat tools for a question, a plain completion otherwise
-        chat = args.prompt.rstrip().endswith("?") and engine.chat_template.from_model
+    chat = engine.chat_template.from_model if args.chat is None else args.chat  # as llama-cli and ollama run
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if chat else engine.prompt(args.prompt)
     if not chat:
         print(args.prompt, end="", flush=True)
-    for piece in engine.generate(ids, args.n_predict, params, seed=_seed(args)):
+    for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args)):
         print(piece, end="", flush=True)
     print()
+    _say_if_cut(engine, args)
     if not args.quiet:
         print(engine.timings.summary(), file=sys.stderr)
     return 0
+
+
+def _max_tokens(args: argparse.Namespace) -> int | None:
+    return None if args.n_predict < 0 else args.n_predict
+
+
+def _say_if_cut(engine, args: argparse.Namespace) -> None:  # noqa: ANN001
+    """One line on stderr when the reply ended at the token limit or the full context, not where the model ended."""
+    if engine.finish_reason == "length":
+        limit = args.n_predict >= 0 and engine.timings.n_decoded + 1 >= args.n_predict
+        why = f"-n {args.n_predict} tokens reached" if limit else f"the context of {engine.context_length} is full"
+        print(f"kleidipy: reply cut ({why})", file=sys.stderr)
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -183,12 +194,14 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         messages.append({"role": "user", "content": line})
         reply = ""
         try:
-            for piece in engine.generate(engine.chat_prompt(messages), args.n_predict, params, seed=_seed(args)):
+            ids = engine.chat_prompt(messages)
+            for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args), reuse_cache=True):
                 reply += piece
                 print(piece, end="", flush=True)
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()
+        _say_if_cut(engine, args)  # finish_reason stays None when stopped
         messages.append({"role": "assistant", "content": reply})
 
 
@@ -370,13 +383,15 @@ def build_parser() -> argparse.ArgumentParser:
                 "--chat",
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help="wrap the prompt in the model's chat template (default: when the prompt is a question, i.e. "
-                "ends with '?', and the model has a template; --no-chat continues the text as it is)",
+                help="wrap the prompt in the model's chat template (default: when the model has one, as llama-cli "
+                "and ollama run; --no-chat continues the text as it is)",
             )
         else:
             p.add_argument("--system", help="system message")
-        p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate at most (default 128)")
-        p.add_argument("--temp", type=float, default=0.0 if name == "run" else 0.8, help="temperature (0 = greedy)")
+        p.add_argument(
+            "-n", "--n-predict", type=int, default=128, help="tokens to generate at most (default 128, -1 = no limit)"
+        )
+        p.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8 as llama.cpp; 0 = greedy)")
         p.add_argument("--top-k", type=int, default=40, help="top-k sampling (default 40, 0 = off)")
         p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default 0.95)")
         p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling (default 0.05)")

@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T
 from model_files import SMOLLM2, model_file
 from test_gguf_file import tiny_model
 
-from kleidipy.cli import build_parser, main
+from kleidipy.cli import _sampling, build_parser, main
 from kleidipy.model.generate import Engine
 from kleidipy.model.gguf_file import GGUFFile
 from kleidipy.model.pull import CATALOGUE
@@ -89,12 +89,34 @@ def test_kernels_lists_selection(capsys):
 
 
 def test_run_greedy_paris_and_seed_reproducible():
-    proc = run_cli("run", "-p", "The capital of France is", "-n", "4", "-q")
+    proc = run_cli("run", "-p", "The capital of France is", "--no-chat", "--temp", "0", "-n", "4", "-q")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("The capital of France is Paris")
-    a = run_cli("run", "-p", "Once upon a time", "-n", "8", "--temp", "0.9", "--seed", "7", "-q")
-    b = run_cli("run", "-p", "Once upon a time", "-n", "8", "--temp", "0.9", "--seed", "7", "-q")
+    a = run_cli("run", "-p", "Once upon a time", "-n", "8", "--seed", "7", "-q")
+    b = run_cli("run", "-p", "Once upon a time", "-n", "8", "--seed", "7", "-q")
     assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_run_defaults_are_llama_cpp_sampling_and_a_cut_reply_says_so():
+    args = build_parser().parse_args(["run", "-p", "hi"])
+    params = _sampling(args)
+    assert (params.temperature, params.top_k, params.top_p, params.min_p) == (0.8, 40, 0.95, 0.05)
+    assert args.seed is None and args.chat is None
+    proc = run_cli("run", "-p", "Write a long story about a dragon.", "-n", "3", "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "kleidipy: reply cut (-n 3 tokens reached)" in proc.stderr.splitlines()
+
+
+def test_readme_first_command_answers_paris():
+    """`kleidipy run -p "What is the capital of France?"` with its defaults (chat template, llama.cpp's sampling),
+    seeds 1..10: the reply names Paris in at least 8 of them."""
+    from kleidipy.model.generate import Engine
+
+    args = build_parser().parse_args(["run", "-p", "What is the capital of France?"])
+    engine = Engine(args.model, progress=False)
+    ids = engine.chat_prompt([{"role": "user", "content": args.prompt}])
+    replies = ["".join(engine.generate(ids, args.n_predict, _sampling(args), seed=seed)) for seed in range(1, 11)]
+    assert sum("Paris" in reply for reply in replies) >= 8, replies
 
 
 def test_invalid_utf8_prompts(tmp_path):
@@ -143,10 +165,10 @@ def chat(monkeypatch, typed: list, *flags: str, interrupt_turn: int | None = Non
     return code, prompts, replies
 
 
-def test_question_uses_the_chat_template_by_default():
-    proc = run_cli("run", "-p", "What is the capital of France?", "-n", "6", "-q")
+def test_run_uses_the_chat_template_by_default():
+    proc = run_cli("run", "-p", "The capital of France is", "-n", "6", "-q")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() and not proc.stdout.startswith("What is")  # an answer, not an echoed completion
+    assert proc.stdout.strip() and not proc.stdout.startswith("The capital")  # an answer, not an echoed completion
     raw = run_cli("run", "-p", "What is the capital of France?", "--no-chat", "-n", "2", "-q")
     assert raw.returncode == 0 and raw.stdout.startswith("What is the capital of France?")
 
