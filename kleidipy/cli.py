@@ -169,9 +169,24 @@ def _max_tokens(args: argparse.Namespace) -> int | None:
 def _say_if_cut(engine, args: argparse.Namespace) -> None:  # noqa: ANN001
     """One line on stderr when the reply ended at the token limit or the full context, not where the model ended."""
     if engine.finish_reason == "length":
-        limit = args.n_predict >= 0 and engine.timings.n_decoded + 1 >= args.n_predict
+        limit = 0 <= args.n_predict <= engine.timings.n_generated
         why = f"-n {args.n_predict} tokens reached" if limit else f"the context of {engine.context_length} is full"
         print(f"kleidipy: reply cut ({why})", file=sys.stderr)
+
+
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    from kleidipy.model.generate import read_prompt_file
+    from kleidipy.perplexity import perplexity
+
+    text = read_prompt_file(args.file).removesuffix("\n")  # as llama-perplexity reads -f
+    engine = _engine(args)
+
+    def report(result) -> None:  # noqa: ANN001
+        print(f"[{len(result.running)}]{result.running[-1]:.4f},", end="", flush=True)
+
+    result = perplexity(engine, text, args.ctx_size, args.chunks, args.batch_size, report, progress=not args.quiet)
+    print(f"\n{result.final_line()}")
+    return 0
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -400,6 +415,20 @@ def build_parser() -> argparse.ArgumentParser:
             "--seed", type=int, default=-1, help="random seed: same seed, same text (default -1: a random seed)"
         )
         p.set_defaults(func=_cmd_run if name == "run" else _cmd_chat)
+
+    p = sub.add_parser(
+        "perplexity",
+        help="perplexity of a model over a text file, as llama-perplexity computes it",
+        description="Cut the tokenized file into chunks of -c tokens; each chunk runs from an empty KV cache as "
+        "prefill batches (GEMM kernels) and scores its second half. Prints the running estimate after every chunk "
+        "([1]x,[2]y,...) and 'Final estimate: PPL = x +/- y', as llama-perplexity does.",
+    )
+    _add_runtime_args(p, ctx=False)
+    p.add_argument("-f", "--file", required=True, help="UTF-8 text file (one trailing newline is dropped)")
+    p.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
+    p.add_argument("-b", "--batch-size", type=int, default=2048, help="tokens per prefill batch (default 2048)")
+    p.add_argument("--chunks", type=int, default=None, help="score at most this many chunks (default: all)")
+    p.set_defaults(func=_cmd_perplexity)
 
     from kleidipy.tools.trace import DEFAULT_PROMPT
 

@@ -78,6 +78,7 @@ class Timings:
     n_cached: int = 0
     prefill_s: float = 0.0
     n_decoded: int = 0
+    n_generated: int = 0
     decode_s: float = 0.0
 
     @property
@@ -262,7 +263,8 @@ class Engine:
             self.lm.reset()
         n_cached = self.lm.cache.reuse(ids)
         t = self.timings
-        t.n_prompt, t.n_cached, t.n_decoded, t.prefill_s, t.decode_s = len(ids) - n_cached, n_cached, 0, 0.0, 0.0
+        t.n_prompt, t.n_cached, t.n_decoded, t.n_generated = len(ids) - n_cached, n_cached, 0, 0
+        t.prefill_s, t.decode_s = 0.0, 0.0
         self.finish_reason = None
         if max_tokens == 0:
             self.finish_reason = "length"
@@ -281,4 +283,4 @@ class Engine:
                 t.n_decoded += 1
             if piece:
                 yield piece
-        self.finish_reason = gen.finish_reason
+        self.finish_reason, t.n_generated = gen.finish_reason, gen.n_generated

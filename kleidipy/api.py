@@ -1,0 +1,144 @@
+"""The Python API, in the style of llama-cpp-python and mlx-lm: ``llm = kleidipy.load(name)``, then
+``llm.chat(messages)`` or ``llm.complete(prompt)``, streamed (``stream=True``: an iterator of :class:`Chunk`) or
+not (a :class:`Completion`). Both carry OpenAI's finish reason ("stop" / "length") and :class:`Usage`.
+
+The model keeps one KV cache across calls: a prompt that starts with the tokens of the previous call (a
+conversation that grows) prefills only the new tokens; ``usage.cached_tokens`` says how many were reused. Sampling
+defaults are llama.cpp's (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, a random seed unless ``seed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kleidipy.model.generate import Engine, FinishReason
+from kleidipy.model.sampler import SamplingParams
+from kleidipy.target import Target, parse_target, resolve_target
+
+#: the catalogue model loaded when none is named
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one call: ``cached_tokens`` of the ``prompt_tokens`` were already in the KV cache (only
+    the rest was prefilled)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of streamed text; the last chunk has ``finish_reason`` and ``usage`` (and possibly no text)."""
+
+    text: str
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A whole reply."""
+
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+
+
+class LLM:
+    """A loaded model (made by :func:`load`); :attr:`engine` is the runtime underneath."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        stream: bool = False,
+        max_tokens: int | None = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> Completion | Iterator[Chunk]:
+        """Reply to ``messages`` (``[{"role": "user", "content": "..."}]``) rendered with the model's chat template.
+        ``max_tokens=None`` generates until the model ends or the context is full; ``temperature=0`` is greedy."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
+        return self._run(self.engine.chat_prompt(messages), stream, max_tokens, params, seed, stop)
+
+    def complete(
+        self,
+        prompt: str,
+        *,
+        stream: bool = False,
+        max_tokens: int | None = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> Completion | Iterator[Chunk]:
+        """Continue ``prompt`` as plain text (no chat template); the options are :meth:`chat`'s."""
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
+        return self._run(self.engine.prompt(prompt), stream, max_tokens, params, seed, stop)
+
+    def reset(self) -> None:
+        """Forget the KV cache (the next call prefills its whole prompt)."""
+        self.engine.lm.reset()
+
+    def _run(
+        self,
+        ids: list[int],
+        stream: bool,
+        max_tokens: int | None,
+        params: SamplingParams,
+        seed: int | None,
+        stop: Sequence[str],
+    ) -> Completion | Iterator[Chunk]:
+        chunks = self._chunks(ids, max_tokens, params, seed, stop)
+        if stream:
+            return chunks
+        *pieces, last = chunks
+        return Completion("".join(c.text for c in pieces), last.finish_reason, last.usage)
+
+    def _chunks(
+        self, ids: list[int], max_tokens: int | None, params: SamplingParams, seed: int | None, stop: Sequence[str]
+    ) -> Iterator[Chunk]:
+        engine = self.engine
+        for piece in engine.generate(ids, max_tokens, params, seed=seed, stop=stop, reuse_cache=True):
+            yield Chunk(piece)
+        t = engine.timings
+        yield Chunk("", engine.finish_reason, Usage(len(ids), t.n_generated, t.n_cached))
+
+
+def load(
+    model: str | Path = DEFAULT_MODEL,
+    *,
+    target: str | Target | None = None,
+    threads: int = 1,
+    n_ctx: int | None = None,
+    execution: str = "jit",
+    progress: bool = False,
+) -> LLM:
+    """Load a GGUF file or a catalogue model (pulled on first use), repacking its weights for ``target``'s kernels
+    (a spec such as ``"sme2:svl=512"`` or ``"i8mm"``; default: ``$KLEIDIPY_TARGET``, else the host)."""
+    resolved = parse_target(target) if isinstance(target, str) else target or resolve_target()
+    return LLM(Engine(model, target=resolved, threads=threads, execution=execution, n_ctx=n_ctx, progress=progress))
