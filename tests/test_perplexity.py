@@ -60,7 +60,8 @@ def test_cli_output_format_and_errors(reference_dir: Path, tmp_path: Path, capsy
         (["-f", text, "-c", "128", "-b", "48"], "divide"),
         (["-f", str(short), "-c", "128"], "needs at least 256"),
     ):
-        assert main(["perplexity", "-m", model, *args, "-q", "--target", "sme2:svl=512"]) == 2
+        args = ["perplexity", "-m", model, *args, "-q", "--target", "sme2:svl=512"]
+        assert main(args) == 2
         assert capsys.readouterr().err.startswith("kleidipy: error:")
         with pytest.raises(PerplexityError, match=words):
-            main(["--verbose", "perplexity", "-m", model, *args, "-q"])
+            main(["--verbose", *args])
