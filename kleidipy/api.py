@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from kleidipy.model.generate import Engine, FinishReason
 from kleidipy.model.sampler import SamplingParams
@@ -57,6 +58,19 @@ class Completion:
     usage: Usage
 
 
+class Options(TypedDict, total=False):
+    """The keyword options of :meth:`LLM.chat` and :meth:`LLM.complete` (defaults in brackets)."""
+
+    max_tokens: int | None  #: tokens to generate at most [256]; None: until the model ends or the context is full
+    temperature: float  #: [0.8]; 0 is greedy
+    top_k: int  #: [40]; 0 is off
+    top_p: float  #: [0.95]
+    min_p: float  #: [0.05]
+    repeat_penalty: float  #: [1.0 = off]
+    seed: int | None  #: [None: a random seed]
+    stop: Sequence[str]  #: strings that end the reply (not included) [()]
+
+
 class LLM:
     """A loaded model (made by :func:`load`); :attr:`engine` is the runtime underneath."""
 
@@ -64,41 +78,17 @@ class LLM:
         self.engine = engine
 
     def chat(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        *,
-        stream: bool = False,
-        max_tokens: int | None = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
+        self, messages: Sequence[Mapping[str, str]], *, stream: bool = False, **options: Unpack[Options]
     ) -> Completion | Iterator[Chunk]:
-        """Reply to ``messages`` (``[{"role": "user", "content": "..."}]``) rendered with the model's chat template.
-        ``max_tokens=None`` generates until the model ends or the context is full; ``temperature=0`` is greedy."""
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
-        return self._run(self.engine.chat_prompt(messages), stream, max_tokens, params, seed, stop)
+        """Reply to ``messages`` (``[{"role": "user", "content": "..."}]``) rendered with the model's chat template;
+        ``options`` as :class:`Options`."""
+        return self._run(self.engine.chat_prompt(messages), stream, **options)
 
     def complete(
-        self,
-        prompt: str,
-        *,
-        stream: bool = False,
-        max_tokens: int | None = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
+        self, prompt: str, *, stream: bool = False, **options: Unpack[Options]
     ) -> Completion | Iterator[Chunk]:
-        """Continue ``prompt`` as plain text (no chat template); the options are :meth:`chat`'s."""
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
-        return self._run(self.engine.prompt(prompt), stream, max_tokens, params, seed, stop)
+        """Continue ``prompt`` as plain text (no chat template); ``options`` as :class:`Options`."""
+        return self._run(self.engine.prompt(prompt), stream, **options)
 
     def reset(self) -> None:
         """Forget the KV cache (the next call prefills its whole prompt)."""
@@ -108,11 +98,16 @@ class LLM:
         self,
         ids: list[int],
         stream: bool,
-        max_tokens: int | None,
-        params: SamplingParams,
-        seed: int | None,
-        stop: Sequence[str],
+        max_tokens: int | None = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
     ) -> Completion | Iterator[Chunk]:
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
         chunks = self._chunks(ids, max_tokens, params, seed, stop)
         if stream:
             return chunks
