@@ -101,7 +101,7 @@ def test_run_defaults_are_llama_cpp_sampling_and_a_cut_reply_says_so():
     args = build_parser().parse_args(["run", "-p", "hi"])
     params = _sampling(args)
     assert (params.temperature, params.top_k, params.top_p, params.min_p) == (0.8, 40, 0.95, 0.05)
-    assert args.seed is None and args.chat is None
+    assert args.seed == -1 and args.chat is None  # -1: a random seed, as in llama.cpp
     proc = run_cli("run", "-p", "Write a long story about a dragon.", "-n", "3", "--seed", "1")
     assert proc.returncode == 0, proc.stderr
     assert "kleidipy: reply cut (-n 3 tokens reached)" in proc.stderr.splitlines()
