@@ -25,11 +25,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kleidipy.backend import KleidiBackend
-from kleidipy.model.gguf_file import GGUFFile
-from kleidipy.model.llama import Llama
-from kleidipy.model.pull import cache_dir, pull
-from kleidipy.model.qwen2 import Qwen2
+from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.gguf_file import GGUFFile
+from kleidipy.runtime.llama import Llama
+from kleidipy.runtime.pull import cache_dir, pull
+from kleidipy.runtime.qwen2 import Qwen2
 from kleidipy.target import resolve_target
 from kleidipy.tools.synthetic import TINYLLAMA_1_1B, write_random_llama
 

@@ -19,9 +19,9 @@ import gguf
 import numpy as np
 
 from kleidipy.formats import q4_0, q4_1, q8_0
-from kleidipy.model.gguf_file import GGUFFile
-from kleidipy.model.pull import pull
-from kleidipy.model.tokenizer import Tokenizer
+from kleidipy.runtime.gguf_file import GGUFFile
+from kleidipy.runtime.pull import pull
+from kleidipy.runtime.tokenizer import Tokenizer
 
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "perplexity" / "Apache-2.0.txt"
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-from kleidipy.model.generate import Engine, FinishReason
-from kleidipy.model.sampler import SamplingParams
+from kleidipy.runtime.generate import Engine, FinishReason
+from kleidipy.runtime.sampler import SamplingParams
 from kleidipy.target import Target, parse_target, resolve_target
 
 #: the catalogue model loaded when none is named

@@ -86,14 +86,14 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
-    from kleidipy.model.pull import pull
+    from kleidipy.runtime.pull import pull
 
     print(pull(args.name, progress=not args.quiet))
     return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from kleidipy.model.pull import get_spec, list_models, model_path
+    from kleidipy.runtime.pull import get_spec, list_models, model_path
 
     if args.path:
         get_spec(args.path)  # unknown name -> UnknownModelError with a suggestion
@@ -110,7 +110,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace):  # noqa: ANN202
-    from kleidipy.model.generate import Engine
+    from kleidipy.runtime.generate import Engine
 
     return Engine(
         args.model,
@@ -125,7 +125,7 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
 
 def _sampling(args: argparse.Namespace):  # noqa: ANN202
     """The sampling options, checked (as the server checks a request's) before the model is loaded."""
-    from kleidipy.model.sampler import sampling_options
+    from kleidipy.runtime.sampler import sampling_options
 
     return sampling_options(
         temperature=args.temp,
@@ -142,7 +142,7 @@ def _seed(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kleidipy.model.generate import PromptError, check_prompt_text, read_prompt_file
+    from kleidipy.runtime.generate import PromptError, check_prompt_text, read_prompt_file
 
     if (args.prompt is None) == (args.file is None):
         raise PromptError("give the prompt with -p TEXT or -f FILE (one of them)")
@@ -175,8 +175,8 @@ def _say_if_cut(engine, args: argparse.Namespace) -> None:  # noqa: ANN001
 
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
-    from kleidipy.model.generate import read_prompt_file
-    from kleidipy.perplexity import perplexity
+    from kleidipy.runtime.generate import read_prompt_file
+    from kleidipy.tools.perplexity import perplexity
 
     text = read_prompt_file(args.file).removesuffix("\n")  # as llama-perplexity reads -f
     engine = _engine(args)

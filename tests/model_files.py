@@ -5,7 +5,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from kleidipy.model.pull import pull
+from kleidipy.runtime.pull import pull
 from kleidipy.tools.quantize import quantize_gguf
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -6,7 +6,7 @@ from model_files import SMOLLM2
 import kleidipy
 from kleidipy.api import LLM, Chunk, Completion
 from kleidipy.errors import KleidipyError
-from kleidipy.model.sampler import SamplingError
+from kleidipy.runtime.sampler import SamplingError
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

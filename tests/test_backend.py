@@ -5,12 +5,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from test_gguf_file import tiny_model
 
-from kleidipy import backend, formats
-from kleidipy.backend import KleidiBackend
+from kleidipy import formats
 from kleidipy.errors import DTypeError, NonFiniteInputError
-from kleidipy.model.gguf_file import GGUFFile
-from kleidipy.model.llama import Llama
-from kleidipy.model.weights import FloatLinear
+from kleidipy.runtime import backend
+from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.gguf_file import GGUFFile
+from kleidipy.runtime.llama import Llama
+from kleidipy.runtime.weights import FloatLinear
 from kleidipy.target import parse_target
 from kleidipy.tools.golden import GoldenSet
 

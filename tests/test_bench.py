@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from model_files import SMOLLM2, model_file
 
-from kleidipy.model.generate import Engine
+from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 from kleidipy.tools.bench import BenchError, BenchRow, format_bench_table, parse_threads, run_bench
 

@@ -11,8 +11,8 @@ import pytest
 from model_files import QWEN25, SMOLLM2, model_file
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
-from kleidipy.model.tokenizer import Tokenizer, gguf_metadata
+from kleidipy.runtime.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from kleidipy.runtime.tokenizer import Tokenizer, gguf_metadata
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -9,9 +9,9 @@ from model_files import SMOLLM2, model_file
 from test_gguf_file import tiny_model
 
 from kleidipy.cli import _sampling, build_parser, main
-from kleidipy.model.generate import Engine
-from kleidipy.model.gguf_file import GGUFFile
-from kleidipy.model.pull import CATALOGUE
+from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.gguf_file import GGUFFile
+from kleidipy.runtime.pull import CATALOGUE
 
 
 def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -72,7 +72,7 @@ def test_verbose_shows_traceback():
     proc = run_cli("--verbose", "pull", "smollm")
     assert proc.returncode != 0
     assert "Traceback (most recent call last)" in proc.stderr
-    assert proc.stderr.rstrip().splitlines()[-1].startswith("kleidipy.model.pull.UnknownModelError: unknown model")
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("kleidipy.runtime.pull.UnknownModelError: unknown model")
 
 
 def test_explain_reads_well(capsys):
@@ -110,7 +110,7 @@ def test_run_defaults_are_llama_cpp_sampling_and_a_cut_reply_says_so():
 def test_readme_first_command_answers_paris():
     """`kleidipy run -p "What is the capital of France?"` with its defaults (chat template, llama.cpp's sampling),
     seeds 1..10: the reply names Paris in at least 8 of them."""
-    from kleidipy.model.generate import Engine
+    from kleidipy.runtime.generate import Engine
 
     args = build_parser().parse_args(["run", "-p", "What is the capital of France?"])
     engine = Engine(args.model, progress=False)

@@ -13,7 +13,7 @@ from fuzzing import Tally, cases, outcome
 from gguf_mutations import BASES, make_case
 from tiny_models import write_model
 
-from kleidipy.model.generate import Engine
+from kleidipy.runtime.generate import Engine
 
 USER = [{"role": "user", "content": "hi there"}]
 

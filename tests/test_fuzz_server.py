@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 from starlette.testclient import TestClient
 from tiny_models import write_model
 
-from kleidipy.model.generate import Engine
+from kleidipy.runtime.generate import Engine
 from kleidipy.server import create_app
 
 MODEL = "tiny.gguf"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from model_files import SMOLLM2, model_file
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.gguf_file import (
+from kleidipy.runtime.gguf_file import (
     GGUFContainer,
     GGUFError,
     GGUFFile,
@@ -28,7 +28,7 @@ from kleidipy.model.gguf_file import (
     UnsupportedArchitectureError,
     UnsupportedModelError,
 )
-from kleidipy.model.tokenizer import gguf_metadata
+from kleidipy.runtime.tokenizer import gguf_metadata
 
 V = gguf.GGUFValueType
 

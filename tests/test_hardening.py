@@ -16,12 +16,12 @@ from tiny_models import model_parts, write_model
 from kleidipy.cli import main
 from kleidipy.errors import BufferSizeError, InvalidArgumentError, KernelShapeError, KleidipyError, NonFiniteInputError
 from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.model import kv_cache
-from kleidipy.model.chat_template import ChatTemplate, ChatTemplateError
-from kleidipy.model.generate import Engine
-from kleidipy.model.gguf_file import WEIGHT_TYPES, Tensor
-from kleidipy.model.tensor_check import _FLOATS, NonFiniteTensorError, check_tensor
-from kleidipy.model.tokenizer import Tokenizer, TokenizerError
+from kleidipy.runtime import kv_cache
+from kleidipy.runtime.chat_template import ChatTemplate, ChatTemplateError
+from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.gguf_file import WEIGHT_TYPES, Tensor
+from kleidipy.runtime.tensor_check import _FLOATS, NonFiniteTensorError, check_tensor
+from kleidipy.runtime.tokenizer import Tokenizer, TokenizerError
 from kleidipy.server import create_app
 from kleidipy.server.schemas import APIError, parse_chat
 

@@ -18,12 +18,12 @@ from test_gguf_file import TINY, tiny_model
 
 from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.errors import DTypeError, KernelShapeError
-from kleidipy.model.gguf_file import GGUFFile, UnsupportedArchitectureError
-from kleidipy.model.kv_cache import ContextOverflowError, KVCache, PositionError, _f16_to_f32
-from kleidipy.model.layers import attention, round_to_f16
-from kleidipy.model.llama import Llama
-from kleidipy.model.qwen2 import Qwen2
-from kleidipy.model.weights import FloatLinear, InvalidTokenError, RowEmbedding, dequantize_rows
+from kleidipy.runtime.gguf_file import GGUFFile, UnsupportedArchitectureError
+from kleidipy.runtime.kv_cache import ContextOverflowError, KVCache, PositionError, _f16_to_f32
+from kleidipy.runtime.layers import attention, round_to_f16
+from kleidipy.runtime.llama import Llama
+from kleidipy.runtime.qwen2 import Qwen2
+from kleidipy.runtime.weights import FloatLinear, InvalidTokenError, RowEmbedding, dequantize_rows
 
 MODELS = {"llama": Llama, "qwen2": Qwen2}
 

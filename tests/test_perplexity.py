@@ -10,8 +10,8 @@ import pytest
 from model_files import QWEN25, SMOLLM2, requantized
 
 from kleidipy.cli import main
-from kleidipy.model.generate import Engine, read_prompt_file
-from kleidipy.perplexity import PerplexityError, perplexity, token_nll
+from kleidipy.runtime.generate import Engine, read_prompt_file
+from kleidipy.tools.perplexity import PerplexityError, perplexity, token_nll
 
 
 def reference(reference_dir: Path, model: str) -> tuple[str, dict[str, dict]]:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model import pull
-from kleidipy.model.pull import (
+from kleidipy.runtime import pull
+from kleidipy.runtime.pull import (
     ChecksumMismatchError,
     ModelFetchError,
     ModelFileError,

@@ -16,7 +16,7 @@ from model_files import SMOLLM2, model_file, requantized
 from test_gguf_file import tiny_model
 
 from kleidipy import formats
-from kleidipy.model.gguf_file import GGUFFile, GGUFFormatError, GGUFOpenError
+from kleidipy.runtime.gguf_file import GGUFFile, GGUFFormatError, GGUFOpenError
 from kleidipy.tools import quantize
 from kleidipy.tools.quantize import (
     OutputPathError,

@@ -34,8 +34,8 @@ import pytest
 from model_files import QWEN25, SMOLLM2, model_file, requantized
 from test_quantize import reference_entry, sha256_file
 
-from kleidipy import backend
-from kleidipy.model.generate import Engine
+from kleidipy.runtime import backend
+from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 
 LOGITS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "logits"

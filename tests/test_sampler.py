@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.sampler import GREEDY, Sampler, SamplingError, SamplingParams, greedy
+from kleidipy.runtime.sampler import GREEDY, Sampler, SamplingError, SamplingParams, greedy
 
 
 def chain_model(logits: list[float], history: list[int], p: SamplingParams) -> list[tuple[int, float]]:

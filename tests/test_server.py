@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from model_files import SMOLLM2, model_file
 from test_gguf_file import TINY, tiny_kv, tiny_tensors, write_gguf
 
-from kleidipy.model.generate import Engine, Generation
-from kleidipy.model.sampler import SamplingParams
+from kleidipy.runtime.generate import Engine, Generation
+from kleidipy.runtime.sampler import SamplingParams
 from kleidipy.server import create_app, serve
 from kleidipy.server.app import ServerConfigError
 from kleidipy.server.scheduler import Job, Scheduler

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from model_files import QWEN25, SMOLLM2, model_file
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.tokenizer import (
+from kleidipy.runtime.tokenizer import (
     PRE_TOKENIZERS,
     StreamDetokenizer,
     TokenAttr,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from model_files import SMOLLM2, model_file
 
-from kleidipy import backend
-from kleidipy.backend import KleidiBackend
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.errors import KleidipyError
-from kleidipy.model.generate import PromptError
+from kleidipy.runtime import backend
+from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.generate import PromptError
 from kleidipy.target import resolve_target, select_kernels
 from kleidipy.tools.trace import (
     Op,

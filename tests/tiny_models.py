@@ -10,7 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from test_gguf_file import tiny_kv, tiny_tensors, write_gguf
 
-from kleidipy.model.tokenizer import _BYTE_TO_CHAR
+from kleidipy.runtime.tokenizer import _BYTE_TO_CHAR
 
 SHAPE = dict(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_ctx=256)
 CHATML = (

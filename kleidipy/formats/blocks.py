@@ -7,12 +7,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from kleidipy.errors import (
-    BufferSizeError,
-    DTypeError,
-    KernelShapeError,
-    NonFiniteInputError,
-)
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 
 #: Elements per block of Q4_0, Q4_1 and Q8_0 (QK4_0 = QK4_1 = QK8_0).
 QK = 32

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server: a Starlette ASGI app over one loaded :class:`~kleidipy.model.generate.Engine`.
+"""The OpenAI-compatible HTTP server: a Starlette ASGI app over one loaded :class:`~kleidipy.runtime.generate.Engine`.
 
 Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
 rendered with the GGUF's chat template) and ``POST /v1/completions``, non-streamed or streamed as server-sent
@@ -34,9 +34,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.chat_template import ChatTemplateError
-from kleidipy.model.generate import Engine, Generation, PromptError
-from kleidipy.model.pull import CATALOGUE
+from kleidipy.runtime.chat_template import ChatTemplateError
+from kleidipy.runtime.generate import Engine, Generation, PromptError
+from kleidipy.runtime.pull import CATALOGUE
 from kleidipy.server.scheduler import Job, Scheduler
 from kleidipy.server.schemas import (
     APIError,

@@ -1,9 +1,9 @@
 """Slots and the compute thread: P sequences share one loaded model, each with its own KV cache.
 
-Each slot runs a :class:`~kleidipy.model.generate.Generation` (the runtime's step machine: prefill chunk by chunk,
+Each slot runs a :class:`~kleidipy.runtime.generate.Generation` (the runtime's step machine: prefill chunk by chunk,
 then one token per step), so a slot computes exactly what ``Engine.generate`` computes for the same prompt and seed.
 
-The :class:`Scheduler` owns P :class:`Slot` s (a :class:`~kleidipy.model.kv_cache.KVCache` each) and one worker
+The :class:`Scheduler` owns P :class:`Slot` s (a :class:`~kleidipy.runtime.kv_cache.KVCache` each) and one worker
 thread, the only one that touches the model. Each round it admits queued jobs (FIFO) into free slots, then gives
 every busy slot one step, in slot order (round-robin: a long prompt cannot starve the others for more than one
 prefill chunk). The model's cache is pointed at the slot's before each step. Results go to the asyncio side
@@ -24,9 +24,9 @@ from typing import Any, Literal
 import numpy as np
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.generate import Generation
-from kleidipy.model.kv_cache import KVCache
-from kleidipy.model.layers import CausalLM
+from kleidipy.runtime.generate import Generation
+from kleidipy.runtime.kv_cache import KVCache
+from kleidipy.runtime.layers import CausalLM
 from kleidipy.server.schemas import APIError
 
 log = logging.getLogger("kleidipy.server")

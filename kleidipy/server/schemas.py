@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.sampler import SamplingOptionError, SamplingParams, sampling_options
+from kleidipy.runtime.sampler import SamplingOptionError, SamplingParams, sampling_options
 
 Kind = Literal["chat", "completion"]
 FinishReason = Literal["stop", "length"]

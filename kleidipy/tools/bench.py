@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from kleidipy.core.buffers import check_threads
 from kleidipy.errors import InvalidArgumentError, KleidipyError
-from kleidipy.model.generate import Engine
+from kleidipy.runtime.generate import Engine
 from kleidipy.target import Target, resolve_target
 
 #: seed of the random prompt / generation tokens

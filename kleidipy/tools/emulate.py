@@ -10,7 +10,7 @@ from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.numerics import FLT_MAX, clamp_f32
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.catalogue import all_kernels, family_of, get_kernel
-from kleidipy.model.sampler import check_seed
+from kleidipy.runtime.sampler import check_seed
 
 #: The largest problem ``emulate_report`` takes: m·n·k (the emulator runs 10-30 million MACs a second) and
 #: (m + n)·k input values.

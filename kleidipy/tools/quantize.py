@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from kleidipy import formats
 from kleidipy.errors import KleidipyError
-from kleidipy.model.gguf_file import GGUFFile, Tensor
+from kleidipy.runtime.gguf_file import GGUFFile, Tensor
 
 #: ``--type`` choices: the tensor type and the ``general.file_type`` llama-quantize writes for it.
 QUANT_TYPES: dict[str, tuple[GGMLType, LlamaFileType]] = {

@@ -11,11 +11,11 @@ compute_forward_mul_mat`` at run time); the leaves are the ``kai_run_…`` packe
   when m == 1 — llama.cpp's rule; the last layer's FFN and the LM head of a prefill run on the last row only,
   so they are GEMVs too).
 
-Hooks, installed only while a trace runs and restored after it (even on errors): during model load,
-``kleidipy.backend.REPACK_HOOK`` (a :class:`~kleidipy.backend.RepackCall` after every repack, with the pack timed
-on its own); during the generation, ``kleidipy.backend.TRACE_HOOK`` (a :class:`~kleidipy.backend.KernelCall`
-after every MUL_MAT) and a wrapper around
-the engine's ``CausalLM.forward`` (on the instance) that delimits the forward passes — the first pass of the
+Hooks, installed only while a trace runs and restored after it (even on errors): during model load, the
+backend's ``REPACK_HOOK`` (a :class:`~kleidipy.runtime.backend.RepackCall` after every repack, with the pack timed
+on its own); during the generation, its ``TRACE_HOOK`` (a :class:`~kleidipy.runtime.backend.KernelCall` after
+every MUL_MAT) and a wrapper around the engine's ``CausalLM.forward`` (on the instance) that delimits the forward
+passes — the first pass of the
 generation is the prefill, the others are decode steps. Nothing is installed otherwise: tracing off costs nothing.
 
 Outputs: a text report (:func:`format_text`), the same content as JSON (:func:`to_json`) and a Chrome
@@ -35,10 +35,10 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from kleidipy import backend
-from kleidipy.backend import KernelCall, RepackCall
 from kleidipy.errors import KleidipyError
-from kleidipy.model.generate import Engine
+from kleidipy.runtime import backend
+from kleidipy.runtime.backend import KernelCall, RepackCall
+from kleidipy.runtime.generate import Engine
 from kleidipy.target import Target, resolve_target
 
 STAGES = ("model load", "prefill", "decode")

@@ -28,8 +28,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.gguf_file import GGUFContainer
-from kleidipy.model.tokenizer import gguf_metadata, special_token_id
+from kleidipy.runtime.gguf_file import GGUFContainer
+from kleidipy.runtime.tokenizer import gguf_metadata, special_token_id
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 CHATML_TEMPLATE = (

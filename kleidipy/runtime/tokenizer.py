@@ -38,7 +38,7 @@ from typing import Any
 import gguf
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.gguf_file import GGUFContainer
+from kleidipy.runtime.gguf_file import GGUFContainer
 
 
 class TokenizerError(KleidipyError, ValueError):

@@ -19,17 +19,17 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
-from kleidipy.backend import KleidiBackend
 from kleidipy.core.buffers import check_threads
 from kleidipy.errors import KleidipyError
-from kleidipy.model import tensor_check
-from kleidipy.model.chat_template import ChatTemplate
-from kleidipy.model.gguf_file import GGUFFile
-from kleidipy.model.llama import Llama
-from kleidipy.model.pull import resolve_model
-from kleidipy.model.qwen2 import Qwen2
-from kleidipy.model.sampler import Sampler, SamplingParams
-from kleidipy.model.tokenizer import StreamDetokenizer, Tokenizer
+from kleidipy.runtime import tensor_check
+from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.chat_template import ChatTemplate
+from kleidipy.runtime.gguf_file import GGUFFile
+from kleidipy.runtime.llama import Llama
+from kleidipy.runtime.pull import resolve_model
+from kleidipy.runtime.qwen2 import Qwen2
+from kleidipy.runtime.sampler import Sampler, SamplingParams
+from kleidipy.runtime.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
 
 ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2}

@@ -1,6 +1,6 @@
 """The CPU backend, as ggml-cpu's KleidiAI trait: repack every matmul weight once at load, then run MUL_MAT.
 
-At load (:meth:`KleidiBackend.__call__`, a :class:`~kleidipy.model.weights.LinearFactory`), a GGUF weight is
+At load (:meth:`KleidiBackend.__call__`, a :class:`~kleidipy.runtime.weights.LinearFactory`), a GGUF weight is
 turned into the RHS packer's inputs (Q4_0 blocks verbatim; Q8_0 requantized per channel as llama.cpp does;
 Q4_1 codes + f32 scale/offset; F16/F32 as f32 K×N) and packed with the GEMM kernel the target selects — one
 packed copy serves the GEMM and the GEMV of the pair. Other GGUF types are dequantized and requantized to a

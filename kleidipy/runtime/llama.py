@@ -5,17 +5,17 @@
 
 then a final RMSNorm and the LM head (``output.weight``, or ``token_embd.weight`` when tied, as in SmolLM2).
 Optional q/k/v/output biases are used when the file has them. The shared ops and their numerics are in
-:mod:`kleidipy.model.layers`; tensor names and shapes are validated by :mod:`kleidipy.model.gguf_file`.
+:mod:`kleidipy.runtime.layers`; tensor names and shapes are validated by :mod:`kleidipy.runtime.gguf_file`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kleidipy.model.gguf_file import GGUFFile, UnsupportedArchitectureError
-from kleidipy.model.kv_cache import KVCache, check_context_size
-from kleidipy.model.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiGLU
-from kleidipy.model.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
+from kleidipy.runtime.gguf_file import GGUFFile, UnsupportedArchitectureError
+from kleidipy.runtime.kv_cache import KVCache, check_context_size
+from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiGLU
+from kleidipy.runtime.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 #: context size when none is given (capped by the training context), as llama.cpp's CLI default
 DEFAULT_N_CTX = 4096

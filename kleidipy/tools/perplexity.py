@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kleidipy.errors import KleidipyError
-from kleidipy.model.generate import Engine
+from kleidipy.runtime.generate import Engine
 
 
 class PerplexityError(KleidipyError, ValueError):

@@ -4,13 +4,13 @@
 * RoPE rotates halves of each head (NEOX: pairs (x[i], x[i + n_rot/2])) instead of adjacent pairs;
 
 the LM head is ``output.weight`` when the file has one, else the tied ``token_embd.weight``. Both differences come
-from the architecture table in :mod:`kleidipy.model.gguf_file` (RoPE type, required biases), so the model is built
-exactly as :class:`~kleidipy.model.llama.Llama` builds it.
+from the architecture table in :mod:`kleidipy.runtime.gguf_file` (RoPE type, required biases), so the model is built
+exactly as :class:`~kleidipy.runtime.llama.Llama` builds it.
 """
 
 from __future__ import annotations
 
-from kleidipy.model.llama import Llama
+from kleidipy.runtime.llama import Llama
 
 
 class Qwen2(Llama):

@@ -12,7 +12,7 @@
 * SwiGLU: ``down(silu(gate(x)) * up(x))``, ``silu(g) = g / (1 + expf(-g))`` in f32.
 
 :class:`CausalLM` runs a stack of decoder blocks over a token batch (prefill, any m, split in ubatches) or one
-token (decode) with a preallocated :class:`~kleidipy.model.kv_cache.KVCache`.
+token (decode) with a preallocated :class:`~kleidipy.runtime.kv_cache.KVCache`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 import numba
 import numpy as np
 
-from kleidipy.model.gguf_file import HyperParameters, RopeType
-from kleidipy.model.kv_cache import KVCache, PositionError
-from kleidipy.model.weights import Embedding, InvalidTokenError, Linear
+from kleidipy.runtime.gguf_file import HyperParameters, RopeType
+from kleidipy.runtime.kv_cache import KVCache, PositionError
+from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
 
 # ---------------------------------------------------------------------------------------------------------------
 # elementwise ops

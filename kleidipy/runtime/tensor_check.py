@@ -12,7 +12,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.model.gguf_file import GGUFContainer, GGUFTensorError, Tensor
+from kleidipy.runtime.gguf_file import GGUFContainer, GGUFTensorError, Tensor
 
 _F16_EXPONENT = 0x7C00
 _BF16_EXPONENT = 0x7F80  # also the exponent of a float32's top 16 bits
