@@ -26,10 +26,8 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kleidipy.runtime.backend import KleidiBackend
-from kleidipy.runtime.gguf_file import GGUFFile
-from kleidipy.runtime.llama import Llama
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import cache_dir, pull
-from kleidipy.runtime.qwen2 import Qwen2
 from kleidipy.target import resolve_target
 from kleidipy.tools.synthetic import TINYLLAMA_1_1B, write_random_llama
 
@@ -91,7 +89,7 @@ def _timed(fn) -> float:  # noqa: ANN001
     return time.perf_counter() - t0
 
 
-def weight_bytes(g: GGUFFile) -> int:
+def weight_bytes(g: ModelFile) -> int:
     """Bytes of matmul weights read per decoded token (the LM head included, embeddings rows excluded)."""
     total = sum(t.data.nbytes for name, t in g.tensors.items() if len(t.shape) == 2 and name != "token_embd.weight")
     if "output.weight" not in g.tensors:
@@ -118,9 +116,10 @@ def _pp_tg(reset, run, n_vocab: int, n_prompt: int, n_gen: int, reps: int) -> tu
 
 
 def bench_kleidipy(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int, target) -> tuple[list, list]:  # noqa: ANN001
-    g = GGUFFile(path)
-    arch = {"llama": Llama, "qwen2": Qwen2}[g.architecture]
-    lm = arch(g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=n_prompt + n_gen + 8)
+    g = ModelFile(path)
+    lm = g.arch.build(
+        g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=n_prompt + n_gen + 8
+    )
     return _pp_tg(lm.reset, lm.forward, g.hparams.n_vocab, n_prompt, n_gen, reps)
 
 
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in args.models.split(","):
         path = files[key]()
-        wbytes = weight_bytes(GGUFFile(path))
+        wbytes = weight_bytes(ModelFile(path))
         roof = bw * 1e9 / wbytes
         for threads in (int(t) for t in args.threads.split(",")):
             pp, tg = bench_kleidipy(path, threads, args.n_prompt, args.n_gen, args.reps, target)

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 
 from kleidipy.formats import q4_0, q4_1, q8_0
-from kleidipy.runtime.gguf_file import GGUFFile
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import pull
 from kleidipy.runtime.tokenizer import Tokenizer
 
@@ -45,7 +45,7 @@ def main() -> None:
     smollm2 = pull("smollm2-135m-instruct")
     size = smollm2.stat().st_size / 1e6
     rows.append(
-        ("open SmolLM2 GGUF (kleidipy)", f"{best_cpu_seconds(lambda: GGUFFile(smollm2), reps):.3f}", f"{size:.0f} MB")
+        ("open SmolLM2 GGUF (kleidipy)", f"{best_cpu_seconds(lambda: ModelFile(smollm2), reps):.3f}", f"{size:.0f} MB")
     )
     rows.append(
         ("open SmolLM2 GGUF (gguf.GGUFReader)", f"{best_cpu_seconds(lambda: gguf.GGUFReader(smollm2), 1):.3f}", "")

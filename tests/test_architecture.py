@@ -26,11 +26,21 @@ MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
 def _imports(name: str, path: Path) -> set[str]:
-    """The kleidipy modules ``name`` imports anywhere in its text (functions included); ``from pkg import x``
-    counts as importing the submodule pkg.x when x is one, else pkg."""
+    """The kleidipy modules ``name`` imports anywhere in its text (functions included, annotations-only imports
+    under ``if TYPE_CHECKING:`` not); ``from pkg import x`` counts as importing the submodule pkg.x when x is one,
+    else pkg."""
     found = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    type_only = {  # `if TYPE_CHECKING:` imports are for annotations only: no import at run time
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+        for n in ast.walk(block)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("kleidipy")}
         elif isinstance(node, ast.ImportFrom):

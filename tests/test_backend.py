@@ -8,9 +8,9 @@ from test_gguf_file import tiny_model
 from kleidipy import formats
 from kleidipy.errors import DTypeError, NonFiniteInputError
 from kleidipy.runtime import backend
+from kleidipy.runtime.architectures.llama import Llama
 from kleidipy.runtime.backend import KleidiBackend
-from kleidipy.runtime.gguf_file import GGUFFile
-from kleidipy.runtime.llama import Llama
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.weights import FloatLinear
 from kleidipy.target import parse_target
 from kleidipy.tools.golden import GoldenSet
@@ -20,7 +20,7 @@ TYPES = [T.Q4_0, T.Q8_0, T.Q4_1, T.F16, T.F32, T.Q5_0]
 
 
 def _weight(tmp_path, ggml_type):
-    g = GGUFFile(tiny_model(tmp_path, types={"*": ggml_type}))
+    g = ModelFile(tiny_model(tmp_path, types={"*": ggml_type}))
     return g, g.tensor("blk.0.ffn_up.weight")
 
 
@@ -55,7 +55,7 @@ def test_threads_give_identical_logits(tmp_path):
     path = tiny_model(tmp_path, types={"*": T.Q4_0}, n_ff=192, n_embd=128, n_head=4)
     out = []
     for threads in (1, 2):
-        lm = Llama(GGUFFile(path), linear=KleidiBackend(parse_target("i8mm"), threads=threads, min_split_macs=0))
+        lm = Llama(ModelFile(path), linear=KleidiBackend(parse_target("i8mm"), threads=threads, min_split_macs=0))
         out.append(lm.forward([1, 5, 7, 9], all_logits=True))
     assert np.array_equal(out[0], out[1])
 

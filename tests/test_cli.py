@@ -8,15 +8,16 @@ from gguf import GGMLQuantizationType as T
 from model_files import SMOLLM2, model_file
 from test_gguf_file import tiny_model
 
-from kleidipy.cli import _sampling, build_parser, main
+from kleidipy.cli import build_parser, main
+from kleidipy.cli.commands import _sampling
 from kleidipy.runtime.generate import Engine
-from kleidipy.runtime.gguf_file import GGUFFile
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import CATALOGUE
 
 
 def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kleidipy.cli", *args], capture_output=True, text=True, input=input, timeout=600
+        [sys.executable, "-m", "kleidipy", *args], capture_output=True, text=True, input=input, timeout=600
     )
 
 
@@ -124,7 +125,7 @@ def test_invalid_utf8_prompts(tmp_path):
     bad.write_bytes(b"caf\xe9 au lait")
     one_line_error(run_cli("run", "-f", str(bad), "-q"), "not valid UTF-8", "byte 3")
     proc = subprocess.run(
-        [sys.executable, "-m", "kleidipy.cli", "run", "-q", "-p", b"\xff\xfe".decode("utf-8", "surrogateescape")],
+        [sys.executable, "-m", "kleidipy", "run", "-q", "-p", b"\xff\xfe".decode("utf-8", "surrogateescape")],
         capture_output=True,
         text=True,
         timeout=300,
@@ -286,7 +287,7 @@ def test_quantize_tiny_model(tmp_path, capsys):
     dst = tmp_path / "tiny.q8_0.gguf"
     assert main(["quantize", str(src), str(dst), "--type", "q8_0", "--pure", "-q"]) == 0
     assert capsys.readouterr().out.startswith(f"{dst}: ")
-    tensors = GGUFFile(dst).tensors.values()
+    tensors = ModelFile(dst).tensors.values()
     assert {t.ggml_type for t in tensors if len(t.shape) == 2} == {T.Q8_0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf", "tiny.q8_0.gguf"]
 

@@ -19,15 +19,15 @@ from kleidipy.errors import KleidipyError
 from kleidipy.runtime.gguf_file import (
     GGUFContainer,
     GGUFError,
-    GGUFFile,
     GGUFFormatError,
     GGUFMetadataError,
     GGUFOpenError,
     GGUFTensorError,
-    RopeType,
     UnsupportedArchitectureError,
     UnsupportedModelError,
 )
+from kleidipy.runtime.hparams import RopeType
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.tokenizer import gguf_metadata
 
 V = gguf.GGUFValueType
@@ -175,7 +175,7 @@ def tensor_info_offset(data: bytes, name: str) -> int:
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_tiny_model_opens(tmp_path: Path, arch: str) -> None:
     path = tiny_model(tmp_path, arch, types={"*": T.Q8_0, "blk.0.ffn_up.weight": T.Q4_1, "output.weight": T.F16})
-    g = GGUFFile(path)
+    g = ModelFile(path)
     hp = g.hparams
     assert g.version == 3 and g.alignment == 32 and g.architecture == arch
     assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_ff, hp.n_vocab, hp.n_ctx_train) == (
@@ -196,7 +196,7 @@ def test_tiny_model_opens(tmp_path: Path, arch: str) -> None:
 
 def test_tensor_data_is_a_view_of_the_file(tmp_path: Path) -> None:
     path = tiny_model(tmp_path)
-    g = GGUFFile(path)
+    g = ModelFile(path)
     raw = path.read_bytes()
     for t in g.tensors.values():
         assert not t.data.flags.owndata and not t.data.flags.writeable
@@ -210,7 +210,7 @@ def test_tensor_data_is_a_view_of_the_file(tmp_path: Path) -> None:
 def test_metadata_accessors(tmp_path: Path) -> None:
     kv = {"general.name": "tiny", "test.flag": True, "test.list": ["a", "bé"], "test.ints": [1, 2, 3]}
     path = tiny_model(tmp_path, kv=kv)
-    g = GGUFFile(path)
+    g = ModelFile(path)
     assert g.get_str("general.name") == "tiny"
     assert g.get_int("llama.block_count") == 2
     assert g.get_float("llama.rope.freq_base") == 10000.0
@@ -241,7 +241,7 @@ def test_vocab_size_from_tokenizer_and_rope_options(tmp_path: Path) -> None:
         "llama.attention.head_count_kv": [2, 2],
     }
     path = tiny_model(tmp_path, kv=kv, extra={"rope_freqs.weight": np.ones(4, np.float32)})
-    hp = GGUFFile(path).hparams
+    hp = ModelFile(path).hparams
     assert hp.n_vocab == 80 and hp.n_rot == 8 and hp.rope_freq_scale == 0.25 and hp.rope_scaling == "linear"
     assert hp.n_head_kv == 2
 
@@ -252,11 +252,11 @@ def test_vocab_size_from_tokenizer_and_rope_options(tmp_path: Path) -> None:
 
 def test_missing_and_unreadable(tmp_path: Path) -> None:
     with raises_one_line(GGUFOpenError, tmp_path / "absent.gguf", "cannot open"):
-        GGUFFile(tmp_path / "absent.gguf")
+        ModelFile(tmp_path / "absent.gguf")
     empty = tmp_path / "empty.gguf"
     empty.write_bytes(b"")
     with raises_one_line(GGUFFormatError, empty, "truncated"):
-        GGUFFile(empty)
+        ModelFile(empty)
 
 
 @pytest.mark.parametrize(
@@ -276,28 +276,28 @@ def test_bad_magic_and_version(tmp_path: Path, head: bytes, match: str) -> None:
     data = path.read_bytes()
     path.write_bytes(head + data[len(head) :] if len(head) >= 8 else head)
     with raises_one_line(GGUFFormatError, path, match):
-        GGUFFile(path)
+        ModelFile(path)
 
 
 def test_truncated_header(tmp_path: Path) -> None:
     path = tiny_model(tmp_path)
-    g = GGUFFile(path)
+    g = ModelFile(path)
     data = path.read_bytes()
     header_end = min(t.offset for t in g.tensors.values())
     for cut in (8, 16, 23, 24, 40, 100, header_end // 2, header_end - 40):
         path.write_bytes(data[:cut])
         with raises_one_line(GGUFFormatError, path, "truncated"):
-            GGUFFile(path)
+            ModelFile(path)
 
 
 def test_tensor_past_end_of_file(tmp_path: Path) -> None:
     path = tiny_model(tmp_path)
-    g = GGUFFile(path)
+    g = ModelFile(path)
     last = max(g.tensors.values(), key=lambda t: t.offset)
     data = path.read_bytes()
     path.write_bytes(data[: last.offset + 10])
     with raises_one_line(GGUFTensorError, path, f"tensor '{last.name}'", "past the end of the file", "truncated"):
-        GGUFFile(path)
+        ModelFile(path)
 
 
 def test_tensor_offset_past_end_and_misaligned(tmp_path: Path) -> None:
@@ -309,11 +309,11 @@ def test_tensor_offset_past_end_and_misaligned(tmp_path: Path) -> None:
     struct.pack_into("<Q", data, off_at, offset + len(data))
     path.write_bytes(bytes(data))
     with raises_one_line(GGUFTensorError, path, "'output_norm.weight'", "past the end"):
-        GGUFFile(path)
+        ModelFile(path)
     struct.pack_into("<Q", data, off_at, offset + 4)
     path.write_bytes(bytes(data))
     with raises_one_line(GGUFTensorError, path, "'output_norm.weight'", "alignment"):
-        GGUFFile(path)
+        ModelFile(path)
 
 
 def test_unknown_tensor_type_and_bad_dims(tmp_path: Path) -> None:
@@ -324,48 +324,48 @@ def test_unknown_tensor_type_and_bad_dims(tmp_path: Path) -> None:
     struct.pack_into("<I", data, at + 4 + 16, 99)
     path.write_bytes(bytes(data))
     with raises_one_line(GGUFTensorError, path, "'blk.1.ffn_up.weight'", "unknown ggml type 99"):
-        GGUFFile(path)
+        ModelFile(path)
     data = bytearray(good)
     struct.pack_into("<I", data, at + 4 + 16, int(T.Q8_0))  # 64-wide rows of Q8_0 are fine, 96 would be too
     struct.pack_into("<Q", data, at + 4, 40)  # ne[0] = 40: not a multiple of 32
     path.write_bytes(bytes(data))
     with raises_one_line(GGUFTensorError, path, "'blk.1.ffn_up.weight'", "multiple of 32"):
-        GGUFFile(path)
+        ModelFile(path)
     data = bytearray(good)
     struct.pack_into("<I", data, at, 7)  # 7 dims
     path.write_bytes(bytes(data))
     with pytest.raises(GGUFFormatError):
-        GGUFFile(path)
+        ModelFile(path)
 
 
 def test_missing_unexpected_and_misshaped_tensors(tmp_path: Path) -> None:
     path = tiny_model(tmp_path, drop=("blk.1.ffn_gate.weight",))
     with raises_one_line(GGUFTensorError, path, "missing tensor 'blk.1.ffn_gate.weight'"):
-        GGUFFile(path)
+        ModelFile(path)
     path = tiny_model(tmp_path, "qwen2", drop=("blk.0.attn_k.bias",))
     with raises_one_line(GGUFTensorError, path, "missing tensor 'blk.0.attn_k.bias'"):
-        GGUFFile(path)
+        ModelFile(path)
     path = tiny_model(tmp_path, extra={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)})
     with raises_one_line(GGUFTensorError, path, "unexpected tensor 'blk.0.ffn_gate_inp.weight'"):
-        GGUFFile(path)
+        ModelFile(path)
     path = tiny_model(tmp_path, extra={"blk.1.attn_k.weight": np.zeros((64, 64), np.float32)})
     with raises_one_line(GGUFTensorError, path, "'blk.1.attn_k.weight'", "[64, 64]", "[64, 32]"):
-        GGUFFile(path)
+        ModelFile(path)
     path = tiny_model(tmp_path, extra={"token_embd.weight": np.zeros((81, 64), np.float32)})
     with raises_one_line(GGUFTensorError, path, "'token_embd.weight'", "[64, 81]"):
-        GGUFFile(path)
+        ModelFile(path)
     path = tiny_model(tmp_path, types={"blk.0.attn_q.weight": T.I32})
     with raises_one_line(GGUFTensorError, path, "'blk.0.attn_q.weight'", "unsupported type I32"):
-        GGUFFile(path)
+        ModelFile(path)
     path = tiny_model(tmp_path, types={"output_norm.weight": T.Q8_0}, extra={"output_norm.weight": np.ones(64)})
     with raises_one_line(GGUFTensorError, path, "'output_norm.weight'", "unsupported type Q8_0"):
-        GGUFFile(path)
+        ModelFile(path)
 
 
 def test_unknown_architecture(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "gpt2.gguf", "gpt2", tiny_kv("gpt2", **TINY), tiny_tensors("llama", **TINY))
     with raises_one_line(UnsupportedArchitectureError, path, "'gpt2'", "llama, qwen2"):
-        GGUFFile(path)
+        ModelFile(path)
     w = gguf.GGUFWriter(tmp_path / "noarch.gguf", "llama")
     w.kv_data[0].pop("general.architecture")
     w.write_header_to_file()
@@ -373,7 +373,7 @@ def test_unknown_architecture(tmp_path: Path) -> None:
     w.write_tensors_to_file()
     w.close()
     with raises_one_line(GGUFMetadataError, tmp_path / "noarch.gguf", "missing metadata key 'general.architecture'"):
-        GGUFFile(tmp_path / "noarch.gguf")
+        ModelFile(tmp_path / "noarch.gguf")
 
 
 @pytest.mark.parametrize(
@@ -400,23 +400,23 @@ def test_unknown_architecture(tmp_path: Path) -> None:
 def test_bad_hyper_parameters(tmp_path: Path, kv: dict, exc: type[GGUFError], match: str) -> None:
     path = tiny_model(tmp_path, kv=kv)
     with raises_one_line(exc, path, match):
-        GGUFFile(path)
+        ModelFile(path)
 
 
 def test_duplicate_key_and_tensor(tmp_path: Path) -> None:
     path = tiny_model(tmp_path, kv={"zz.aaa": 1, "zz.bbb": 2})
-    GGUFFile(path)
+    ModelFile(path)
     path.write_bytes(path.read_bytes().replace(b"zz.bbb", b"zz.aaa"))
     with raises_one_line(GGUFFormatError, path, "corrupt GGUF header", "zz.aaa"):
-        GGUFFile(path)
+        ModelFile(path)
     path = tiny_model(tmp_path)
     path.write_bytes(path.read_bytes().replace(b"blk.1.ffn_up.weight", b"blk.1.ffn_dn.weight", 1))
     with raises_one_line(GGUFTensorError, path, "unexpected tensor 'blk.1.ffn_dn.weight'"):
-        GGUFFile(path)
+        ModelFile(path)
     path.write_bytes(path.read_bytes().replace(b"blk.1.ffn_dn.weight", b"blk.1.ffn_up.weight", 1))
     path.write_bytes(path.read_bytes().replace(b"blk.0.attn_v.weight", b"blk.0.attn_k.weight", 1))
     with raises_one_line(GGUFFormatError, path, "duplicated tensor", "blk.0.attn_k.weight"):
-        GGUFFile(path)
+        ModelFile(path)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -430,7 +430,7 @@ def test_fuzzed_files_raise_only_gguf_errors(tmp_path: Path, data: st.DataObject
         }
         tiny_model(tmp_path, "qwen2", name="fuzz_src.gguf", n_layer=1, kv=vocab)
     raw = bytearray(path.read_bytes())
-    header_end = min(t.offset for t in GGUFFile(path).tensors.values())
+    header_end = min(t.offset for t in ModelFile(path).tensors.values())
     n = data.draw(st.integers(1, 6))
     for _ in range(n):
         i = data.draw(st.integers(0, header_end - 1))
@@ -440,7 +440,7 @@ def test_fuzzed_files_raise_only_gguf_errors(tmp_path: Path, data: st.DataObject
     fuzzed = tmp_path / "fuzzed.gguf"
     fuzzed.write_bytes(bytes(raw))
     try:
-        GGUFFile(fuzzed)
+        ModelFile(fuzzed)
     except GGUFError as e:
         assert "\n" not in str(e) and str(fuzzed) in str(e)
 
@@ -547,7 +547,7 @@ def test_every_value_type_as_gguf_reader_reads_it(tmp_path: Path) -> None:
 def test_real_model_reads_as_gguf_reader() -> None:
     """SmolLM2 read by kleidipy's reader gives what gguf.GGUFReader gives (speed: benchmarks/load.py)."""
     path = model_file(SMOLLM2)
-    g = GGUFFile(path)
+    g = ModelFile(path)
     assert g.array_length("tokenizer.ggml.tokens") == g.hparams.n_vocab == 49152
     assert_same_as_gguf_reader(g, gguf.GGUFReader(path))
 
@@ -602,7 +602,7 @@ def test_hostile_headers(tmp_path: Path, case: str) -> None:
     """Lengths and counts up to 2**64, bad types and names fail at once with a one-line error naming the file."""
     records, keywords, exc, match = HOSTILE[case]
     path = raw_gguf(tmp_path / "hostile.gguf", *records, **keywords)
-    for opener in (GGUFContainer, GGUFFile):
+    for opener in (GGUFContainer, ModelFile):
         with raises_one_line(exc, path, *match):
             opener(path)
 
@@ -612,4 +612,4 @@ def test_container_without_model(tmp_path: Path) -> None:
     path = raw_gguf(tmp_path / "vocab.gguf", kv("general.architecture", V.STRING, gguf_str(b"llama")))
     assert GGUFContainer(path).get_str("general.architecture") == "llama"
     with raises_one_line(GGUFMetadataError, path, "missing metadata key 'llama.embedding_length'"):
-        GGUFFile(path)
+        ModelFile(path)

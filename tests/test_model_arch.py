@@ -18,14 +18,14 @@ from test_gguf_file import TINY, tiny_model
 
 from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.errors import DTypeError, KernelShapeError
-from kleidipy.runtime.gguf_file import GGUFFile, UnsupportedArchitectureError
+from kleidipy.runtime.architectures.llama import Llama
+from kleidipy.runtime.hparams import RopeType
 from kleidipy.runtime.kv_cache import ContextOverflowError, KVCache, PositionError, _f16_to_f32
 from kleidipy.runtime.layers import attention, round_to_f16
-from kleidipy.runtime.llama import Llama
-from kleidipy.runtime.qwen2 import Qwen2
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.weights import FloatLinear, InvalidTokenError, RowEmbedding, dequantize_rows
 
-MODELS = {"llama": Llama, "qwen2": Qwen2}
+MODELS = {"llama": Llama, "qwen2": Llama}  # qwen2 is a row of the llama module
 
 # ---------------------------------------------------------------------------------------------------------------
 # independent float64 reference (HF-style formulas, complex-number RoPE, explicit per-head loops)
@@ -102,7 +102,7 @@ IDS = [3, 17, 42, 5, 79, 0, 23, 23, 61, 8, 14]
 @pytest.mark.parametrize("wtype", [T.F32, T.Q8_0], ids=["F32", "Q8_0"])
 def test_tiny_model_matches_float64_reference(tmp_path: Path, arch: str, kv_dtype: type, wtype: T) -> None:
     path = tiny_model(tmp_path, arch, types={"*": wtype})
-    model = MODELS[arch](GGUFFile(path), kv_dtype=kv_dtype)
+    model = MODELS[arch](ModelFile(path), kv_dtype=kv_dtype)
     got = model.forward(IDS, all_logits=True)
     want = reference_logits(path, IDS, f16=kv_dtype == np.float16)
     assert got.dtype == np.float32 and got.shape == (len(IDS), TINY["n_vocab"])
@@ -116,28 +116,28 @@ def test_rope_type_matters(tmp_path: Path, arch: str) -> None:
     """The same weights read as the other architecture (the other RoPE pairing) give different logits."""
     path = tiny_model(tmp_path, arch)
     other = tiny_model(tmp_path, "qwen2" if arch == "llama" else "llama", name="other.gguf", tied=arch == "llama")
-    a = MODELS[arch](GGUFFile(path), kv_dtype=np.float32).forward(IDS[:6])
+    a = MODELS[arch](ModelFile(path), kv_dtype=np.float32).forward(IDS[:6])
     b = reference_logits(other, IDS[:6], f16=False)[-1]
     assert not np.allclose(a, b, atol=1e-2)
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
 def test_prefill_decode_and_ubatches_agree(tmp_path: Path, kv_dtype: type) -> None:
-    g = GGUFFile(tiny_model(tmp_path, "qwen2", types={"*": T.Q4_0}))
-    full = Qwen2(g, kv_dtype=kv_dtype).forward(IDS, all_logits=True)
-    step = Qwen2(g, kv_dtype=kv_dtype)
+    g = ModelFile(tiny_model(tmp_path, "qwen2", types={"*": T.Q4_0}))
+    full = Llama(g, kv_dtype=kv_dtype).forward(IDS, all_logits=True)
+    step = Llama(g, kv_dtype=kv_dtype)
     rows = [step.forward([t]) for t in IDS]
     tol = 1e-5 if kv_dtype == np.float32 else 3e-3
     np.testing.assert_allclose(np.stack(rows), full, atol=tol * np.abs(full).max())
-    chunked = Qwen2(g, kv_dtype=kv_dtype, n_ubatch=3)
+    chunked = Llama(g, kv_dtype=kv_dtype, n_ubatch=3)
     np.testing.assert_allclose(chunked.forward(IDS, all_logits=True), full, atol=tol * np.abs(full).max())
-    last = Qwen2(g, kv_dtype=kv_dtype, n_ubatch=4).forward(IDS)
+    last = Llama(g, kv_dtype=kv_dtype, n_ubatch=4).forward(IDS)
     assert last.shape == (TINY["n_vocab"],)
     np.testing.assert_allclose(last, full[-1], atol=tol * np.abs(full).max())
 
 
 def test_positions_rewind_and_context_limit(tmp_path: Path) -> None:
-    g = GGUFFile(tiny_model(tmp_path))
+    g = ModelFile(tiny_model(tmp_path))
     model = Llama(g, n_ctx=8, kv_dtype=np.float32)
     assert model.n_ctx == 8 and Llama(g).n_ctx == TINY["n_ctx"]
     model.forward(IDS[:5], positions=range(5))
@@ -165,18 +165,18 @@ def test_positions_rewind_and_context_limit(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("ids", [[], [-1], [TINY["n_vocab"]], [1.0, 2.0], [[1, 2]]])
 def test_invalid_tokens(tmp_path: Path, ids: list) -> None:
-    model = Llama(GGUFFile(tiny_model(tmp_path)))
+    model = Llama(ModelFile(tiny_model(tmp_path)))
     with pytest.raises(InvalidTokenError):
         model.forward(ids)
 
 
 def test_bad_construction(tmp_path: Path) -> None:
-    llama = GGUFFile(tiny_model(tmp_path))
-    qwen = GGUFFile(tiny_model(tmp_path, "qwen2", name="q.gguf"))
-    with pytest.raises(UnsupportedArchitectureError, match="'qwen2' is not 'llama'"):
-        Llama(qwen)
-    with pytest.raises(UnsupportedArchitectureError):
-        Qwen2(llama)
+    llama = ModelFile(tiny_model(tmp_path))
+    qwen = ModelFile(tiny_model(tmp_path, "qwen2", name="q.gguf"))
+    # qwen2 is a row of the llama module: the same model class, its own RoPE pairing and required q/k/v biases
+    assert llama.arch.build is qwen.arch.build is Llama
+    assert (llama.arch.rope_type, qwen.arch.rope_type) == (RopeType.NORM, RopeType.NEOX)
+    assert qwen.tensor_schema()["blk.0.attn_q.bias"][1] and not llama.tensor_schema()["blk.0.attn_q.bias"][1]
     with pytest.raises(DTypeError):
         Llama(llama, kv_dtype=np.float64)
     lin = FloatLinear(np.ones((3, 4), np.float32))
@@ -191,7 +191,7 @@ def test_bad_construction(tmp_path: Path) -> None:
 def test_backend_factories_get_every_weight(tmp_path: Path) -> None:
     """The model asks the LinearFactory for every 2-D weight (ggml-order shape, raw bytes of the file) and the
     EmbeddingFactory for token_embd; a tied head reuses token_embd.weight."""
-    g = GGUFFile(tiny_model(tmp_path, types={"*": T.Q4_1}))
+    g = ModelFile(tiny_model(tmp_path, types={"*": T.Q4_1}))
     seen: dict[str, tuple] = {}
 
     def linear(name, ggml_type, shape, raw):
@@ -281,8 +281,8 @@ def test_attention_matches_float64(m: int, start: int, n_head_kv: int, group: in
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> GGUFFile:
-    return GGUFFile(model_file(SMOLLM2))
+def smollm2() -> ModelFile:
+    return ModelFile(model_file(SMOLLM2))
 
 
 def _reference(reference_dir: Path, model: str, prompt: str) -> tuple[dict, np.ndarray]:
@@ -301,7 +301,7 @@ def _compare(logits: np.ndarray, ref: dict, last: np.ndarray, margin: float) -> 
     return float(np.abs(logits[-1] - last).max()), agree, clear
 
 
-def test_smollm2_q4_1_float_weights(smollm2: GGUFFile, reference_dir: Path) -> None:
+def test_smollm2_q4_1_float_weights(smollm2: ModelFile, reference_dir: Path) -> None:
     """Float weights vs llama.cpp on the shipped Q4_1 file (which quantizes activations to Q8_1): agreement at
     clear positions and a last-position difference within llama.cpp's own repack/no-repack spread (<= 2.1)."""
     model = Llama(smollm2, n_ctx=128)
@@ -334,7 +334,7 @@ def _requant_q4_0(reference_dir: Path):
     return linear, embedding
 
 
-def test_smollm2_requant_q4_0_vs_f32deq(smollm2: GGUFFile, reference_dir: Path) -> None:
+def test_smollm2_requant_q4_0_vs_f32deq(smollm2: ModelFile, reference_dir: Path) -> None:
     """Q4_0 weights (byte-identical to llama-quantize's) dequantized to float vs llama.cpp's f32deq run: the only
     approximations left are the F16 KV cache / attention operands, so logits agree tightly."""
     linear, embedding = _requant_q4_0(reference_dir)

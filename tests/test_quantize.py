@@ -16,7 +16,8 @@ from model_files import SMOLLM2, model_file, requantized
 from test_gguf_file import tiny_model
 
 from kleidipy import formats
-from kleidipy.runtime.gguf_file import GGUFFile, GGUFFormatError, GGUFOpenError
+from kleidipy.runtime.gguf_file import GGUFFormatError, GGUFOpenError
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.tools import quantize
 from kleidipy.tools.quantize import (
     OutputPathError,
@@ -33,9 +34,9 @@ FILES = {"smollm2": "SmolLM2-135M-Instruct", "qwen25": "Qwen2.5-Coder-0.5B-Instr
 
 
 @cache
-def opened(path: Path) -> GGUFFile:
+def opened(path: Path) -> ModelFile:
     """A GGUF file opened once per session (parsing SmolLM2's vocabulary takes seconds)."""
-    return GGUFFile(path)
+    return ModelFile(path)
 
 
 def reference_entry(model: str, qtype: str) -> dict:
@@ -170,7 +171,7 @@ def test_tiny_model_every_source_type(tmp_path: Path, src_type: T, qtype: str) -
     src = tiny_model(tmp_path, "qwen2", types={"*": src_type}, n_embd=256, n_ff=256, n_vocab=64)
     dst = tmp_path / "out.gguf"
     report = quantize_gguf(src, dst, qtype, pure=True, progress=False)
-    a, b = GGUFFile(src), GGUFFile(dst)
+    a, b = ModelFile(src), ModelFile(dst)
     want_type = T.Q4_0 if qtype == "q4_0" else T.Q8_0
     assert report.size_out == dst.stat().st_size and report.pure and report.file_type in (2, 7)
     for name, t in a.tensors.items():

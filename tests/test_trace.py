@@ -15,17 +15,8 @@ from kleidipy.runtime import backend
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.generate import PromptError
 from kleidipy.target import resolve_target, select_kernels
-from kleidipy.tools.trace import (
-    Op,
-    Stage,
-    Tracer,
-    call_tree,
-    chrome_trace,
-    format_text,
-    run_trace,
-    to_json,
-    trace_generation,
-)
+from kleidipy.tools.trace import Op, Stage, Tracer, trace_generation
+from kleidipy.tools.trace_report import call_tree, chrome_trace, format_text, run_trace, to_json
 
 MODEL = SMOLLM2
 TARGET = "sme2:svl=512"

@@ -188,7 +188,7 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf(cls, source: str | os.PathLike[str] | GGUFContainer | gguf.GGUFReader) -> ChatTemplate:
-        """From a GGUF file path, an open :class:`GGUFContainer` / ``GGUFFile`` or a ``gguf.GGUFReader``."""
+        """From a GGUF file path, an open :class:`GGUFContainer` / ``ModelFile`` or a ``gguf.GGUFReader``."""
         return cls.from_metadata(gguf_metadata(source))
 
     def render(

@@ -24,15 +24,11 @@ from kleidipy.errors import KleidipyError
 from kleidipy.runtime import tensor_check
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.chat_template import ChatTemplate
-from kleidipy.runtime.gguf_file import GGUFFile
-from kleidipy.runtime.llama import Llama
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import resolve_model
-from kleidipy.runtime.qwen2 import Qwen2
 from kleidipy.runtime.sampler import Sampler, SamplingParams
 from kleidipy.runtime.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
-
-ARCHITECTURES = {"llama": Llama, "qwen2": Qwen2}
 
 #: Why a generation ended: an end-of-generation token or a stop string ("stop"), or the token budget or the
 #: context ("length") — OpenAI's finish reasons.
@@ -202,7 +198,7 @@ class Engine:
         check_threads(self.threads)
         self.target = self.target or resolve_target()
         self.path = resolve_model(self.model, progress=self.progress)
-        self.gguf = GGUFFile(self.path)
+        self.gguf = ModelFile(self.path)
         if self.check_tensors:
             tensor_check.check_tensors(self.gguf)
         metadata = self.gguf.metadata("tokenizer.")
@@ -217,8 +213,7 @@ class Engine:
             self.target, self.execution, self.threads, notice=self.notice, on_repack=lambda *_: bar.update()
         )
         t1 = time.perf_counter()
-        arch = ARCHITECTURES[self.gguf.architecture]
-        self.lm = arch(self.gguf, linear=self.backend, n_ctx=self.n_ctx, kv_dtype=self.kv_dtype)
+        self.lm = self.gguf.arch.build(self.gguf, linear=self.backend, n_ctx=self.n_ctx, kv_dtype=self.kv_dtype)
         bar.close()
         t2 = time.perf_counter()
         self.timings = Timings(load_s=t2 - t0, repack_s=t2 - t1)

@@ -1,11 +1,11 @@
-"""GGUF model files: open (memory-mapped, the header parsed here in one pass), validate, and expose metadata,
-hyper-parameters and tensors.
+"""GGUF files as a container: open (memory-mapped, the header parsed here in one pass), validate the format, and
+expose metadata and tensors. Format facts only: what a model needs of a file is in :mod:`kleidipy.runtime.model_file`
+and the architecture modules.
 
-Validation covers what llama.cpp checks before it runs a model: magic, version (2 or 3), little-endian, every
-header read inside the file, unique keys and tensor names, alignment, every tensor's type, row length and data range
-inside the file (aligned), a known architecture (llama, qwen2), the hyper-parameters, and every tensor the
-architecture needs with the shape its hyper-parameters imply (no missing and no unexpected tensors). Every bad input
-raises a :class:`GGUFError` subclass whose one-line message names the file and the problem.
+Validation covers what llama.cpp checks of the container: magic, version (2 or 3), little-endian, every header read
+inside the file, unique keys and tensor names, alignment, every tensor's type, row length and data range inside the
+file (aligned). Every bad input raises a :class:`GGUFError` subclass whose one-line message names the file and the
+problem.
 
 Opening is fast because the header is read with ``struct`` from the map (a vocabulary's strings in one tight loop,
 numeric arrays as numpy views) rather than as ``gguf.GGUFReader``'s per-item numpy records. Tensor data is never
@@ -14,7 +14,6 @@ copied: :attr:`Tensor.data` is a uint8 view into the file's memory map.
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 import mmap
@@ -91,68 +90,6 @@ class UnsupportedArchitectureError(GGUFError, ValueError):
 
 class UnsupportedModelError(GGUFError, ValueError):
     """A valid model of a known architecture that uses a feature this runtime does not implement (YaRN, MoE...)."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# architectures and hyper-parameters
-
-
-class RopeType(enum.IntEnum):
-    """How RoPE pairs the dimensions of a head (llama.cpp's ``LLAMA_ROPE_TYPE_*`` values)."""
-
-    NORM = 0  #: adjacent pairs (x[2i], x[2i+1]): llama
-    NEOX = 2  #: halves (x[i], x[i + n_rot/2]): GPT-NeoX, qwen2
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """What distinguishes the supported decoder-only architectures in a GGUF file."""
-
-    name: str
-    rope_type: RopeType
-    qkv_bias: bool  #: q/k/v projections have biases (required); otherwise they are optional
-    output_bias: bool  #: an optional attn_output bias is accepted
-
-
-ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture("llama", RopeType.NORM, qkv_bias=False, output_bias=True),
-    "qwen2": Architecture("qwen2", RopeType.NEOX, qkv_bias=True, output_bias=False),
-}
-
-
-@dataclass(frozen=True)
-class HyperParameters:
-    """The model hyper-parameters of a GGUF file (llama.cpp's ``llama_hparams`` for the supported architectures)."""
-
-    architecture: str
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int  #: per-head size of Q, K and V (attention.key_length, default n_embd / n_head)
-    n_ff: int
-    n_rot: int  #: number of rotated dimensions per head (rope.dimension_count, default head_dim)
-    rms_eps: float
-    rope_type: RopeType
-    rope_freq_base: float
-    rope_freq_scale: float  #: 1 / rope.scaling.factor (linear scaling), 1.0 without scaling
-    rope_scaling: str  #: "none" or "linear"
-    tied_embeddings: bool  #: no output.weight: the LM head is token_embd
-
-    @property
-    def n_group(self) -> int:
-        """Query heads per KV head (GQA)."""
-        return self.n_head // self.n_head_kv
-
-    @property
-    def n_embd_q(self) -> int:
-        return self.n_head * self.head_dim
-
-    @property
-    def n_embd_kv(self) -> int:
-        return self.n_head_kv * self.head_dim
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -408,7 +345,7 @@ _INT_TYPES = frozenset(
     }
 )
 _FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
-_MISSING = object()
+MISSING = object()
 
 
 class GGUFContainer:
@@ -492,28 +429,28 @@ class GGUFContainer:
     def _value(self, key: str, default: Any, allowed: frozenset, what: str) -> Any:
         value = self._values.get(key)
         if value is None:
-            if default is _MISSING:
+            if default is MISSING:
                 raise GGUFMetadataError(f"{self.path}: missing metadata key '{key}'")
             return default
         if value.type not in allowed:
             raise GGUFMetadataError(f"{self.path}: metadata key '{key}' has type {value.type_name()}, expected {what}")
         return value.value
 
-    def get_int(self, key: str, default: Any = _MISSING) -> int:
+    def get_int(self, key: str, default: Any = MISSING) -> int:
         return self._value(key, default, _INT_TYPES, "an integer")
 
-    def get_float(self, key: str, default: Any = _MISSING) -> float:
+    def get_float(self, key: str, default: Any = MISSING) -> float:
         return self._value(key, default, _FLOAT_TYPES, "a float")
 
-    def get_bool(self, key: str, default: Any = _MISSING) -> bool:
+    def get_bool(self, key: str, default: Any = MISSING) -> bool:
         return self._value(key, default, frozenset({GGUFValueType.BOOL}), "a bool")
 
-    def get_str(self, key: str, default: Any = _MISSING) -> str:
+    def get_str(self, key: str, default: Any = MISSING) -> str:
         value = self._value(key, default, frozenset({GGUFValueType.STRING}), "a string")
         self._check_utf8(key, value)
         return value
 
-    def get_array(self, key: str, default: Any = _MISSING) -> list:
+    def get_array(self, key: str, default: Any = MISSING) -> list:
         """An array value as a Python list (strings valid UTF-8, numbers as int/float/bool)."""
         value = self._value(key, default, frozenset({GGUFValueType.ARRAY}), "an array")
         if value is default:
@@ -554,179 +491,3 @@ class GGUFContainer:
         end = t.offset + t.data.nbytes
         if hasattr(self._buf, "madvise"):
             self._buf.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-
-class GGUFFile(GGUFContainer):
-    """A validated GGUF model file of a supported architecture.
-
-    ``GGUFFile(path)`` reads the container (see :class:`GGUFContainer`), then validates the model (see the module
-    docstring); :attr:`hparams` holds the hyper-parameters.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path)
-        self.architecture = self.get_str("general.architecture")
-        if self.architecture not in ARCHITECTURES:
-            known = ", ".join(sorted(ARCHITECTURES))
-            raise UnsupportedArchitectureError(
-                f"{self.path}: unsupported architecture '{self.architecture}' (supported: {known})"
-            )
-        self.hparams = self._read_hparams(ARCHITECTURES[self.architecture])
-        self._check_tensors(ARCHITECTURES[self.architecture])
-
-    def __repr__(self) -> str:
-        return f"GGUFFile({str(self.path)!r}, architecture={self.architecture!r}, tensors={len(self.tensors)})"
-
-    def _int_or_uniform_array(self, key: str, default: Any = _MISSING) -> int:
-        """llama.cpp's get_key_or_arr for per-layer values: a scalar, or an array whose entries are all equal."""
-        if self.value_type(key) != GGUFValueType.ARRAY:
-            return self.get_int(key, default)
-        values = self.get_array(key)
-        if not values or any(v != values[0] for v in values) or not isinstance(values[0], int):
-            raise UnsupportedModelError(f"{self.path}: per-layer values of '{key}' are not supported: {values[:8]}")
-        return int(values[0])
-
-    # -- validation ----------------------------------------------------------------------------------------------
-
-    def _read_hparams(self, arch: Architecture) -> HyperParameters:
-        a = arch.name
-        n_embd = self.get_int(f"{a}.embedding_length")
-        n_head = self._int_or_uniform_array(f"{a}.attention.head_count")
-        n_layer = self.get_int(f"{a}.block_count")
-        n_ctx_train = self.get_int(f"{a}.context_length")
-        n_ff = self._int_or_uniform_array(f"{a}.feed_forward_length")
-        for key, value in (
-            ("embedding_length", n_embd),
-            ("attention.head_count", n_head),
-            ("block_count", n_layer),
-            ("context_length", n_ctx_train),
-            ("feed_forward_length", n_ff),
-        ):
-            if value <= 0:
-                raise GGUFMetadataError(f"{self.path}: {a}.{key} = {value} must be > 0")
-        n_head_kv = self._int_or_uniform_array(f"{a}.attention.head_count_kv", n_head)
-        if n_head_kv <= 0 or n_head % n_head_kv:
-            raise GGUFMetadataError(
-                f"{self.path}: {a}.attention.head_count_kv = {n_head_kv} must divide head_count = {n_head}"
-            )
-        if self.get_int(f"{a}.expert_count", 0) > 0:
-            raise UnsupportedModelError(f"{self.path}: mixture-of-experts models are not supported")
-        default_head_dim = n_embd // n_head if n_embd % n_head == 0 else _MISSING
-        if default_head_dim is _MISSING and f"{a}.attention.key_length" not in self:
-            raise GGUFMetadataError(
-                f"{self.path}: {a}.embedding_length = {n_embd} is not a multiple of head_count = {n_head}"
-            )
-        head_dim = self.get_int(f"{a}.attention.key_length", default_head_dim)
-        head_dim_v = self.get_int(f"{a}.attention.value_length", head_dim)
-        if head_dim <= 0 or head_dim % 2 or head_dim_v != head_dim:
-            raise UnsupportedModelError(
-                f"{self.path}: head sizes key={head_dim} value={head_dim_v} are not supported (need equal, even, > 0)"
-            )
-        n_rot = self.get_int(f"{a}.rope.dimension_count", head_dim)
-        if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
-            raise GGUFMetadataError(
-                f"{self.path}: {a}.rope.dimension_count = {n_rot} must be even and in 2..{head_dim}"
-            )
-        rms_eps = self.get_float(f"{a}.attention.layer_norm_rms_epsilon")
-        freq_base = self.get_float(f"{a}.rope.freq_base", 10000.0)
-        if not (rms_eps > 0 and math.isfinite(rms_eps)) or not (freq_base > 0 and math.isfinite(freq_base)):
-            raise GGUFMetadataError(
-                f"{self.path}: layer_norm_rms_epsilon = {rms_eps} and rope.freq_base = {freq_base} must be > 0"
-            )
-        scaling = self.get_str(f"{a}.rope.scaling.type", "none")
-        factor = self.get_float(f"{a}.rope.scaling.factor", self.get_float(f"{a}.rope.scale_linear", 0.0))
-        if scaling not in ("none", "linear"):
-            raise UnsupportedModelError(f"{self.path}: rope scaling '{scaling}' is not supported (none, linear)")
-        if factor < 0 or not math.isfinite(factor):
-            raise GGUFMetadataError(f"{self.path}: rope scaling factor {factor} must be >= 0")
-        n_vocab = self._n_vocab(a)
-        return HyperParameters(
-            architecture=a,
-            n_vocab=n_vocab,
-            n_ctx_train=n_ctx_train,
-            n_embd=n_embd,
-            n_layer=n_layer,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            head_dim=head_dim,
-            n_ff=n_ff,
-            n_rot=n_rot,
-            rms_eps=rms_eps,
-            rope_type=arch.rope_type,
-            rope_freq_base=freq_base,
-            rope_freq_scale=1.0 if factor == 0.0 else 1.0 / factor,
-            rope_scaling=scaling,
-            tied_embeddings="output.weight" not in self.tensors,
-        )
-
-    def _n_vocab(self, a: str) -> int:
-        """Vocabulary size: {arch}.vocab_size, else the tokenizer's token count, else token_embd's row count."""
-        n_tokens = self.array_length("tokenizer.ggml.tokens")
-        n_vocab = self.get_int(f"{a}.vocab_size", n_tokens)
-        if n_vocab is None:
-            embd = self.tensors.get("token_embd.weight")
-            if embd is None or len(embd.shape) != 2:
-                raise GGUFMetadataError(f"{self.path}: cannot tell the vocabulary size (no {a}.vocab_size)")
-            n_vocab = embd.shape[1]
-        if n_vocab <= 0 or (n_tokens is not None and n_tokens != n_vocab):
-            raise GGUFMetadataError(
-                f"{self.path}: vocabulary size {n_vocab} does not match the {n_tokens} tokenizer tokens"
-            )
-        return n_vocab
-
-    def tensor_schema(self) -> dict[str, tuple[tuple[int, ...], bool]]:
-        """Every tensor the architecture reads: name -> (shape in ggml order, required)."""
-        hp = self.hparams
-        arch = ARCHITECTURES[hp.architecture]
-        d, q, kv, ff, v = hp.n_embd, hp.n_embd_q, hp.n_embd_kv, hp.n_ff, hp.n_vocab
-        schema: dict[str, tuple[tuple[int, ...], bool]] = {
-            "token_embd.weight": ((d, v), True),
-            "output_norm.weight": ((d,), True),
-            "output.weight": ((d, v), False),
-            "rope_freqs.weight": ((hp.n_rot // 2,), False),
-        }
-        for i in range(hp.n_layer):
-            schema.update(
-                {
-                    f"blk.{i}.attn_norm.weight": ((d,), True),
-                    f"blk.{i}.attn_q.weight": ((d, q), True),
-                    f"blk.{i}.attn_k.weight": ((d, kv), True),
-                    f"blk.{i}.attn_v.weight": ((d, kv), True),
-                    f"blk.{i}.attn_output.weight": ((q, d), True),
-                    f"blk.{i}.attn_q.bias": ((q,), arch.qkv_bias),
-                    f"blk.{i}.attn_k.bias": ((kv,), arch.qkv_bias),
-                    f"blk.{i}.attn_v.bias": ((kv,), arch.qkv_bias),
-                    f"blk.{i}.ffn_norm.weight": ((d,), True),
-                    f"blk.{i}.ffn_gate.weight": ((d, ff), True),
-                    f"blk.{i}.ffn_up.weight": ((d, ff), True),
-                    f"blk.{i}.ffn_down.weight": ((ff, d), True),
-                }
-            )
-            if arch.output_bias:
-                schema[f"blk.{i}.attn_output.bias"] = ((d,), False)
-        return schema
-
-    def _check_tensors(self, arch: Architecture) -> None:
-        if 9 * self.hparams.n_layer > len(self.tensors):  # each block has at least 9 tensors
-            raise GGUFTensorError(
-                f"{self.path}: {arch.name}.block_count = {self.hparams.n_layer} but the file has only "
-                f"{len(self.tensors)} tensors"
-            )
-        schema = self.tensor_schema()
-        for name in self.tensors:
-            if name not in schema:
-                raise GGUFTensorError(f"{self.path}: unexpected tensor '{name}' for architecture '{arch.name}'")
-        for name, (shape, required) in schema.items():
-            t = self.tensors.get(name)
-            if t is None:
-                if required:
-                    raise GGUFTensorError(f"{self.path}: missing tensor '{name}'")
-                continue
-            if t.shape != shape:
-                raise GGUFTensorError(
-                    f"{self.path}: tensor '{name}' has shape {list(t.shape)}, expected {list(shape)} "
-                    "from the hyper-parameters"
-                )
-            allowed = WEIGHT_TYPES if len(shape) == 2 else VECTOR_TYPES
-            if t.ggml_type not in allowed:
-                raise GGUFTensorError(f"{self.path}: tensor '{name}' has unsupported type {t.ggml_type.name}")

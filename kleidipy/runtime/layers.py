@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import numba
 import numpy as np
 
-from kleidipy.runtime.gguf_file import HyperParameters, RopeType
+from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError
 from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
 

@@ -63,7 +63,7 @@ def check_tensors(model: GGUFContainer) -> None:
     """Raise NonFiniteTensorError naming the first tensor (and row) of ``model`` that is not finite."""
     for tensor in model.tensors.values():
         if tensor.ggml_type not in _FLOATS:
-            continue  # not a type a model's weights may have (GGUFFile refuses them): nothing to read it by
+            continue  # not a type a model's weights may have (ModelFile refuses them): nothing to read it by
         row = check_tensor(tensor)
         if row is not None:
             raise NonFiniteTensorError(

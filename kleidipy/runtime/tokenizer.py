@@ -547,7 +547,7 @@ def gguf_metadata(
     prefix: str = "tokenizer.",
 ) -> dict[str, Any]:
     """The GGUF key/values whose keys start with ``prefix``, as plain Python values, of a file (a path or an open
-    :class:`GGUFContainer`, e.g. a ``GGUFFile``), of a ``gguf.GGUFReader`` or of a mapping of its fields. Strings
+    :class:`GGUFContainer`, e.g. a ``ModelFile``), of a ``gguf.GGUFReader`` or of a mapping of its fields. Strings
     are decoded with ``surrogateescape`` so that token texts keep their exact bytes."""
     if isinstance(source, str | os.PathLike):
         source = GGUFContainer(source)
@@ -657,7 +657,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, source: str | os.PathLike[str] | GGUFContainer | gguf.GGUFReader) -> Tokenizer:
-        """Build from a GGUF file path, an open :class:`GGUFContainer` / ``GGUFFile`` or a ``gguf.GGUFReader``."""
+        """Build from a GGUF file path, an open :class:`GGUFContainer` / ``ModelFile`` or a ``gguf.GGUFReader``."""
         return cls(gguf_metadata(source))
 
     def _apply_overrides(self, ids: dict[str, int | None]) -> frozenset[int]:

@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from kleidipy import formats
 from kleidipy.errors import KleidipyError
-from kleidipy.runtime.gguf_file import GGUFFile, Tensor
+from kleidipy.runtime.gguf_file import Tensor
+from kleidipy.runtime.model_file import ModelFile
 
 #: ``--type`` choices: the tensor type and the ``general.file_type`` llama-quantize writes for it.
 QUANT_TYPES: dict[str, tuple[GGMLType, LlamaFileType]] = {
@@ -182,7 +183,7 @@ def quantize_gguf(
     tensor_type, file_type = quant_type(qtype)
     src_path, dst_path = Path(src), Path(dst)
     _check_output(src_path, dst_path)
-    model = GGUFFile(src_path)  # typed GGUFError for a missing, unreadable or invalid input
+    model = ModelFile(src_path)  # typed GGUFError for a missing, unreadable or invalid input
     tied = model.hparams.tied_embeddings
     tensors = sorted(model.tensors.values(), key=lambda t: tensor_order_key(t.name))
     report = QuantizeReport(src_path, dst_path, qtype.lower(), pure, int(file_type), size_in=src_path.stat().st_size)
@@ -260,7 +261,7 @@ def _row_bytes(k: int, t: GGMLType) -> int:
     return k // block * type_size
 
 
-def _writer_with_metadata(model: GGUFFile, file_type: LlamaFileType) -> gguf.GGUFWriter:
+def _writer_with_metadata(model: ModelFile, file_type: LlamaFileType) -> gguf.GGUFWriter:
     """A GGUFWriter holding the input's metadata as llama-quantize rewrites it (see the module docstring)."""
     writer = gguf.GGUFWriter(None, model.architecture)
     writer.kv_data[0].pop(gguf.Keys.General.ARCHITECTURE)  # added by the constructor; re-added in source order
@@ -276,7 +277,7 @@ def _writer_with_metadata(model: GGUFFile, file_type: LlamaFileType) -> gguf.GGU
     return writer
 
 
-def _field_value(model: GGUFFile, key: str, f: gguf.ReaderField) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
+def _field_value(model: ModelFile, key: str, f: gguf.ReaderField) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
     """(value, type, array sub-type) of a metadata field, strings as raw bytes so they round-trip exactly."""
     vtype = f.types[0]
     if vtype == GGUFValueType.STRING:

@@ -1,21 +1,31 @@
-"""Llama (Touvron et al., 2023) as llama.cpp runs it: token embedding, then n_layer pre-norm decoder blocks
+"""Llama (Touvron et al., 2023) and Qwen2 (Yang et al., 2024) as llama.cpp runs them: token embedding, then n_layer
+pre-norm decoder blocks
 
     h   = x + Attention(RMSNorm(x))       GQA self-attention, RoPE on q and k (NORM: adjacent pairs)
     out = h + SwiGLU(RMSNorm(h))          down(silu(gate(h)) * up(h))
 
 then a final RMSNorm and the LM head (``output.weight``, or ``token_embd.weight`` when tied, as in SmolLM2).
-Optional q/k/v/output biases are used when the file has them. The shared ops and their numerics are in
-:mod:`kleidipy.runtime.layers`; tensor names and shapes are validated by :mod:`kleidipy.runtime.gguf_file`.
+Optional q/k/v/output biases are used when the file has them. Qwen2 is a row of this module, not a model of its
+own: its q, k and v projections have (required) biases and RoPE rotates halves of each head (NEOX) instead of
+adjacent pairs. The shared ops and their numerics are in :mod:`kleidipy.runtime.layers`; the tensors below are
+checked against the file by :mod:`kleidipy.runtime.model_file` before anything is loaded.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from kleidipy.runtime.gguf_file import GGUFFile, UnsupportedArchitectureError
+from kleidipy.runtime.architecture import Architecture, TensorSchema
+from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
+from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, check_context_size
 from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiGLU
 from kleidipy.runtime.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
+
+if TYPE_CHECKING:
+    from kleidipy.runtime.model_file import ModelFile
 
 #: context size when none is given (capped by the training context), as llama.cpp's CLI default
 DEFAULT_N_CTX = 4096
@@ -35,23 +45,20 @@ class LlamaBlock:
 
 
 class Llama(CausalLM):
-    """A llama-architecture model from a GGUF file; weights go through ``linear`` (the matmul backend)."""
-
-    architecture = "llama"
+    """A llama- or qwen2-architecture model from a validated model file; weights go through ``linear`` (the matmul
+    backend)."""
 
     def __init__(
         self,
-        model: GGUFFile,
+        model: ModelFile,
         linear: LinearFactory = FloatLinear.from_gguf,
         embedding: EmbeddingFactory = RowEmbedding.from_gguf,
         n_ctx: int | None = None,
         kv_dtype: type = np.float16,
         n_ubatch: int = 512,
     ) -> None:
-        if model.architecture != self.architecture:
-            raise UnsupportedArchitectureError(
-                f"{model.path}: architecture '{model.architecture}' is not '{self.architecture}'"
-            )
+        if model.architecture not in (row.name for row in ROWS):
+            raise UnsupportedArchitectureError(f"{model.path}: architecture '{model.architecture}' is not llama's")
         hp = model.hparams
         n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
         check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)  # before any weight is repacked
@@ -104,3 +111,40 @@ class Llama(CausalLM):
             kv_dtype=kv_dtype,
             n_ubatch=n_ubatch,
         )
+
+
+def llama_tensor_schema(arch: Architecture, hp: HyperParameters) -> TensorSchema:
+    """Every tensor the architecture reads: name -> (shape in ggml order, required)."""
+    d, q, kv, ff, v = hp.n_embd, hp.n_embd_q, hp.n_embd_kv, hp.n_ff, hp.n_vocab
+    schema: dict[str, tuple[tuple[int, ...], bool]] = {
+        "token_embd.weight": ((d, v), True),
+        "output_norm.weight": ((d,), True),
+        "output.weight": ((d, v), False),
+        "rope_freqs.weight": ((hp.n_rot // 2,), False),
+    }
+    for i in range(hp.n_layer):
+        schema.update(
+            {
+                f"blk.{i}.attn_norm.weight": ((d,), True),
+                f"blk.{i}.attn_q.weight": ((d, q), True),
+                f"blk.{i}.attn_k.weight": ((d, kv), True),
+                f"blk.{i}.attn_v.weight": ((d, kv), True),
+                f"blk.{i}.attn_output.weight": ((q, d), True),
+                f"blk.{i}.attn_q.bias": ((q,), arch.qkv_bias),
+                f"blk.{i}.attn_k.bias": ((kv,), arch.qkv_bias),
+                f"blk.{i}.attn_v.bias": ((kv,), arch.qkv_bias),
+                f"blk.{i}.ffn_norm.weight": ((d,), True),
+                f"blk.{i}.ffn_gate.weight": ((d, ff), True),
+                f"blk.{i}.ffn_up.weight": ((d, ff), True),
+                f"blk.{i}.ffn_down.weight": ((ff, d), True),
+            }
+        )
+        if arch.output_bias:
+            schema[f"blk.{i}.attn_output.bias"] = ((d,), False)
+    return schema
+
+
+ROWS = (
+    Architecture("llama", RopeType.NORM, False, True, llama_tensor_schema, Llama),
+    Architecture("qwen2", RopeType.NEOX, True, False, llama_tensor_schema, Llama),
+)

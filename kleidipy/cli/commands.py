@@ -1,0 +1,317 @@
+"""The handlers of the ``kleidipy`` subcommands: each takes the parsed arguments, calls the library and prints;
+returns the exit status. The parser that routes to them is in :mod:`kleidipy.cli`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import sys
+
+from kleidipy.core import buffers
+from kleidipy.errors import KleidipyError
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    from kleidipy.tools.golden import verify
+
+    executions = list(buffers.EXECUTIONS) if args.execution == "all" else [args.execution]
+
+    def report(res) -> None:  # noqa: ANN001
+        if args.quiet and res.ok:
+            return
+        print(res.line(), flush=True)
+
+    results, skipped = verify(args.dir, executions, report)
+    passed = sum(r.ok for r in results)
+    failed = len(results) - passed
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+def _target(args: argparse.Namespace):  # noqa: ANN202
+    """Resolve --target / KLEIDIPY_TARGET / host, saying so in one line when the target is the virtual default."""
+    from kleidipy.target import resolve_target
+
+    target = resolve_target(getattr(args, "target", None))
+    if target.source == "default":
+        print(
+            f"kleidipy: no Arm matmul features on this {platform.machine()} host: "
+            f"targeting a {target.describe()} (choose with --target or KLEIDIPY_TARGET)",
+            file=sys.stderr,
+        )
+    return target
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    from kleidipy.kernels.catalogue import all_kernels, get_kernel
+    from kleidipy.target import selected_uses, standing
+
+    target = _target(args)
+    if args.explain:
+        from kleidipy.core.names import format_explanation
+
+        svl = target.svl_bits if target.svl_bits else 512
+        kern = None
+        with contextlib.suppress(KleidipyError):  # a packer name is decoded all the same
+            kern = get_kernel(args.explain, svl)
+        print(format_explanation(args.explain, svl_bits=svl))
+        print(standing(args.explain, target))
+        if kern is not None:
+            print(
+                f"\nat SVL {svl}: m_step={kern.m_step} n_step={kern.n_step} mr={kern.mr} nr={kern.nr} "
+                f"kr={kern.kr} sr={kern.sr}"
+                + (f"; LHS packer kai_run_{kern.lhs_packer.name}" if kern.lhs_packer else "; LHS read as f32")
+                + f"; RHS packer kai_run_{kern.rhs_packer.name}"
+            )
+        return 0
+    selected = selected_uses(target)
+    print(f"target: {target.describe()}")
+    header = f"{'kernel':<70} {'family':<18} {'tier':<7} {'kind':<4} {'mr':>3} {'nr':>3} {'kr':>2} {'sr':>2} "
+    print(header + f"{'m_step':>6} {'n_step':>6}  selected")
+    for kern in sorted(all_kernels(), key=lambda k: (k.family, k.tier, k.kind, k.name)):
+        kern = kern.bind(target.svl_bits)
+        mr = kern.mr if kern.lhs_packer else "-"
+        sel = ", ".join(selected.get(kern.name, []))
+        print(
+            f"kai_{kern.name:<66} {kern.family:<18} {kern.tier:<7} {kern.kind:<4} {mr:>3} {kern.nr:>3} {kern.kr:>2} "
+            f"{kern.sr:>2} {kern.m_step:>6} {kern.n_step:>6}  {sel}"
+        )
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from kleidipy.runtime.pull import pull
+
+    print(pull(args.name, progress=not args.quiet))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from kleidipy.runtime.pull import get_spec, list_models, model_path
+
+    if args.path:
+        get_spec(args.path)  # unknown name -> UnknownModelError with a suggestion
+        path = model_path(args.path)
+        if path is None:
+            print(f"kleidipy: error: {args.path} is not pulled yet (kleidipy pull {args.path})", file=sys.stderr)
+            return 1
+        print(path)
+        return 0
+    for info in list_models():
+        state = str(info.path) if info.pulled else "not pulled"
+        print(f"{info.name:<30} {info.size / 2**20:7.1f} MiB  {info.description}\n{'':<30} {state}")
+    return 0
+
+
+def _engine(args: argparse.Namespace):  # noqa: ANN202
+    from kleidipy.runtime.generate import Engine
+
+    return Engine(
+        args.model,
+        target=_target(args),
+        threads=args.threads,
+        execution=args.execution,
+        n_ctx=args.ctx_size,
+        progress=not args.quiet,
+        check_tensors=args.check_tensors,
+    )
+
+
+def _sampling(args: argparse.Namespace):  # noqa: ANN202
+    """The sampling options, checked (as the server checks a request's) before the model is loaded."""
+    from kleidipy.runtime.sampler import sampling_options
+
+    return sampling_options(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+    )
+
+
+def _seed(args: argparse.Namespace) -> int | None:
+    """--seed, where -1 means a random seed (llama.cpp's LLAMA_DEFAULT_SEED)."""
+    return None if args.seed == -1 else args.seed
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kleidipy.runtime.generate import PromptError, check_prompt_text, read_prompt_file
+
+    if (args.prompt is None) == (args.file is None):
+        raise PromptError("give the prompt with -p TEXT or -f FILE (one of them)")
+    args.prompt = read_prompt_file(args.file) if args.file else check_prompt_text(args.prompt)
+    params = _sampling(args)
+    engine = _engine(args)
+    chat = engine.chat_template.from_model if args.chat is None else args.chat  # as llama-cli and ollama run
+    ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if chat else engine.prompt(args.prompt)
+    if not chat:
+        print(args.prompt, end="", flush=True)
+    for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args)):
+        print(piece, end="", flush=True)
+    print()
+    _say_if_cut(engine, args)
+    if not args.quiet:
+        print(engine.timings.summary(), file=sys.stderr)
+    return 0
+
+
+def _max_tokens(args: argparse.Namespace) -> int | None:
+    return None if args.n_predict < 0 else args.n_predict
+
+
+def _say_if_cut(engine, args: argparse.Namespace) -> None:  # noqa: ANN001
+    """One line on stderr when the reply ended at the token limit or the full context, not where the model ended."""
+    if engine.finish_reason == "length":
+        limit = 0 <= args.n_predict <= engine.timings.n_generated
+        why = f"-n {args.n_predict} tokens reached" if limit else f"the context of {engine.context_length} is full"
+        print(f"kleidipy: reply cut ({why})", file=sys.stderr)
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from kleidipy.runtime.generate import read_prompt_file
+    from kleidipy.tools.perplexity import perplexity
+
+    text = read_prompt_file(args.file).removesuffix("\n")  # as llama-perplexity reads -f
+    engine = _engine(args)
+
+    def report(result) -> None:  # noqa: ANN001
+        print(f"[{len(result.running)}]{result.running[-1]:.4f},", end="", flush=True)
+
+    result = perplexity(engine, text, args.ctx_size, args.chunks, args.batch_size, report, progress=not args.quiet)
+    print(f"\n{result.final_line()}")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    params = _sampling(args)
+    engine = _engine(args)
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("kleidipy chat: type a message, Ctrl-C stops a reply, Ctrl-D (or /exit) quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = ""
+        try:
+            ids = engine.chat_prompt(messages)
+            for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args), reuse_cache=True):
+                reply += piece
+                print(piece, end="", flush=True)
+        except KeyboardInterrupt:
+            print(" [stopped]", end="")
+        print()
+        _say_if_cut(engine, args)  # finish_reason stays None when stopped
+        messages.append({"role": "assistant", "content": reply})
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kleidipy.tools.trace_report import run_trace
+
+    chrome_trace = Path(args.chrome_trace) if args.chrome_trace else None
+    print(
+        run_trace(
+            args.model,
+            args.prompt,
+            args.n_predict,
+            _target(args),
+            args.threads,
+            json_out=args.json,
+            chrome_trace_path=chrome_trace,
+            execution=args.execution,
+            n_ctx=args.ctx_size,
+            chat=args.chat,
+            check_tensors=args.check_tensors,
+        )
+    )
+    if chrome_trace is not None:
+        print(f"kleidipy: wrote the Chrome trace to {chrome_trace.resolve()}", file=sys.stderr)
+    return 0
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    """--shape M,N,K as three integers (a one-line error otherwise)."""
+    try:
+        m, n, k = (int(v) for v in text.split(","))
+    except ValueError:
+        raise KleidipyError(f"--shape takes M,N,K (three integers), got {text!r}") from None
+    return m, n, k
+
+
+def cmd_layout(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kleidipy.tools.layout import render_layout
+
+    dims = dict(zip(("m", "n", "k"), _shape(args.shape), strict=True)) if args.shape else {}
+    print(
+        render_layout(args.kernel, svl_bits=args.svl, out=Path(args.out) if args.out else None, text=args.text, **dims)
+    )
+    return 0
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    from kleidipy.tools.emulate import emulate_report
+
+    report = emulate_report(args.kernel, *_shape(args.shape), args.svl, args.trace, args.seed)
+    print(report)
+    return 0 if "bit-exact with the jit execution: yes" in report else 1
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from kleidipy.tools.quantize import quantize_gguf
+
+    report = quantize_gguf(args.input, args.output, args.type, pure=args.pure, progress=not args.quiet)
+    print(report.summary())
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from kleidipy.tools.bench import format_bench_table, parse_threads, run_bench
+
+    rows = run_bench(
+        args.model,
+        args.n_prompt,
+        args.n_gen,
+        parse_threads(args.threads),
+        args.repetitions,
+        target=_target(args),
+        progress=not args.quiet,
+        execution=args.execution,
+        check_tensors=args.check_tensors,
+    )
+    print(format_bench_table(rows))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kleidipy.server import serve
+
+    if args.api_key is not None and not args.api_key.strip():  # an empty key would serve without authentication
+        raise KleidipyError("--api-key is empty: give a key, or leave --api-key out to serve without one")
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        ctx=args.ctx_size,
+        parallel=args.parallel,
+        api_key=args.api_key,
+        target=_target(args),
+        execution=args.execution,
+        progress=not args.quiet,
+        check_tensors=args.check_tensors,
+    )
+    return 0

@@ -1,0 +1,68 @@
+"""A GGUF file as a model: the container (:mod:`kleidipy.runtime.gguf_file`) of a supported architecture, its
+hyper-parameters read and every tensor the architecture reads checked (name, shape implied by the
+hyper-parameters, type) before anything is loaded, so a bad file fails at once with one line."""
+
+from __future__ import annotations
+
+import os
+
+from kleidipy.runtime.architecture import Architecture, TensorSchema
+from kleidipy.runtime.architectures import ARCHITECTURES
+from kleidipy.runtime.gguf_file import (
+    VECTOR_TYPES,
+    WEIGHT_TYPES,
+    GGUFContainer,
+    GGUFTensorError,
+    UnsupportedArchitectureError,
+)
+from kleidipy.runtime.hparams import read_hparams
+
+
+class ModelFile(GGUFContainer):
+    """A validated GGUF model file of a supported architecture; :attr:`hparams` holds the hyper-parameters and
+    :attr:`arch` the architecture's record."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.architecture = self.get_str("general.architecture")
+        if self.architecture not in ARCHITECTURES:
+            known = ", ".join(sorted(ARCHITECTURES))
+            raise UnsupportedArchitectureError(
+                f"{self.path}: unsupported architecture '{self.architecture}' (supported: {known})"
+            )
+        self.arch: Architecture = ARCHITECTURES[self.architecture]
+        self.hparams = read_hparams(self, self.architecture, self.arch.rope_type)
+        self._check_tensors()
+
+    def __repr__(self) -> str:
+        return f"ModelFile({str(self.path)!r}, architecture={self.architecture!r}, tensors={len(self.tensors)})"
+
+    def tensor_schema(self) -> TensorSchema:
+        """Every tensor the architecture reads: name -> (shape in ggml order, required)."""
+        return self.arch.tensor_schema(self.arch, self.hparams)
+
+    def _check_tensors(self) -> None:
+        arch = self.arch
+        if 9 * self.hparams.n_layer > len(self.tensors):  # each block has at least 9 tensors
+            raise GGUFTensorError(
+                f"{self.path}: {arch.name}.block_count = {self.hparams.n_layer} but the file has only "
+                f"{len(self.tensors)} tensors"
+            )
+        schema = self.tensor_schema()
+        for name in self.tensors:
+            if name not in schema:
+                raise GGUFTensorError(f"{self.path}: unexpected tensor '{name}' for architecture '{arch.name}'")
+        for name, (shape, required) in schema.items():
+            t = self.tensors.get(name)
+            if t is None:
+                if required:
+                    raise GGUFTensorError(f"{self.path}: missing tensor '{name}'")
+                continue
+            if t.shape != shape:
+                raise GGUFTensorError(
+                    f"{self.path}: tensor '{name}' has shape {list(t.shape)}, expected {list(shape)} "
+                    "from the hyper-parameters"
+                )
+            allowed = WEIGHT_TYPES if len(shape) == 2 else VECTOR_TYPES
+            if t.ggml_type not in allowed:
+                raise GGUFTensorError(f"{self.path}: tensor '{name}' has unsupported type {t.ggml_type.name}")

@@ -1,0 +1,330 @@
+"""What ``kleidipy trace`` prints and writes from a :class:`~kleidipy.tools.trace.Trace`: the call-stack tree, the
+kernel and weight tables, the stage summaries, the text report, the JSON and the Chrome trace-event file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kleidipy.target import Target
+from kleidipy.tools.trace import DEFAULT_PROMPT, Stage, Trace, TraceError, trace_generation
+
+# --------------------------------------------------------------------------------------------- aggregation
+
+
+@dataclass
+class Node:
+    """A frame (or kai_run_ leaf) of the call-stack tree: invocations that reached a kernel, the time spent in the
+    op functions beneath (KleidiBackend.__call__ / compute_forward_mul_mat; a leaf: its own time) and the bytes
+    the KleidiAI calls beneath read and wrote."""
+
+    frame: str
+    calls: int = 0
+    seconds: float = 0.0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    children: dict[str, Node] = field(default_factory=dict)
+
+    def child(self, frame: str) -> Node:
+        return self.children.setdefault(frame, Node(frame))
+
+    def add(self, seconds: float, bytes_read: int, bytes_written: int) -> None:
+        self.seconds += seconds
+        self.bytes_read += bytes_read
+        self.bytes_written += bytes_written
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "frame": self.frame,
+            "calls": self.calls,
+            "seconds": self.seconds,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "children": [c.to_dict() for c in self.children.values()],
+        }
+
+
+def call_tree(stage: Stage) -> list[Node]:
+    """The stage's call-stack tree (roots first): each op's frames, then its kai_run_ calls as leaves."""
+    root = Node("")
+    for op in stage.ops:
+        node = root
+        read, written = sum(c.bytes_read for c in op.calls), sum(c.bytes_written for c in op.calls)
+        for depth, frame in enumerate(op.frames):
+            node = node.child(frame)
+            node.calls += depth >= op.fresh
+            node.add(op.seconds, read, written)
+        for call in op.calls:
+            leaf = node.child(call.name)
+            leaf.calls += 1
+            leaf.add(call.seconds, call.bytes_read, call.bytes_written)
+    return list(root.children.values())
+
+
+def kernel_table(stage: Stage) -> list[dict[str, Any]]:
+    """Per KleidiAI function: role, calls, total seconds, bytes read and written."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in stage.kai_calls():
+        row = rows.setdefault(
+            (c.role, c.name),
+            {"kernel": c.name, "role": c.role, "calls": 0, "seconds": 0.0, "bytes_read": 0, "bytes_written": 0},
+        )
+        row["calls"] += 1
+        row["seconds"] += c.seconds
+        row["bytes_read"] += c.bytes_read
+        row["bytes_written"] += c.bytes_written
+    return list(rows.values())
+
+
+def weight_table(stage: Stage) -> list[dict[str, Any]]:
+    """Per weight (and kernel): calls, shape, time of the op (repack / MUL_MAT), of the LHS pack and of the kernel
+    (kai_run_rhs_pack_… or kai_run_matmul_…), bytes read and written by the KleidiAI calls."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for op in stage.ops:
+        main = op.calls[-1]
+        row = rows.setdefault(
+            (op.weight, main.name),
+            {
+                "weight": op.weight,
+                "kernel": main.name,
+                "role": main.role,
+                "type": op.weight_type,
+                "n": op.n,
+                "k": op.k,
+                "m": [],
+                "calls": 0,
+                "seconds": 0.0,
+                "lhs_seconds": 0.0,
+                "kernel_seconds": 0.0,
+                "bytes_read": 0,
+                "bytes_written": 0,
+            },
+        )
+        row["calls"] += 1
+        if op.m and op.m not in row["m"]:
+            row["m"].append(op.m)
+        row["seconds"] += op.seconds
+        row["lhs_seconds"] += sum(c.seconds for c in op.calls[:-1])
+        row["kernel_seconds"] += main.seconds
+        row["bytes_read"] += sum(c.bytes_read for c in op.calls)
+        row["bytes_written"] += sum(c.bytes_written for c in op.calls)
+    return list(rows.values())
+
+
+def stage_summary(stage: Stage) -> dict[str, Any]:
+    """Counts and totals of a stage: operations, GEMM/GEMV/repack split, KleidiAI time vs the stage's wall time."""
+    calls = list(stage.kai_calls())
+    kernel_s = sum(c.seconds for c in calls)
+    by_role = {role: [c for c in calls if c.role == role] for role in ("rhs_pack", "lhs_pack", "gemm", "gemv")}
+    out: dict[str, Any] = {"wall_seconds": stage.wall_s, "kernel_seconds": kernel_s}
+    out["kernel_fraction"] = kernel_s / stage.wall_s if stage.wall_s else 0.0
+    if stage.name == "model load":
+        out["repacks"] = len(by_role["rhs_pack"])
+        out["repack_seconds"] = sum(op.seconds for op in stage.ops)
+        out["bytes_read"] = sum(c.bytes_read for c in calls)
+        out["bytes_written"] = sum(c.bytes_written for c in calls)
+    else:
+        out["forward_passes"] = len(stage.passes)
+        out["tokens"] = sum(p.tokens for p in stage.passes)
+        out["matmuls"] = len(stage.ops)
+        out["gemm"] = len(by_role["gemm"])
+        out["gemv"] = len(by_role["gemv"])
+        out["matmuls_per_pass"] = len(stage.ops) / len(stage.passes) if stage.passes else 0.0
+        out["lhs_pack_seconds"] = sum(c.seconds for c in by_role["lhs_pack"])
+        out["matmul_seconds"] = sum(c.seconds for c in by_role["gemm"] + by_role["gemv"])
+        out["bytes_read"] = sum(c.bytes_read for c in by_role["gemm"] + by_role["gemv"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------- outputs
+
+
+def to_json(trace: Trace) -> dict[str, Any]:
+    """The report as a JSON-serialisable dict (the same content as :func:`format_text`)."""
+    head = {k: getattr(trace, k) for k in ("model", "path", "target", "execution", "threads")}
+    head |= {k: getattr(trace, k) for k in ("prompt_tokens", "decoded_tokens", "text", "timings")}
+    head["hparams"] = {
+        k: v if v is None or isinstance(v, int | float | str) else str(v) for k, v in trace.hparams.items()
+    }
+    head["stages"] = [
+        {
+            "name": s.name,
+            "summary": stage_summary(s),
+            "passes": [vars(p) for p in s.passes],
+            "tree": [n.to_dict() for n in call_tree(s)],
+            "kernels": kernel_table(s),
+            "weights": weight_table(s),
+        }
+        for s in trace.stages
+    ]
+    return head
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def chrome_trace(trace: Trace) -> dict[str, Any]:
+    """Chrome trace-event JSON: complete events ("ph": "X", ts/dur in µs) nested stage → pass → op → kai call."""
+    pid, tid = 1, 1
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": pid, "tid": tid, "name": "process_name", "args": {"name": f"kleidipy {trace.model}"}},
+        {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": "main"}},
+    ]
+
+    def event(name: str, cat: str, start: float, seconds: float, **args: Any) -> None:
+        ts = _ns(start)  # whole ns, so that back-to-back events share their boundary exactly
+        dur = _ns(start + seconds) - ts
+        events.append(
+            {"name": name, "cat": cat, "ph": "X", "ts": ts / 1e3, "dur": dur / 1e3, "pid": pid, "tid": tid}
+            | ({"args": args} if args else {})
+        )
+
+    for s in trace.stages:
+        if not s.ops and not s.passes and not s.wall_s:
+            continue
+        event(s.name, "stage", s.start, s.end - s.start, **stage_summary(s))
+        for p in s.passes:
+            event("CausalLM.forward", "pass", p.start, p.seconds, tokens=p.tokens, n_past=p.n_past)
+        for op in s.ops:
+            shape = {"weight": op.weight, "m": op.m, "n": op.n, "k": op.k} | (
+                {"type": op.weight_type} if op.m == 0 else {}
+            )
+            event(
+                op.frames[-1],
+                "repack" if op.m == 0 else "mul_mat",
+                op.start,
+                op.seconds,
+                **shape,
+                kernel=op.calls[-1].name,
+                stack=" → ".join(op.frames),
+            )
+            for c in op.calls:
+                event(
+                    c.name, c.role, c.start, c.seconds, **shape, bytes_read=c.bytes_read, bytes_written=c.bytes_written
+                )
+    events[2:] = sorted(events[2:], key=lambda e: (e["ts"], -e["dur"]))
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"target": trace.target, "model": trace.path}}
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1e3:10.3f} ms"
+
+
+def _fmt_b(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:8.2f} {unit}"
+    return f"{n:8d} B  "
+
+
+def _tree_lines(nodes: list[Node]) -> list[tuple[str, Node]]:
+    """(indented label, node) of every node, depth first, with box-drawing branches."""
+    out: list[tuple[str, Node]] = []
+
+    def walk(node: Node, lead: str, branch: str) -> None:
+        out.append((lead + branch + node.frame, node))
+        kids = list(node.children.values())
+        inner = lead + {"": "", "├─ ": "│  ", "└─ ": "   "}[branch]
+        for i, kid in enumerate(kids):
+            walk(kid, inner, "└─ " if i == len(kids) - 1 else "├─ ")
+
+    for root in nodes:
+        walk(root, "", "")
+    return out
+
+
+def _summary_line(stage: Stage, s: dict[str, Any]) -> str:
+    share = f"{s['kernel_seconds']:.3f} s of the {s['wall_seconds']:.3f} s wall ({100 * s['kernel_fraction']:.1f}%)"
+    if stage.name == "model load":
+        return (
+            f"{s['repacks']} weights repacked in {s['repack_seconds']:.3f} s (KleidiBackend.__call__); "
+            f"kai_run_rhs_pack_… {share}; read {_fmt_b(s['bytes_read']).strip()} of GGUF weights, "
+            f"wrote {_fmt_b(s['bytes_written']).strip()} packed"
+        )
+    return (
+        f"{s['forward_passes']} forward pass(es), {s['tokens']} token(s): {s['matmuls']} matmuls "
+        f"({s['gemm']} GEMM, {s['gemv']} GEMV, {s['matmuls_per_pass']:g} per pass); KleidiAI {share}: "
+        f"LHS pack {s['lhs_pack_seconds']:.3f} s, matmul {s['matmul_seconds']:.3f} s"
+    )
+
+
+def _weight_lines(stage: Stage, rows: list[dict[str, Any]]) -> list[str]:
+    if stage.name == "model load":
+        head = (
+            f"{'weight':<28} {'type':<14} {'n x k':>13} {'repack':>13} {'kai pack':>13} {'bytes read':>12} "
+            f"{'written':>12}"
+        )
+        return [head] + [
+            f"{r['weight']:<28} {r['type']:<14} {r['n']:>6}x{r['k']:<6} {_fmt_s(r['seconds'])} "
+            f"{_fmt_s(r['kernel_seconds'])} {_fmt_b(r['bytes_read'])} {_fmt_b(r['bytes_written'])}"
+            for r in rows
+        ]
+    head = (
+        f"{'weight':<28} {'kernel':<74} {'calls':>5} {'m':>5} {'n x k':>11} {'LHS pack':>13} {'matmul':>13} "
+        f"{'bytes read':>12}"
+    )
+    return [head] + [
+        f"{r['weight']:<28} {r['kernel']:<74} {r['calls']:>5} {','.join(map(str, r['m'])):>5} "
+        f"{r['n']:>5}x{r['k']:<5} {_fmt_s(r['lhs_seconds'])} {_fmt_s(r['kernel_seconds'])} {_fmt_b(r['bytes_read'])}"
+        for r in rows
+    ]
+
+
+def format_text(trace: Trace) -> str:
+    """The human-readable report: per stage a summary, the call-stack tree, the per-kernel and per-weight tables."""
+    hp = trace.hparams
+    lines = [
+        f"kleidipy trace: {trace.model} ({trace.path})",
+        f"target: {trace.target} | execution {trace.execution} | threads {trace.threads}",
+        f"{hp['architecture']}: {hp['n_layer']} layers, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, "
+        f"{hp['n_head']}/{hp['n_head_kv']} heads, n_vocab {hp['n_vocab']}",
+        f"prompt {trace.prompt_tokens} tokens, decoded {trace.decoded_tokens}; text: {trace.text!r}",
+        trace.timings,
+    ]
+    for stage in trace.stages:
+        lines += ["", f"== {stage.name} ==", _summary_line(stage, stage_summary(stage)), ""]
+        tree = _tree_lines(call_tree(stage))
+        width = max([len(text) for text, _ in tree] + [10])
+        lines.append(f"{'call stack':<{width}} {'calls':>7} {'time':>13} {'bytes read':>12}")
+        lines += [f"{text:<{width}} {n.calls:>7} {_fmt_s(n.seconds)} {_fmt_b(n.bytes_read)}" for text, n in tree]
+        lines += [
+            "",
+            f"{'KleidiAI function':<84} {'role':<8} {'calls':>6} {'time':>13} {'bytes read':>12} {'written':>12}",
+        ]
+        lines += [
+            f"{r['kernel']:<84} {r['role']:<8} {r['calls']:>6} {_fmt_s(r['seconds'])} "
+            f"{_fmt_b(r['bytes_read'])} {_fmt_b(r['bytes_written'])}"
+            for r in kernel_table(stage)
+        ]
+        rows = weight_table(stage)
+        if rows:
+            lines += ["", *_weight_lines(stage, rows)]
+    return "\n".join(lines)
+
+
+def run_trace(
+    model: str | Path = "smollm2-135m-instruct",
+    prompt: str = DEFAULT_PROMPT,
+    n_predict: int = 8,
+    target: str | Target | None = None,
+    threads: int = 1,
+    json_out: bool = False,
+    chrome_trace_path: Path | None = None,
+    *,
+    execution: str = "jit",
+    n_ctx: int | None = None,
+    chat: bool = False,
+    check_tensors: bool = True,
+) -> str:
+    """``kleidipy trace``: trace a generation; returns the report (text, or JSON with ``json_out``) and writes the
+    Chrome trace-event file to ``chrome_trace_path`` when given."""
+    trace = trace_generation(model, prompt, n_predict, target, threads, execution, n_ctx, chat, check_tensors)
+    if chrome_trace_path is not None:
+        try:
+            Path(chrome_trace_path).write_text(json.dumps(chrome_trace(trace)))
+        except OSError as exc:
+            raise TraceError(f"cannot write the Chrome trace to '{chrome_trace_path}': {exc.strerror or exc}") from None
+    return json.dumps(to_json(trace), indent=1) if json_out else format_text(trace)
