@@ -1,16 +1,14 @@
 """Benchmark of the Q4_0 SME2-layout kernels on the host: GEMV weight bandwidth and GEMM int8 throughput.
 
 For n×k in {2048×2048, 5632×2048, 2048×5632, 8192×3072}, m in {1, 16, 128, 512} and 1 and 2 threads it times
-the matmul (the MOPA GEMM for m > 1, the SDOT GEMV for m = 1, SVL 512) through the public path
-(``get_kernel(...).pack_rhs/.pack_lhs/.run(threads=t)``) and the LHS quantize+pack, and prints a markdown
-table next to this machine's measured memory read bandwidth and vpdpbusd peak (so the % of roofline).
+the matmul (the MOPA GEMM for m > 1, the SDOT GEMV for m = 1, SVL 512) through the path the runtime calls (the
+kernel's prepared matmul: ``prepare(...).pack`` then ``.matmul(threads=t)``) and the LHS quantize+pack, and prints a
+markdown table next to this machine's measured memory read bandwidth and vpdpbusd peak (so the % of roofline); the
+"compute-only" columns call the AVX-512 VNNI tiles directly, without the library layer. Timings are the best of
+several runs (other processes on the machine make single runs noisy; ``--cpu-time`` times by process CPU time per
+thread, which leaves out the time they hold the cores). ``--quick``: fewer shapes and repetitions.
 
-By default the AVX-512 VNNI compute (``kleidipy.kernels.qsi8d32p_qsi4c32p.vnni.compute``) is put into the family's
-jit hook first; ``--compute library`` measures whatever the library is wired to. Timings are the best of several
-runs (other processes on the machine make single runs noisy; ``--cpu-time`` times by process CPU time per thread,
-which leaves out the time they hold the cores). ``--quick``: fewer shapes and repetitions.
-
-    python benchmarks/kernels.py [--quick] [--compute vnni|library] [--cpu-time]
+    python benchmarks/kernels.py [--quick] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ import numpy as np
 
 from kleidipy.core import vnni
 from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as family
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 
 SVL = 512
@@ -89,24 +86,29 @@ def dpbusd_peak(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
 
 
 class Path:
-    """How matmuls are run: the catalogue kernels (the public path), their jit hook set to ``compute``."""
+    """How the runtime runs a MUL_MAT: the kernels' prepared matmul (``prepare``), its two halves timed apart
+    (the LHS quantize+pack, then the kernel split over threads), as ``kleidipy.runtime.backend`` calls them."""
 
-    def __init__(self, compute: str) -> None:
+    name = "prepared matmul (the runtime's path)"
+
+    def __init__(self) -> None:
         self.gemm, self.gemv = get_kernel(GEMM, SVL), get_kernel(GEMV, SVL)
-        hook = family.SME_JIT_COMPUTE
-        key = self.gemm.rhs_packer.name
-        if compute == "vnni" and hook.get(key) is not vk.compute:
-            hook[key] = vk.compute
-        self.name = f"catalogue kernels, jit = {getattr(hook.get(key), '__module__', '?')}"
+        self.prepared: dict[tuple[int, int, int], object] = {}
 
     def pack_rhs(self, n: int, k: int, blocks: np.ndarray) -> np.ndarray:
         return self.gemm.pack_rhs(n, k, blocks)
 
-    def pack_lhs(self, x: np.ndarray) -> np.ndarray:
-        return (self.gemv if x.shape[0] == 1 else self.gemm).pack_lhs(x)
+    def _prepared(self, m: int, n: int, k: int, rhs: np.ndarray):  # noqa: ANN202
+        key = (m == 1, id(rhs), k)
+        if key not in self.prepared:
+            self.prepared[key] = (self.gemv if m == 1 else self.gemm).prepare(n, k, rhs)
+        return self.prepared[key]
+
+    def pack_lhs(self, x: np.ndarray, n: int, rhs: np.ndarray) -> np.ndarray:
+        return self._prepared(x.shape[0], n, x.shape[1], rhs).pack(x)
 
     def run(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
-        return (self.gemv if m == 1 else self.gemm).run(m, n, k, lhs, rhs, threads=threads)
+        return self._prepared(m, n, k, rhs).matmul(lhs, m, threads)
 
 
 def run_direct(m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
@@ -143,7 +145,6 @@ def q4_0_weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two shapes, fewer repetitions")
-    ap.add_argument("--compute", choices=("vnni", "library"), default="vnni")
     ap.add_argument(
         "--cpu-time", action="store_true", help="time by process CPU time per thread (a busy machine), not wall time"
     )
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     repeat = 3 if args.quick else 7
     pool = ThreadPoolExecutor(2)
     rng = np.random.default_rng(0)
-    path = Path(args.compute)
+    path = Path()
 
     bw = {t: read_bandwidth(t, pool, repeat) for t in (1, 2)}
     peak = {t: dpbusd_peak(t, pool, repeat) for t in (1, 2)}
@@ -202,9 +203,9 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
     turn = iter(range(1 << 62))
     for m in ROWS:
         x = rng.normal(size=(m, k)).astype(np.float32)
-        lhs = path.pack_lhs(x)
+        lhs = path.pack_lhs(x, n, rhs)
         mr = 1 if m == 1 else SVL // 32
-        pack_path = best_time(lambda: path.pack_lhs(x), repeat) * 1e6  # noqa: B023
+        pack_path = best_time(lambda: path.pack_lhs(x, n, rhs), repeat) * 1e6  # noqa: B023
         pack_vnni = best_time(lambda: vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr), repeat) * 1e6  # noqa: B023
         for threads in (1, 2):
             # CPU time of the process per thread leaves out the time other processes hold the cores

@@ -295,48 +295,11 @@ class MatmulKernel:
         *,
         execution: str | None = None,
         min_split_macs: int = MIN_SPLIT_MACS,
-    ) -> Callable[..., np.ndarray]:
-        """Validate packed weights once and return ``matmul(x, threads=1) -> x·Wᵀ`` (float32 [m, k] -> [m, n],
-        clamped to ±FLT_MAX as llama.cpp calls the kernels; threads split as in :meth:`run`).
-
-        This is what a runtime calls per MUL_MAT: the returned function only checks the activations (dtype,
-        shape, finite) and runs the LHS quantize+pack and the kernel, as ``pack_lhs`` + ``run`` would.
-        """
-        execution = check_execution(execution)
-        self.check_args(self.mr if self.kind == "gemm" else 1, n, k)
-        rhs = self._rhs_bytes(rhs_packed, n, k)
-        impl = self._impl(execution)
-        g, packer, bl = self._geo(), self.lhs_packer, self.bl
-        pack = None
-        if packer is not None:
-            pack = packer._impl(execution)
-            packer.check_args(1, k, g.mr, g.kr, g.sr, bl)
-
-        lo, hi = np.float32(-FLT_MAX), np.float32(FLT_MAX)
-
-        def matmul(x: np.ndarray, threads: int = 1) -> np.ndarray:
-            check_threads(threads)
-            if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
-                got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
-                raise DTypeError(f"{self.name}: activations must be a float32 array [m, {k}], got {got}")
-            m = x.shape[0]
-            if self.kind == "gemv" and m != 1:
-                raise KernelShapeError(f"{self.name}: GEMV kernel takes m == 1, got m={m}")
-            if pack is None:
-                check_finite(x, self.name)
-                lhs = np.ascontiguousarray(x).reshape(-1)
-            else:
-                check_finite(x, packer.name)
-                if threads > 1 and m > g.mr:
-                    lhs = packer.run(m, k, g.mr, g.kr, g.sr, x, bl=bl, execution=execution, threads=threads)
-                    lhs = lhs.view(np.ndarray)
-                else:
-                    lhs = pack(np.ascontiguousarray(x), g.mr, g.kr, g.sr, bl, 0)
-            out = self._compute(impl, m, n, k, lhs, rhs, threads, min_split_macs)
-            np.maximum(out, lo, out=out)  # llama.cpp's clamp range [-FLT_MAX, FLT_MAX]: ±inf -> ±FLT_MAX
-            return np.minimum(out, hi, out=out)
-
-        return matmul
+    ) -> PreparedMatmul:
+        """Validate packed weights once and return the :class:`PreparedMatmul` a runtime calls per MUL_MAT:
+        ``prepared(x, threads=1) -> x·Wᵀ`` (float32 [m, k] -> [m, n], clamped to ±FLT_MAX as llama.cpp calls the
+        kernels; threads split as in :meth:`run`)."""
+        return PreparedMatmul(self, n, k, rhs_packed, check_execution(execution), min_split_macs)
 
     def _compute(
         self,
@@ -393,3 +356,56 @@ class MatmulKernel:
         if self.isa is None:
             raise NotImplementedError(f"the isa emulator has no program for kernel {self.kai_name}")
         return self.isa(self, m, n, k, lhs, rhs)[0]
+
+
+class PreparedMatmul:
+    """One packed weight ready for MUL_MAT: ``prepared(x, threads)`` is :meth:`pack` (check the activations,
+    quantize+pack them with the kernel's LHS packer) then :meth:`matmul` (the kernel, split over threads, clamped).
+    Tracing and benchmarks time the two halves of this same path."""
+
+    def __init__(
+        self, kernel: MatmulKernel, n: int, k: int, rhs_packed: np.ndarray, execution: str, min_split_macs: int
+    ) -> None:
+        kernel.check_args(kernel.mr if kernel.kind == "gemm" else 1, n, k)
+        self.kernel, self.n, self.k, self.execution, self.min_split_macs = kernel, n, k, execution, min_split_macs
+        self.rhs = kernel._rhs_bytes(rhs_packed, n, k)
+        self._impl = kernel._impl(execution)
+        self._pack = None
+        if kernel.lhs_packer is not None:
+            g = kernel._geo()
+            kernel.lhs_packer.check_args(1, k, g.mr, g.kr, g.sr, kernel.bl)
+            self._pack = kernel.lhs_packer._impl(execution)
+
+    def __call__(self, x: np.ndarray, threads: int = 1) -> np.ndarray:
+        return self.matmul(self.pack(x, threads), x.shape[0], threads)
+
+    def pack(self, x: np.ndarray, threads: int = 1) -> np.ndarray:
+        """The activations [m, k] checked (float32, shape, finite) and quantized+packed as a flat buffer (the
+        f32 kernel reads the rows themselves)."""
+        kern, k = self.kernel, self.k
+        check_threads(threads)
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
+            got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise DTypeError(f"{kern.name}: activations must be a float32 array [m, {k}], got {got}")
+        m = x.shape[0]
+        if kern.kind == "gemv" and m != 1:
+            raise KernelShapeError(f"{kern.name}: GEMV kernel takes m == 1, got m={m}")
+        packer = kern.lhs_packer
+        if packer is None:
+            check_finite(x, kern.name)
+            return np.ascontiguousarray(x).reshape(-1)
+        check_finite(x, packer.name)
+        g = kern._geo()
+        if threads > 1 and m > g.mr:
+            lhs = packer.run(m, k, g.mr, g.kr, g.sr, x, bl=kern.bl, execution=self.execution, threads=threads)
+            return lhs.view(np.ndarray)
+        return self._pack(np.ascontiguousarray(x), g.mr, g.kr, g.sr, kern.bl, 0)
+
+    def matmul(self, lhs: np.ndarray, m: int, threads: int = 1) -> np.ndarray:
+        """The kernel over a buffer :meth:`pack` made for m rows: [m, n] float32, ±inf clamped to ±FLT_MAX."""
+        out = self.kernel._compute(self._impl, m, self.n, self.k, lhs, self.rhs, threads, self.min_split_macs)
+        np.maximum(out, _LO, out=out)  # llama.cpp's clamp range [-FLT_MAX, FLT_MAX]: ±inf -> ±FLT_MAX
+        return np.minimum(out, _HI, out=out)
+
+
+_LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)

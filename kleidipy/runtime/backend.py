@@ -99,16 +99,19 @@ def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray
     hook = TRACE_HOOK
     if hook is None:
         return run(x, threads=weight.backend.threads)
-    # Traced: the same kernels through the public API, timing the LHS pack and the matmul separately.
-    kern, (n, k), be = weight.pair.for_m(m), (weight.n, weight.k), weight.backend
+    # Traced: the same prepared matmul, its two halves (LHS quantize+pack, kernel) timed apart.
+    threads = weight.backend.threads
     t0 = perf_counter()
-    lhs = kern.pack_lhs(x, m, k, execution=be.execution, threads=be.threads)
+    lhs = run.pack(x, threads)
     t1 = perf_counter()
-    out = kern.run(
-        m, n, k, lhs, weight.packed, execution=be.execution, threads=be.threads, min_split_macs=be.min_split_macs
-    )
+    out = run.matmul(lhs, m, threads)
     t2 = perf_counter()
-    hook(KernelCall(weight.name, kern, m, n, k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1, t0))
+    kern = run.kernel
+    hook(
+        KernelCall(
+            weight.name, kern, m, weight.n, weight.k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1, t0
+        )
+    )
     return out
 
 

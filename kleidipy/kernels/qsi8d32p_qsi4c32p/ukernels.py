@@ -468,11 +468,10 @@ def block_scaled_sum(
 #: jit compute of the SME/SME2 kernels, keyed by RHS packer name:
 #: ``(m, n, k, mr, nr, lhs_u8, rhs_u8, first_block_fmul) -> float32 [m, n]`` (another implementation with the
 #: same signature and bytes can be put here, e.g. an AVX-512 VNNI one for the SME2 layout).
-SME_JIT_COMPUTE: dict[str, Callable[..., np.ndarray]] = {
-    # AVX-512 VNNI tiles where the host has them, portable IR elsewhere (bit-identical either way)
-    RHS_QSI4C32PS1S0SCALEF16_NEON.name: qsi8d32p_qsi4c32p_vnni.compute,
-    RHS_QSI4C32PS4S0SF16_NEON.name: jit.matmul_qsi8d32p_qsi4c32ps4s0sf16,
-}
+#: the SME2 layout's tiles: AVX-512 VNNI where the host has them, portable IR elsewhere (bit-identical either way)
+SME2_COMPUTE = qsi8d32p_qsi4c32p_vnni.compute
+#: the SME1 layout (4-bit s4s0 codes): the portable jit
+SME_COMPUTE = jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
 
 
 class Qsi8d32pQsi4c32pKernel(MatmulKernel):
@@ -490,7 +489,7 @@ class Qsi8d32pQsi4c32pKernel(MatmulKernel):
         g = self._geo()
         lhs, rhs = _frozen(lhs), _frozen(rhs)
         if self.is_sme:
-            compute = SME_JIT_COMPUTE[self.rhs_packer.name]
+            compute = SME2_COMPUTE if self.tier == "sme2" else SME_COMPUTE
             return compute(m, n, k, g.mr, g.nr, lhs, rhs, self.flags.get("first_block_fmul", False))
         return jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, g.mr, g.nr, g.kr, g.sr, lhs, rhs)
 
