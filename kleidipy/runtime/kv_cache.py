@@ -63,6 +63,13 @@ def _f16_to_f32(bits, table, out):  # pragma: no cover - compiled
                 out[h, p, c] = table[bits[h, p, c]]
 
 
+def check_cache_dtype(dtype: type) -> np.dtype:
+    """The KV cache storage type: float16 (llama.cpp's default) or float32; DTypeError otherwise."""
+    if np.dtype(dtype) not in CACHE_DTYPES:
+        raise DTypeError(f"KV cache dtype must be float16 or float32, got {np.dtype(dtype)}")
+    return np.dtype(dtype)
+
+
 class KVCache:
     """K and V for ``n_layer`` layers, each ``[n_head_kv, n_ctx, head_dim]`` of ``dtype``.
 
@@ -71,8 +78,7 @@ class KVCache:
     """
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, dtype: type = np.float16) -> None:
-        if np.dtype(dtype) not in CACHE_DTYPES:
-            raise DTypeError(f"KV cache dtype must be float16 or float32, got {np.dtype(dtype)}")
+        check_cache_dtype(dtype)
         check_context_size(n_ctx, n_layer, n_head_kv, head_dim, dtype)
         self.dtype = np.dtype(dtype)
         self.n_ctx = n_ctx

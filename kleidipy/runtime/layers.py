@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.kv_cache import KVCache, PositionError
+from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
 from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,7 +244,21 @@ class CausalLM:
         self.lm_head = lm_head
         self.n_ctx = n_ctx
         self.n_ubatch = n_ubatch
-        self.cache = KVCache(hparams.n_layer, hparams.n_head_kv, hparams.head_dim, n_ctx, kv_dtype)
+        self.kv_dtype = check_cache_dtype(kv_dtype)
+        self._cache: KVCache | None = None
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        """An empty KV cache for one sequence of this model (``n_ctx`` positions, default the model's)."""
+        hp = self.hparams
+        return KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, self.n_ctx if n_ctx is None else n_ctx, self.kv_dtype)
+
+    @property
+    def cache(self) -> KVCache:
+        """The model's own cache, for callers that run one sequence (made on first use: a server that gives each
+        request its own cache never allocates it)."""
+        if self._cache is None:
+            self._cache = self.new_cache()
+        return self._cache
 
     @property
     def n_past(self) -> int:
@@ -261,33 +275,36 @@ class CausalLM:
         positions: Sequence[int] | np.ndarray | None = None,
         *,
         all_logits: bool = False,
+        cache: KVCache | None = None,
     ) -> np.ndarray:
-        """Run m tokens at positions ``positions`` (consecutive, starting at or before ``n_past``; default: right
-        after the cached ones). Returns float32 logits of the last position [n_vocab], or of every position
-        [m, n_vocab] with ``all_logits``."""
+        """Run m tokens at positions ``positions`` (consecutive, starting at or before the cache's ``n_past``;
+        default: right after the cached ones) of the sequence whose KV cache is ``cache`` (default: the model's
+        own). Returns float32 logits of the last position [n_vocab], or of every position [m, n_vocab] with
+        ``all_logits``."""
+        cache = self.cache if cache is None else cache
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
             raise InvalidTokenError(f"token ids must be a non-empty 1-D integer sequence, got {ids.dtype} {ids.shape}")
         if ids.min() < 0 or ids.max() >= self.hparams.n_vocab:
             raise InvalidTokenError(f"token ids must be in [0, {self.hparams.n_vocab}), got {ids.min()}..{ids.max()}")
         m = ids.size
-        start = self.cache.n_past if positions is None else _first_position(positions, m)
-        self.cache.check(start, m)
+        start = cache.n_past if positions is None else _first_position(positions, m)
+        cache.check(start, m)
         chunks = []
         for lo in range(0, m, self.n_ubatch):
             hi = min(lo + self.n_ubatch, m)
             keep = slice(None) if all_logits else slice(hi - lo - 1, None) if hi == m else slice(0, 0)
-            chunks.append(self._decode(ids[lo:hi], start + lo, keep))
+            chunks.append(self._decode(ids[lo:hi], start + lo, keep, cache))
         logits = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
         return logits if all_logits else logits[-1]
 
-    def _decode(self, ids: np.ndarray, start: int, keep: slice) -> np.ndarray:
+    def _decode(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
         """One ubatch through the network; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""
         x = self.embedding(ids)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, start, self.cache, keep if i == last else None)
-        self.cache.advance(start, ids)
+            x = block(x, start, cache, keep if i == last else None)
+        cache.advance(start, ids)
         if x.shape[0] == 0:
             return np.empty((0, self.hparams.n_vocab), np.float32)
         return self.lm_head(self.output_norm(x))

@@ -69,14 +69,10 @@ class Scheduler:
     """P slots over one model, a FIFO queue and the compute thread (see the module docstring)."""
 
     def __init__(self, lm: CausalLM, parallel: int, n_ctx: int, max_queue: int = 1024) -> None:
-        hp = lm.hparams
         self.lm = lm
         self.n_ctx = n_ctx
         self.max_queue = max_queue
-        self.slots = [
-            Slot(i, KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, lm.cache.dtype)) for i in range(parallel)
-        ]
-        self.lm.cache = self.slots[0].cache  # the model's own full-context cache is not used (nor kept)
+        self.slots = [Slot(i, lm.new_cache(n_ctx)) for i in range(parallel)]
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -168,5 +164,4 @@ class Scheduler:
             job.post("done")
 
     def _forward(self, cache: KVCache, ids: Sequence[int]) -> np.ndarray:
-        self.lm.cache = cache
-        return self.lm.forward(ids)
+        return self.lm.forward(ids, cache=cache)
