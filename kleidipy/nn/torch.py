@@ -12,9 +12,13 @@ import itertools
 import weakref
 from collections.abc import Callable
 
-import torch
 from gguf import GGMLQuantizationType as GGMLType
-from torch import nn
+
+try:
+    import torch
+    from torch import nn
+except ImportError as e:  # torch is the optional extra [torch]
+    raise ImportError("kleidipy.nn.torch needs PyTorch: pip install 'kleidipy[torch]'") from e
 
 from kleidipy.errors import DTypeError, InvalidArgumentError, KleidipyError
 from kleidipy.nn.linear import QuantizedLinear
