@@ -4,6 +4,8 @@ Float comparisons use a bound derived from the formats, not a fitted tolerance (
 The torch tests skip when torch is not installed (it is the optional extra ``[torch]``).
 """
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -109,22 +111,15 @@ def test_gguf_blocks_equal_floats_quantized_the_same_way(tmp_path, ggml_type):
     assert flat(x).tobytes() == from_floats(x).tobytes()
 
 
-def test_threads_1_and_2_give_the_same_bits(monkeypatch):
+def test_threads_1_and_2_give_the_same_bits():
     rng = _rng(4)
     n, k, m = 512, 512, 8  # m·n·k = 2²¹ multiply-adds: large enough for the backend to split the GEMM
     w, x = _normal(rng, n, k), _normal(rng, m, k)
-    splits: list[int] = []
-    pool_map = matmul.parallel_map
-
-    def spy(fn, items, threads):
-        splits.append(len(items))
-        return pool_map(fn, items, threads)
-
-    monkeypatch.setattr(matmul, "parallel_map", spy)
-    one = QuantizedLinear.from_float(w, "q4_0", target="sme2", threads=1)(x)
-    assert splits == []
-    two = QuantizedLinear.from_float(w, "q4_0", target="sme2", threads=2)(x)
-    assert splits == [2]
+    with mock.patch.object(matmul, "parallel_map", wraps=matmul.parallel_map) as pool:
+        one = QuantizedLinear.from_float(w, "q4_0", target="sme2", threads=1)(x)
+        assert pool.call_count == 0
+        two = QuantizedLinear.from_float(w, "q4_0", target="sme2", threads=2)(x)
+        assert [len(c.args[1]) for c in pool.call_args_list] == [2]  # the columns went to two threads
     assert one.tobytes() == two.tobytes()
 
 
