@@ -4,6 +4,7 @@ Float comparisons use a bound derived from the formats, not a fitted tolerance (
 The torch tests skip when torch is not installed (it is the optional extra ``[torch]``).
 """
 
+import copy
 from unittest import mock
 
 import numpy as np
@@ -237,8 +238,6 @@ def _check_layers(torch, float_model, seen, spec):
 
 @pytest.mark.parametrize("spec", ["sme2", "i8mm"])
 def test_converted_mlp_is_the_kernels_and_within_the_q4_0_bound(torch, spec):
-    import copy
-
     from kleidipy.nn.torch import KleidiLinear, convert
 
     model = _mlp(torch)
@@ -258,8 +257,6 @@ def test_converted_mlp_is_the_kernels_and_within_the_q4_0_bound(torch, spec):
 
 
 def test_converted_transformer_block(torch):
-    import copy
-
     from kleidipy.nn.torch import convert
 
     block = _block(torch)
@@ -301,6 +298,11 @@ def test_torch_errors_and_choices(torch):
     convert(model, "q4_1", include=lambda name, lin: lin.out_features == 32)
     assert type(model[0]) is nn.Linear and isinstance(model[1], KleidiLinear)
     assert model[1].layer.weight_type == T.Q4_1
+    x = torch.randn(3, 64)
+    copied = copy.deepcopy(layer)
+    y, layer_id = layer(x), layer.layer_id
+    del layer
+    assert copied.layer_id != layer_id and torch.equal(copied(x), y)
     attention = convert(nn.Sequential(nn.MultiheadAttention(64, 2)))
     assert type(attention[0].out_proj) is not KleidiLinear  # an nn.Linear subclass whose owner reads .weight
     assert isinstance(convert(nn.Linear(32, 8), target="i8mm"), KleidiLinear)

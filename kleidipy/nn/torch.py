@@ -47,8 +47,15 @@ class KleidiLinear(nn.Module):
         super().__init__()
         self.layer = layer
         self.in_features, self.out_features = layer.in_features, layer.out_features
+        self._register()
+
+    def _register(self) -> None:
         self.layer_id = next(_IDS)
-        _LAYERS[self.layer_id] = layer
+        _LAYERS[self.layer_id] = self.layer
+
+    def __setstate__(self, state: dict) -> None:  # copy.deepcopy: the copy's own layer gets its own number
+        super().__setstate__(state)
+        self._register()
 
     @classmethod
     def from_linear(
