@@ -11,6 +11,7 @@ import numpy as np
 
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.runtime.observer import KernelCall, Observer
 from kleidipy.tools.golden import GoldenSet, iter_runs, verify_run
 
 
@@ -111,3 +112,15 @@ def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return (
         a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
     )
+
+
+class MatmulRecorder(Observer):
+    """An observer that keeps every MUL_MAT event (:class:`~kleidipy.runtime.observer.KernelCall`)."""
+
+    wants_matmuls = True
+
+    def __init__(self) -> None:
+        self.calls: list[KernelCall] = []
+
+    def on_matmul(self, call: KernelCall) -> None:
+        self.calls.append(call)

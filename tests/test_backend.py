@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from kernel_helpers import MatmulRecorder
 from test_gguf_file import tiny_model
 
 from kleidipy import formats
 from kleidipy.errors import DTypeError, NonFiniteInputError
-from kleidipy.runtime import backend
 from kleidipy.runtime.architectures.llama import Llama
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.model_file import ModelFile
@@ -40,13 +40,13 @@ def test_repacked_linear_matches_float_weights(tmp_path, spec, ggml_type):
     assert bool(notices) == (ggml_type == T.Q5_0) and (not notices or "Q5_0" in notices[0] and "Q8_0" in notices[0])
 
 
-def test_gemv_exactly_when_m_is_1(tmp_path, monkeypatch):
+def test_gemv_exactly_when_m_is_1(tmp_path):
     _, t = _weight(tmp_path, T.Q4_0)
-    lin = KleidiBackend(parse_target("sme2:svl=512"))(t.name, t.ggml_type, t.shape, t.data)
-    calls = []
-    monkeypatch.setattr(backend, "TRACE_HOOK", calls.append)
+    recorder = MatmulRecorder()
+    lin = KleidiBackend(parse_target("sme2:svl=512"), observers=[recorder])(t.name, t.ggml_type, t.shape, t.data)
     x = np.ones((3, lin.k), np.float32)
     lin(x), lin(x[:1])
+    calls = recorder.calls
     assert [(c.m, c.kernel.kind) for c in calls] == [(3, "gemm"), (1, "gemv")]
     assert calls[0].kernel.name.endswith("sme2_mopa") and calls[1].kernel.name.endswith("sme2_sdot")
 

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_helpers import MatmulRecorder
 from model_files import QWEN25, SMOLLM2, model_file, requantized
 from test_quantize import reference_entry, sha256_file
 
-from kleidipy.runtime import backend
 from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 
@@ -306,11 +306,15 @@ def test_threads_give_identical_logits(smollm2_q4_1: Engine) -> None:
         assert one.tobytes() == two.tobytes()
 
 
-def test_gemv_exactly_when_m_is_1(smollm2_q4_1: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[backend.KernelCall] = []
-    monkeypatch.setattr(backend, "TRACE_HOOK", calls.append)
-    ids = smollm2_q4_1.prompt("The capital of France is")
-    list(smollm2_q4_1.generate(ids, max_tokens=3))
+def test_gemv_exactly_when_m_is_1(smollm2_q4_1: Engine) -> None:
+    recorder = MatmulRecorder()
+    smollm2_q4_1.observers.append(recorder)
+    try:
+        ids = smollm2_q4_1.prompt("The capital of France is")
+        list(smollm2_q4_1.generate(ids, max_tokens=3))
+    finally:
+        smollm2_q4_1.observers.remove(recorder)
+    calls = recorder.calls
     assert calls
     for call in calls:
         assert (call.kernel.kind == "gemv") == (call.m == 1), (call.weight, call.m, call.kernel.name)

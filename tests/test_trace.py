@@ -1,5 +1,6 @@
 """kleidipy.tools.trace: a traced short generation of the default model on the virtual SME2 (SVL 512) target — stages,
-frames, kernel names, counts against the model's hyper-parameters, JSON and Chrome trace outputs, hooks restored."""
+frames, kernel names, counts against the model's hyper-parameters, JSON and Chrome trace outputs, the tracer
+detached and nothing patched afterwards."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from model_files import SMOLLM2, model_file
 
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.errors import KleidipyError
-from kleidipy.runtime import backend
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.generate import PromptError
 from kleidipy.target import resolve_target, select_kernels
@@ -26,8 +26,6 @@ GEMV_Q4_1 = "kai_run_matmul_clamp_f32_qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot"
 PER_LAYER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 HOOKS = {
-    "TRACE_HOOK": lambda: backend.TRACE_HOOK,
-    "REPACK_HOOK": lambda: backend.REPACK_HOOK,
     "KleidiBackend.__call__": lambda: KleidiBackend.__dict__["__call__"],
     "MatmulKernel.pack_rhs": lambda: MatmulKernel.__dict__["pack_rhs"],
 }
@@ -41,12 +39,10 @@ def originals() -> dict:
 
 @pytest.fixture(scope="module")
 def trace(originals: dict):
-    assert backend.TRACE_HOOK is None
     return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64)
 
 
 def assert_restored(originals: dict) -> None:
-    assert backend.TRACE_HOOK is None
     for name, get in HOOKS.items():
         assert get() is originals[name], f"{name} not restored"
 
@@ -207,9 +203,10 @@ def test_hooks_restored_when_generation_fails(originals: dict) -> None:
     with pytest.raises(PromptError):
         tracer.generate(engine, [], 2)  # the empty prompt fails inside the traced generation
     assert_restored(originals)
-    assert "forward" not in vars(engine.lm)  # the instance wrapper is gone: the class method is back
+    assert tracer not in engine.observers  # a failed generation detaches the tracer too
     assert tracer.generate(engine, engine.prompt("Hi"), 2)
-    assert "forward" not in vars(engine.lm) and len(tracer.stages["decode"].passes) == 1
+    assert tracer not in engine.observers and len(tracer.stages["decode"].passes) == 1
+    assert "forward" not in vars(engine.lm)  # observed through events: nothing of the model is patched
     assert_restored(originals)
 
 

@@ -22,6 +22,7 @@ from kleidipy import formats
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
 from kleidipy.kernels.catalogue import family_of
+from kleidipy.runtime.observer import KernelCall, Observer, RepackCall
 from kleidipy.target import KernelPair, Target, select_kernels
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
@@ -34,45 +35,6 @@ _DIRECT = {
 }
 #: Other types: the format they are requantized to (≥ 5-bit sources keep 8 bits; 4-bit and lower go to Q4_0).
 _REQUANT_TO_Q8_0 = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K, GGMLType.BF16}
-
-
-@dataclass
-class KernelCall:
-    """What one MUL_MAT ran (handed to the trace hook when tracing is on)."""
-
-    weight: str
-    kernel: MatmulKernel
-    m: int
-    n: int
-    k: int
-    lhs_bytes: int
-    rhs_bytes: int
-    lhs_seconds: float = 0.0
-    matmul_seconds: float = 0.0
-    start: float = 0.0  # perf_counter() when the LHS pack began
-
-
-@dataclass
-class RepackCall:
-    """What one weight's repack at load did (handed to the repack hook when tracing is on)."""
-
-    weight: str
-    ggml_type: GGMLType
-    pair: KernelPair
-    n: int
-    k: int
-    raw_bytes: int
-    packed_bytes: int
-    start: float  # perf_counter() when the repack (conversion + pack) began
-    seconds: float
-    pack_start: float  # the kai_run_rhs_pack_ call alone
-    pack_seconds: float
-
-
-#: Trace hooks (None: tracing off, no cost): after every MUL_MAT with a KernelCall, after every repack with a
-#: RepackCall. Both are called from the function doing the work, so the caller's frames are the op's call stack.
-TRACE_HOOK: Callable[[KernelCall], None] | None = None
-REPACK_HOOK: Callable[[RepackCall], None] | None = None
 
 
 class RepackedLinear:
@@ -96,8 +58,8 @@ def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray
     """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule)."""
     m = x.shape[0]
     run = weight.gemv if m == 1 else weight.gemm
-    hook = TRACE_HOOK
-    if hook is None:
+    watchers = [o for o in weight.backend.observers if o.wants_matmuls]
+    if not watchers:
         return run(x, threads=weight.backend.threads)
     # Traced: the same prepared matmul, its two halves (LHS quantize+pack, kernel) timed apart.
     threads = weight.backend.threads
@@ -106,12 +68,10 @@ def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray
     t1 = perf_counter()
     out = run.matmul(lhs, m, threads)
     t2 = perf_counter()
-    kern = run.kernel
-    hook(
-        KernelCall(
-            weight.name, kern, m, weight.n, weight.k, int(lhs.nbytes), int(weight.packed.nbytes), t1 - t0, t2 - t1, t0
-        )
-    )
+    call = KernelCall(weight.name, run.kernel, m, weight.n, weight.k, int(lhs.nbytes), int(weight.packed.nbytes))
+    call.lhs_seconds, call.matmul_seconds, call.start = t1 - t0, t2 - t1, t0
+    for observer in watchers:
+        observer.on_matmul(call)
     return out
 
 
@@ -125,12 +85,12 @@ class KleidiBackend:
     #: matmuls smaller than this many multiply-adds run on one thread (tests pass 0 to split tiny shapes)
     min_split_macs: int = MIN_SPLIT_MACS
     notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
-    #: called after each weight is repacked: (name, packer name, packed bytes)
-    on_repack: Callable[[str, str, int], None] | None = None
+    #: who watches repacks and MUL_MATs (:mod:`kleidipy.runtime.observer`); an engine shares its list
+    observers: list[Observer] = field(default_factory=list)
     _noticed: set = field(default_factory=set)
 
     def __call__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RepackedLinear:
-        hook, t0 = REPACK_HOOK, perf_counter()
+        t0 = perf_counter()
         k, n = int(shape[0]), int(shape[1])
         source_type, source_bytes = GGMLType(ggml_type), int(raw.nbytes)
         ggml_type, raw = self.supported(name, source_type, n, k, raw)
@@ -138,11 +98,11 @@ class KleidiBackend:
         rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
         t1 = perf_counter()
         packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
-        if hook is not None:
+        if self.observers:
             t2 = perf_counter()
-            hook(RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1))
-        if self.on_repack:
-            self.on_repack(name, pair.gemm.rhs_packer.name, int(packed.nbytes))
+            call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
+            for observer in self.observers:
+                observer.on_repack(call)
         return RepackedLinear(name, pair, n, k, packed, self)
 
     def supported(self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray) -> tuple[GGMLType, np.ndarray]:

@@ -25,6 +25,7 @@ from kleidipy.runtime import tensor_check
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.chat_template import ChatTemplate
 from kleidipy.runtime.model_file import ModelFile
+from kleidipy.runtime.observer import Observer, RepackCall
 from kleidipy.runtime.pull import resolve_model
 from kleidipy.runtime.sampler import Sampler, SamplingParams
 from kleidipy.runtime.tokenizer import StreamDetokenizer, Tokenizer
@@ -179,6 +180,16 @@ class Generation:
         return 0
 
 
+class _RepackProgress(Observer):
+    """The load's progress bar: one step per repacked weight."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+
+    def on_repack(self, call: RepackCall) -> None:
+        self.bar.update()
+
+
 @dataclass
 class Engine:
     """A loaded model ready to generate (see the module docstring)."""
@@ -192,6 +203,8 @@ class Engine:
     progress: bool = True
     notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
     check_tensors: bool = True
+    #: watch the load and every generation (:mod:`kleidipy.runtime.observer`): shared by the backend and the model
+    observers: list[Observer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         t0 = time.perf_counter()
@@ -209,12 +222,18 @@ class Engine:
         bar = tqdm(
             total=n_weights, desc="repack", unit="tensor", disable=not self.progress, file=sys.stderr, leave=False
         )
+        progress = _RepackProgress(bar)
+        self.observers.append(progress)
         self.backend = KleidiBackend(
-            self.target, self.execution, self.threads, notice=self.notice, on_repack=lambda *_: bar.update()
+            self.target, self.execution, self.threads, notice=self.notice, observers=self.observers
         )
         t1 = time.perf_counter()
-        self.lm = self.gguf.arch.build(self.gguf, linear=self.backend, n_ctx=self.n_ctx, kv_dtype=self.kv_dtype)
-        bar.close()
+        try:
+            self.lm = self.gguf.arch.build(self.gguf, linear=self.backend, n_ctx=self.n_ctx, kv_dtype=self.kv_dtype)
+        finally:
+            self.observers.remove(progress)
+            bar.close()
+        self.lm.observers = self.observers
         t2 = time.perf_counter()
         self.timings = Timings(load_s=t2 - t0, repack_s=t2 - t1)
         #: why the last generation ended (None before the first one)

@@ -246,6 +246,8 @@ class CausalLM:
         self.n_ubatch = n_ubatch
         self.kv_dtype = check_cache_dtype(kv_dtype)
         self._cache: KVCache | None = None
+        #: told of every forward pass (:class:`~kleidipy.runtime.observer.Observer`); an engine shares its list
+        self.observers: list = []
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         """An empty KV cache for one sequence of this model (``n_ctx`` positions, default the model's)."""
@@ -290,11 +292,17 @@ class CausalLM:
         m = ids.size
         start = cache.n_past if positions is None else _first_position(positions, m)
         cache.check(start, m)
-        chunks = []
-        for lo in range(0, m, self.n_ubatch):
-            hi = min(lo + self.n_ubatch, m)
-            keep = slice(None) if all_logits else slice(hi - lo - 1, None) if hi == m else slice(0, 0)
-            chunks.append(self._decode(ids[lo:hi], start + lo, keep, cache))
+        for observer in self.observers:
+            observer.on_forward_start(m, start)
+        try:
+            chunks = []
+            for lo in range(0, m, self.n_ubatch):
+                hi = min(lo + self.n_ubatch, m)
+                keep = slice(None) if all_logits else slice(hi - lo - 1, None) if hi == m else slice(0, 0)
+                chunks.append(self._decode(ids[lo:hi], start + lo, keep, cache))
+        finally:
+            for observer in self.observers:
+                observer.on_forward_end(m, start)
         logits = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
         return logits if all_logits else logits[-1]
 

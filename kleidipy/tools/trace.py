@@ -11,12 +11,11 @@ compute_forward_mul_mat`` at run time); the leaves are the ``kai_run_…`` packe
   when m == 1 — llama.cpp's rule; the last layer's FFN and the LM head of a prefill run on the last row only,
   so they are GEMVs too).
 
-Hooks, installed only while a trace runs and restored after it (even on errors): during model load, the
-backend's ``REPACK_HOOK`` (a :class:`~kleidipy.runtime.backend.RepackCall` after every repack, with the pack timed
-on its own); during the generation, its ``TRACE_HOOK`` (a :class:`~kleidipy.runtime.backend.KernelCall` after
-every MUL_MAT) and a wrapper around the engine's ``CausalLM.forward`` (on the instance) that delimits the forward
-passes — the first pass of the
-generation is the prefill, the others are decode steps. Nothing is installed otherwise: tracing off costs nothing.
+The tracer is an observer of the engine it loads (:mod:`kleidipy.runtime.observer`): during the load it receives
+a :class:`~kleidipy.runtime.observer.RepackCall` after every repack (the pack timed on its own); during the
+generation a :class:`~kleidipy.runtime.observer.KernelCall` after every MUL_MAT and the start and end of every
+forward pass (the first pass of the generation is the prefill, the others are decode steps). An engine without
+an observer runs the plain path: tracing off costs nothing.
 
 The outputs made from a :class:`Trace` (text report, JSON, Chrome trace-event file) and the ``kleidipy trace``
 command are in :mod:`kleidipy.tools.trace_report`.
@@ -27,16 +26,14 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 from kleidipy.errors import KleidipyError
-from kleidipy.runtime import backend
-from kleidipy.runtime.backend import KernelCall, RepackCall
 from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.observer import KernelCall, Observer, RepackCall
 from kleidipy.target import Target, resolve_target
 
 STAGES = ("model load", "prefill", "decode")
@@ -174,8 +171,11 @@ class _StackRecorder:
 # --------------------------------------------------------------------------------------------- tracer
 
 
-class Tracer:
-    """Runs a load + generation with the hooks installed, recording a :class:`Trace`."""
+class Tracer(Observer):
+    """Runs a load + generation as an observer of the engine (:mod:`kleidipy.runtime.observer`), recording a
+    :class:`Trace`."""
+
+    wants_matmuls = True
 
     def __init__(self) -> None:
         self.t0 = perf_counter()
@@ -197,7 +197,7 @@ class Tracer:
         self.stack.reset()  # drop the frames kept for the invocation counts
 
     # --- model load ---------------------------------------------------------------------------
-    def _on_repack(self, call: RepackCall) -> None:
+    def on_repack(self, call: RepackCall) -> None:
         frames, fresh = self.stack.capture(sys._getframe(1))
         packer = call.pair.gemm.rhs_packer
         pack = KaiCall(
@@ -207,14 +207,6 @@ class Tracer:
         self.current.ops.append(
             Op(frames, fresh, call.weight, 0, call.n, call.k, call.start - self.t0, call.seconds, (pack,), kind)
         )
-
-    @contextmanager
-    def _repack_hook(self) -> Iterator[None]:
-        previous, backend.REPACK_HOOK = backend.REPACK_HOOK, self._on_repack
-        try:
-            yield
-        finally:
-            backend.REPACK_HOOK = previous
 
     def load(
         self,
@@ -228,24 +220,24 @@ class Tracer:
         """Build the Engine (the model load stage: every repack recorded)."""
         stage = self._enter("model load")
         try:
-            with self._repack_hook():
-                stage.start = self.now()
-                engine = Engine(
-                    model,
-                    target=target,
-                    threads=threads,
-                    execution=execution,
-                    n_ctx=n_ctx,
-                    progress=False,
-                    check_tensors=check_tensors,
-                )
-                stage.wall_s = self.now() - stage.start
+            stage.start = self.now()
+            engine = Engine(
+                model,
+                target=target,
+                threads=threads,
+                execution=execution,
+                n_ctx=n_ctx,
+                progress=False,
+                check_tensors=check_tensors,
+                observers=[self],
+            )
+            stage.wall_s = self.now() - stage.start
         finally:
             self._leave()
         return engine
 
     # --- prefill / decode ---------------------------------------------------------------------
-    def _on_mul_mat(self, call: KernelCall) -> None:
+    def on_matmul(self, call: KernelCall) -> None:
         frames, fresh = self.stack.capture(sys._getframe(1))
         kern, m, n, k = call.kernel, call.m, call.n, call.k
         t_lhs = call.start - self.t0
@@ -260,42 +252,26 @@ class Tracer:
         seconds = call.lhs_seconds + call.matmul_seconds
         self.current.ops.append(Op(frames, fresh, call.weight, m, n, k, t_lhs, seconds, tuple(calls)))
 
-    @contextmanager
-    def _run_hooks(self, engine: Engine) -> Iterator[None]:
-        lm = engine.lm
-        forward = lm.forward
-        shadowed = "forward" in vars(lm)
+    def on_forward_start(self, n_tokens: int, n_past: int) -> None:
+        stage = self._enter("decode" if self.stages["prefill"].passes else "prefill")
+        self._pass = (stage, n_tokens, n_past, self.now())
 
-        def traced_forward(token_ids, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-            stage = self._enter("decode" if self.stages["prefill"].passes else "prefill")
-            n_past, start = lm.n_past, self.now()
-            try:
-                return forward(token_ids, *args, **kwargs)
-            finally:
-                seconds = self.now() - start
-                stage.passes.append(Pass(start, seconds, len(token_ids), n_past))
-                stage.wall_s += seconds
-                if len(stage.passes) == 1:
-                    stage.start = start
-
-        previous_hook = backend.TRACE_HOOK
-        backend.TRACE_HOOK = self._on_mul_mat
-        lm.forward = traced_forward
-        try:
-            yield
-        finally:
-            backend.TRACE_HOOK = previous_hook
-            if shadowed:
-                lm.forward = forward
-            else:
-                del lm.forward
+    def on_forward_end(self, n_tokens: int, n_past: int) -> None:
+        stage, n_tokens, n_past, start = self._pass
+        seconds = self.now() - start
+        stage.passes.append(Pass(start, seconds, n_tokens, n_past))
+        stage.wall_s += seconds
+        if len(stage.passes) == 1:
+            stage.start = start
 
     def generate(self, engine: Engine, prompt_ids: list[int], n_predict: int) -> str:
         """Run ``engine.generate`` greedily (prefill, then decode: every MUL_MAT recorded); returns the text."""
+        if self not in engine.observers:
+            engine.observers.append(self)
         try:
-            with self._run_hooks(engine):
-                return "".join(engine.generate(prompt_ids, n_predict))
+            return "".join(engine.generate(prompt_ids, n_predict))
         finally:
+            engine.observers.remove(self)
             self._leave()
 
 

@@ -1,0 +1,69 @@
+"""Watching the runtime: one :class:`Observer` interface receives its events -- every weight repacked at load
+(:class:`RepackCall`), every MUL_MAT (:class:`KernelCall`, its LHS quantize+pack and its kernel timed apart) and the
+start and end of every forward pass. ``kleidipy trace`` and the load progress bar are observers.
+
+An engine hands its observers to the backend (repack, MUL_MAT) and to the model (forward passes). With no observer
+that wants MUL_MATs nothing is timed or recorded per matmul: the fast path runs. Events are delivered by the
+function doing the work, so an observer that inspects ``sys._getframe(1)`` sees the op's call stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGMLQuantizationType as GGMLType
+
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.target import KernelPair
+
+
+@dataclass
+class KernelCall:
+    """What one MUL_MAT ran (an observer's ``on_matmul`` event)."""
+
+    weight: str
+    kernel: MatmulKernel
+    m: int
+    n: int
+    k: int
+    lhs_bytes: int
+    rhs_bytes: int
+    lhs_seconds: float = 0.0
+    matmul_seconds: float = 0.0
+    start: float = 0.0  # perf_counter() when the LHS pack began
+
+
+@dataclass
+class RepackCall:
+    """What one weight's repack at load did (an observer's ``on_repack`` event)."""
+
+    weight: str
+    ggml_type: GGMLType
+    pair: KernelPair
+    n: int
+    k: int
+    raw_bytes: int
+    packed_bytes: int
+    start: float  # perf_counter() when the repack (conversion + pack) began
+    seconds: float
+    pack_start: float  # the kai_run_rhs_pack_ call alone
+    pack_seconds: float
+
+
+class Observer:
+    """Receives the runtime's events; every method is a no-op here, so an observer overrides what it needs."""
+
+    #: MUL_MAT events cost a timer and a record per matmul: the backend only makes them for observers that say so
+    wants_matmuls: bool = False
+
+    def on_repack(self, call: RepackCall) -> None:
+        """A weight was repacked at load."""
+
+    def on_matmul(self, call: KernelCall) -> None:
+        """A MUL_MAT ran (only for observers with ``wants_matmuls``)."""
+
+    def on_forward_start(self, n_tokens: int, n_past: int) -> None:
+        """A forward pass of ``n_tokens`` tokens starts after ``n_past`` cached positions."""
+
+    def on_forward_end(self, n_tokens: int, n_past: int) -> None:
+        """That forward pass ended (also when it raised)."""
