@@ -9,7 +9,13 @@
   and the softmax weights are rounded to F16 for KQV (ggml converts the f32 operand to the f16 operand's vec_dot
   type); products of F16 values are exact in f32. Softmax: ``s*scale`` (f32, 1/sqrtf(head_dim)), causal mask,
   ``exp(s - max)`` in f32 summed in f64, weights ``e * (float)(1/sum)``. GQA: query head h reads KV head h / n_group.
+  A sliding window of w positions (llama.cpp's LLAMA_SWA_TYPE_STANDARD) also masks key p0 for query p1 when
+  ``p1 - p0 >= w``. Optional per-head RMSNorm of Q and K (before RoPE), and a Q pre-scale (``ggml_scale`` of Q in
+  f32 after RoPE, then a softmax scale of 1) for architectures that set the attention scale themselves.
 * SwiGLU: ``down(silu(gate(x)) * up(x))``, ``silu(g) = g / (1 + expf(-g))`` in f32.
+* GeGLU: ``down(gelu(gate(x)) * up(x))`` as ggml-cpu computes it (GGML_GELU_FP16): gate <= -10 gives 0, >= 10
+  gives the gate itself, otherwise the gate is rounded to F16 and looked up in a table of
+  ``0.5f*x*(1.0f + tanhf(sqrt(2/pi)*x*(1.0f + 0.044715f*x*x)))`` over every F16 x, rounded to F16; times up in f32.
 
 :class:`CausalLM` runs a stack of decoder blocks over a token batch (prefill, any m, split in ubatches) or one
 token (decode) with a preallocated :class:`~kleidipy.runtime.kv_cache.KVCache`.
@@ -18,6 +24,7 @@ token (decode) with a preallocated :class:`~kleidipy.runtime.kv_cache.KVCache`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 
 import numba
 import numpy as np
@@ -131,9 +138,18 @@ def round_to_f16(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, scale: np.float32, f16: bool):
+def attention(
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    start: int,
+    scale: np.float32,
+    f16: bool,
+    window: int | None = None,
+):
     """Causal attention of q [m, n_head, d] (positions start..start+m-1) over keys/values [n_head_kv, n_kv, d]
-    (float32; F16 values when ``f16``, which also rounds Q and the softmax weights to F16); returns [m, n_head, d]."""
+    (float32; F16 values when ``f16``, which also rounds Q and the softmax weights to F16), over the last ``window``
+    positions of each query when given; returns [m, n_head, d]."""
     m, n_head, d = q.shape
     n_head_kv, n_kv, _ = keys.shape
     g = n_head // n_head_kv
@@ -142,9 +158,11 @@ def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, s
         qh = round_to_f16(qh)
     s = np.matmul(qh, keys.transpose(0, 2, 1))
     s *= scale
-    if m > 1:  # causal mask, added (-inf or 0) with broadcasting: much cheaper than boolean-mask assignment
-        future = np.arange(n_kv)[None, :] > (start + np.arange(m))[:, None]
-        s.reshape(n_head_kv, g, m, n_kv)[...] += np.where(future, np.float32(-np.inf), np.float32(0))
+    slides = window is not None and n_kv > window
+    if m > 1 or slides:  # causal (and window) mask, added (-inf or 0) with broadcasting: cheaper than assignment
+        distance = (start + np.arange(m))[:, None] - np.arange(n_kv)[None, :]
+        masked = (distance < 0) | (distance >= window) if slides else distance < 0
+        s.reshape(n_head_kv, g, m, n_kv)[...] += np.where(masked, np.float32(-np.inf), np.float32(0))
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s *= (1.0 / s.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
@@ -155,7 +173,8 @@ def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, s
 
 
 class SelfAttention:
-    """GQA self-attention with RoPE and optional q/k/v/output biases, over one layer of a KV cache."""
+    """GQA self-attention with RoPE and optional q/k/v/output biases, over one layer of a KV cache; optionally
+    per-head RMSNorm of Q and K, a Q pre-scale replacing the softmax scale, and a sliding window."""
 
     def __init__(
         self,
@@ -172,31 +191,43 @@ class SelfAttention:
         bk: np.ndarray | None = None,
         bv: np.ndarray | None = None,
         bo: np.ndarray | None = None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+        q_scale: float | None = None,
+        window: int | None = None,
     ) -> None:
         self.layer = layer
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.bq, self.bk, self.bv, self.bo = bq, bk, bv, bo
+        self.q_norm, self.k_norm, self.window = q_norm, k_norm, window
         self.rope = rope
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
-        self.scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))
+        self.q_scale = None if q_scale is None else np.float32(q_scale)
+        self.scale = np.float32(1.0) / np.sqrt(np.float32(head_dim)) if q_scale is None else np.float32(1.0)
 
     @staticmethod
-    def _project(w: Linear, b: np.ndarray | None, x: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
+    def _project(
+        w: Linear, b: np.ndarray | None, x: np.ndarray, n_heads: int, head_dim: int, norm: RMSNorm | None = None
+    ) -> np.ndarray:
         y = w(x)
         if b is not None:
             y += b
+        if norm is not None:  # per head: rows of head_dim values
+            y = norm(y.reshape(-1, head_dim))
         return y.reshape(x.shape[0], n_heads, head_dim)
 
     def __call__(self, x: np.ndarray, start: int, cache: KVCache) -> np.ndarray:
         m = x.shape[0]
-        q = self._project(self.wq, self.bq, x, self.n_head, self.head_dim)
-        k = self._project(self.wk, self.bk, x, self.n_head_kv, self.head_dim)
+        q = self._project(self.wq, self.bq, x, self.n_head, self.head_dim, self.q_norm)
+        k = self._project(self.wk, self.bk, x, self.n_head_kv, self.head_dim, self.k_norm)
         v = self._project(self.wv, self.bv, x, self.n_head_kv, self.head_dim)
         self.rope(q, start)
         self.rope(k, start)
+        if self.q_scale is not None:
+            q *= self.q_scale
         cache.store(self.layer, start, k, v)
         keys, values = cache.read(self.layer, start + m)
-        o = attention(q, keys, values, start, self.scale, cache.f16)
+        o = attention(q, keys, values, start, self.scale, cache.f16, self.window)
         y = self.wo(np.ascontiguousarray(o.reshape(m, self.n_head * self.head_dim)))
         if self.bo is not None:
             y += self.bo
@@ -211,6 +242,33 @@ class SwiGLU:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.down(silu(self.gate(x)) * self.up(x))
+
+
+@cache
+def _gelu_f16_table() -> np.ndarray:
+    """ggml's GELU table: for every F16 bit pattern, the tanh-approximated GELU in f32 rounded to F16 (as f32)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
+        gelu = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
+    return gelu.astype(np.float16).astype(np.float32)
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu(gate) * up with ggml-cpu's F16-table GELU (module docstring)."""
+    looked_up = _gelu_f16_table()[gate.astype(np.float16).view(np.uint16)]
+    gelu = np.where(gate <= np.float32(-10.0), np.float32(0.0), np.where(gate >= np.float32(10.0), gate, looked_up))
+    return gelu * up
+
+
+class GeGLU:
+    """Gated feed-forward with GELU: down(gelu(gate(x)) * up(x))."""
+
+    def __init__(self, gate: Linear, up: Linear, down: Linear) -> None:
+        self.gate, self.up, self.down = gate, up, down
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.down(geglu(self.gate(x), self.up(x)))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from kleidipy.runtime.architecture import Architecture, TensorSchema
 from kleidipy.runtime.architectures import ARCHITECTURES
 from kleidipy.runtime.gguf_file import (
@@ -16,6 +18,7 @@ from kleidipy.runtime.gguf_file import (
     UnsupportedArchitectureError,
 )
 from kleidipy.runtime.hparams import read_hparams
+from kleidipy.runtime.weights import Linear, LinearFactory
 
 
 class ModelFile(GGUFContainer):
@@ -36,6 +39,18 @@ class ModelFile(GGUFContainer):
 
     def __repr__(self) -> str:
         return f"ModelFile({str(self.path)!r}, architecture={self.architecture!r}, tensors={len(self.tensors)})"
+
+    def linear(self, name: str, factory: LinearFactory) -> Linear:
+        """The Linear of 2-D weight ``name`` from ``factory`` (the matmul backend); the GGML bytes are released after,
+        as the backend's copy replaces them (llama.cpp's repack buffer)."""
+        t = self.tensor(name)
+        out = factory(name, t.ggml_type, t.shape, t.data)
+        self.release(name)
+        return out
+
+    def vector(self, name: str) -> np.ndarray | None:
+        """float32 values of 1-D tensor ``name`` (a norm weight or bias), None when the file has none."""
+        return self.tensors[name].to_float() if name in self.tensors else None
 
     def tensor_schema(self) -> TensorSchema:
         """Every tensor the architecture reads: name -> (shape in ggml order, required)."""

@@ -64,14 +64,9 @@ class Llama(CausalLM):
         check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)  # before any weight is repacked
 
         def weight(name: str):
-            t = model.tensor(name)
-            out = linear(name, t.ggml_type, t.shape, t.data)
-            model.release(name)  # the backend's copy replaces the GGML bytes (llama.cpp's repack buffer)
-            return out
+            return model.linear(name, linear)
 
-        def vector(name: str) -> np.ndarray | None:
-            return model.tensors[name].to_float() if name in model.tensors else None
-
+        vector = model.vector
         rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx, vector("rope_freqs.weight"))
         blocks = []
         for i in range(hp.n_layer):

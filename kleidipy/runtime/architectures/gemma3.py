@@ -1,0 +1,186 @@
+"""Gemma 3 (Gemma Team, 2025) as llama.cpp runs it (``llm_build_gemma3<iswa>``, flash attention off):
+
+    x   = token_embd[ids] * sqrtf(n_embd)                    (f32 multiply; the embedding is tied to the LM head)
+    h   = x + RMSNorm_post_attn(Attention(RMSNorm(x)))
+    out = h + RMSNorm_post_ffw(down(gelu(gate(RMSNorm(h))) * up(RMSNorm(h))))
+
+then a final RMSNorm and the LM head (``token_embd.weight``; ``output.weight`` when the file has one). No logit
+soft-capping: llama.cpp's sliding-window (iswa) build of gemma3 has none.
+
+* Attention: Q, K, V projections without biases, then a per-head RMSNorm of Q and of K (``attn_q_norm``,
+  ``attn_k_norm``, head_dim values each), RoPE with halves (NEOX) on Q and K, Q scaled in f32 by
+  ``f_attention_scale`` = 1/sqrtf(key_length) (1/sqrtf(n_embd/n_head) for the 62-layer 27B), softmax scale 1.
+  Sizes: ``gemma3.attention.key_length``/``value_length`` (256 for every Gemma 3) and ``head_count_kv`` (GQA).
+* Layers: every sixth is global (llama.cpp's ``set_swa_pattern(6)``: layer il slides when ``il % 6 < 5``). Global
+  layers use ``gemma3.rope.freq_base`` (and the file's rope scaling) over the whole context; sliding layers use
+  RoPE base 10 000 with scale 1 (llama.cpp's ``rope_freq_base_train_swa``, fixed for gemma3, not a key) and attend
+  only to the last ``gemma3.attention.sliding_window`` positions (LLAMA_SWA_TYPE_STANDARD: key p0 is masked for
+  query p1 when ``p1 - p0 >= window``).
+* Norms: every RMSNorm (eps ``gemma3.attention.layer_norm_rms_epsilon``) multiplies by its GGUF weight as stored:
+  the converter stores Gemma's ``1 + w``, so nothing is added at load.
+* GELU: ggml-cpu's F16-table GELU (:func:`~kleidipy.runtime.layers.geglu`).
+
+Matmuls go through the same backend (KleidiAI kernels, repacked at load) as the llama family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kleidipy.runtime.architecture import Architecture, TensorSchema
+from kleidipy.runtime.architectures.llama import DEFAULT_N_CTX
+from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
+from kleidipy.runtime.hparams import HyperParameters, RopeType
+from kleidipy.runtime.kv_cache import KVCache, check_context_size
+from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttention
+from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
+
+if TYPE_CHECKING:
+    from kleidipy.runtime.model_file import ModelFile
+
+SWA_PATTERN = 6  #: llama.cpp's set_swa_pattern(6): five sliding layers, then a global one
+ROPE_FREQ_BASE_SWA = 10000.0  #: llama.cpp's rope_freq_base_train_swa for gemma3
+N_LAYER_27B = 62  #: the one size whose attention scale is 1/sqrt(n_embd / n_head)
+
+
+@dataclass(frozen=True)
+class Gemma3Params:
+    """What gemma3 reads beyond the llama family's keys, and what llama.cpp derives from them."""
+
+    sliding_window: int
+    attention_scale: float
+
+    @staticmethod
+    def is_sliding(layer: int) -> bool:
+        return layer % SWA_PATTERN < SWA_PATTERN - 1
+
+    @classmethod
+    def read(cls, model: ModelFile) -> Gemma3Params:
+        hp = model.hparams
+        window = model.get_int(f"{hp.architecture}.attention.sliding_window")
+        if window <= 0:
+            raise GGUFMetadataError(f"{model.path}: {hp.architecture}.attention.sliding_window = {window} must be > 0")
+        size = hp.n_embd // hp.n_head if hp.n_layer == N_LAYER_27B else hp.head_dim
+        return cls(window, float(np.float32(1.0) / np.sqrt(np.float32(size))))
+
+
+class ScaledEmbedding:
+    """Embedding rows times sqrtf(n_embd) in f32 (Gemma's input scaling)."""
+
+    def __init__(self, inner: Embedding) -> None:
+        self.inner, self.n_embd, self.n_vocab = inner, inner.n_embd, inner.n_vocab
+        self.scale = np.sqrt(np.float32(inner.n_embd))
+
+    def __call__(self, token_ids: np.ndarray) -> np.ndarray:
+        return self.inner(token_ids) * self.scale
+
+
+class Gemma3Block:
+    """One sandwich-norm decoder block: pre- and post-norm around attention and around the GeGLU feed-forward."""
+
+    def __init__(self, norms: tuple[RMSNorm, RMSNorm, RMSNorm, RMSNorm], attention: SelfAttention, ffn: GeGLU) -> None:
+        self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffw_norm = norms
+        self.attention, self.ffn = attention, ffn
+
+    def __call__(self, x: np.ndarray, start: int, cache: KVCache, keep: slice | None = None) -> np.ndarray:
+        a = self.attention(self.attn_norm(x), start, cache)
+        if keep is not None:  # last layer: only the rows whose logits are wanted go on
+            a, x = a[keep], x[keep]
+        h = self.post_attn_norm(a) + x
+        return self.post_ffw_norm(self.ffn(self.ffn_norm(h))) + h
+
+
+class Gemma3(CausalLM):
+    """A gemma3-architecture model from a validated model file; weights go through ``linear`` (the matmul
+    backend)."""
+
+    def __init__(
+        self,
+        model: ModelFile,
+        linear: LinearFactory = FloatLinear.from_gguf,
+        embedding: EmbeddingFactory = RowEmbedding.from_gguf,
+        n_ctx: int | None = None,
+        kv_dtype: type = np.float16,
+        n_ubatch: int = 512,
+    ) -> None:
+        if model.architecture not in (row.name for row in ROWS):
+            raise UnsupportedArchitectureError(f"{model.path}: architecture '{model.architecture}' is not gemma3's")
+        hp = model.hparams
+        g = Gemma3Params.read(model)
+        n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
+        check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)  # before any weight is repacked
+
+        def norm(name: str) -> RMSNorm:
+            return RMSNorm(model.vector(name), hp.rms_eps)
+
+        global_rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx)
+        local_rope = RoPE(hp.n_rot, hp.rope_type, ROPE_FREQ_BASE_SWA, 1.0, n_ctx)
+        blocks = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            sliding = g.is_sliding(i)
+            attention = SelfAttention(
+                layer=i,
+                wq=model.linear(p + "attn_q.weight", linear),
+                wk=model.linear(p + "attn_k.weight", linear),
+                wv=model.linear(p + "attn_v.weight", linear),
+                wo=model.linear(p + "attn_output.weight", linear),
+                rope=local_rope if sliding else global_rope,
+                n_head=hp.n_head,
+                n_head_kv=hp.n_head_kv,
+                head_dim=hp.head_dim,
+                q_norm=norm(p + "attn_q_norm.weight"),
+                k_norm=norm(p + "attn_k_norm.weight"),
+                q_scale=g.attention_scale,
+                window=g.sliding_window if sliding else None,
+            )
+            ffn = GeGLU(*(model.linear(p + f"ffn_{w}.weight", linear) for w in ("gate", "up", "down")))
+            names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+            blocks.append(Gemma3Block(tuple(norm(p + n + ".weight") for n in names), attention, ffn))
+        embd = model.tensor("token_embd.weight")
+        super().__init__(
+            hparams=hp,
+            embedding=ScaledEmbedding(embedding("token_embd.weight", embd.ggml_type, embd.shape, embd.data)),
+            blocks=blocks,
+            output_norm=norm("output_norm.weight"),
+            lm_head=model.linear("token_embd.weight" if hp.tied_embeddings else "output.weight", linear),
+            n_ctx=n_ctx,
+            kv_dtype=kv_dtype,
+            n_ubatch=n_ubatch,
+        )
+
+
+def gemma3_tensor_schema(arch: Architecture, hp: HyperParameters) -> TensorSchema:
+    """Every tensor gemma3 reads: name -> (shape in ggml order, required)."""
+    d, q, kv, ff, v, hd = hp.n_embd, hp.n_embd_q, hp.n_embd_kv, hp.n_ff, hp.n_vocab, hp.head_dim
+    schema: dict[str, tuple[tuple[int, ...], bool]] = {
+        "token_embd.weight": ((d, v), True),
+        "output_norm.weight": ((d,), True),
+        "output.weight": ((d, v), False),
+    }
+    for i in range(hp.n_layer):
+        p = f"blk.{i}."
+        schema.update(
+            {
+                p + "attn_norm.weight": ((d,), True),
+                p + "attn_q.weight": ((d, q), True),
+                p + "attn_k.weight": ((d, kv), True),
+                p + "attn_v.weight": ((d, kv), True),
+                p + "attn_q_norm.weight": ((hd,), True),
+                p + "attn_k_norm.weight": ((hd,), True),
+                p + "attn_output.weight": ((q, d), True),
+                p + "post_attention_norm.weight": ((d,), True),
+                p + "ffn_norm.weight": ((d,), True),
+                p + "ffn_gate.weight": ((d, ff), True),
+                p + "ffn_up.weight": ((d, ff), True),
+                p + "ffn_down.weight": ((ff, d), True),
+                p + "post_ffw_norm.weight": ((d,), True),
+            }
+        )
+    return schema
+
+
+ROWS = (Architecture("gemma3", RopeType.NEOX, False, False, gemma3_tensor_schema, Gemma3),)
