@@ -10,6 +10,7 @@ from kleidipy.tools.quantize import quantize_gguf
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN25 = "qwen2.5-coder-0.5b-instruct"
+GEMMA3 = "gemma3-270m"
 
 _OUT = tempfile.TemporaryDirectory(prefix="kleidipy-quantize-")  # removed when the test session ends
 
