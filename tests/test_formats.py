@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -33,7 +34,8 @@ from kleidipy.errors import (
     NonFiniteInputError,
     UnsupportedTensorTypeError,
 )
-from kleidipy.formats import f16, other, q4_0, q4_1, q8_0
+from kleidipy.formats import f16, other, q4_0, q4_1, q4_k, q8_0
+from kleidipy.kernels.qsi8d32p_qai4c32p.ggml import from_ggml
 from kleidipy.kernels.qsi8d32p_qai4c32p.ukernels import q4_1_to_qai4c32
 from kleidipy.tools.golden import GoldenSet
 
@@ -393,3 +395,20 @@ def test_bad_input(mod) -> None:  # noqa: ANN001
         f16.dequantize(np.zeros((2, 64), dtype=np.float64), 2, 64)
     with pytest.raises(BufferSizeError):
         formats.dequantize(np.zeros(10, dtype=np.uint8), T.Q5_0, 1, 32)
+
+
+def test_q4_k_sub_blocks_are_the_q4_1_family_exactly() -> None:
+    """Q4_K -> Q4_1-family inputs: scale·(u − 8) + zero reproduces ggml's dequantization bit for bit (the f32
+    products d·sc and dmin·m and the offset 8·d·sc − dmin·m are exact)."""
+    rng = np.random.default_rng(13)
+    n, k = 4, 512
+    raw = rng.integers(0, 256, size=(n, k // 256 * 144), dtype=np.uint8)
+    raw.reshape(n, -1, 144)[..., :4] = np.array([0x3C00, 0x2E66], np.float16).view(np.uint8)  # d=1, dmin=0.1
+    want = gguf.quants.dequantize(raw, T.Q4_K).reshape(n, k)
+    scale, minimum, u = q4_k.sub_block_fields(raw, n, k)
+    packer = SimpleNamespace(code_order="s1s0")  # low nibble first
+    codes, fields = from_ggml(T.Q4_K, raw, n, k, packer)
+    unpacked = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(n, k)
+    assert np.array_equal(unpacked, u)
+    got = np.repeat(fields["scale"], 32, 1) * (unpacked.astype(np.float32) - 8) + np.repeat(fields["zero"], 32, 1)
+    assert np.array_equal(got, want)

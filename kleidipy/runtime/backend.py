@@ -2,10 +2,11 @@
 
 At load (:meth:`KleidiBackend.__call__`, a :class:`~kleidipy.runtime.weights.LinearFactory`), a GGUF weight is
 turned into the RHS packer's inputs (Q4_0 blocks verbatim; Q8_0 requantized per channel as llama.cpp does;
-Q4_1 codes + f32 scale/offset; F16/F32 as f32 K×N) and packed with the GEMM kernel the target selects — one
-packed copy serves the GEMM and the GEMV of the pair. Other GGUF types are dequantized and requantized to a
-supported format, with a one-line notice. At run time :func:`compute_forward_mul_mat` quantizes+packs the
-activations with the chosen kernel's LHS packer and runs the GEMM when m > 1, the GEMV when m == 1.
+Q4_1 and Q4_K codes + f32 scale/offset per 32 values, exact; F16/F32 as f32 K×N) and packed with the GEMM
+kernel the target selects — one packed copy serves the GEMM and the GEMV of the pair. Other GGUF types are
+dequantized and requantized to a supported format, with a one-line notice. At run time
+:func:`compute_forward_mul_mat` quantizes+packs the activations with the chosen kernel's LHS packer and runs the
+GEMM when m > 1, the GEMV when m == 1.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _DIRECT = {
     GGMLType.Q4_0: "q4_0",
     GGMLType.Q8_0: "q8_0",
     GGMLType.Q4_1: "q4_1",
+    GGMLType.Q4_K: "q4_1",  # sub-blocks of 32 with an f32 scale and minimum: the Q4_1 family, exactly
     GGMLType.F16: "f16",
     GGMLType.F32: "f16",
 }

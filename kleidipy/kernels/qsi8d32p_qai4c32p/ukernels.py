@@ -311,17 +311,21 @@ def q4_1_to_qai4c32(
     codes uint8 [n, k/2]: the unchanged 4-bit codes in sequential order (``order`` "s0s1": element 2i in the
     high nibble, for the NEON and ``…qau4c32s0s1`` packers; "s1s0": in the low nibble). scale = f32(d) and
     zero = f32(f32(m) + 8·f32(d)), both f32 [n, k/32], so that scale·(u − 8) + zero = u·d + m."""
-    if order not in ("s0s1", "s1s0"):
-        raise ValueError(f"order must be 's0s1' or 's1s0', got {order!r}")
     if n <= 0 or k <= 0 or k % BL:
         raise KernelShapeError(f"Q4_1: n={n}, k={k}: k must be a positive multiple of {BL}")
     d = f16_bits_to_f32(q4_1.d_bits(blocks, n, k))
     m = f16_bits_to_f32(q4_1.m_bits(blocks, n, k))
-    u = q4_1.codes(blocks, n, k)
-    first, second = u[:, 0::2], u[:, 1::2]
-    codes = (first << 4 | second) if order == "s0s1" else (first | second << 4)
     zero = m + np.float32(8) * d
-    return codes.astype(np.uint8), d, zero.astype(np.float32)
+    return codes_in_order(q4_1.codes(blocks, n, k), order), d, zero.astype(np.float32)
+
+
+def codes_in_order(u: np.ndarray, order: CodeOrder = "s0s1") -> np.ndarray:
+    """Unsigned 4-bit codes u [n, k] -> uint8 [n, k/2] two per byte in the packer's ``order`` (see
+    :func:`q4_1_to_qai4c32`)."""
+    if order not in ("s0s1", "s1s0"):
+        raise ValueError(f"order must be 's0s1' or 's1s0', got {order!r}")
+    first, second = u[:, 0::2], u[:, 1::2]
+    return ((first << 4 | second) if order == "s0s1" else (first | second << 4)).astype(np.uint8)
 
 
 # --------------------------------------------------------------------------------------------- kernels
