@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kleidipy.runtime.hparams import HyperParameters, RopeType
+from kleidipy.runtime.kv_cache import check_context_size
 
+#: context size when none is given (capped by the training context), as llama.cpp's CLI default
+DEFAULT_N_CTX = 4096
 #: name -> (shape in ggml order, required)
 TensorSchema = dict[str, tuple[tuple[int, ...], bool]]
 
@@ -29,3 +32,10 @@ class Architecture:
     tensor_schema: Callable[[Architecture, HyperParameters], TensorSchema]
     #: (validated model file, linear factory, ...) -> the CausalLM
     build: Callable[..., Any]
+
+
+def context_size(hp: HyperParameters, n_ctx: int | None, kv_dtype: type) -> int:
+    """The context a model is built for: ``n_ctx``, else the training context capped at DEFAULT_N_CTX; checked
+    (positive, its KV cache fits in memory) before any weight is repacked."""
+    n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
+    return check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)

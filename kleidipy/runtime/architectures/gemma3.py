@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema
-from kleidipy.runtime.architectures.llama import DEFAULT_N_CTX
+from kleidipy.runtime.architecture import Architecture, TensorSchema, context_size
 from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.kv_cache import KVCache, check_context_size
+from kleidipy.runtime.kv_cache import KVCache
 from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttention
 from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
@@ -110,8 +109,7 @@ class Gemma3(CausalLM):
             raise UnsupportedArchitectureError(f"{model.path}: architecture '{model.architecture}' is not gemma3's")
         hp = model.hparams
         g = Gemma3Params.read(model)
-        n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
-        check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)  # before any weight is repacked
+        n_ctx = context_size(hp, n_ctx, kv_dtype)
 
         def norm(name: str) -> RMSNorm:
             return RMSNorm(model.vector(name), hp.rms_eps)

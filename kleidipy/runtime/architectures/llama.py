@@ -17,18 +17,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema
+from kleidipy.runtime.architecture import Architecture, TensorSchema, context_size
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.kv_cache import KVCache, check_context_size
+from kleidipy.runtime.kv_cache import KVCache
 from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiGLU
 from kleidipy.runtime.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
     from kleidipy.runtime.model_file import ModelFile
-
-#: context size when none is given (capped by the training context), as llama.cpp's CLI default
-DEFAULT_N_CTX = 4096
 
 
 class LlamaBlock:
@@ -60,8 +57,7 @@ class Llama(CausalLM):
         if model.architecture not in (row.name for row in ROWS):
             raise UnsupportedArchitectureError(f"{model.path}: architecture '{model.architecture}' is not llama's")
         hp = model.hparams
-        n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
-        check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)  # before any weight is repacked
+        n_ctx = context_size(hp, n_ctx, kv_dtype)
 
         def weight(name: str):
             return model.linear(name, linear)
