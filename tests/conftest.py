@@ -15,10 +15,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels thread themselves;
 from pathlib import Path
 
 import pytest
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-GOLDEN = SHARED / "golden"
-REFERENCE = SHARED / "reference"
+from paths import GOLDEN, REFERENCE  # noqa: E402
 
 _SESSION_DIRS: list[str] = []
 

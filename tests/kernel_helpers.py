@@ -124,3 +124,11 @@ class MatmulRecorder(Observer):
 
     def on_matmul(self, call: KernelCall) -> None:
         self.calls.append(call)
+
+
+def make_problem(seed: int, m: int, n: int, k: int, scale_exp: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    lhs = (rng.standard_normal((m, k)) * 2.0**scale_exp).astype(np.float32)
+    rhs = (rng.standard_normal((k, n)) * 0.5).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    return lhs, rhs, bias

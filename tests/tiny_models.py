@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from test_gguf_file import tiny_kv, tiny_tensors, write_gguf
+from gguf_writer import tiny_kv, tiny_tensors, write_gguf
 
 from kleidipy.runtime.tokenizer import _BYTE_TO_CHAR
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from gguf_writer import tiny_model
 from kernel_helpers import MatmulRecorder
-from test_gguf_file import tiny_model
 
 from kleidipy import formats
 from kleidipy.errors import DTypeError, NonFiniteInputError

@@ -26,10 +26,10 @@ import openai
 import pytest
 import uvicorn
 from gguf import GGMLQuantizationType as T
+from gguf_writer import TINY, tiny_kv, tiny_tensors, write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_files import SMOLLM2, model_file
-from test_gguf_file import TINY, tiny_kv, tiny_tensors, write_gguf
 
 from kleidipy.runtime.generate import Engine, Generation
 from kleidipy.runtime.sampler import SamplingParams

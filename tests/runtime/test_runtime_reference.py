@@ -32,18 +32,18 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+import paths
 import pytest
 from kernel_helpers import MatmulRecorder
-from model_files import GEMMA3, QWEN25, SMOLLM2, model_file, requantized
-from test_quantize import reference_entry, sha256_file
+from model_files import GEMMA3, QWEN25, SMOLLM2, model_file, reference_entry, requantized, sha256_file
 
 from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 
-LOGITS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "logits"
+LOGITS = paths.REFERENCE / "logits"
 #: reference files made here with the same llama.cpp and procedure for a model the shared set lacks
 #: (tests/data/llama_cpp/README.md): Qwen2.5-Coder Q4_K_M as shipped
-OWN_LOGITS = Path(__file__).resolve().parent / "data" / "llama_cpp" / "logits"
+OWN_LOGITS = paths.DATA / "llama_cpp" / "logits"
 
 
 #: Gemma 3 270M Q4_K_M as shipped: its own folder of the shared reference, with a flash-attention variant

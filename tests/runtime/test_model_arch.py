@@ -11,10 +11,10 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from gguf_writer import TINY, tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_files import SMOLLM2, model_file
-from test_gguf_file import TINY, tiny_model
 
 from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.errors import DTypeError, KernelShapeError

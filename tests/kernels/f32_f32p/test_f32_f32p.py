@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_helpers import bits_equal, exact_fma, verify_family
-from test_bf16p_bf16p import make_problem
+from kernel_helpers import bits_equal, exact_fma, make_problem, verify_family
 
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError

@@ -10,7 +10,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from test_gguf_file import write_gguf
+from gguf_writer import write_gguf
 
 from kleidipy import formats
 from kleidipy.core import matmul

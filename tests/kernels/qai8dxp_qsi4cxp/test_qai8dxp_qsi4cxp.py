@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, assert_threads_keep_bits, bits_equal, family_runs, verify_family
-from test_qai8dxp_qsi8cxp import HYP, SVLS, model_dst, model_lhs_packed
+from qai8dxp_models import HYP, SVLS, model_dst, model_lhs_packed
 
 from kleidipy.core.numerics import FLT_MAX, fma_f32
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, PackedLayoutMismatchError

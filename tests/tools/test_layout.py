@@ -6,6 +6,7 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import paths
 import pytest
 
 from kleidipy.core.buffers import SVL_CHOICES
@@ -13,7 +14,7 @@ from kleidipy.errors import KernelShapeError, KleidipyError, UnknownKernelError
 from kleidipy.kernels.catalogue import all_kernels
 from kleidipy.tools.layout import DEFAULT_KERNEL, MAX_BYTES, BufferMap, LayoutError, layout_maps, render_layout
 
-SNAPSHOT = Path(__file__).parent / "snapshots" / "layout_default.txt"
+SNAPSHOT = paths.SNAPSHOTS / "layout_default.txt"
 I8MM = "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm"
 
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 from gguf import GGMLQuantizationType as T
+from gguf_writer import tiny_model
 from model_files import SMOLLM2, model_file
-from test_gguf_file import tiny_model
 
 from kleidipy.cli import build_parser, main
 from kleidipy.cli.commands import _sampling

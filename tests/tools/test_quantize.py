@@ -5,15 +5,14 @@ as llama-quantize writes them, the non-pure mixture rule, tiny models of every s
 from __future__ import annotations
 
 import hashlib
-import json
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from model_files import SMOLLM2, model_file, requantized
-from test_gguf_file import tiny_model
+from gguf_writer import tiny_model
+from model_files import SMOLLM2, model_file, reference_entry, requantized, sha256_file
 
 from kleidipy import formats
 from kleidipy.runtime.gguf_file import GGUFFormatError, GGUFOpenError
@@ -28,30 +27,11 @@ from kleidipy.tools.quantize import (
     tensor_order_key,
 )
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
-#: models.json file entries by (model key, type)
-FILES = {"smollm2": "SmolLM2-135M-Instruct", "qwen25": "Qwen2.5-Coder-0.5B-Instruct"}
-
 
 @cache
 def opened(path: Path) -> ModelFile:
     """A GGUF file opened once per session (parsing SmolLM2's vocabulary takes seconds)."""
     return ModelFile(path)
-
-
-def reference_entry(model: str, qtype: str) -> dict:
-    """The models.json record of llama-quantize's --pure output for ``model`` ("smollm2"/"qwen25")."""
-    name = f"{FILES[model]}.requant-pure-{qtype.upper()}.gguf"
-    files = json.loads((REFERENCE / "models.json").read_text())["files"]
-    return next(f for f in files if f["file"] == name)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------

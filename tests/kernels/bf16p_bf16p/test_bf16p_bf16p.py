@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import bits_equal, exact_round, verify_family
+from kernel_helpers import bits_equal, exact_round, make_problem, verify_family
 
 from kleidipy.core import numerics
 from kleidipy.core.numerics import FLT_MAX, bf16_bits_to_f32, f32_to_bf16_bits
@@ -57,14 +57,6 @@ def exact_model(a: np.ndarray, b: np.ndarray, bias: np.ndarray, two_accumulators
             total = acc[0] + acc[1] if two_accumulators else acc[0]
             out[i, j] = exact_round(total, to_odd=False)
     return out
-
-
-def make_problem(seed: int, m: int, n: int, k: int, scale_exp: int = 0) -> tuple:
-    rng = np.random.default_rng(seed)
-    lhs = (rng.standard_normal((m, k)) * 2.0**scale_exp).astype(np.float32)
-    rhs = (rng.standard_normal((k, n)) * 0.5).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    return lhs, rhs, bias
 
 
 def run_both(kern, m, n, k, lhs, rhs, bias, lo=-FLT_MAX, hi=FLT_MAX) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import paths
 import pytest
 from model_files import GEMMA3, model_file
 
@@ -16,7 +17,7 @@ from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectur
 from kleidipy.runtime.layers import attention, geglu
 from kleidipy.runtime.model_file import ModelFile
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma3" / "logits"
+REFERENCE = paths.REFERENCE / "gemma3" / "logits"
 
 
 def test_geglu_is_the_f16_table_gelu() -> None:
