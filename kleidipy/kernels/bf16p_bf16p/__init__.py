@@ -8,17 +8,7 @@ from weight bytes or floats to the RHS packer's inputs.
 
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.core.family import Family
-from kleidipy.emulator import attach_programs
 from kleidipy.kernels.bf16p_bf16p import ggml, isa, ukernels
+from kleidipy.kernels.declare import declare
 
-FAMILY = Family(
-    name=ukernels.FAMILY_NAME,
-    kernels=tuple(ukernels.KERNELS),
-    packers=tuple(ukernels.PACKERS),
-    ggml_types=(GGMLType.F16, GGMLType.F32),
-    from_ggml=ggml.from_ggml,
-    from_float=ggml.from_float,
-    programs=isa.PROGRAMS,
-)
-attach_programs(FAMILY.kernels, FAMILY.programs)
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.F16, GGMLType.F32))

@@ -8,18 +8,8 @@ to the RHS packer's inputs.
 
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.core.family import Family
-from kleidipy.emulator import attach_programs
 from kleidipy.kernels.bf16p_bf16p import ggml
+from kleidipy.kernels.declare import declare
 from kleidipy.kernels.f32_f32p import isa, ukernels
 
-FAMILY = Family(
-    name=ukernels.FAMILY_NAME,
-    kernels=tuple(ukernels.KERNELS),
-    packers=tuple(ukernels.PACKERS),
-    ggml_types=(GGMLType.F16, GGMLType.F32),
-    from_ggml=ggml.from_ggml,
-    from_float=ggml.from_float,
-    programs=isa.PROGRAMS,
-)
-attach_programs(FAMILY.kernels, FAMILY.programs)
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.F16, GGMLType.F32))

@@ -6,17 +6,7 @@ execution), ``isa`` the instruction programs the emulator runs and ``ggml`` the 
 to the RHS packer's inputs.
 """
 
-from kleidipy.core.family import Family
-from kleidipy.emulator import attach_programs
+from kleidipy.kernels.declare import declare
 from kleidipy.kernels.qai8dxp_qsi4cxp import ggml, isa, ukernels
 
-FAMILY = Family(
-    name=ukernels.FAMILY_NAME,
-    kernels=tuple(ukernels.KERNELS),
-    packers=tuple(ukernels.PACKERS),
-    ggml_types=(),
-    from_ggml=None,
-    from_float=ggml.from_float,
-    programs=isa.PROGRAMS,
-)
-attach_programs(FAMILY.kernels, FAMILY.programs)
+FAMILY = declare(ukernels, isa, ggml)

@@ -9,17 +9,7 @@ inputs.
 
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.core.family import Family
-from kleidipy.emulator import attach_programs
+from kleidipy.kernels.declare import declare
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ggml, isa, ukernels
 
-FAMILY = Family(
-    name=ukernels.FAMILY_NAME,
-    kernels=tuple(ukernels.KERNELS),
-    packers=tuple(ukernels.PACKERS),
-    ggml_types=(GGMLType.Q4_0,),
-    from_ggml=ggml.from_ggml,
-    from_float=ggml.from_float,
-    programs=isa.PROGRAMS,
-)
-attach_programs(FAMILY.kernels, FAMILY.programs)
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_0,))

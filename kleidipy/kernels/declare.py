@@ -1,0 +1,29 @@
+"""How a family package declares itself: one call makes its :class:`~kleidipy.core.family.Family` record from its
+modules (``ukernels``, ``isa``, the adaptor module) and gives its kernels their emulator programs."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from gguf import GGMLQuantizationType as GGMLType
+
+from kleidipy.core.family import Family
+from kleidipy.emulator import attach_programs
+
+
+def declare(
+    ukernels: ModuleType, isa: ModuleType, adaptor: ModuleType, ggml_types: tuple[GGMLType, ...] = ()
+) -> Family:
+    """The family of ``ukernels`` (its FAMILY_NAME, KERNELS and PACKERS), taking ``ggml_types`` through
+    ``adaptor.from_ggml`` (none: no GGML type is the family's format) and floats through ``adaptor.from_float``."""
+    family = Family(
+        name=ukernels.FAMILY_NAME,
+        kernels=tuple(ukernels.KERNELS),
+        packers=tuple(ukernels.PACKERS),
+        ggml_types=ggml_types,
+        from_ggml=adaptor.from_ggml if ggml_types else None,
+        from_float=adaptor.from_float,
+        programs=isa.PROGRAMS,
+    )
+    attach_programs(family.kernels, family.programs)
+    return family
