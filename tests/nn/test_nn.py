@@ -1,7 +1,8 @@
 """kleidipy.nn: the numpy QuantizedLinear (the runtime's repacked matmul, bit for bit) and the PyTorch layer.
 
 Float comparisons use a bound derived from the formats, not a fitted tolerance (see :func:`q4_0_bound`).
-The torch tests skip when torch is not installed (it is the optional extra ``[torch]``).
+The torch tests need the optional extra: ``pip install -e ".[dev,torch]"`` then ``python -m pytest -m torch`` (the
+default run, on the default install, leaves them out).
 """
 
 import copy
@@ -236,6 +237,7 @@ def _check_layers(torch, float_model, seen, spec):
         assert (np.abs(got - _exact(rows, w, b)) <= q4_0_bound(rows, w)).all(), name
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("spec", ["sme2", "i8mm"])
 def test_converted_mlp_is_the_kernels_and_within_the_q4_0_bound(torch, spec):
     from kleidipy.nn.torch import KleidiLinear, convert
@@ -256,6 +258,7 @@ def test_converted_mlp_is_the_kernels_and_within_the_q4_0_bound(torch, spec):
     assert y.numpy().tobytes() == h.tobytes()
 
 
+@pytest.mark.torch
 def test_converted_transformer_block(torch):
     from kleidipy.nn.torch import convert
 
@@ -269,6 +272,7 @@ def test_converted_transformer_block(torch):
     assert y.shape == ref.shape and torch.isfinite(y).all()
 
 
+@pytest.mark.torch
 def test_torch_compile_gives_the_same_bits(torch, tmp_path, monkeypatch):
     from kleidipy.nn.torch import convert
 
@@ -283,6 +287,7 @@ def test_torch_compile_gives_the_same_bits(torch, tmp_path, monkeypatch):
     assert torch.equal(torch.ops.kleidipy.quantized_linear(x, model[0].layer_id, 128), model[0](x))
 
 
+@pytest.mark.torch
 def test_torch_errors_and_choices(torch):
     from kleidipy.nn.torch import KleidiLinear, convert
 
