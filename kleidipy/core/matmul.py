@@ -238,7 +238,8 @@ class MatmulKernel:
         threads: int = 1,
         min_split_macs: int = MIN_SPLIT_MACS,
     ) -> np.ndarray:
-        """``kai_run_<name>``: dst[m, n] = clamp(lhs_packed · rhs_packedᵀ, clamp_min, clamp_max).
+        """``kai_run_<name>``: dst[m, n] = clamp(lhs_packed · rhs_packedᵀ, clamp_min, clamp_max): the buffers
+        checked, then the prepared path's kernel (:meth:`PreparedMatmul.matmul`) and KleidiAI's clamp.
 
         ``dst`` is a float32 buffer written with a row stride of ``dst_stride_row`` bytes (default 4n);
         when omitted a new [m, n] array is returned. With ``threads`` > 1 the columns are split in multiples
@@ -253,7 +254,7 @@ class MatmulKernel:
         if math.isnan(clamp_min) or math.isnan(clamp_max) or clamp_min > clamp_max:
             raise KernelShapeError(f"{self.name}: clamp range [{clamp_min}, {clamp_max}] is not ordered")
         self._check_layout(lhs_packed, "lhs", m, k)
-        rhs = self._rhs_bytes(rhs_packed, n, k)
+        prepared = PreparedMatmul(self, n, k, rhs_packed, execution, min_split_macs)
         lhs = as_u8(lhs_packed, f"{self.name} LHS") if self.lhs_packer else np.asarray(lhs_packed)
         if self.lhs_packer is None:
             if lhs.dtype != np.float32:
@@ -264,9 +265,7 @@ class MatmulKernel:
         else:
             self._check_size(lhs_packed, lhs.size, self.lhs_packed_size(m, k), f"LHS packed buffer for m={m}, k={k}")
         out = self._dst_view(dst, m, n, dst_stride_row)
-        out[:, :] = clamp_f32(
-            self._compute(self._impl(execution), m, n, k, lhs, rhs, threads, min_split_macs), clamp_min, clamp_max
-        )
+        out[:, :] = clamp_f32(prepared.matmul(lhs, m, threads), clamp_min, clamp_max)
         return out
 
     def _impl(self, execution: str) -> Callable:
