@@ -136,3 +136,11 @@ def test_each_family_folder_holds_its_parts() -> None:
 def test_modules_stay_small() -> None:
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert set(long) <= set(LONG_MODULES), long
+
+
+def test_every_package_has_an_init_that_says_what_it_owns() -> None:
+    """A folder without ``__init__.py`` is a namespace package that a regular (non-editable) install leaves out."""
+    for folder in sorted(p for p in ROOT.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        init = folder / "__init__.py"
+        assert init.is_file(), f"{folder} has no __init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init} has no docstring"
