@@ -75,7 +75,7 @@ def test_gemma3_file_is_read(gemma3_file: ModelFile) -> None:
 
 
 def test_gemma3_rejects_other_architectures(tmp_path: Path) -> None:
-    from test_gguf_file import tiny_model
+    from gguf_writer import tiny_model
 
     with pytest.raises(UnsupportedArchitectureError, match="not gemma3's"):
         Gemma3(ModelFile(tiny_model(tmp_path, "llama")))
