@@ -15,8 +15,26 @@ from numba.extending import intrinsic
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
-#: fp16 bit pattern -> float32 value, for all 65536 patterns (exact).
-F16_BITS_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+def _f16_table() -> np.ndarray:
+    """float32 of every fp16 bit pattern, built from the bits (no float conversion, so the same on every host and
+    no warning): exact for numbers and infinities; NaNs quieted with their payload kept, as Arm's FCVT does
+    (numpy's own conversion leaves signalling NaNs signalling on x86 and quiets them on aarch64)."""
+    h = np.arange(65536, dtype=np.uint32)
+    sign, exp, mant = (h >> 15) << 31, (h >> 10) & 0x1F, h & 0x3FF
+    normal = sign | ((exp + (127 - 15)) << 23) | (mant << 13)
+    special = sign | 0x7F800000 | np.where(mant != 0, 0x400000 | (mant << 13), 0)
+    bits = np.where(exp == 31, special, normal).astype(np.uint32)
+    out = bits.view(np.float32).copy()
+    sub = exp == 0  # zeros and subnormals: mant * 2^-24, exact in float32
+    out[sub] = (
+        np.where(sign[sub] != 0, -1.0, 1.0).astype(np.float32) * mant[sub].astype(np.float32) * np.float32(2.0**-24)
+    )
+    return out
+
+
+#: fp16 bit pattern -> float32 value, for all 65536 patterns (exact; NaNs quieted, see :func:`_f16_table`).
+F16_BITS_TO_F32 = _f16_table()
 
 
 def f16_bits_to_f32(bits: np.ndarray) -> np.ndarray:

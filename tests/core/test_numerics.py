@@ -27,3 +27,27 @@ def test_fma_is_single_rounded():
         neighbours = [cand, np.nextafter(cand, np.float32(np.inf)), np.nextafter(cand, np.float32(-np.inf))]
         best = min(neighbours, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.float32(v).view(np.int32)) & 1))
         assert got[i] == best
+
+
+def test_f16_table_is_exact_and_host_independent() -> None:
+    """Every fp16 number converts exactly (as numpy does); NaNs come out quieted with their payload, as Arm's FCVT
+    gives them on every host (numpy's conversion keeps a signalling NaN signalling on x86 only); no warning."""
+    import warnings
+
+    import numpy as np
+
+    from kleidipy.core import numerics
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = numerics._f16_table()
+    ref = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    numbers = ~np.isnan(ref)
+    assert table[numbers].view(np.uint32).tobytes() == ref[numbers].view(np.uint32).tobytes()
+    assert np.isnan(table[~numbers]).all()
+    assert [hex(int(table[b].view(np.uint32))) for b in (0x7C01, 0x7E00, 0xFC01)] == [
+        "0x7fc02000",
+        "0x7fc00000",
+        "0xffc02000",
+    ]
+    assert table.tobytes() == numerics.F16_BITS_TO_F32.tobytes()
