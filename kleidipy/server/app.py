@@ -2,8 +2,10 @@
 
 Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
 rendered with the GGUF's chat template) and ``POST /v1/completions``, non-streamed or streamed as server-sent
-events (``data: {chunk}`` ... ``data: [DONE]``). Bodies must be ``application/json`` of at most ``max_body``
-bytes; with an API key every request needs ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
+events (``data: {chunk}`` ... ``data: [DONE]``), and llama-server's ``POST /tokenize`` and ``POST /detokenize``.
+One model is served: a request may name any model (as with llama-server) and the reply names the real one. Bodies
+must be ``application/json`` of at most ``max_body`` bytes; with an API key every request needs
+``Authorization: Bearer KEY``. Every error is OpenAI's error object.
 
 Context: ``n_ctx`` of the engine is the total, split evenly between the ``parallel`` slots (llama.cpp server's
 ``-c`` / ``-np``). A prompt longer than a slot's context, or ``max_tokens`` above it, is a 400; a generation
@@ -46,6 +48,8 @@ from kleidipy.server.schemas import (
     invalid,
     parse_chat,
     parse_completion,
+    parse_detokenize,
+    parse_tokenize,
     usage,
 )
 from kleidipy.target import Target
@@ -157,9 +161,6 @@ def create_app(
         return ids
 
     async def generate(request: Request, req: GenerationRequest) -> Response:
-        if req.model not in aliases:
-            message = f"the model {req.model!r} does not exist; this server has {name!r}"
-            raise APIError(404, message, param="model", code="model_not_found")
         if req.max_tokens is not None and req.max_tokens > slot_ctx:
             message = f"max_tokens={req.max_tokens} is more than the context ({slot_ctx} tokens)"
             raise invalid("max_tokens", message, "invalid_value")
@@ -224,6 +225,18 @@ def create_app(
     async def completions(request: Request) -> Response:
         return await generate(request, parse_completion(await read_json(request)))
 
+    async def tokenize(request: Request) -> Response:
+        req = parse_tokenize(await read_json(request))
+        ids = await run_in_threadpool(tokenizer.encode, req.content, req.add_special, req.parse_special)
+        if req.with_pieces:
+            pieces = [{"id": t, "piece": tokenizer.decode([t])} for t in ids]
+            return JSONResponse({"tokens": pieces})
+        return JSONResponse({"tokens": ids})
+
+    async def detokenize(request: Request) -> Response:
+        ids = parse_detokenize(await read_json(request), tokenizer.n_vocab)
+        return JSONResponse({"content": await run_in_threadpool(tokenizer.decode, ids)})
+
     async def health(request: Request) -> Response:
         busy = scheduler.busy
         body = {"status": "ok", "slots_idle": parallel - busy, "slots_processing": busy, "queued": scheduler.queued}
@@ -264,6 +277,8 @@ def create_app(
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
         ],
         middleware=[Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else [],
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},

@@ -252,6 +252,43 @@ def parse_completion(body: Any) -> GenerationRequest:
     return GenerationRequest(prompt=_unicode(prompt, "prompt"), **fields)
 
 
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """A validated ``/tokenize`` body (llama-server's fields)."""
+
+    content: str
+    add_special: bool
+    parse_special: bool
+    with_pieces: bool
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``."""
+    if not isinstance(body, dict):
+        raise invalid(None, "the request body must be a JSON object")
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise invalid("content", "'content' must be a string", "invalid_type")
+    parse_special = _get(body, "parse_special", True)
+    if not isinstance(parse_special, bool):
+        raise invalid("parse_special", f"'parse_special' must be a boolean, got {parse_special!r}", "invalid_type")
+    return TokenizeRequest(
+        _unicode(content, "content"), _boolean(body, "add_special"), parse_special, _boolean(body, "with_pieces")
+    )
+
+
+def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
+    """``{"tokens": [int, ...]}``: ids of the vocabulary."""
+    if not isinstance(body, dict):
+        raise invalid(None, "the request body must be a JSON object")
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise invalid("tokens", "'tokens' must be a list of token ids", "invalid_type")
+    if not all(0 <= t < n_vocab for t in tokens):
+        raise invalid("tokens", f"token ids must be in [0, {n_vocab})", "invalid_value")
+    return tokens
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # responses
 
