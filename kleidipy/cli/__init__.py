@@ -180,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--parallel", type=int, default=4, help="concurrent generation slots (default 4)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument(
+        "--cors",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from ORIGIN (e.g. https://example.org; '*' for any) call the API; pages from this "
+        "machine may always, pages from elsewhere get 403 (repeatable)",
+    )
     p.set_defaults(func=commands.cmd_serve)
 
     p = sub.add_parser(

@@ -309,6 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ctx=args.ctx_size,
         parallel=args.parallel,
         api_key=args.api_key,
+        cors=tuple(args.cors),
         target=_target(args),
         execution=args.execution,
         progress=not args.quiet,

@@ -20,6 +20,7 @@ import contextlib
 import hmac
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -30,6 +31,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -85,6 +87,35 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+#: origins a browser page may call the API from without --cors: pages served from this machine
+_LOOPBACK = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
+
+
+class OriginMiddleware:
+    """Answers 403 to a request whose ``Origin`` header names a web page on another site than this machine,
+    unless ``--cors`` allows that origin ("*": every origin): a page a user happens to open cannot drive the local
+    API (ollama's OLLAMA_ORIGINS idea). Requests without an Origin (curl, SDKs) are not concerned."""
+
+    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+            if origin is not None and not self.allows(origin.decode("latin-1")):
+                message = (
+                    f"cross-origin request from {origin.decode('latin-1')!r} refused (allow it with --cors ORIGIN)"
+                )
+                await error_response(APIError(403, message, "permission_error", code="origin_not_allowed"))(
+                    scope, receive, send
+                )
+                return
+        await self.app(scope, receive, send)
+
+    def allows(self, origin: str) -> bool:
+        return "*" in self.allowed or origin in self.allowed or bool(_LOOPBACK.match(origin))
+
+
 def slot_context(n_ctx: int, parallel: int) -> int:
     """Tokens of context per slot when ``n_ctx`` is split between ``parallel`` slots (ServerConfigError if the
     options cannot work)."""
@@ -110,9 +141,11 @@ def create_app(
     api_key: str | None = None,
     max_body: int = MAX_BODY,
     max_queue: int = 1024,
+    cors: tuple[str, ...] = (),
 ) -> Starlette:
     """The ASGI app serving ``engine`` with ``parallel`` slots (the scheduler thread runs during the app's
-    lifespan; ``app.state.scheduler`` is the :class:`Scheduler`)."""
+    lifespan; ``app.state.scheduler`` is the :class:`Scheduler`); browser pages from the ``cors`` origins (and
+    from this machine) may call it."""
     slot_ctx = slot_context(engine.context_length, parallel)
     scheduler = Scheduler(engine.lm, parallel, slot_ctx, max_queue)
     name = model_id(engine)
@@ -280,7 +313,17 @@ def create_app(
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
-        middleware=[Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else [],
+        middleware=[
+            Middleware(OriginMiddleware, allowed=frozenset(cors)),
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors),
+                allow_origin_regex=_LOOPBACK.pattern,
+                allow_methods=["*"],
+                allow_headers=["*"],
+            ),  # fmt: skip
+            *([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
+        ],
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},
         lifespan=lifespan,
     )
@@ -317,6 +360,7 @@ def serve(
     ctx: int | None = None,
     parallel: int = 4,
     api_key: str | None = None,
+    cors: tuple[str, ...] = (),
     target: Target | None = None,
     execution: str = "jit",
     progress: bool = True,
@@ -339,7 +383,7 @@ def serve(
         progress=progress,
         check_tensors=check_tensors,
     )
-    app = create_app(engine, parallel=parallel, api_key=api_key)
+    app = create_app(engine, parallel=parallel, api_key=api_key, cors=tuple(cors))
     print(
         f"kleidipy: serving {app.state.model_id} on http://{host}:{port}/v1 "
         f"({parallel} slot(s) x {app.state.slot_ctx} tokens of context)",

@@ -479,6 +479,31 @@ def test_sixteen_concurrent_streaming_clients(tiny: Engine) -> None:
         assert answers[0] == answers[1]  # same seed, same text, whatever else the other slots were doing
 
 
+def test_pages_from_other_sites_cannot_drive_the_api(tiny: Engine) -> None:
+    """A browser sends Origin: a page from another site gets 403 unless --cors allows it; pages from this machine
+    and clients without an Origin (curl, SDKs) are served; an allowed origin gets CORS headers and preflights."""
+    body = {"model": "tiny-chat.gguf", "messages": MESSAGES, "max_tokens": 2}
+    with serving(tiny, parallel=1, cors=("https://allowed.example",)) as server:
+        status, err = server.post("/v1/chat/completions", body, Origin="https://evil.example")
+        assert status == 403 and is_openai_error(err) and err["error"]["code"] == "origin_not_allowed"
+        assert server.health()["slots_processing"] == 0  # refused before anything ran
+        for origin in ("http://localhost:3000", "http://127.0.0.1:8080", "https://allowed.example"):
+            status, _ = server.post("/v1/chat/completions", body, Origin=origin)
+            assert status == 200, origin
+        assert server.post("/v1/chat/completions", body)[0] == 200  # no Origin: not a browser page
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        try:
+            headers = {"Origin": "https://allowed.example", "Access-Control-Request-Method": "POST"}
+            conn.request("OPTIONS", "/v1/chat/completions", headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200 and resp.getheader("access-control-allow-origin") == "https://allowed.example"
+        finally:
+            conn.close()
+    with serving(tiny, parallel=1, cors=("*",)) as server:
+        assert server.post("/v1/chat/completions", body, Origin="https://any.example")[0] == 200
+
+
 def test_api_key(tiny: Engine) -> None:
     with serving(tiny, parallel=1, api_key="s3cret") as server:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
