@@ -2,7 +2,8 @@
 
 Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
 rendered with the GGUF's chat template) and ``POST /v1/completions``, non-streamed or streamed as server-sent
-events (``data: {chunk}`` ... ``data: [DONE]``), and llama-server's ``POST /tokenize`` and ``POST /detokenize``.
+events (``data: {chunk}`` ... ``data: [DONE]``), llama-server's ``POST /tokenize`` and ``POST /detokenize``, and
+``GET /metrics`` (Prometheus).
 One model is served: a request may name any model (as with llama-server) and the reply names the real one. Bodies
 must be ``application/json`` of at most ``max_body`` bytes; with an API key every request needs
 ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
@@ -41,6 +42,8 @@ from kleidipy.errors import KleidipyError
 from kleidipy.runtime.chat_template import ChatTemplateError
 from kleidipy.runtime.generate import Engine, Generation, PromptError
 from kleidipy.runtime.pull import CATALOGUE
+from kleidipy.server.metrics import CONTENT_TYPE as METRICS_TYPE
+from kleidipy.server.metrics import metrics_text
 from kleidipy.server.scheduler import Job, Scheduler
 from kleidipy.server.schemas import (
     APIError,
@@ -270,6 +273,9 @@ def create_app(
         ids = parse_detokenize(await read_json(request), tokenizer.n_vocab)
         return JSONResponse({"content": await run_in_threadpool(tokenizer.decode, ids)})
 
+    async def metrics(request: Request) -> Response:
+        return Response(metrics_text(scheduler), media_type=METRICS_TYPE)
+
     async def health(request: Request) -> Response:
         busy = scheduler.busy
         body = {"status": "ok", "slots_idle": parallel - busy, "slots_processing": busy, "queued": scheduler.queued}
@@ -311,6 +317,7 @@ def create_app(
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
         middleware=[

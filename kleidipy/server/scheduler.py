@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,16 @@ class Job:
             self.cancelled = True
 
 
+@dataclass
+class Stats:
+    """What the scheduler has done since it started (read by ``/metrics``)."""
+
+    prompt_tokens: int = 0
+    predicted_tokens: int = 0
+    requests: int = 0
+    forward_seconds: float = 0.0
+
+
 @dataclass(eq=False)
 class Slot:
     """One sequence's KV cache and the job using it (None: idle)."""
@@ -74,6 +85,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.slots = [Slot(i, lm.new_cache(n_ctx)) for i in range(parallel)]
         self._queue: deque[Job] = deque()
+        self.stats = Stats()
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -158,10 +170,17 @@ class Scheduler:
         done = job.generation.done
         if done:  # the slot is free before the handler hears of it, so /health agrees with what clients saw
             slot.job = None
+            self.stats.prompt_tokens += len(job.generation.prompt)
+            self.stats.predicted_tokens += job.generation.n_generated
+            self.stats.requests += 1
         if piece:
             job.post("text", piece)
         if done:
             job.post("done")
 
     def _forward(self, cache: KVCache, ids: Sequence[int]) -> np.ndarray:
-        return self.lm.forward(ids, cache=cache)
+        t0 = time.perf_counter()
+        try:
+            return self.lm.forward(ids, cache=cache)
+        finally:
+            self.stats.forward_seconds += time.perf_counter() - t0

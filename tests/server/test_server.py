@@ -479,6 +479,35 @@ def test_sixteen_concurrent_streaming_clients(tiny: Engine) -> None:
         assert answers[0] == answers[1]  # same seed, same text, whatever else the other slots were doing
 
 
+def test_metrics_in_prometheus_format(tiny: Engine) -> None:
+    """/metrics counts prompt and generated tokens, requests and forward time, and shows busy slots, the queue
+    and KV cache usage, parsed back with prometheus-client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape(server: Server) -> dict[str, float]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            text = resp.read().decode()
+            assert resp.status == 200 and resp.getheader("content-type").startswith("text/plain")
+        finally:
+            conn.close()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    with serving(tiny, parallel=2) as server:
+        before = scrape(server)
+        assert before["kleidipy_requests_total"] == 0 and before["kleidipy_kv_cache_usage_ratio"] == 0
+        reply = server.client().chat.completions.create(model="x", messages=MESSAGES, max_tokens=3, temperature=0)
+        server.wait_idle()
+        after = scrape(server)
+    assert after["kleidipy_requests_total"] == 1
+    assert after["kleidipy_prompt_tokens_total"] == reply.usage.prompt_tokens
+    assert after["kleidipy_tokens_predicted_total"] == reply.usage.completion_tokens
+    assert after["kleidipy_forward_seconds_total"] > 0
+    assert after["kleidipy_requests_processing"] == after["kleidipy_requests_deferred"] == 0
+
+
 def test_pages_from_other_sites_cannot_drive_the_api(tiny: Engine) -> None:
     """A browser sends Origin: a page from another site gets 403 unless --cors allows it; pages from this machine
     and clients without an Origin (curl, SDKs) are served; an allowed origin gets CORS headers and preflights."""
