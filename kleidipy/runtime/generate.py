@@ -120,7 +120,7 @@ class Generation:
         self.chunk = chunk
         self.detok = StreamDetokenizer(tokenizer)
         self.history = list(self.prompt)
-        self.n_past = n_cached
+        self.n_past = self.n_cached = n_cached
         self.n_generated = 0
         self.finish_reason: FinishReason | None = None
         self._text = ""

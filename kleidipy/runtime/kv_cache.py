@@ -123,15 +123,19 @@ class KVCache:
         self.tokens[start : start + len(ids)] = ids
         self.n_past = start + len(ids)
 
-    def reuse(self, ids: Sequence[int]) -> int:
-        """Keep the cached positions that hold the first tokens of ``ids`` (at most all but the last, whose
-        logits the caller needs), forget the rest, and return how many were kept."""
+    def shared_prefix(self, ids: Sequence[int]) -> int:
+        """How many of the first tokens of ``ids`` the cache holds (at most all but the last, whose logits the
+        caller needs)."""
         n = min(self.n_past, len(ids) - 1)
         if n <= 0:
-            self.n_past = 0
             return 0
         differ = np.flatnonzero(self.tokens[:n] != np.asarray(ids[:n]))
-        self.n_past = int(differ[0]) if differ.size else n
+        return int(differ[0]) if differ.size else n
+
+    def reuse(self, ids: Sequence[int]) -> int:
+        """Keep the cached positions that hold the first tokens of ``ids`` (:meth:`shared_prefix`), forget the
+        rest, and return how many were kept."""
+        self.n_past = self.shared_prefix(ids)
         return self.n_past
 
     def clear(self) -> None:

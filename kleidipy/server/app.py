@@ -204,7 +204,7 @@ def create_app(
         gen = Generation(
             tokenizer, ids, slot_ctx, req.max_tokens, req.params, req.seed, req.stop, chunk=engine.lm.n_ubatch
         )
-        job = Job(gen, asyncio.get_running_loop())
+        job = Job(gen, asyncio.get_running_loop(), cache_prompt=req.cache_prompt)
         scheduler.submit(job)
         watcher = asyncio.create_task(watch_disconnect(request, job))
         ident = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
@@ -224,7 +224,7 @@ def create_app(
         finally:
             scheduler.withdraw(job)
             watcher.cancel()
-        use = usage(len(ids), gen.n_generated)
+        use = usage(len(ids), gen.n_generated, gen.n_cached)
         return JSONResponse(completion_object(req.kind, ident, stamp, name, "".join(pieces), gen.finish_reason, use))
 
     async def stream(
@@ -249,7 +249,7 @@ def create_app(
             gen = job.generation
             yield chunk(finish=gen.finish_reason)
             if req.include_usage:
-                yield chunk(use=usage(len(gen.prompt), gen.n_generated))
+                yield chunk(use=usage(len(gen.prompt), gen.n_generated, gen.n_cached))
             yield "data: [DONE]\n\n"
         finally:
             scheduler.withdraw(job)

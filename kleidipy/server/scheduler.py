@@ -44,6 +44,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: bool = False
+    #: reuse the longest prefix of the prompt a slot's KV cache holds (llama-server's ``cache_prompt``)
+    cache_prompt: bool = True
 
     def cancel(self) -> None:
         """Stop generating (checked by the worker before each step); the slot is freed."""
@@ -136,12 +138,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     break
-                for slot in self.slots:
-                    while slot.job is None and self._queue:
-                        job = self._queue.popleft()
-                        if not job.cancelled:
-                            slot.cache.clear()
-                            slot.job = job
+                self._admit()
             for slot in self.slots:
                 if slot.job is not None:
                     self._step(slot)
@@ -152,6 +149,23 @@ class Scheduler:
             slot.job = None
         for job in pending:
             job.post("error", APIError(503, "the server is shutting down", "server_error", code="unavailable"))
+
+    def _admit(self) -> None:
+        """Queued jobs into free slots, in order; each takes the free slot whose cache holds the longest prefix of
+        its prompt and prefills only the rest (llama-server's prompt cache; a job with ``cache_prompt`` off
+        starts from an empty cache)."""
+        free = [slot for slot in self.slots if slot.job is None]
+        while free and self._queue:
+            job = self._queue.popleft()
+            if job.cancelled:
+                continue
+            gen = job.generation
+            slot = max(free, key=lambda s: s.cache.shared_prefix(gen.prompt) if job.cache_prompt else 0)
+            free.remove(slot)
+            if not job.cache_prompt:
+                slot.cache.clear()
+            gen.n_past = gen.n_cached = slot.cache.reuse(gen.prompt)
+            slot.job = job
 
     def _step(self, slot: Slot) -> None:
         job = slot.job

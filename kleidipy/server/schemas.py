@@ -69,6 +69,8 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    #: start from the longest prefix of the prompt a slot's KV cache holds (llama-server's field, default on)
+    cache_prompt: bool = True
     messages: tuple[dict[str, str], ...] = ()
     prompt: str | tuple[int, ...] = ""
 
@@ -113,8 +115,8 @@ def _number(body: Mapping[str, Any], name: str, default: float) -> float:
     return value
 
 
-def _boolean(body: Mapping[str, Any], name: str) -> bool:
-    value = _get(body, name, False)
+def _boolean(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    value = _get(body, name, default)
     if not isinstance(value, bool):
         raise invalid(name, f"'{name}' must be a boolean, got {value!r}", "invalid_type")
     return value
@@ -199,6 +201,7 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage,
+        cache_prompt=_boolean(body, "cache_prompt", default=True),
     )
 
 
@@ -269,11 +272,11 @@ def parse_tokenize(body: Any) -> TokenizeRequest:
     content = body.get("content")
     if not isinstance(content, str):
         raise invalid("content", "'content' must be a string", "invalid_type")
-    parse_special = _get(body, "parse_special", True)
-    if not isinstance(parse_special, bool):
-        raise invalid("parse_special", f"'parse_special' must be a boolean, got {parse_special!r}", "invalid_type")
     return TokenizeRequest(
-        _unicode(content, "content"), _boolean(body, "add_special"), parse_special, _boolean(body, "with_pieces")
+        _unicode(content, "content"),
+        _boolean(body, "add_special"),
+        _boolean(body, "parse_special", default=True),
+        _boolean(body, "with_pieces"),
     )
 
 
@@ -293,11 +296,13 @@ def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
 # responses
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens`` of the prompt came from the KV cache (not prefilled again)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

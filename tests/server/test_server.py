@@ -237,7 +237,10 @@ def _stream_text(stream) -> tuple[str, list[str], str | None, object]:  # noqa: 
 
 def test_chat_streamed_equals_non_streamed_equals_engine(smol: Server, smollm2: Engine, greedy_chat: str) -> None:
     client = smol.client()
-    args = dict(model=SMOLLM2, messages=MESSAGES, max_tokens=12, temperature=0, seed=7)
+    # a fresh prefill each time (no prompt cache), so the bits are the engine's for the whole prompt
+    args = dict(
+        model=SMOLLM2, messages=MESSAGES, max_tokens=12, temperature=0, seed=7, extra_body={"cache_prompt": False}
+    )
     full = client.chat.completions.create(**args)
     choice = full.choices[0]
     assert full.object == "chat.completion" and choice.message.role == "assistant"
@@ -250,6 +253,24 @@ def test_chat_streamed_equals_non_streamed_equals_engine(smol: Server, smollm2: 
     text, pieces, finish, use = _stream_text(stream)
     assert text == greedy_chat and len(pieces) > 1 and finish == "length"
     assert (use.prompt_tokens, use.completion_tokens, use.total_tokens) == (n_prompt, 12, n_prompt + 12)
+
+
+def test_prompt_cache_prefills_only_the_new_tokens(smol: Server, smollm2: Engine) -> None:
+    """A second chat turn that extends the first takes the slot whose KV cache holds the conversation and
+    prefills only its new tokens (usage.prompt_tokens_details.cached_tokens); cache_prompt=false starts afresh."""
+    client = smol.client()
+    turn = [{"role": "user", "content": "Name a colour."}]
+    first = client.chat.completions.create(model=SMOLLM2, messages=turn, max_tokens=6, temperature=0)
+    turn += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Why?"}]
+    second = client.chat.completions.create(model=SMOLLM2, messages=turn, max_tokens=4, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    first_ids, second_ids = smollm2.chat_prompt(turn[:1]), smollm2.chat_prompt(turn)
+    assert second_ids[: len(first_ids)] == first_ids
+    assert len(first_ids) <= cached < second.usage.prompt_tokens  # at least the whole first prompt was reused
+    fresh = client.chat.completions.create(
+        model=SMOLLM2, messages=turn, max_tokens=4, temperature=0, extra_body={"cache_prompt": False}
+    )
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_completion_sampled_with_seed_and_stop(smol: Server) -> None:
