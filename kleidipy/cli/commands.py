@@ -185,6 +185,8 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from kleidipy.runtime.context_shift import shift_messages
+
     params = _sampling(args)
     engine = _engine(args)
     messages: list[dict[str, str]] = []
@@ -202,6 +204,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
+        room = min(engine.context_length // 4, args.n_predict if args.n_predict > 0 else engine.context_length)
+        messages, dropped = shift_messages(messages, lambda m: len(engine.chat_prompt(m)), engine.context_length, room)
+        if dropped:
+            print(f"kleidipy: context full: the {dropped} oldest messages were dropped", file=sys.stderr)
         reply = ""
         try:
             ids = engine.chat_prompt(messages)

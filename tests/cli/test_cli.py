@@ -245,6 +245,28 @@ def test_chat_ctrl_c_stops_the_reply(monkeypatch, capsys, at_prompt, status):
     assert ("kleidipy: interrupted" in err) == (status == 130)
 
 
+def test_chat_shifts_a_full_context_and_goes_on(monkeypatch, capsys):
+    """A conversation longer than the context drops its oldest turns (one notice line) and keeps the system
+    prompt; the chat never ends on a full context."""
+    long = "Tell me everything you know about the history of the city of " + "Paris and Rome and Athens " * 12
+    typed = [long] * 6 + ["/exit"]
+    code, prompts, replies = chat(monkeypatch, typed, "-n", "8", "-c", "256", "--system", "Be brief.")
+    err = capsys.readouterr().err
+    assert code == 0 and len(prompts) == 6 and all(replies)
+    assert "kleidipy: context full: the" in err and "Traceback" not in err
+    assert all(p.count("Be brief.") == 1 for p in prompts)  # the system prompt is always kept
+
+
+def test_shift_messages_drops_the_oldest_half_after_the_system_prompt():
+    from kleidipy.runtime.context_shift import shift_messages
+
+    msgs = [{"role": "system", "content": "s"}] + [{"role": "user", "content": str(i)} for i in range(8)]
+    kept, dropped = shift_messages(msgs, lambda m: 10 * len(m), n_ctx=40, room=0)  # 9 messages -> 4 fit
+    assert dropped == 5 and [m["content"] for m in kept] == ["s", "5", "6", "7"]  # half of 7, then half of 4
+    kept, dropped = shift_messages(msgs[:2], lambda m: 1000, n_ctx=60, room=0)
+    assert dropped == 0 and kept == msgs[:2]  # the newest message alone: nothing more to drop
+
+
 # --------------------------------------------------------------------------------------------- models
 
 
