@@ -342,11 +342,7 @@ class CausalLM:
         own). Returns float32 logits of the last position [n_vocab], or of every position [m, n_vocab] with
         ``all_logits``."""
         cache = self.cache if cache is None else cache
-        ids = np.asarray(token_ids)
-        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
-            raise InvalidTokenError(f"token ids must be a non-empty 1-D integer sequence, got {ids.dtype} {ids.shape}")
-        if ids.min() < 0 or ids.max() >= self.hparams.n_vocab:
-            raise InvalidTokenError(f"token ids must be in [0, {self.hparams.n_vocab}), got {ids.min()}..{ids.max()}")
+        ids = self._check_ids(token_ids)
         m = ids.size
         start = cache.n_past if positions is None else _first_position(positions, m)
         cache.check(start, m)
@@ -364,13 +360,39 @@ class CausalLM:
         logits = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
         return logits if all_logits else logits[-1]
 
-    def _decode(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
-        """One ubatch through the network; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""
+    def embed(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The sequence's final hidden state (after the output norm) mean-pooled over its positions and
+        L2-normalized, as llama-server's ``/v1/embeddings`` gives it with ``--pooling mean``; it runs on a KV cache
+        of its own. float32 [n_embd]."""
+        ids = self._check_ids(token_ids)
+        cache = self.new_cache(ids.size)
+        rows = [
+            self._hidden(ids[lo : lo + self.n_ubatch], lo, slice(None), cache)
+            for lo in range(0, ids.size, self.n_ubatch)
+        ]
+        h = self.output_norm(np.concatenate(rows)).astype(np.float64).mean(axis=0)
+        return (h / max(float(np.linalg.norm(h)), 1e-12)).astype(np.float32)
+
+    def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+            raise InvalidTokenError(f"token ids must be a non-empty 1-D integer sequence, got {ids.dtype} {ids.shape}")
+        if ids.min() < 0 or ids.max() >= self.hparams.n_vocab:
+            raise InvalidTokenError(f"token ids must be in [0, {self.hparams.n_vocab}), got {ids.min()}..{ids.max()}")
+        return ids
+
+    def _hidden(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
+        """One ubatch through the blocks; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""
         x = self.embedding(ids)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             x = block(x, start, cache, keep if i == last else None)
         cache.advance(start, ids)
+        return x
+
+    def _decode(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
+        """One ubatch through the network: the logits of the rows ``keep``."""
+        x = self._hidden(ids, start, keep, cache)
         if x.shape[0] == 0:
             return np.empty((0, self.hparams.n_vocab), np.float32)
         return self.lm_head(self.output_norm(x))

@@ -2,8 +2,8 @@
 
 Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
 rendered with the GGUF's chat template) and ``POST /v1/completions``, non-streamed or streamed as server-sent
-events (``data: {chunk}`` ... ``data: [DONE]``), llama-server's ``POST /tokenize`` and ``POST /detokenize``, and
-``GET /metrics`` (Prometheus).
+events (``data: {chunk}`` ... ``data: [DONE]``), ``POST /v1/embeddings`` (mean-pooled, normalized final hidden
+state), llama-server's ``POST /tokenize`` and ``POST /detokenize``, and ``GET /metrics`` (Prometheus).
 One model is served: a request may name any model (as with llama-server) and the reply names the real one. Bodies
 must be ``application/json`` of at most ``max_body`` bytes; with an API key every request needs
 ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
@@ -17,6 +17,7 @@ compute in the scheduler's thread, so the event loop only moves bytes.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -28,6 +29,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -54,6 +56,7 @@ from kleidipy.server.schemas import (
     parse_chat,
     parse_completion,
     parse_detokenize,
+    parse_embeddings,
     parse_tokenize,
     usage,
 )
@@ -273,6 +276,29 @@ def create_app(
         ids = parse_detokenize(await read_json(request), tokenizer.n_vocab)
         return JSONResponse({"content": await run_in_threadpool(tokenizer.decode, ids)})
 
+    async def embeddings(request: Request) -> Response:
+        items, encoding = parse_embeddings(await read_json(request))
+
+        def token_ids(item: str | list[int]) -> list[int]:
+            ids = tokenizer.encode(item, add_special=True) if isinstance(item, str) else item
+            if not all(0 <= t < tokenizer.n_vocab for t in ids):
+                raise invalid("input", f"token ids must be in [0, {tokenizer.n_vocab})", "invalid_value")
+            if not ids or len(ids) > slot_ctx:
+                raise invalid("input", f"an input must be 1..{slot_ctx} tokens, got {len(ids)}", "invalid_value")
+            return ids
+
+        batches = [await run_in_threadpool(token_ids, item) for item in items]
+        loop = asyncio.get_running_loop()
+        vectors = [await scheduler.embed(ids, loop) for ids in batches]
+        n = sum(len(ids) for ids in batches)
+        data = [
+            {"object": "embedding", "index": i, "embedding": v.tolist() if encoding == "float" else _base64(v)}
+            for i, v in enumerate(vectors)
+        ]
+        return JSONResponse(
+            {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": n, "total_tokens": n}}
+        )
+
     async def metrics(request: Request) -> Response:
         return Response(metrics_text(scheduler), media_type=METRICS_TYPE)
 
@@ -316,6 +342,7 @@ def create_app(
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/detokenize", detokenize, methods=["POST"]),
@@ -399,3 +426,8 @@ def serve(
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         print(f"kleidipy: warning: listening on {host} without --api-key", file=sys.stderr)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+def _base64(vector: np.ndarray) -> str:
+    """An embedding as OpenAI's base64 encoding: the little-endian float32 bytes."""
+    return base64.b64encode(np.asarray(vector, "<f4").tobytes()).decode("ascii")

@@ -14,6 +14,7 @@ worker checks before every step, which frees the slot. An exception in one job f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -87,6 +88,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.slots = [Slot(i, lm.new_cache(n_ctx)) for i in range(parallel)]
         self._queue: deque[Job] = deque()
+        self._embeds: deque[tuple[list[int], asyncio.Future, asyncio.AbstractEventLoop]] = deque()
         self.stats = Stats()
         self._cond = threading.Condition()
         self._stopping = False
@@ -124,6 +126,30 @@ class Scheduler:
             self._queue.append(job)
             self._cond.notify()
 
+    def embed(self, ids: Sequence[int], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """Queue an embedding of ``ids`` (computed by the compute thread between generation steps); the future
+        resolves to the float32 vector or to the error."""
+        future = loop.create_future()
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+            self._embeds.append((list(ids), future, loop))
+            self._cond.notify()
+        return future
+
+    def _run_embeds(self) -> None:
+        while True:
+            with self._cond:
+                if not self._embeds:
+                    return
+                ids, future, loop = self._embeds.popleft()
+            try:
+                result: Any = self.lm.embed(ids)
+            except Exception as exc:  # a failing embedding must not take the server down
+                result = exc if isinstance(exc, APIError) else APIError(500, f"embedding failed: {exc}", "server_error")
+            with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, future, result)
+
     def withdraw(self, job: Job) -> None:
         """Cancel ``job``: it leaves the queue now, or its slot before the next step."""
         job.cancel()
@@ -134,17 +160,23 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._queue and not self.busy:
+                while not self._stopping and not self._queue and not self.busy and not self._embeds:
                     self._cond.wait()
                 if self._stopping:
                     break
                 self._admit()
+            self._run_embeds()
             for slot in self.slots:
                 if slot.job is not None:
                     self._step(slot)
         with self._cond:
             pending = [s.job for s in self.slots if s.job is not None] + list(self._queue)
             self._queue.clear()
+            embeds, self._embeds = list(self._embeds), deque()
+        for _, future, loop in embeds:
+            with contextlib.suppress(RuntimeError):
+                shutting = APIError(503, "the server is shutting down", "server_error", code="unavailable")
+                loop.call_soon_threadsafe(_resolve, future, shutting)
         for slot in self.slots:
             slot.job = None
         for job in pending:
@@ -198,3 +230,11 @@ class Scheduler:
             return self.lm.forward(ids, cache=cache)
         finally:
             self.stats.forward_seconds += time.perf_counter() - t0
+
+
+def _resolve(future: asyncio.Future, result: Any) -> None:
+    if not future.done():
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)

@@ -280,6 +280,28 @@ def parse_tokenize(body: Any) -> TokenizeRequest:
     )
 
 
+def parse_embeddings(body: Any) -> tuple[list[str | list[int]], str]:
+    """``/v1/embeddings``: (inputs, encoding): ``input`` a string, a list of strings, token ids, or a list of
+    token-id lists (any ``model``); ``encoding_format`` "float" (JSON numbers) or "base64" (little-endian float32,
+    what the openai client asks for)."""
+    if not isinstance(body, dict):
+        raise invalid(None, "the request body must be a JSON object")
+    _model(body)
+    encoding = _get(body, "encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise invalid("encoding_format", "encoding_format must be 'float' or 'base64'", "invalid_value")
+    data = body.get("input")
+
+    def ids(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    items = [data] if isinstance(data, str) or ids(data) else data
+    if not isinstance(items, list) or not items or not all(isinstance(x, str) and x or ids(x) for x in items):
+        message = "'input' must be a non-empty string, token ids, or a list of them"
+        raise invalid("input", message, "invalid_type")
+    return [_unicode(x, "input") if isinstance(x, str) else x for x in items], encoding
+
+
 def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
     """``{"tokens": [int, ...]}``: ids of the vocabulary."""
     if not isinstance(body, dict):

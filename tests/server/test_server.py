@@ -500,6 +500,29 @@ def test_sixteen_concurrent_streaming_clients(tiny: Engine) -> None:
         assert answers[0] == answers[1]  # same seed, same text, whatever else the other slots were doing
 
 
+def test_embeddings_are_the_mean_pooled_normalized_final_hidden_state(smol: Server, smollm2: Engine) -> None:
+    """/v1/embeddings through the openai client: one vector per input (text or token ids), unit length, the
+    model's own ``embed`` of the tokens; usage counts the tokens; bad inputs are 400s."""
+    client = smol.client()
+    texts = ["The capital of France is Paris.", "Bonjour"]
+    out = client.embeddings.create(model="any", input=texts)
+    assert out.model == SMOLLM2 and [d.index for d in out.data] == [0, 1]
+    ids = [smollm2.tokenizer.encode(t, add_special=True) for t in texts]
+    assert out.usage.prompt_tokens == sum(map(len, ids))
+    for d, tokens in zip(out.data, ids, strict=True):
+        vec = np.asarray(d.embedding, np.float32)
+        assert vec.shape == (smollm2.lm.hparams.n_embd,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-5
+        assert vec.tobytes() == smollm2.lm.embed(tokens).tobytes()
+    by_ids = client.embeddings.create(model="any", input=ids[1])
+    assert by_ids.data[0].embedding == out.data[1].embedding
+    status, raw = smol.post("/v1/embeddings", {"model": "m", "input": texts[1], "encoding_format": "float"})
+    assert status == 200 and raw["data"][0]["embedding"] == out.data[1].embedding  # JSON numbers, same values
+    for bad, param in (({"model": "m"}, "input"), ({"model": "m", "input": []}, "input"),
+                       ({"model": "m", "input": [10**9]}, "input"), ({"input": "x"}, "model")):  # fmt: skip
+        status, err = smol.post("/v1/embeddings", bad)
+        assert status == 400 and is_openai_error(err, param), (bad, err)
+
+
 def test_metrics_in_prometheus_format(tiny: Engine) -> None:
     """/metrics counts prompt and generated tokens, requests and forward time, and shows busy slots, the queue
     and KV cache usage, parsed back with prometheus-client's own parser."""
