@@ -27,7 +27,7 @@ from kleidipy.runtime.chat_template import ChatTemplate
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.observer import Observer, RepackCall
 from kleidipy.runtime.pull import resolve_model
-from kleidipy.runtime.sampler import Sampler, SamplingParams
+from kleidipy.runtime.sampler import Sampler, SamplingParams, log_softmax
 from kleidipy.runtime.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
 
@@ -110,6 +110,7 @@ class Generation:
         stop: Sequence[str] = (),
         chunk: int = 512,
         n_cached: int = 0,
+        logprobs: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompt = list(prompt_ids)
@@ -122,6 +123,10 @@ class Generation:
         self.history = list(self.prompt)
         self.n_past = self.n_cached = n_cached
         self.n_generated = 0
+        #: with ``logprobs`` (the number of alternatives): per generated token (id, log-probability, the top
+        #: alternatives as [(id, log-probability)])
+        self.logprobs = logprobs
+        self.token_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []
         self.finish_reason: FinishReason | None = None
         self._text = ""
         self._sent = 0
@@ -148,12 +153,19 @@ class Generation:
         token = self.sampler(logits, self.history)
         if self.tokenizer.is_eog(token):
             return self._release("stop")
+        if self.logprobs is not None:
+            self._record_logprobs(logits, token)
         self.history.append(token)
         self.n_generated += 1
         self._text += self.detok.push(token)
         if self.n_generated >= self.max_tokens or self.n_past >= self.n_ctx:
             return self._release("length")
         return self._release(None)
+
+    def _record_logprobs(self, logits: np.ndarray, token: int) -> None:
+        lp = log_softmax(logits)
+        top = np.argsort(-lp, kind="stable")[: self.logprobs]
+        self.token_logprobs.append((token, float(lp[token]), [(int(t), float(lp[t])) for t in top]))
 
     def _release(self, finish: FinishReason | None) -> str:
         """The text that can be sent now: up to a stop string (which finishes), else everything when finishing,

@@ -184,3 +184,11 @@ class Sampler:
         cum = np.cumsum(_softmax_f32(lg))
         i = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))
         return int(ids[min(i, ids.size - 1)])
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log-probabilities of the last axis as llama.cpp computes them: float32 max and ``logit - max``,
+    ``expf`` summed in float64."""
+    logits = np.asarray(logits, dtype=np.float32)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted.astype(np.float64) - np.log(np.exp(shifted).sum(axis=-1, keepdims=True, dtype=np.float64))

@@ -53,6 +53,7 @@ from kleidipy.server.schemas import (
     chunk_object,
     completion_object,
     invalid,
+    logprobs_object,
     parse_chat,
     parse_completion,
     parse_detokenize,
@@ -159,6 +160,9 @@ def create_app(
     created = int(engine.path.stat().st_mtime)
     tokenizer = engine.tokenizer
 
+    def piece(token: int) -> bytes:
+        return tokenizer.decode_bytes([token])
+
     def model_card() -> dict[str, Any]:
         meta = {"n_ctx": engine.context_length, "n_ctx_slot": slot_ctx, "parallel": parallel}
         return {"id": name, "object": "model", "created": created, "owned_by": "kleidipy", "meta": meta}
@@ -205,7 +209,15 @@ def create_app(
             raise invalid("max_tokens", message, "invalid_value")
         ids = await run_in_threadpool(prompt_ids, req)
         gen = Generation(
-            tokenizer, ids, slot_ctx, req.max_tokens, req.params, req.seed, req.stop, chunk=engine.lm.n_ubatch
+            tokenizer,
+            ids,
+            slot_ctx,
+            req.max_tokens,
+            req.params,
+            req.seed,
+            req.stop,
+            chunk=engine.lm.n_ubatch,
+            logprobs=req.logprobs,
         )
         job = Job(gen, asyncio.get_running_loop(), cache_prompt=req.cache_prompt)
         scheduler.submit(job)
@@ -228,7 +240,9 @@ def create_app(
             scheduler.withdraw(job)
             watcher.cancel()
         use = usage(len(ids), gen.n_generated, gen.n_cached)
-        return JSONResponse(completion_object(req.kind, ident, stamp, name, "".join(pieces), gen.finish_reason, use))
+        lps = None if req.logprobs is None else logprobs_object(req.kind, gen.token_logprobs, piece)
+        text = "".join(pieces)
+        return JSONResponse(completion_object(req.kind, ident, stamp, name, text, gen.finish_reason, use, lps))
 
     async def stream(
         req: GenerationRequest, job: Job, watcher: asyncio.Task, ident: str, stamp: int
@@ -239,6 +253,17 @@ def create_app(
         def chunk(text: str = "", **kw: Any) -> str:
             return sse(chunk_object(req.kind, ident, stamp, name, text, include_usage=req.include_usage, **kw))
 
+        gen, sent = job.generation, 0
+
+        def new_logprobs() -> dict | None:
+            """The log-probabilities of the tokens generated since the last chunk (those of text still held back
+            for a stop string come with the chunk that sends it or with the last one)."""
+            nonlocal sent
+            if req.logprobs is None:
+                return None
+            entries, sent = gen.token_logprobs[sent:], len(gen.token_logprobs)
+            return logprobs_object(req.kind, entries, piece)
+
         try:
             if req.kind == "chat":
                 yield chunk(first=True)
@@ -246,11 +271,10 @@ def create_app(
                 if kind == "error":
                     yield sse(payload.body())
                     return
-                yield chunk(payload)
+                yield chunk(payload, logprobs=new_logprobs())
             if job.cancelled:  # the client is gone
                 return
-            gen = job.generation
-            yield chunk(finish=gen.finish_reason)
+            yield chunk(finish=gen.finish_reason, logprobs=new_logprobs())
             if req.include_usage:
                 yield chunk(use=usage(len(gen.prompt), gen.n_generated, gen.n_cached))
             yield "data: [DONE]\n\n"

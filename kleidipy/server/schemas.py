@@ -16,7 +16,7 @@ end of the context" for chat), llama.cpp server's for the extras (top_k 40, min_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,6 +71,8 @@ class GenerationRequest:
     include_usage: bool
     #: start from the longest prefix of the prompt a slot's KV cache holds (llama-server's field, default on)
     cache_prompt: bool = True
+    #: log-probabilities of the generated tokens with this many alternatives each (None: none)
+    logprobs: int | None = None
     messages: tuple[dict[str, str], ...] = ()
     prompt: str | tuple[int, ...] = ""
 
@@ -150,11 +152,8 @@ def _unsupported(body: Mapping[str, Any], kind: Kind) -> None:
         "functions": lambda v: not v,
         "response_format": lambda v: isinstance(v, dict) and v.get("type", "text") == "text",
     }
-    if kind == "chat":
-        checks["logprobs"] = lambda v: v is False
-        checks["top_logprobs"] = lambda v: not v
-    else:
-        checks.update(logprobs=lambda v: not v, echo=lambda v: v is False, suffix=lambda v: not v)
+    if kind == "completion":
+        checks.update(echo=lambda v: v is False, suffix=lambda v: not v)
         checks["best_of"] = lambda v: v == 1
     for name, ok in checks.items():
         value = body.get(name)
@@ -202,7 +201,25 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
         stream=stream,
         include_usage=include_usage,
         cache_prompt=_boolean(body, "cache_prompt", default=True),
+        logprobs=_logprobs(body, kind),
     )
+
+
+def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
+    """Chat: ``logprobs`` (bool) with ``top_logprobs`` 0..20 alternatives; completions: ``logprobs`` 0..5."""
+    if kind == "completion":
+        n = _integer(body, "logprobs", None, lo=0)
+        if n is not None and n > 5:
+            raise invalid("logprobs", f"'logprobs' must be at most 5, got {n}", "invalid_value")
+        return n
+    top = _integer(body, "top_logprobs", None, lo=0)
+    if top is not None and top > 20:
+        raise invalid("top_logprobs", f"'top_logprobs' must be at most 20, got {top}", "invalid_value")
+    if not _boolean(body, "logprobs"):
+        if top:
+            raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true", "invalid_value")
+        return None
+    return top or 0
 
 
 def _content(message: Mapping[str, Any], i: int) -> str:
@@ -317,6 +334,9 @@ def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------------------------
 # responses
 
+#: a generated token, its log-probability and the top alternatives [(token, log-probability)]
+TokenLogprob = tuple[int, float, list[tuple[int, float]]]
+
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     """OpenAI's usage object; ``cached_tokens`` of the prompt came from the KV cache (not prefilled again)."""
@@ -328,22 +348,55 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
-def _choice(kind: Kind, text: str, finish: FinishReason | None, delta: bool, first: bool) -> dict[str, Any]:
+def logprobs_object(kind: Kind, entries: Sequence[TokenLogprob], piece: Callable[[int], bytes]) -> dict[str, Any]:
+    """OpenAI's logprobs of generated tokens: chat's ``{"content": [...]}`` or completions' token lists;
+    ``piece`` gives a token's bytes."""
+
+    def text(token: int) -> str:
+        return piece(token).decode("utf-8", errors="replace")
+
+    if kind == "chat":
+
+        def one(token: int, lp: float) -> dict[str, Any]:
+            return {"token": text(token), "logprob": lp, "bytes": list(piece(token))}
+
+        return {"content": [{**one(t, lp), "top_logprobs": [one(a, alp) for a, alp in top]} for t, lp, top in entries]}
+    offsets = [0]
+    for t, _, _ in entries[:-1]:
+        offsets.append(offsets[-1] + len(text(t)))
+    return {
+        "tokens": [text(t) for t, _, _ in entries],
+        "token_logprobs": [lp for _, lp, _ in entries],
+        "top_logprobs": [{text(a): alp for a, alp in top} for _, _, top in entries],
+        "text_offset": offsets if entries else [],
+    }
+
+
+def _choice(
+    kind: Kind, text: str, finish: FinishReason | None, delta: bool, first: bool, logprobs: dict | None = None
+) -> dict[str, Any]:
     if kind == "completion":
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if not delta:
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
     body = {"role": "assistant", "content": text} if first else ({"content": text} if text or not finish else {})
-    return {"index": 0, "delta": body, "logprobs": None, "finish_reason": finish}
+    return {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
 
 
 def completion_object(
-    kind: Kind, ident: str, created: int, model: str, text: str, finish: FinishReason, use: dict[str, int]
+    kind: Kind,
+    ident: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: FinishReason,
+    use: dict[str, int],
+    logprobs: dict | None = None,
 ) -> dict[str, Any]:
     """The whole answer of a non-streamed request."""
     obj = "chat.completion" if kind == "chat" else "text_completion"
-    choice = _choice(kind, text, finish, delta=False, first=False)
+    choice = _choice(kind, text, finish, delta=False, first=False, logprobs=logprobs)
     return {"id": ident, "object": obj, "created": created, "model": model, "choices": [choice], "usage": use}
 
 
@@ -357,10 +410,11 @@ def chunk_object(
     first: bool = False,
     use: dict[str, int] | None = None,
     include_usage: bool = False,
+    logprobs: dict | None = None,
 ) -> dict[str, Any]:
     """One server-sent event of a streamed request; with ``use`` it is the final usage chunk (no choices)."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    choices = [] if use is not None else [_choice(kind, text, finish, delta=True, first=first)]
+    choices = [] if use is not None else [_choice(kind, text, finish, delta=True, first=first, logprobs=logprobs)]
     chunk = {"id": ident, "object": obj, "created": created, "model": model, "choices": choices}
     if include_usage:
         chunk["usage"] = use

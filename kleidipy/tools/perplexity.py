@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.sampler import log_softmax
 
 
 class PerplexityError(KleidipyError, ValueError):
@@ -59,11 +60,7 @@ class PerplexityResult:
 def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """-log_softmax(logits[i])[targets[i]] per row, float64, as llama.cpp's ``log_softmax``: float32 max and
     ``logit - max``, ``expf`` summed in float64."""
-    logits = np.asarray(logits, dtype=np.float32)
-    rows = np.arange(logits.shape[0])
-    top = logits.max(axis=1)
-    sum_exp = np.exp(logits - top[:, None]).sum(axis=1, dtype=np.float64)
-    return -((logits[rows, targets] - top).astype(np.float64) - np.log(sum_exp))
+    return -log_softmax(logits)[np.arange(len(targets)), targets]
 
 
 def perplexity(

@@ -273,6 +273,42 @@ def test_prompt_cache_prefills_only_the_new_tokens(smol: Server, smollm2: Engine
     assert fresh.usage.prompt_tokens_details.cached_tokens == 0
 
 
+def test_logprobs_chat_and_completions(smol: Server, smollm2: Engine) -> None:
+    """Chat ``logprobs``/``top_logprobs`` and completions ``logprobs``: one entry per generated token, its text is
+    the content, greedy picks the most likely token, the first one is the engine's log-softmax of the prompt's
+    last logits, and streaming gives the same entries."""
+    from kleidipy.runtime.sampler import log_softmax
+
+    client = smol.client()
+    args = dict(model=SMOLLM2, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3,
+                extra_body={"cache_prompt": False})  # fmt: skip
+    full = client.chat.completions.create(**args)
+    content = full.choices[0].logprobs.content
+    assert (
+        len(content) == full.usage.completion_tokens
+        and "".join(c.token for c in content) == full.choices[0].message.content
+    )
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token and c.logprob <= 0
+        assert c.logprob == c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob >= c.top_logprobs[2].logprob
+    smollm2.lm.reset()
+    first = log_softmax(smollm2.lm.forward(smollm2.chat_prompt(MESSAGES)))
+    assert content[0].logprob == float(first.max())
+    streamed = [c for chunk in client.chat.completions.create(**args, stream=True) for ch in chunk.choices
+                if ch.logprobs for c in ch.logprobs.content]  # fmt: skip
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(model=SMOLLM2, messages=MESSAGES, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+    comp = client.completions.create(model=SMOLLM2, prompt="The capital of France is", max_tokens=4, temperature=0,
+                                     logprobs=2)  # fmt: skip
+    lp = comp.choices[0].logprobs
+    assert "".join(lp.tokens) == comp.choices[0].text and len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+    assert all(
+        len(alts) == 2 and max(alts.values()) == v for alts, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
+
+
 def test_completion_sampled_with_seed_and_stop(smol: Server) -> None:
     client = smol.client()
     args = dict(model=SMOLLM2, prompt="Once upon a time", max_tokens=10, temperature=0.9, top_p=0.95, seed=1234)
@@ -312,7 +348,8 @@ def test_bad_requests_get_openai_errors(smol: Server) -> None:
         ({**chat, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
         ({**chat, "stop": 5}, 400, "stop"),
         ({**chat, "stream": "yes"}, 400, "stream"),
-        ({**chat, "logprobs": True}, 400, "logprobs"),
+        ({**chat, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        ({**chat, "top_logprobs": 2}, 400, "top_logprobs"),
         ({**chat, "tools": [{"type": "function"}]}, 400, "tools"),
         ({**chat, "messages": [{"role": "user", "content": "\ud83d"}]}, 400, "messages[0].content"),
         ({**chat, "messages": [{"role": "user", "content": "hello " * 600}]}, 400, "messages"),  # > 512 per slot
