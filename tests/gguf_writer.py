@@ -68,7 +68,8 @@ def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
 
 def write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], types: dict | None = None) -> Path:
     """Write a GGUF file: kv values typed as llama.cpp's converter does (uint32, float32, string, bool, arrays);
-    tensors as F32 unless ``types`` maps a name (or "*" for every 2-D weight) to another ggml type."""
+    tensors as F32 unless ``types`` maps a name (or "*" for every 2-D weight) to another ggml type (a uint8 array
+    is taken as that type's blocks already, ``[rows, row_bytes]``: for types gguf cannot quantize to)."""
     types = types or {}
     w = gguf.GGUFWriter(path, arch)
     for key, value in kv.items():
@@ -91,7 +92,7 @@ def write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], 
         elif ty == T.I32:
             w.add_tensor(name, arr.astype(np.int32))
         else:
-            q = gguf.quants.quantize(arr, ty)
+            q = arr if arr.dtype == np.uint8 else gguf.quants.quantize(arr, ty)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=ty)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, ctx: bool = True,
                       quiet: str | None = "no progress bars") -> None:  # fmt: skip
-    """The options every command that runs a model shares: model, threads, context, execution, target, quiet."""
+    """The options every command that runs a model shares: model, threads, context, execution, load checks and
+    the repack cache, target, quiet."""
     p.add_argument(
         "-m",
         "--model",
@@ -254,6 +255,13 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
         default=True,
         help="check at load that every weight is finite, as llama.cpp's --check-tensors (default: on, it adds "
         "about 3%% to the load time; --no-check-tensors skips it)",
+    )
+    p.add_argument(
+        "--repack-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the weights repacked for the target in a cache file beside the model cache and read them back "
+        "at the next load (default: on; --no-repack-cache repacks at every load and writes nothing)",
     )
     if quiet:
         p.add_argument("-q", "--quiet", action="store_true", help=quiet)

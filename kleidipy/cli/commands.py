@@ -115,6 +115,7 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
         n_ctx=args.ctx_size,
         progress=not args.quiet,
         check_tensors=args.check_tensors,
+        repack_cache=args.repack_cache,
     )
 
 
@@ -240,6 +241,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             n_ctx=args.ctx_size,
             chat=args.chat,
             check_tensors=args.check_tensors,
+            repack_cache=args.repack_cache,
         )
     )
     if chrome_trace is not None:
@@ -297,6 +299,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         execution=args.execution,
         check_tensors=args.check_tensors,
+        repack_cache=args.repack_cache,
     )
     print(format_bench_table(rows))
     return 0
@@ -320,5 +323,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         execution=args.execution,
         progress=not args.quiet,
         check_tensors=args.check_tensors,
+        repack_cache=args.repack_cache,
     )
     return 0

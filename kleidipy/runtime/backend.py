@@ -4,7 +4,9 @@ At load (:meth:`KleidiBackend.__call__`, a :class:`~kleidipy.runtime.weights.Lin
 turned into the RHS packer's inputs (Q4_0 blocks verbatim; Q8_0 requantized per channel as llama.cpp does;
 Q4_1 and Q4_K codes + f32 scale/offset per 32 values, exact; F16/F32 as f32 K×N) and packed with the GEMM
 kernel the target selects — one packed copy serves the GEMM and the GEMV of the pair. Other GGUF types are
-dequantized and requantized to a supported format, with a one-line notice. At run time
+dequantized and requantized to a supported format, with a one-line notice. With a
+:class:`~kleidipy.runtime.repack_cache.RepackCache`, a weight packed at an earlier load for the same target is read
+back instead (bit-identical bytes) and every weight of the load is recorded for the next one. At run time
 :func:`compute_forward_mul_mat` quantizes+packs the activations with the chosen kernel's LHS packer and runs the
 GEMM when m > 1, the GEMV when m == 1.
 """
@@ -24,6 +26,7 @@ from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.runtime.observer import KernelCall, Observer, RepackCall
+from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.target import KernelPair, Target, select_kernels
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
@@ -89,37 +92,68 @@ class KleidiBackend:
     notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
     #: who watches repacks and MUL_MATs (:mod:`kleidipy.runtime.observer`); an engine shares its list
     observers: list[Observer] = field(default_factory=list)
+    #: packed weights of earlier loads (:mod:`kleidipy.runtime.repack_cache`), read instead of repacking
+    cache: RepackCache | None = None
     _noticed: set = field(default_factory=set)
 
     def __call__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RepackedLinear:
         t0 = perf_counter()
         k, n = int(shape[0]), int(shape[1])
         source_type, source_bytes = GGMLType(ggml_type), int(raw.nbytes)
-        ggml_type, raw = self.supported(name, source_type, n, k, raw)
-        pair = select_kernels(_DIRECT[ggml_type], self.target)
-        rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
-        t1 = perf_counter()
-        packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
-        if self.observers:
+        hit = self._cached(name, source_type, n, k)
+        if hit is not None:
+            self._notice_requantized(name, source_type)
+            pair, packed = hit
+            t1 = t2 = perf_counter()
+        else:
+            ggml_type, raw = self.supported(name, source_type, n, k, raw)
+            pair = select_kernels(_DIRECT[ggml_type], self.target)
+            rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
+            t1 = perf_counter()
+            packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
             t2 = perf_counter()
+        if self.cache is not None:
+            self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
+        if self.observers:
             call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
+            call.cached = hit is not None
             for observer in self.observers:
                 observer.on_repack(call)
         return RepackedLinear(name, pair, n, k, packed, self)
+
+    def _cached(self, name: str, source_type: GGMLType, n: int, k: int) -> tuple[KernelPair, np.ndarray] | None:
+        """(pair, packed bytes) from the cache, if it holds the weight packed for this target's kernel (its
+        packer and size)."""
+        hit = self.cache.get(name, source_type, n, k) if self.cache is not None else None
+        if hit is None:
+            return None
+        pair = select_kernels(hit.weight_type, self.target)
+        if hit.packed.layout.packer != pair.gemm.rhs_packer.name or hit.packed.size != pair.gemm.rhs_packed_size(n, k):
+            return None
+        return pair, hit.packed
 
     def supported(self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray) -> tuple[GGMLType, np.ndarray]:
         """A type the kernels take: itself, or the weight dequantized and requantized (with a one-line notice)."""
         if ggml_type in _DIRECT:
             return ggml_type, raw
-        target_type = GGMLType.Q8_0 if ggml_type in _REQUANT_TO_Q8_0 else GGMLType.Q4_0
-        if ggml_type not in self._noticed:
-            self._noticed.add(ggml_type)
-            self.notice(
-                f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to "
-                f"{target_type.name} (first: {name})"
-            )
+        self._notice_requantized(name, ggml_type)
         values = formats.dequantize(raw, ggml_type, n, k)
-        return target_type, formats.quantize(values, target_type)
+        return _requantized_type(ggml_type), formats.quantize(values, _requantized_type(ggml_type))
+
+    def _notice_requantized(self, name: str, ggml_type: GGMLType) -> None:
+        """Once per type without a kernel: its weights are requantized (also when read back from the cache)."""
+        if ggml_type in _DIRECT or ggml_type in self._noticed:
+            return
+        self._noticed.add(ggml_type)
+        self.notice(
+            f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to "
+            f"{_requantized_type(ggml_type).name} (first: {name})"
+        )
+
+
+def _requantized_type(ggml_type: GGMLType) -> GGMLType:
+    """The format a type without a kernel is requantized to."""
+    return GGMLType.Q8_0 if ggml_type in _REQUANT_TO_Q8_0 else GGMLType.Q4_0
 
 
 def packer_inputs(

@@ -2,7 +2,8 @@
 
 :class:`Engine` opens a GGUF (a path or a catalogue name, pulled on first use), checks that every weight is finite
 (``check_tensors``, llama.cpp's ``--check-tensors``), builds the tokenizer and chat template from its metadata,
-repacks every matmul weight once for the target's kernels (progress bar), and builds the architecture.
+repacks every matmul weight once for the target's kernels (progress bar; read back from the repack cache when an
+earlier load made them), and builds the architecture.
 :meth:`Engine.generate` yields text pieces as tokens are sampled and records :class:`Timings` (load, repack,
 prefill and decode tokens/s) the way llama.cpp's tools report them.
 """
@@ -27,6 +28,7 @@ from kleidipy.runtime.chat_template import ChatTemplate
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.observer import Observer, RepackCall
 from kleidipy.runtime.pull import resolve_model
+from kleidipy.runtime.repack_cache import RepackCache
 from kleidipy.runtime.sampler import Sampler, SamplingParams, log_softmax
 from kleidipy.runtime.tokenizer import StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
@@ -213,8 +215,11 @@ class Engine:
     n_ctx: int | None = None
     kv_dtype: type = np.float16
     progress: bool = True
-    notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
+    #: one-line notices (requantized types, a stale repack cache): tqdm.write keeps the progress bar intact
+    notice: Callable[[str], None] = field(default=lambda msg: tqdm.write(f"kleidipy: {msg}", file=sys.stderr))
     check_tensors: bool = True
+    #: read the weights packed at an earlier load for this target (:mod:`kleidipy.runtime.repack_cache`)
+    repack_cache: bool = True
     #: watch the load and every generation (:mod:`kleidipy.runtime.observer`): shared by the backend and the model
     observers: list[Observer] = field(default_factory=list)
 
@@ -231,15 +236,16 @@ class Engine:
         self.chat_template = ChatTemplate.from_metadata(metadata)
         n_weights = sum(len(t.shape) == 2 for t in self.gguf.tensors.values())
         n_weights -= 0 if self.gguf.hparams.tied_embeddings else 1  # token_embd is only read by rows
+        t1 = time.perf_counter()
+        cache = RepackCache(self.path, self.target, self.execution, self.notice) if self.repack_cache else None
         bar = tqdm(
             total=n_weights, desc="repack", unit="tensor", disable=not self.progress, file=sys.stderr, leave=False
         )
         progress = _RepackProgress(bar)
         self.observers.append(progress)
         self.backend = KleidiBackend(
-            self.target, self.execution, self.threads, notice=self.notice, observers=self.observers
+            self.target, self.execution, self.threads, notice=self.notice, observers=self.observers, cache=cache
         )
-        t1 = time.perf_counter()
         try:
             self.lm = self.gguf.arch.build(self.gguf, linear=self.backend, n_ctx=self.n_ctx, kv_dtype=self.kv_dtype)
         finally:
@@ -247,7 +253,9 @@ class Engine:
             bar.close()
         self.lm.observers = self.observers
         t2 = time.perf_counter()
-        self.timings = Timings(load_s=t2 - t0, repack_s=t2 - t1)
+        if cache is not None:
+            cache.save()
+        self.timings = Timings(load_s=time.perf_counter() - t0, repack_s=t2 - t1)
         #: why the last generation ended (None before the first one)
         self.finish_reason: FinishReason | None = None
 

@@ -48,6 +48,7 @@ class RepackCall:
     seconds: float
     pack_start: float  # the kai_run_rhs_pack_ call alone
     pack_seconds: float
+    cached: bool = False  # read from the repack cache: no conversion, no pack (pack_seconds 0)
 
 
 class Observer:

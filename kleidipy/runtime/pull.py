@@ -167,6 +167,16 @@ def model_path(name: str) -> Path | None:
     return path if path.is_file() and path.stat().st_size == spec.size else None
 
 
+def catalogue_sha256(path: str | os.PathLike[str]) -> str | None:
+    """The catalogue sha256 of ``path`` when it is a pulled catalogue model's file (by place and size), else None."""
+    where = Path(path).resolve()
+    for spec in CATALOGUE.values():
+        cached = cache_dir() / spec.filename
+        if where == cached.resolve() and where.is_file() and where.stat().st_size == spec.size:
+            return spec.sha256
+    return None
+
+
 def list_models() -> list[ModelInfo]:
     """Every catalogue model, with whether (and where) it is pulled."""
     infos = []

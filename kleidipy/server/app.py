@@ -424,6 +424,7 @@ def serve(
     progress: bool = True,
     log_level: str = "info",
     check_tensors: bool = True,
+    repack_cache: bool = True,
 ) -> None:
     """Load ``model`` and serve it until interrupted (``kleidipy serve``). ``ctx`` is the total context, split
     between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved)."""
@@ -440,6 +441,7 @@ def serve(
         n_ctx=ctx,
         progress=progress,
         check_tensors=check_tensors,
+        repack_cache=repack_cache,
     )
     app = create_app(engine, parallel=parallel, api_key=api_key, cors=tuple(cors))
     print(

@@ -73,6 +73,7 @@ def run_bench(
     execution: str = "jit",
     notice: Callable[[str], None] = lambda msg: print(f"kleidipy: {msg}", file=sys.stderr),
     check_tensors: bool = True,
+    repack_cache: bool = True,
 ) -> list[BenchRow]:
     """Load ``model`` (a path or catalogue name; an :class:`Engine` is used as it is, ``target`` and ``execution``
     then being its own) once and time ``pp{n_prompt}`` and ``tg{n_gen}`` (a count of 0 skips the test) at every
@@ -93,6 +94,7 @@ def run_bench(
             progress=progress,
             notice=notice,
             check_tensors=check_tensors,
+            repack_cache=repack_cache,
         )
     longest = max(n_prompt, n_gen)
     if longest > engine.context_length:

@@ -1,0 +1,214 @@
+"""The repacked-weight cache: a model's packed weights for one target and execution, kept on disk so that the
+next load reads them instead of converting and packing again (llama.cpp repacks at every load; kleidipy's
+Python conversions of K-quant and requantized weights take seconds, reading the bytes back a fraction of one).
+
+One file per (model file, target, execution) in ``repack/`` beside the model cache (:func:`repack_dir`). Its
+header records the key it was made for — the model's identity (the catalogue sha256 for a pulled catalogue
+model, else path + size + mtime), the target's name, features and SVL, the execution, kleidipy's version and the
+cache format — and, per weight, its GGUF type, kernel weight type, shape, packed layout, byte range and crc32.
+Reading checks the key (stale: rebuilt) and every crc32 and size (corrupt: rebuilt), each with a one-line
+notice. Files are written to a temporary name and renamed, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as GGMLType
+
+from kleidipy import __version__
+from kleidipy.core.buffers import PackedBuffer, PackedLayout
+from kleidipy.errors import KleidipyError
+from kleidipy.runtime.pull import cache_dir, catalogue_sha256
+from kleidipy.target import Target
+
+#: bumped whenever the file layout or the meaning of its fields changes
+FORMAT_VERSION = 1
+_MAGIC = b"KLEIDIPY-REPACK\n"
+_ALIGN = 64
+
+
+class RepackCacheError(KleidipyError, ValueError):
+    """A repack cache file that cannot be used: unreadable, truncated, or a checksum that does not match."""
+
+
+@dataclass(frozen=True)
+class CachedWeight:
+    """One weight as the backend rebuilds it: its GGUF type, the kernel weight type and shape, the packed bytes."""
+
+    source_type: GGMLType
+    weight_type: str
+    n: int
+    k: int
+    packed: PackedBuffer
+
+
+def repack_dir() -> Path:
+    """Where repack cache files live: ``repack/`` beside the model cache directory."""
+    return cache_dir().parent / "repack"
+
+
+def _target_text(target: Target) -> str:
+    return f"{target.name}:{','.join(sorted(target.features))}:svl={target.svl_bits}"
+
+
+def cache_key(model_path: Path, target: Target, execution: str) -> dict[str, str | int]:
+    """Everything a cache file's content depends on (a file made for another key is stale)."""
+    sha = catalogue_sha256(model_path)
+    if sha is None:
+        st = model_path.stat()
+        model = f"{model_path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    else:
+        model = f"sha256:{sha}"
+    return {
+        "model": model,
+        "target": _target_text(target),
+        "execution": execution,
+        "kleidipy": __version__,
+        "format": FORMAT_VERSION,
+    }
+
+
+def cache_path(model_path: Path, target: Target, execution: str) -> Path:
+    """The cache file of a model for a target and execution (a model edited in place keeps its file name, so
+    the stale file is replaced rather than left behind)."""
+    sha = catalogue_sha256(model_path)
+    place = f"sha256:{sha}" if sha else str(model_path.resolve())
+    digest = hashlib.sha256(f"{place}|{_target_text(target)}|{execution}".encode()).hexdigest()[:16]
+    return repack_dir() / f"{model_path.stem}.{target.name}.{execution}.{digest}.kpack"
+
+
+class RepackCache:
+    """The cache file of one model for one target and execution: :meth:`get` the weights it holds, :meth:`put`
+    every weight of the load, :meth:`save` (rewrites the file when a weight had to be repacked)."""
+
+    def __init__(self, model_path: Path, target: Target, execution: str, notice: Callable[[str], None]) -> None:
+        self.path = cache_path(model_path, target, execution)
+        self.key = cache_key(model_path, target, execution)
+        self.notice = notice
+        self.loaded: dict[str, CachedWeight] = {}
+        self.weights: dict[str, CachedWeight] = {}
+        self.dirty = False
+        if not self.path.is_file():
+            return
+        try:
+            key, self.loaded = read_cache(self.path)
+        except RepackCacheError as exc:
+            self.notice(f"repack cache {self.path} is corrupt ({exc}); repacking and rewriting it")
+            return
+        if key != self.key:
+            changed = ", ".join(name for name in self.key if key.get(name) != self.key[name])
+            self.notice(f"repack cache {self.path} is stale ({changed} changed); repacking and rewriting it")
+            self.loaded = {}
+
+    def get(self, name: str, source_type: GGMLType, n: int, k: int) -> CachedWeight | None:
+        """The cached weight ``name`` if it was made from a weight of this type and shape, else None."""
+        hit = self.loaded.get(name)
+        if hit is None or (hit.source_type, hit.n, hit.k) != (source_type, n, k):
+            return None
+        return hit
+
+    def put(self, name: str, weight: CachedWeight, fresh: bool) -> None:
+        """Record a weight of this load; ``fresh`` when it was repacked rather than read from the file."""
+        self.weights[name] = weight
+        self.dirty |= fresh
+
+    def save(self) -> None:
+        """Write the load's weights when any was repacked (a notice, not an error, when the directory is not
+        writable: the cache only saves time)."""
+        if not self.dirty:
+            return
+        try:
+            write_cache(self.path, self.key, self.weights)
+        except OSError as exc:
+            self.notice(f"could not write the repack cache {self.path}: {exc.strerror or exc}")
+            return
+        self.dirty = False
+
+
+def write_cache(path: Path, key: dict[str, str | int], weights: dict[str, CachedWeight]) -> None:
+    """Write ``weights`` under ``key`` to ``path`` atomically (temporary file in the same directory, then rename)."""
+    entries, offset = [], 0
+    for name, w in weights.items():
+        data = np.ascontiguousarray(w.packed).view(np.ndarray)
+        entries.append(
+            {
+                "name": name,
+                "source_type": int(w.source_type),
+                "weight_type": w.weight_type,
+                "n": w.n,
+                "k": w.k,
+                "layout": asdict(w.packed.layout),
+                "shape": list(data.shape),
+                "offset": offset,
+                "nbytes": int(data.nbytes),
+                "crc32": zlib.crc32(data),
+            }
+        )
+        offset += _padded(data.nbytes)
+    header = json.dumps({"key": key, "weights": entries}).encode()
+    start = _padded(len(_MAGIC) + 8 + len(header))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
+            f.write(bytes(start - f.tell()))
+            for w in weights.values():
+                data = np.ascontiguousarray(w.packed).view(np.ndarray)
+                f.write(data.tobytes())
+                f.write(bytes(_padded(data.nbytes) - data.nbytes))
+        os.chmod(tmp, 0o644)  # mkstemp made it private
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_cache(path: Path) -> tuple[dict, dict[str, CachedWeight]]:
+    """(key, weights) of a cache file, every weight's size and crc32 checked (RepackCacheError otherwise)."""
+    try:
+        with path.open("rb") as f:
+            if f.read(len(_MAGIC)) != _MAGIC:
+                raise RepackCacheError("not a kleidipy repack cache file")
+            (size,) = struct.unpack("<Q", _read_exactly(f, 8))
+            header = json.loads(_read_exactly(f, size))
+            start = _padded(len(_MAGIC) + 8 + size)
+            weights = {}
+            for e in header["weights"]:
+                f.seek(start + e["offset"])
+                data = np.empty(e["nbytes"], np.uint8)
+                if f.readinto(memoryview(data)) != data.nbytes:
+                    raise RepackCacheError(f"truncated at weight '{e['name']}'")
+                if zlib.crc32(data) != e["crc32"]:
+                    raise RepackCacheError(f"checksum mismatch in weight '{e['name']}'")
+                layout = PackedLayout(**e["layout"])
+                packed = PackedBuffer(data.reshape(e["shape"]), layout)
+                weights[e["name"]] = CachedWeight(GGMLType(e["source_type"]), e["weight_type"], e["n"], e["k"], packed)
+            return header["key"], weights
+    except RepackCacheError:
+        raise
+    except OSError as exc:
+        raise RepackCacheError(exc.strerror or str(exc)) from None
+    except (ValueError, KeyError, TypeError) as exc:  # JSON, GGML type, layout or shape that is not what we wrote
+        raise RepackCacheError(f"unreadable header: {exc}") from None
+
+
+def _read_exactly(f, size: int) -> bytes:
+    data = f.read(size)
+    if len(data) != size:
+        raise RepackCacheError("truncated header")
+    return data
+
+
+def _padded(size: int) -> int:
+    return -(-size // _ALIGN) * _ALIGN
