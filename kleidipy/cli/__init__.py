@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "runtime operation down to the KleidiAI packers and kernels that ran, with call counts, time and bytes "
         "per kernel and per weight. --json for machines, --chrome-trace FILE for Perfetto / chrome://tracing.",
     )
-    _add_runtime_args(p, quiet=None)
+    _add_runtime_args(p, quiet=None, repack_cache=False)
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("-n", "--n-predict", type=int, default=8, help="tokens to decode (default 8)")
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, ctx: bool = True,
-                      quiet: str | None = "no progress bars") -> None:  # fmt: skip
+                      quiet: str | None = "no progress bars", repack_cache: bool = True) -> None:  # fmt: skip
     """The options every command that runs a model shares: model, threads, context, execution, load checks and
     the repack cache, target, quiet."""
     p.add_argument(
@@ -256,13 +256,14 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
         help="check at load that every weight is finite, as llama.cpp's --check-tensors (default: on, it adds "
         "about 3%% to the load time; --no-check-tensors skips it)",
     )
-    p.add_argument(
-        "--repack-cache",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep the weights repacked for the target in a cache file beside the model cache and read them back "
-        "at the next load (default: on; --no-repack-cache repacks at every load and writes nothing)",
-    )
+    if repack_cache:
+        p.add_argument(
+            "--repack-cache",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="keep the weights repacked for the target in a cache file beside the model cache and read them back "
+            "at the next load (default: on; --no-repack-cache repacks at every load and writes nothing)",
+        )
     if quiet:
         p.add_argument("-q", "--quiet", action="store_true", help=quiet)
     _add_target_arg(p)

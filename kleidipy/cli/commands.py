@@ -241,7 +241,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
             n_ctx=args.ctx_size,
             chat=args.chat,
             check_tensors=args.check_tensors,
-            repack_cache=args.repack_cache,
         )
     )
     if chrome_trace is not None:

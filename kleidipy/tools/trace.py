@@ -203,10 +203,9 @@ class Tracer(Observer):
         pack = KaiCall(
             packer.kai_name, "rhs_pack", call.pack_start - self.t0, call.pack_seconds, call.raw_bytes, call.packed_bytes
         )
-        kind = f"{call.ggml_type.name} -> {call.pair.weight_type}" + (" (repack cache)" if call.cached else "")
-        calls = () if call.cached else (pack,)  # read back from the cache: no packer ran
+        kind = f"{call.ggml_type.name} -> {call.pair.weight_type}"
         self.current.ops.append(
-            Op(frames, fresh, call.weight, 0, call.n, call.k, call.start - self.t0, call.seconds, calls, kind)
+            Op(frames, fresh, call.weight, 0, call.n, call.k, call.start - self.t0, call.seconds, (pack,), kind)
         )
 
     def load(
@@ -217,7 +216,6 @@ class Tracer(Observer):
         execution: str,
         n_ctx: int | None,
         check_tensors: bool = True,
-        repack_cache: bool = True,
     ) -> Engine:
         """Build the Engine (the model load stage: every repack recorded)."""
         stage = self._enter("model load")
@@ -231,7 +229,7 @@ class Tracer(Observer):
                 n_ctx=n_ctx,
                 progress=False,
                 check_tensors=check_tensors,
-                repack_cache=repack_cache,
+                repack_cache=False,  # the load stage shows every weight converted and packed
                 observers=[self],
             )
             stage.wall_s = self.now() - stage.start
@@ -288,12 +286,11 @@ def trace_generation(
     n_ctx: int | None = None,
     chat: bool = False,
     check_tensors: bool = True,
-    repack_cache: bool = True,
 ) -> Trace:
     """Load ``model`` and generate ``n_predict`` tokens (greedy) from ``prompt``, tracing every KleidiAI call."""
     tgt = target if isinstance(target, Target) else resolve_target(target)
     tracer = Tracer()
-    engine = tracer.load(model, tgt, threads, execution, n_ctx, check_tensors, repack_cache)
+    engine = tracer.load(model, tgt, threads, execution, n_ctx, check_tensors)
     ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.prompt(prompt)
     text = tracer.generate(engine, ids, n_predict)
     t, hp = engine.timings, engine.lm.hparams

@@ -318,13 +318,10 @@ def run_trace(
     n_ctx: int | None = None,
     chat: bool = False,
     check_tensors: bool = True,
-    repack_cache: bool = True,
 ) -> str:
     """``kleidipy trace``: trace a generation; returns the report (text, or JSON with ``json_out``) and writes the
     Chrome trace-event file to ``chrome_trace_path`` when given."""
-    trace = trace_generation(
-        model, prompt, n_predict, target, threads, execution, n_ctx, chat, check_tensors, repack_cache
-    )
+    trace = trace_generation(model, prompt, n_predict, target, threads, execution, n_ctx, chat, check_tensors)
     if chrome_trace_path is not None:
         try:
             Path(chrome_trace_path).write_text(json.dumps(chrome_trace(trace)))
