@@ -13,6 +13,7 @@ notice. Files are written to a temporary name and renamed, so a reader never see
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import struct
@@ -25,7 +26,6 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy import __version__
 from kleidipy.core.buffers import PackedBuffer, PackedLayout
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.pull import cache_dir, catalogue_sha256
@@ -73,7 +73,7 @@ def cache_key(model_path: Path, target: Target, execution: str) -> dict[str, str
         "model": model,
         "target": _target_text(target),
         "execution": execution,
-        "kleidipy": __version__,
+        "kleidipy": importlib.metadata.version("kleidipy"),
         "format": FORMAT_VERSION,
     }
 
@@ -137,9 +137,10 @@ class RepackCache:
 
 def write_cache(path: Path, key: dict[str, str | int], weights: dict[str, CachedWeight]) -> None:
     """Write ``weights`` under ``key`` to ``path`` atomically (temporary file in the same directory, then rename)."""
-    entries, offset = [], 0
+    entries, arrays, offset = [], [], 0
     for name, w in weights.items():
         data = np.ascontiguousarray(w.packed).view(np.ndarray)
+        arrays.append(data)
         entries.append(
             {
                 "name": name,
@@ -163,9 +164,8 @@ def write_cache(path: Path, key: dict[str, str | int], weights: dict[str, Cached
         with os.fdopen(fd, "wb") as f:
             f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
             f.write(bytes(start - f.tell()))
-            for w in weights.values():
-                data = np.ascontiguousarray(w.packed).view(np.ndarray)
-                f.write(data.tobytes())
+            for data in arrays:
+                f.write(memoryview(data.reshape(-1)))
                 f.write(bytes(_padded(data.nbytes) - data.nbytes))
         os.chmod(tmp, 0o644)  # mkstemp made it private
         os.replace(tmp, path)
