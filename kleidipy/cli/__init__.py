@@ -172,8 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenAI-compatible HTTP server (chat and completions, streaming)",
         description="Serve a model over an OpenAI-compatible API: GET /health, GET /v1/models, POST "
         "/v1/chat/completions (the GGUF's chat template), POST /v1/completions, with stream: true as server-sent "
-        "events. --parallel slots share one loaded model, each with its own KV cache; more requests wait in a "
-        "FIFO queue; -c is the total context, split between the slots. Binds to loopback unless --host says otherwise.",
+        "events, logprobs included; POST /v1/embeddings; llama-server's POST /tokenize and /detokenize; GET /metrics "
+        "(Prometheus). Any model name is served by the one model. --parallel slots share one loaded model, each with "
+        "its own KV cache, and a request reuses the slot holding the longest prefix of its prompt; more requests wait "
+        "in a FIFO queue; -c is the total context, split between the slots. Binds to loopback unless --host says "
+        "otherwise.",
     )
     _add_runtime_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
