@@ -208,44 +208,61 @@ def create_app(
             message = f"max_tokens={req.max_tokens} is more than the context ({slot_ctx} tokens)"
             raise invalid("max_tokens", message, "invalid_value")
         ids = await run_in_threadpool(prompt_ids, req)
-        gen = Generation(
-            tokenizer,
-            ids,
-            slot_ctx,
-            req.max_tokens,
-            req.params,
-            req.seed,
-            req.stop,
-            chunk=engine.lm.n_ubatch,
-            logprobs=req.logprobs,
-        )
-        job = Job(gen, asyncio.get_running_loop(), cache_prompt=req.cache_prompt)
-        scheduler.submit(job)
-        watcher = asyncio.create_task(watch_disconnect(request, job))
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for i in range(req.n):  # one sequence per choice; seed + i, so a seeded request repeats every choice
+            seed = None if req.seed is None else req.seed + i
+            gen = Generation(
+                tokenizer,
+                ids,
+                slot_ctx,
+                req.max_tokens,
+                req.params,
+                seed,
+                req.stop,
+                chunk=engine.lm.n_ubatch,
+                logprobs=req.logprobs,
+            )
+            jobs.append(Job(gen, loop, cache_prompt=req.cache_prompt))
+        try:
+            for job in jobs:
+                scheduler.submit(job)
+        except APIError:
+            for job in jobs:
+                scheduler.withdraw(job)
+            raise
+        watcher = asyncio.create_task(watch_disconnect(request, jobs))
         ident = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         stamp = int(time.time())
         if req.stream:
             return StreamingResponse(
-                stream(req, job, watcher, ident, stamp),
+                stream(req, jobs, watcher, ident, stamp),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        try:
+
+        async def answer(job: Job) -> tuple[str, Any, dict | None]:
             pieces = []
             async for kind, payload in events(job):
                 if kind == "error":
                     raise payload
                 pieces.append(payload)
+            gen = job.generation
+            lps = None if req.logprobs is None else logprobs_object(req.kind, gen.token_logprobs, piece)
+            return "".join(pieces), gen.finish_reason, lps
+
+        try:
+            answers = await asyncio.gather(*(answer(job) for job in jobs))
         finally:
-            scheduler.withdraw(job)
+            for job in jobs:
+                scheduler.withdraw(job)
             watcher.cancel()
-        use = usage(len(ids), gen.n_generated, gen.n_cached)
-        lps = None if req.logprobs is None else logprobs_object(req.kind, gen.token_logprobs, piece)
-        text = "".join(pieces)
-        return JSONResponse(completion_object(req.kind, ident, stamp, name, text, gen.finish_reason, use, lps))
+        gens = [job.generation for job in jobs]
+        use = usage(len(ids), sum(g.n_generated for g in gens), gens[0].n_cached)
+        return JSONResponse(completion_object(req.kind, ident, stamp, name, answers, use))
 
     async def stream(
-        req: GenerationRequest, job: Job, watcher: asyncio.Task, ident: str, stamp: int
+        req: GenerationRequest, jobs: list[Job], watcher: asyncio.Task, ident: str, stamp: int
     ) -> AsyncIterator[str]:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
@@ -253,33 +270,52 @@ def create_app(
         def chunk(text: str = "", **kw: Any) -> str:
             return sse(chunk_object(req.kind, ident, stamp, name, text, include_usage=req.include_usage, **kw))
 
-        gen, sent = job.generation, 0
+        sent = [0] * len(jobs)
 
-        def new_logprobs() -> dict | None:
-            """The log-probabilities of the tokens generated since the last chunk (those of text still held back
-            for a stop string come with the chunk that sends it or with the last one)."""
-            nonlocal sent
+        def new_logprobs(i: int) -> dict | None:
+            """The log-probabilities of choice i's tokens generated since its last chunk (those of text still held
+            back for a stop string come with the chunk that sends it or with the last one)."""
             if req.logprobs is None:
                 return None
-            entries, sent = gen.token_logprobs[sent:], len(gen.token_logprobs)
+            entries = jobs[i].generation.token_logprobs[sent[i] :]
+            sent[i] += len(entries)
             return logprobs_object(req.kind, entries, piece)
 
+        merged: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
+
+        async def pump(i: int, job: Job) -> None:
+            async for kind, payload in events(job):
+                await merged.put((i, kind, payload))
+            await merged.put((i, "end", None))
+
+        pumps = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
         try:
             if req.kind == "chat":
-                yield chunk(first=True)
-            async for kind, payload in events(job):
+                for i in range(len(jobs)):
+                    yield chunk(first=True, index=i)
+            open_jobs = len(jobs)
+            while open_jobs:
+                i, kind, payload = await merged.get()
                 if kind == "error":
                     yield sse(payload.body())
                     return
-                yield chunk(payload, logprobs=new_logprobs())
-            if job.cancelled:  # the client is gone
+                if kind == "text":
+                    yield chunk(payload, logprobs=new_logprobs(i), index=i)
+                    continue
+                open_jobs -= 1  # "end": the choice is finished, or the client is gone
+                if not jobs[i].cancelled:
+                    yield chunk(finish=jobs[i].generation.finish_reason, logprobs=new_logprobs(i), index=i)
+            if any(job.cancelled for job in jobs):  # the client is gone
                 return
-            yield chunk(finish=gen.finish_reason, logprobs=new_logprobs())
             if req.include_usage:
-                yield chunk(use=usage(len(gen.prompt), gen.n_generated, gen.n_cached))
+                gens = [job.generation for job in jobs]
+                yield chunk(use=usage(len(gens[0].prompt), sum(g.n_generated for g in gens), gens[0].n_cached))
             yield "data: [DONE]\n\n"
         finally:
-            scheduler.withdraw(job)
+            for task in pumps:
+                task.cancel()
+            for job in jobs:
+                scheduler.withdraw(job)
             watcher.cancel()
 
     async def chat_completions(request: Request) -> Response:
@@ -402,12 +438,13 @@ async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
             return
 
 
-async def watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel ``job`` (and wake whoever waits on its events) when the client goes away."""
+async def watch_disconnect(request: Request, jobs: list[Job]) -> None:
+    """Cancel the request's ``jobs`` (and wake whoever waits on their events) when the client goes away."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    job.cancel()
-    job.events.put_nowait(("disconnect", None))
+    for job in jobs:
+        job.cancel()
+        job.events.put_nowait(("disconnect", None))
 
 
 def serve(

@@ -55,6 +55,10 @@ def invalid(param: str | None, message: str, code: str | None = None) -> APIErro
     return APIError(400, message, param=param, code=code)
 
 
+#: most choices (``n``) one request may ask for
+MAX_CHOICES = 8
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """A validated chat or completion request. ``prompt`` is the text or token ids (completions only),
@@ -73,6 +77,8 @@ class GenerationRequest:
     cache_prompt: bool = True
     #: log-probabilities of the generated tokens with this many alternatives each (None: none)
     logprobs: int | None = None
+    #: choices to generate (each its own sequence; seed + i when a seed is given)
+    n: int = 1
     messages: tuple[dict[str, str], ...] = ()
     prompt: str | tuple[int, ...] = ""
 
@@ -143,9 +149,6 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _unsupported(body: Mapping[str, Any], kind: Kind) -> None:
     """Reject options that would change the answer but that this server cannot honour."""
-    n = _integer(body, "n", 1, lo=1)
-    if n != 1:
-        raise invalid("n", f"only n=1 is supported, got n={n}", "unsupported_value")
     checks = {
         "logit_bias": lambda v: not v,
         "tools": lambda v: not v,
@@ -202,7 +205,15 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
         include_usage=include_usage,
         cache_prompt=_boolean(body, "cache_prompt", default=True),
         logprobs=_logprobs(body, kind),
+        n=_choices(body),
     )
+
+
+def _choices(body: Mapping[str, Any]) -> int:
+    n = _integer(body, "n", 1, lo=1)
+    if n > MAX_CHOICES:
+        raise invalid("n", f"'n' must be at most {MAX_CHOICES}, got {n}", "invalid_value")
+    return n
 
 
 def _logprobs(body: Mapping[str, Any], kind: Kind) -> int | None:
@@ -373,15 +384,21 @@ def logprobs_object(kind: Kind, entries: Sequence[TokenLogprob], piece: Callable
 
 
 def _choice(
-    kind: Kind, text: str, finish: FinishReason | None, delta: bool, first: bool, logprobs: dict | None = None
+    kind: Kind,
+    text: str,
+    finish: FinishReason | None,
+    delta: bool,
+    first: bool,
+    logprobs: dict | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     if kind == "completion":
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if not delta:
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     body = {"role": "assistant", "content": text} if first else ({"content": text} if text or not finish else {})
-    return {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": finish}
 
 
 def completion_object(
@@ -389,15 +406,16 @@ def completion_object(
     ident: str,
     created: int,
     model: str,
-    text: str,
-    finish: FinishReason,
+    answers: Sequence[tuple[str, FinishReason, dict | None]],
     use: dict[str, int],
-    logprobs: dict | None = None,
 ) -> dict[str, Any]:
-    """The whole answer of a non-streamed request."""
+    """The whole answer of a non-streamed request: one choice per (text, finish reason, logprobs)."""
     obj = "chat.completion" if kind == "chat" else "text_completion"
-    choice = _choice(kind, text, finish, delta=False, first=False, logprobs=logprobs)
-    return {"id": ident, "object": obj, "created": created, "model": model, "choices": [choice], "usage": use}
+    choices = [
+        _choice(kind, text, finish, delta=False, first=False, logprobs=lps, index=i)
+        for i, (text, finish, lps) in enumerate(answers)
+    ]
+    return {"id": ident, "object": obj, "created": created, "model": model, "choices": choices, "usage": use}
 
 
 def chunk_object(
@@ -411,10 +429,13 @@ def chunk_object(
     use: dict[str, int] | None = None,
     include_usage: bool = False,
     logprobs: dict | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One server-sent event of a streamed request; with ``use`` it is the final usage chunk (no choices)."""
+    """One server-sent event of a streamed request (for choice ``index``); with ``use`` it is the final usage
+    chunk (no choices)."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    choices = [] if use is not None else [_choice(kind, text, finish, delta=True, first=first, logprobs=logprobs)]
+    choice = _choice(kind, text, finish, delta=True, first=first, logprobs=logprobs, index=index)
+    choices = [] if use is not None else [choice]
     chunk = {"id": ident, "object": obj, "created": created, "model": model, "choices": choices}
     if include_usage:
         chunk["usage"] = use

@@ -326,6 +326,29 @@ def test_completion_sampled_with_seed_and_stop(smol: Server) -> None:
     assert (streamed, finish) == (expected, "stop")  # nothing of the stop string was sent before it completed
 
 
+def test_n_choices_are_the_seeded_answers_one_by_one(smol: Server) -> None:
+    """``n`` answers one request with n choices: choice i is what a single request with seed + i gives, streamed
+    chunks carry each choice's index and end each with a finish reason, and usage counts every choice's tokens."""
+    client = smol.client()
+    args = dict(model=SMOLLM2, prompt="Once upon a time", max_tokens=6, temperature=0.9, seed=99)
+    singles = [client.completions.create(**{**args, "seed": 99 + i}).choices[0].text for i in range(2)]
+    many = client.completions.create(**args, n=2)
+    assert [c.index for c in many.choices] == [0, 1] and [c.text for c in many.choices] == singles
+    assert many.usage.completion_tokens == 12
+    texts, finishes = {0: "", 1: ""}, {}
+    for chunk in client.chat.completions.create(
+        model=SMOLLM2, messages=MESSAGES, max_tokens=4, temperature=0, n=2, stream=True,
+        stream_options={"include_usage": True},
+    ):  # fmt: skip
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+        if chunk.usage:
+            assert chunk.usage.completion_tokens == 8
+    assert texts[0] == texts[1] != "" and finishes == {0: "length", 1: "length"}  # greedy: the same answer twice
+
+
 def test_bad_requests_get_openai_errors(smol: Server) -> None:
     chat = {"model": SMOLLM2, "messages": MESSAGES}
     cases = [
@@ -335,7 +358,8 @@ def test_bad_requests_get_openai_errors(smol: Server) -> None:
         ({**chat, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
         ({**chat, "messages": ["hi"]}, 400, "messages[0].role"),
         ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content"),
-        ({**chat, "n": 2}, 400, "n"),
+        ({**chat, "n": 9}, 400, "n"),
+        ({**chat, "n": 0}, 400, "n"),
         ({**chat, "max_tokens": 0}, 400, "max_tokens"),
         ({**chat, "max_tokens": -5}, 400, "max_tokens"),
         ({**chat, "max_tokens": 10**9}, 400, "max_tokens"),
