@@ -50,6 +50,7 @@ from kleidipy.server.scheduler import Job, Scheduler
 from kleidipy.server.schemas import (
     APIError,
     GenerationRequest,
+    check_token_ids,
     chunk_object,
     completion_object,
     invalid,
@@ -171,14 +172,15 @@ def create_app(
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise APIError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
+        too_large = APIError(413, f"the request body is larger than {max_body} bytes", code="request_too_large")
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > max_body:
-            raise APIError(413, f"the request body is larger than {max_body} bytes", code="request_too_large")
+            raise too_large
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > max_body:
-                raise APIError(413, f"the request body is larger than {max_body} bytes", code="request_too_large")
+                raise too_large
         try:
             return json.loads(body)
         except (ValueError, RecursionError) as exc:
@@ -188,8 +190,7 @@ def create_app(
         """Token ids of the request (runs in a worker thread: tokenizing a large prompt takes a while)."""
         param = "messages" if req.kind == "chat" else "prompt"
         if isinstance(req.prompt, tuple):
-            if not all(0 <= t < tokenizer.n_vocab for t in req.prompt):
-                raise invalid(param, f"token ids must be in [0, {tokenizer.n_vocab})", "invalid_value")
+            check_token_ids(req.prompt, tokenizer.n_vocab, param)
             ids = list(req.prompt)
         else:
             try:
@@ -257,9 +258,7 @@ def create_app(
             for job in jobs:
                 scheduler.withdraw(job)
             watcher.cancel()
-        gens = [job.generation for job in jobs]
-        use = usage(len(ids), sum(g.n_generated for g in gens), gens[0].n_cached)
-        return JSONResponse(completion_object(req.kind, ident, stamp, name, answers, use))
+        return JSONResponse(completion_object(req.kind, ident, stamp, name, answers, jobs_usage(jobs)))
 
     async def stream(
         req: GenerationRequest, jobs: list[Job], watcher: asyncio.Task, ident: str, stamp: int
@@ -308,8 +307,7 @@ def create_app(
             if any(job.cancelled for job in jobs):  # the client is gone
                 return
             if req.include_usage:
-                gens = [job.generation for job in jobs]
-                yield chunk(use=usage(len(gens[0].prompt), sum(g.n_generated for g in gens), gens[0].n_cached))
+                yield chunk(use=jobs_usage(jobs))
             yield "data: [DONE]\n\n"
         finally:
             for task in pumps:
@@ -341,8 +339,7 @@ def create_app(
 
         def token_ids(item: str | list[int]) -> list[int]:
             ids = tokenizer.encode(item, add_special=True) if isinstance(item, str) else item
-            if not all(0 <= t < tokenizer.n_vocab for t in ids):
-                raise invalid("input", f"token ids must be in [0, {tokenizer.n_vocab})", "invalid_value")
+            check_token_ids(ids, tokenizer.n_vocab, "input")
             if not ids or len(ids) > slot_ctx:
                 raise invalid("input", f"an input must be 1..{slot_ctx} tokens, got {len(ids)}", "invalid_value")
             return ids
@@ -436,6 +433,12 @@ async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
         yield kind, payload
         if kind == "error":
             return
+
+
+def jobs_usage(jobs: list[Job]) -> dict[str, Any]:
+    """The usage of a request answered by ``jobs`` (one per choice, same prompt): every choice's tokens."""
+    first = jobs[0].generation
+    return usage(len(first.prompt), sum(job.generation.n_generated for job in jobs), first.n_cached)
 
 
 async def watch_disconnect(request: Request, jobs: list[Job]) -> None:

@@ -101,6 +101,17 @@ def _unicode(text: str, param: str) -> str:
     return text
 
 
+def _is_ids(x: Any) -> bool:
+    """Whether ``x`` is a non-empty list of JSON integers (token ids; booleans are not)."""
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def check_token_ids(ids: Sequence[int], n_vocab: int, param: str) -> None:
+    """A 400 naming ``param`` unless every id is in the vocabulary."""
+    if not all(0 <= t < n_vocab for t in ids):
+        raise invalid(param, f"token ids must be in [0, {n_vocab})", "invalid_value")
+
+
 def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int | None = None) -> int | None:
     value = _get(body, name, default)
     if value is None:
@@ -276,7 +287,7 @@ def parse_completion(body: Any) -> GenerationRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if _is_ids(prompt):
         return GenerationRequest(prompt=tuple(prompt), **fields)
     if not isinstance(prompt, str):
         raise invalid("prompt", "'prompt' must be a string or a list of token ids (batches are not supported)")
@@ -319,12 +330,8 @@ def parse_embeddings(body: Any) -> tuple[list[str | list[int]], str]:
     if encoding not in ("float", "base64"):
         raise invalid("encoding_format", "encoding_format must be 'float' or 'base64'", "invalid_value")
     data = body.get("input")
-
-    def ids(x: Any) -> bool:
-        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-    items = [data] if isinstance(data, str) or ids(data) else data
-    if not isinstance(items, list) or not items or not all(isinstance(x, str) and x or ids(x) for x in items):
+    items = [data] if isinstance(data, str) or _is_ids(data) else data
+    if not isinstance(items, list) or not items or not all(isinstance(x, str) and x or _is_ids(x) for x in items):
         message = "'input' must be a non-empty string, token ids, or a list of them"
         raise invalid("input", message, "invalid_type")
     return [_unicode(x, "input") if isinstance(x, str) else x for x in items], encoding
@@ -335,10 +342,9 @@ def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
     if not isinstance(body, dict):
         raise invalid(None, "the request body must be a JSON object")
     tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+    if tokens != [] and not _is_ids(tokens):
         raise invalid("tokens", "'tokens' must be a list of token ids", "invalid_type")
-    if not all(0 <= t < n_vocab for t in tokens):
-        raise invalid("tokens", f"token ids must be in [0, {n_vocab})", "invalid_value")
+    check_token_ids(tokens, n_vocab, "tokens")
     return tokens
 
 
