@@ -120,7 +120,7 @@ class Scheduler:
         """Queue a job (503 when the queue is full or the server is stopping)."""
         with self._cond:
             if self._stopping or self._thread is None:
-                raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+                raise _shutting_down()
             if len(self._queue) >= self.max_queue:
                 raise APIError(503, f"the server is busy ({len(self._queue)} requests queued)", "server_error")
             self._queue.append(job)
@@ -132,7 +132,7 @@ class Scheduler:
         future = loop.create_future()
         with self._cond:
             if self._stopping or self._thread is None:
-                raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+                raise _shutting_down()
             self._embeds.append((list(ids), future, loop))
             self._cond.notify()
         return future
@@ -175,12 +175,11 @@ class Scheduler:
             embeds, self._embeds = list(self._embeds), deque()
         for _, future, loop in embeds:
             with contextlib.suppress(RuntimeError):
-                shutting = APIError(503, "the server is shutting down", "server_error", code="unavailable")
-                loop.call_soon_threadsafe(_resolve, future, shutting)
+                loop.call_soon_threadsafe(_resolve, future, _shutting_down())
         for slot in self.slots:
             slot.job = None
         for job in pending:
-            job.post("error", APIError(503, "the server is shutting down", "server_error", code="unavailable"))
+            job.post("error", _shutting_down())
 
     def _admit(self) -> None:
         """Queued jobs into free slots, in order; each takes the free slot whose cache holds the longest prefix of
@@ -230,6 +229,10 @@ class Scheduler:
             return self.lm.forward(ids, cache=cache)
         finally:
             self.stats.forward_seconds += time.perf_counter() - t0
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", "server_error", code="unavailable")
 
 
 def _resolve(future: asyncio.Future, result: Any) -> None:
