@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
+from kleidipy.core.buffers import check_finite
+from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 
 #: Elements per block of Q4_0, Q4_1 and Q8_0 (QK4_0 = QK4_1 = QK8_0).
 QK = 32
@@ -27,9 +28,7 @@ def rows_f32(x: np.ndarray, block_size: int, who: str) -> np.ndarray:
         raise KernelShapeError(f"{who}: input must be 2-D [rows, k], got shape {arr.shape}")
     if arr.shape[1] % block_size:
         raise KernelShapeError(f"{who}: k={arr.shape[1]} is not a multiple of the block size {block_size}")
-    if not np.isfinite(arr).all():
-        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-        raise NonFiniteInputError(f"{who}: input has NaN/Inf (first at index {bad})")
+    check_finite(arr, who, "input")
     return np.ascontiguousarray(arr)
 
 
