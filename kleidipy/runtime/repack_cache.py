@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.core.buffers import PackedBuffer, PackedLayout
+from kleidipy.core.buffers import PackedBuffer, PackedLayout, roundup
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.pull import cache_dir, catalogue_sha256
 from kleidipy.target import Target
@@ -155,9 +155,9 @@ def write_cache(path: Path, key: dict[str, str | int], weights: dict[str, Cached
                 "crc32": zlib.crc32(data),
             }
         )
-        offset += _padded(data.nbytes)
+        offset += roundup(data.nbytes, _ALIGN)
     header = json.dumps({"key": key, "weights": entries}).encode()
-    start = _padded(len(_MAGIC) + 8 + len(header))
+    start = _data_start(len(header))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
@@ -166,7 +166,7 @@ def write_cache(path: Path, key: dict[str, str | int], weights: dict[str, Cached
             f.write(bytes(start - f.tell()))
             for data in arrays:
                 f.write(memoryview(data.reshape(-1)))
-                f.write(bytes(_padded(data.nbytes) - data.nbytes))
+                f.write(bytes(roundup(data.nbytes, _ALIGN) - data.nbytes))
         os.chmod(tmp, 0o644)  # mkstemp made it private
         os.replace(tmp, path)
     except BaseException:
@@ -182,7 +182,7 @@ def read_cache(path: Path) -> tuple[dict, dict[str, CachedWeight]]:
                 raise RepackCacheError("not a kleidipy repack cache file")
             (size,) = struct.unpack("<Q", _read_exactly(f, 8))
             header = json.loads(_read_exactly(f, size))
-            start = _padded(len(_MAGIC) + 8 + size)
+            start = _data_start(size)
             weights = {}
             for e in header["weights"]:
                 f.seek(start + e["offset"])
@@ -203,12 +203,13 @@ def read_cache(path: Path) -> tuple[dict, dict[str, CachedWeight]]:
         raise RepackCacheError(f"unreadable header: {exc}") from None
 
 
+def _data_start(header_size: int) -> int:
+    """Offset of the first weight: after the magic, the header length and the header, aligned."""
+    return roundup(len(_MAGIC) + 8 + header_size, _ALIGN)
+
+
 def _read_exactly(f, size: int) -> bytes:
     data = f.read(size)
     if len(data) != size:
         raise RepackCacheError("truncated header")
     return data
-
-
-def _padded(size: int) -> int:
-    return -(-size // _ALIGN) * _ALIGN
