@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import TypedDict, Unpack
 
 from kleidipy.runtime.generate import Engine, FinishReason
+from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.runtime.sampler import SamplingParams
 from kleidipy.target import Target, parse_target, resolve_target
-
-#: the catalogue model loaded when none is named
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 @dataclass(frozen=True)
@@ -99,15 +97,11 @@ class LLM:
         ids: list[int],
         stream: bool,
         max_tokens: int | None = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        **sampling: float,
     ) -> Completion | Iterator[Chunk]:
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
+        params = SamplingParams(**sampling)  # llama.cpp's defaults for what is not given
         chunks = self._chunks(ids, max_tokens, params, seed, stop)
         if stream:
             return chunks

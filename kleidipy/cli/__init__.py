@@ -16,6 +16,7 @@ from typing import NoReturn
 from kleidipy.cli import commands
 from kleidipy.core import buffers
 from kleidipy.errors import KleidipyError
+from kleidipy.runtime.pull import DEFAULT_MODEL
 
 
 class _Parser(argparse.ArgumentParser):
@@ -237,8 +238,8 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
     p.add_argument(
         "-m",
         "--model",
-        default="smollm2-135m-instruct",
-        help="GGUF file or catalogue name (default: smollm2-135m-instruct, pulled on first use)",
+        default=DEFAULT_MODEL,
+        help=f"GGUF file or catalogue name (default: {DEFAULT_MODEL}, pulled on first use)",
     )
     if thread_list:
         p.add_argument("-t", "--threads", default="1", help="comma-separated thread counts (default 1)")

@@ -98,6 +98,9 @@ class ModelInfo:
     path: Path | None
 
 
+#: the catalogue model every command, the server and the Python API load when none is named
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
 CATALOGUE: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (

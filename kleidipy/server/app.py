@@ -43,7 +43,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.chat_template import ChatTemplateError
 from kleidipy.runtime.generate import Engine, Generation, PromptError
-from kleidipy.runtime.pull import CATALOGUE
+from kleidipy.runtime.pull import CATALOGUE, DEFAULT_MODEL
 from kleidipy.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from kleidipy.server.metrics import metrics_text
 from kleidipy.server.scheduler import Job, Scheduler
@@ -64,7 +64,6 @@ from kleidipy.server.schemas import (
 )
 from kleidipy.target import Target
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 MAX_BODY = 1 << 20  # bytes
 MIN_SLOT_CTX = 16  # tokens
 

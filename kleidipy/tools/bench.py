@@ -24,6 +24,7 @@ from tqdm import tqdm
 from kleidipy.core.buffers import check_threads
 from kleidipy.errors import InvalidArgumentError, KleidipyError
 from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.target import Target, resolve_target
 
 #: seed of the random prompt / generation tokens
@@ -63,7 +64,7 @@ class BenchRow:
 
 
 def run_bench(
-    model: str | os.PathLike[str] | Engine = "smollm2-135m-instruct",
+    model: str | os.PathLike[str] | Engine = DEFAULT_MODEL,
     n_prompt: int = 512,
     n_gen: int = 128,
     threads_list: Sequence[int] = (1,),

@@ -34,6 +34,7 @@ from typing import Any
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.observer import KernelCall, Observer, RepackCall
+from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.target import Target, resolve_target
 
 STAGES = ("model load", "prefill", "decode")
@@ -277,7 +278,7 @@ class Tracer(Observer):
 
 
 def trace_generation(
-    model: str | Path = "smollm2-135m-instruct",
+    model: str | Path = DEFAULT_MODEL,
     prompt: str = DEFAULT_PROMPT,
     n_predict: int = 8,
     target: str | Target | None = None,

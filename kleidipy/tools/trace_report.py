@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.target import Target
 from kleidipy.tools.trace import DEFAULT_PROMPT, Stage, Trace, TraceError, trace_generation
 
@@ -306,7 +307,7 @@ def format_text(trace: Trace) -> str:
 
 
 def run_trace(
-    model: str | Path = "smollm2-135m-instruct",
+    model: str | Path = DEFAULT_MODEL,
     prompt: str = DEFAULT_PROMPT,
     n_predict: int = 8,
     target: str | Target | None = None,
