@@ -135,6 +135,35 @@ def fma_f32_scalar(a, b, c):
     return fma32(np.float32(a), np.float32(b), np.float32(c))
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def f32_to_f16_bits_scalar(bits):
+    """fp16 bit pattern of a float32 given by its bit pattern, rounded to nearest even (FCVT; numpy's NaN rule)."""
+    bits = np.int64(bits)
+    sign = (bits >> 16) & 0x8000
+    e = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    if e == 0xFF:  # Inf, or NaN keeping its top payload bits
+        return np.uint16(sign | 0x7C00 | max(mant >> 13, 1 if mant else 0))
+    exp = e - 127 + 15
+    if exp >= 31:
+        return np.uint16(sign | 0x7C00)
+    if exp <= 0:  # fp16 subnormal (or zero below half the smallest one)
+        if exp < -10:
+            return np.uint16(sign)
+        shift = 14 - exp
+        full = mant | 0x800000
+        h = full >> shift
+        rem = full & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+    else:
+        h = (exp << 10) | (mant >> 13)
+        rem = mant & 0x1FFF
+        half = 0x1000
+    if rem > half or (rem == half and (h & 1) != 0):
+        h += 1  # a carry into the exponent gives the next binade, or Inf
+    return np.uint16(sign | h)
+
+
 @numba.njit(inline="always", cache=True)
 def round_away_scalar(x):
     """C roundf / lround on a float (ties away from zero), computed in float64."""
@@ -174,14 +203,14 @@ def _bitcast(src: types.Type, dst: types.Type):  # noqa: ANN202
 
 _f64_bits = _bitcast(types.float64, types.int64)
 _bits_f64 = _bitcast(types.int64, types.float64)
-_f32_bits = _bitcast(types.float32, types.uint32)
-_bits_f32 = _bitcast(types.uint32, types.float32)
+f32_bits = _bitcast(types.float32, types.uint32)
+bits_f32 = _bitcast(types.uint32, types.float32)
 
 
 @numba.njit(inline="always", cache=True)
 def bf16_round(x):
     """bf16 bit pattern of a float32 value, rounded to nearest even (BFCVT); NaN stays a quiet NaN."""
-    u = np.int64(_f32_bits(np.float32(x)))
+    u = np.int64(f32_bits(np.float32(x)))
     if x != x:
         return np.uint16((u >> 16) | 0x40)
     return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
@@ -190,7 +219,7 @@ def bf16_round(x):
 @numba.njit(inline="always", cache=True)
 def bf16_value(bits):
     """float64 value of a bf16 bit pattern, flushed to zero when denormal (EBF = 0 input flush)."""
-    v = np.float64(_bits_f32(np.uint32(bits) << np.uint32(16)))
+    v = np.float64(bits_f32(np.uint32(bits) << np.uint32(16)))
     if abs(v) < _MIN_NORMAL:
         return 0.0 * v
     return v
@@ -201,7 +230,7 @@ def _round_to_odd(s, err):
     """float32 round-to-odd of the exact value s + err (s = float64 rounding, err = its exact error),
     flushed to zero below 2^-126, ±inf from 2^128, default NaN for NaN. Returns a float64 holding it."""
     if s != s:
-        return np.float64(_bits_f32(np.uint32(DEFAULT_NAN_BITS)))
+        return np.float64(bits_f32(np.uint32(DEFAULT_NAN_BITS)))
     b = _f64_bits(s)
     if err != 0.0 and (b & 1) == 0:  # round to odd in float64 first (exact value lies strictly beyond s)
         b += 1 if (err > 0.0) == (s > 0.0) else -1
@@ -210,10 +239,10 @@ def _round_to_odd(s, err):
         return 0.0 * s
     if abs(t) >= _OVERFLOW:
         return t * np.inf
-    f = _f32_bits(np.float32(t))
+    f = f32_bits(np.float32(t))
     if b & _LOW29:
         f |= np.uint32(1)
-    return np.float64(_bits_f32(f))
+    return np.float64(bits_f32(f))
 
 
 @numba.njit(inline="always", cache=True)
@@ -235,3 +264,18 @@ def ro_add(x, y):
 def bfdotadd(acc, a0, b0, a1, b1):
     """BFDotAdd with FPCR.EBF = 0: acc + (a0*b0 + a1*b1), each of the four steps rounded to odd (FTZ)."""
     return ro_add(acc, ro_add(_round_to_odd(a0 * b0, 0.0), _round_to_odd(a1 * b1, 0.0)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def round_f16_scalar(x):
+    """The F16 value of a float32 as a float32 (F32->F16 nearest even, as ggml's operand conversion; overflow to
+    inf, NaN kept), without branches on the common path so that loops of it vectorize."""
+    x = np.float32(x)
+    u = np.int64(f32_bits(x))
+    a = u & 0x7FFFFFFF
+    if a < 0x38800000:  # below 2^-14: F16 subnormals, spaced 2^-24
+        return np.float32(np.rint(x * np.float32(16777216.0)) * np.float32(5.9604645e-08))
+    if a >= 0x477FF000:  # >= 65520 rounds to inf; inf and NaN stay
+        return bits_f32(np.uint32((u & 0x80000000) | 0x7F800000)) if a <= 0x7F800000 else x
+    a = (a + 0xFFF + ((a >> 13) & 1)) & 0xFFFFE000  # keep 10 of the 23 mantissa bits, ties to even
+    return bits_f32(np.uint32((u & 0x80000000) | a))

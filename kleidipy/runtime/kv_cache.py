@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import numba
 import numpy as np
 
-from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.errors import DTypeError, KleidipyError
+from kleidipy.graph import ops
 
 CACHE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
@@ -54,15 +53,6 @@ def check_context_size(n_ctx: int, n_layer: int, n_head_kv: int, head_dim: int, 
     return int(n_ctx)
 
 
-@numba.njit(cache=True, nogil=True)
-def _f16_to_f32(bits, table, out):  # pragma: no cover - compiled
-    """out[...] = float32 value of the F16 bit patterns ``bits`` (numpy's float16 astype is several times slower)."""
-    for h in range(bits.shape[0]):
-        for p in range(bits.shape[1]):
-            for c in range(bits.shape[2]):
-                out[h, p, c] = table[bits[h, p, c]]
-
-
 def check_cache_dtype(dtype: type) -> np.dtype:
     """The KV cache storage type: float16 (llama.cpp's default) or float32; DTypeError otherwise."""
     if np.dtype(dtype) not in CACHE_DTYPES:
@@ -71,7 +61,9 @@ def check_cache_dtype(dtype: type) -> np.dtype:
 
 
 class KVCache:
-    """K and V for ``n_layer`` layers, each ``[n_head_kv, n_ctx, head_dim]`` of ``dtype``.
+    """K and V for ``n_layer`` layers of ``dtype``: K transposed, ``[n_head_kv, head_dim, n_ctx]`` per layer (the
+    cells of each dimension contiguous: attention's KQ runs over cells in vector lanes), V ``[n_head_kv, n_ctx,
+    head_dim]``.
 
     ``n_past`` is the number of positions filled (0..n_past-1). A batch may start at any position <= n_past: starting
     before n_past overwrites (rewinds) the cache from there.
@@ -82,12 +74,8 @@ class KVCache:
         check_context_size(n_ctx, n_layer, n_head_kv, head_dim, dtype)
         self.dtype = np.dtype(dtype)
         self.n_ctx = n_ctx
-        shape = (n_layer, n_head_kv, n_ctx, head_dim)
-        self.k = np.zeros(shape, self.dtype)
-        self.v = np.zeros(shape, self.dtype)
-        if self.dtype == np.float16:  # float32 copies of one layer's K and V, reused by every read
-            self._k32 = np.empty(shape[1:], np.float32)
-            self._v32 = np.empty(shape[1:], np.float32)
+        self.k = np.zeros((n_layer, n_head_kv, head_dim, n_ctx), self.dtype)
+        self.v = np.zeros((n_layer, n_head_kv, n_ctx, head_dim), self.dtype)
         #: K/V are F16, so attention rounds Q and the softmax weights to F16 too (ggml's vec_dot_f16)
         self.f16 = self.dtype == np.float16
         self.n_past = 0
@@ -103,20 +91,22 @@ class KVCache:
 
     def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write K and V ``[m, n_head_kv, head_dim]`` (float32) of positions start..start+m-1 (rounded to dtype)."""
-        m = k.shape[0]
-        self.k[layer, :, start : start + m] = k.transpose(1, 0, 2)
-        self.v[layer, :, start : start + m] = v.transpose(1, 0, 2)
+        m, n_head_kv = k.shape[0], k.shape[1]
+        kc, vc = self.layer(layer)
+        k2 = np.ascontiguousarray(k, np.float32).reshape(m, -1)
+        v2 = np.ascontiguousarray(v, np.float32).reshape(m, -1)
+        ops.store_kv(k2, v2, kc, vc, start, m, 0, n_head_kv)
+
+    def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """K ``[n_head_kv, head_dim, n_ctx]`` and V ``[n_head_kv, n_ctx, head_dim]`` of one layer as the compiled ops
+        take them: F16 bit patterns (uint16 views) or float32."""
+        k, v = self.k[layer], self.v[layer]
+        return (k.view(np.uint16), v.view(np.uint16)) if self.f16 else (k, v)
 
     def read(self, layer: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
-        """K and V of positions 0..n_kv-1 as float32 ``[n_head_kv, n_kv, head_dim]`` (F16 values are exact in F32).
-        The arrays are valid until the next read."""
-        k, v = self.k[layer, :, :n_kv], self.v[layer, :, :n_kv]
-        if not self.f16:
-            return k, v
-        k32, v32 = self._k32[:, :n_kv], self._v32[:, :n_kv]
-        _f16_to_f32(k.view(np.uint16), F16_BITS_TO_F32, k32)
-        _f16_to_f32(v.view(np.uint16), F16_BITS_TO_F32, v32)
-        return k32, v32
+        """K ``[n_head_kv, head_dim, n_kv]`` and V ``[n_head_kv, n_kv, head_dim]`` of positions 0..n_kv-1 as stored,
+        of ``dtype`` (views)."""
+        return self.k[layer, :, :, :n_kv], self.v[layer, :, :n_kv]
 
     def advance(self, start: int, ids: np.ndarray) -> None:
         """Mark positions start..start+len(ids)-1 as filled with tokens ``ids`` (after every layer stored them)."""

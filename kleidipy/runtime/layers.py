@@ -1,18 +1,24 @@
 """Shared transformer ops and the decoder-only driver, with llama.cpp's CPU numerics (flash attention off).
 
-* RMSNorm (ggml_rms_norm then ggml_mul): squares in f32 summed in f64, ``mean`` rounded to f32,
-  ``scale = 1/sqrtf(mean + eps)`` in f32, ``y = x * scale * w``.
+The ops are :mod:`kleidipy.graph.ops`'s compiled kernels -- ggml-cpu's algorithms as they run on Arm (aarch64
+NEON), each with one fixed order of operations -- called here over all rows or heads, op by op from Python (the
+reference execution; the compiled graph calls the same functions, so both give the same bits on every host):
+
+* RMSNorm (ggml_rms_norm then ggml_mul): squares in f32 summed in f64 in increasing index, ``mean`` rounded to f32,
+  ``scale = 1/sqrtf(mean + eps)`` in f32, ``y = (x * scale) * w``.
 * RoPE (ggml_rope_ext): per position p the angle of pair i is ``theta_i = freq_scale * (p * theta_scale^i) / ff_i``
   with ``theta_scale = powf(base, -2/n_rot)`` and ``p * theta_scale^i`` built by repeated f32 multiplication, as
   ggml's rope cache does; pairs are adjacent (NORM, llama) or halves (NEOX, qwen2); dims past n_rot pass through.
-* Attention (KQ -> soft_max_ext -> KQV): K and V come from the cache; with an F16 cache Q is rounded to F16 for KQ,
-  and the softmax weights are rounded to F16 for KQV (ggml converts the f32 operand to the f16 operand's vec_dot
-  type); products of F16 values are exact in f32. Softmax: ``s*scale`` (f32, 1/sqrtf(head_dim)), causal mask,
-  ``exp(s - max)`` in f32 summed in f64, weights ``e * (float)(1/sum)``. GQA: query head h reads KV head h / n_group.
-  A sliding window of w positions (llama.cpp's LLAMA_SWA_TYPE_STANDARD) also masks key p0 for query p1 when
-  ``p1 - p0 >= w``. Optional per-head RMSNorm of Q and K (before RoPE), and a Q pre-scale (``ggml_scale`` of Q in
-  f32 after RoPE, then a softmax scale of 1) for architectures that set the attention scale themselves.
-* SwiGLU: ``down(silu(gate(x)) * up(x))``, ``silu(g) = g / (1 + expf(-g))`` in f32.
+* Attention (KQ -> soft_max_ext -> KQV) reads the cache directly. With an F16 cache Q is rounded to F16 for KQ and
+  the softmax weights to F16 for KQV (ggml converts the f32 operand to the f16 operand's vec_dot type). Both
+  products are ggml_vec_dot's NEON order: 16 lanes (fused multiply-add, exact products with F16 operands) reduced
+  by halves, then pairwise. Softmax: ``s*scale`` (f32, 1/sqrtf(head_dim)), causal mask, ``e = expf(s - max)`` with
+  ggml_v_expf, summed in f64 per 4 cells as vaddvq_f32 does, weights ``e * (float)(1/sum)``. GQA: query head h
+  reads KV head h / n_group. A sliding window of w positions (llama.cpp's LLAMA_SWA_TYPE_STANDARD) also masks key
+  p0 for query p1 when ``p1 - p0 >= w``. Optional per-head RMSNorm of Q and K (before RoPE), and a Q pre-scale
+  (``ggml_scale`` of Q in f32 after RoPE, then a softmax scale of 1) for architectures that set the attention
+  scale themselves.
+* SwiGLU: ``down(silu(gate(x)) * up(x))``, ``silu(g) = g / (1 + expf(0 - g))`` in f32 with ggml_v_expf.
 * GeGLU: ``down(gelu(gate(x)) * up(x))`` as ggml-cpu computes it (GGML_GELU_FP16): gate <= -10 gives 0, >= 10
   gives the gate itself, otherwise the gate is rounded to F16 and looked up in a table of
   ``0.5f*x*(1.0f + tanhf(sqrt(2/pi)*x*(1.0f + 0.044715f*x*x)))`` over every F16 x, rounded to F16; times up in f32.
@@ -26,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import cache
 
-import numba
 import numpy as np
 
+from kleidipy.graph import ops
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
 from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
@@ -39,15 +45,10 @@ from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm of the rows of x [m, n] times weight [n] (ggml_rms_norm + ggml_mul)."""
-    mean = (np.square(x).sum(axis=1, dtype=np.float64) / x.shape[1]).astype(np.float32)
-    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
-    return (x * scale[:, None]) * weight
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    """x / (1 + exp(-x)) in float32."""
-    with np.errstate(over="ignore"):
-        return x / (np.float32(1.0) + np.exp(-x))
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    ops.rms_norm(x, np.asarray(weight, np.float32), eps, out, 0, x.shape[0])
+    return out
 
 
 class RMSNorm:
@@ -61,24 +62,6 @@ class RMSNorm:
 
 # ---------------------------------------------------------------------------------------------------------------
 # RoPE
-
-
-@numba.njit(cache=True, nogil=True)
-def _rope_inplace(x, cos, sin, neox):  # pragma: no cover - compiled
-    """Rotate x [m, n_heads, head_dim] in place by the angles of cos/sin [m, n_rot/2]."""
-    m, n_heads, _ = x.shape
-    half = cos.shape[1]
-    for t in range(m):
-        for h in range(n_heads):
-            for i in range(half):
-                a = i if neox else 2 * i
-                b = a + half if neox else a + 1
-                x0 = x[t, h, a]
-                x1 = x[t, h, b]
-                c = cos[t, i]
-                s = sin[t, i]
-                x[t, h, a] = x0 * c - x1 * s
-                x[t, h, b] = x0 * s + x1 * c
 
 
 class RoPE:
@@ -107,35 +90,11 @@ class RoPE:
 
     def __call__(self, x: np.ndarray, start: int) -> None:
         """Rotate x [m, n_heads, head_dim] (C-contiguous float32) in place for positions start..start+m-1."""
-        m = x.shape[0]
-        _rope_inplace(x, self.cos[start : start + m], self.sin[start : start + m], self.neox)
+        ops.rope(x, self.cos, self.sin, start, self.neox, 0, x.shape[1])
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # attention
-
-
-@numba.njit(cache=True, nogil=True)
-def _round_f16_inplace(x):  # pragma: no cover - compiled
-    """Round a flat float32 array to F16 values in place (F32->F16 nearest-even, overflow to inf, NaN kept)."""
-    u = x.view(np.uint32)
-    for i in range(x.size):
-        a = u[i] & np.uint32(0x7FFFFFFF)
-        if a < np.uint32(0x38800000):  # below 2^-14: F16 subnormals, spaced 2^-24
-            x[i] = np.float32(np.rint(x[i] * np.float32(16777216.0)) * np.float32(5.9604645e-08))
-        elif a >= np.uint32(0x477FF000):  # >= 65520 rounds to inf; inf and NaN stay
-            if a <= np.uint32(0x7F800000):
-                u[i] = (u[i] & np.uint32(0x80000000)) | np.uint32(0x7F800000)
-        else:  # keep 10 of the 23 mantissa bits, ties to even
-            a = (a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
-            u[i] = (u[i] & np.uint32(0x80000000)) | a
-
-
-def round_to_f16(x: np.ndarray) -> np.ndarray:
-    """F16 values of a float32 array, as float32 (what ggml's F32->F16 operand conversion keeps)."""
-    out = np.array(x, dtype=np.float32, order="C")
-    _round_f16_inplace(out.reshape(-1))
-    return out
 
 
 def attention(
@@ -146,30 +105,20 @@ def attention(
     scale: np.float32,
     f16: bool,
     window: int | None = None,
-):
-    """Causal attention of q [m, n_head, d] (positions start..start+m-1) over keys/values [n_head_kv, n_kv, d]
-    (float32; F16 values when ``f16``, which also rounds Q and the softmax weights to F16), over the last ``window``
-    positions of each query when given; returns [m, n_head, d]."""
+) -> np.ndarray:
+    """Causal attention of q [m, n_head, d] (positions start..start+m-1) over keys [n_head_kv, d, n_kv] and values
+    [n_head_kv, n_kv, d] (one layer of a KV cache as :meth:`KVCache.read` gives it: float16, which also rounds Q
+    and the softmax weights to F16 when ``f16``, or float32), over the last ``window`` positions of each query when
+    given; returns [m, n_head, d] (:func:`kleidipy.graph.ops.attention`)."""
     m, n_head, d = q.shape
-    n_head_kv, n_kv, _ = keys.shape
-    g = n_head // n_head_kv
-    qh = q.transpose(1, 0, 2).reshape(n_head_kv, g * m, d)
-    if f16:
-        qh = round_to_f16(qh)
-    s = np.matmul(qh, keys.transpose(0, 2, 1))
-    s *= scale
-    slides = window is not None and n_kv > window
-    if m > 1 or slides:  # causal (and window) mask, added (-inf or 0) with broadcasting: cheaper than assignment
-        distance = (start + np.arange(m))[:, None] - np.arange(n_kv)[None, :]
-        masked = (distance < 0) | (distance >= window) if slides else distance < 0
-        s.reshape(n_head_kv, g, m, n_kv)[...] += np.where(masked, np.float32(-np.inf), np.float32(0))
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    s *= (1.0 / s.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
-    if f16:
-        _round_f16_inplace(s.reshape(-1))  # s is matmul's fresh C-contiguous result: reshape is a view
-    o = np.matmul(s, values)
-    return o.reshape(n_head, m, d).transpose(1, 0, 2)
+    n_kv = values.shape[1]
+    if keys.dtype == np.float16:
+        keys, values = keys.view(np.uint16), values.view(np.uint16)
+    out = np.empty((m, n_head * d), np.float32)
+    scratch = np.empty(ops.attention_scratch_size(n_kv, d), np.float32)
+    q = np.ascontiguousarray(q, np.float32)
+    ops.attention(q, keys, values, start, m, n_kv, scale, window or 0, f16, out, scratch, 0, n_head)
+    return out.reshape(m, n_head, d)
 
 
 class SelfAttention:
@@ -228,7 +177,7 @@ class SelfAttention:
         cache.store(self.layer, start, k, v)
         keys, values = cache.read(self.layer, start + m)
         o = attention(q, keys, values, start, self.scale, cache.f16, self.window)
-        y = self.wo(np.ascontiguousarray(o.reshape(m, self.n_head * self.head_dim)))
+        y = self.wo(o.reshape(m, self.n_head * self.head_dim))
         if self.bo is not None:
             y += self.bo
         return y
@@ -241,11 +190,14 @@ class SwiGLU:
         self.gate, self.up, self.down = gate, up, down
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.down(silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate(x), self.up(x)
+        out = np.empty_like(gate)  # not in place: an observer may hold the matmul outputs
+        ops.swiglu(gate, up, out, 0, gate.shape[0])
+        return self.down(out)
 
 
 @cache
-def _gelu_f16_table() -> np.ndarray:
+def gelu_f16_table() -> np.ndarray:
     """ggml's GELU table: for every F16 bit pattern, the tanh-approximated GELU in f32 rounded to F16 (as f32)."""
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -256,9 +208,18 @@ def _gelu_f16_table() -> np.ndarray:
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu(gate) * up with ggml-cpu's F16-table GELU (module docstring)."""
-    looked_up = _gelu_f16_table()[gate.astype(np.float16).view(np.uint16)]
-    gelu = np.where(gate <= np.float32(-10.0), np.float32(0.0), np.where(gate >= np.float32(10.0), gate, looked_up))
-    return gelu * up
+    gate = np.ascontiguousarray(gate, np.float32)
+    out = np.empty_like(gate)
+    rows = out.reshape(-1, gate.shape[-1])
+    ops.geglu(
+        gate.reshape(rows.shape),
+        np.ascontiguousarray(up, np.float32).reshape(rows.shape),
+        gelu_f16_table(),
+        rows,
+        0,
+        rows.shape[0],
+    )
+    return out
 
 
 class GeGLU:
@@ -306,6 +267,9 @@ class CausalLM:
         self._cache: KVCache | None = None
         #: told of every forward pass (:class:`~kleidipy.runtime.observer.Observer`); an engine shares its list
         self.observers: list = []
+        #: the forward pass as a compiled plan (:func:`kleidipy.graph.execute.compile_model`); None runs it op by
+        #: op (the reference execution)
+        self.compiled = None
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         """An empty KV cache for one sequence of this model (``n_ctx`` positions, default the model's)."""
@@ -391,7 +355,11 @@ class CausalLM:
         return x
 
     def _decode(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
-        """One ubatch through the network: the logits of the rows ``keep``."""
+        """One ubatch through the network: the logits of the rows ``keep`` (a tail of the rows)."""
+        if self.compiled is not None and not any(o.wants_matmuls for o in self.observers):
+            logits = self.compiled(ids, start, ids.size - len(range(*keep.indices(ids.size))), cache)
+            cache.advance(start, ids)
+            return logits
         x = self._hidden(ids, start, keep, cache)
         if x.shape[0] == 0:
             return np.empty((0, self.hparams.n_vocab), np.float32)

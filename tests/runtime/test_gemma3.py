@@ -37,7 +37,7 @@ def test_sliding_window_masks_old_keys(m: int, start: int) -> None:
     n_kv, window, d = start + m, 4, 8
     q = rng.standard_normal((m, 2, d)).astype(np.float32)
     keys, values = (rng.standard_normal((1, n_kv, d)).astype(np.float32) for _ in range(2))
-    got = attention(q, keys, values, start, np.float32(0.5), False, window)
+    got = attention(q, keys.transpose(0, 2, 1), values, start, np.float32(0.5), False, window)  # K as cached
     for i in range(m):
         p = start + i
         visible = slice(max(0, p - window + 1), p + 1)  # key p0 is masked when p - p0 >= window

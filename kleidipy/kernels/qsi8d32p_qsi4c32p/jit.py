@@ -26,7 +26,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.core.numerics import F16_BITS_TO_F32, fma32, round_away_scalar, round_even_scalar
+from kleidipy.core.numerics import F16_BITS_TO_F32, f32_to_f16_bits_scalar, fma32, round_away_scalar, round_even_scalar
 
 LHS_QSI8D32P = 0
 LHS_QSI8D32P_NEON = 1
@@ -41,35 +41,6 @@ BLOCK_BYTES = 18
 PANEL_COLS = 64
 #: Up to this many LHS rows, the GEMV loop nest (no decode pass) is used.
 FEW_ROWS = 2
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def f32_to_f16_bits(bits):
-    """fp16 bit pattern of a float32 given by its bit pattern, rounded to nearest even (FCVT; numpy's NaN rule)."""
-    bits = np.int64(bits)
-    sign = (bits >> 16) & 0x8000
-    e = (bits >> 23) & 0xFF
-    mant = bits & 0x7FFFFF
-    if e == 0xFF:  # Inf, or NaN keeping its top payload bits
-        return np.uint16(sign | 0x7C00 | max(mant >> 13, 1 if mant else 0))
-    exp = e - 127 + 15
-    if exp >= 31:
-        return np.uint16(sign | 0x7C00)
-    if exp <= 0:  # fp16 subnormal (or zero below half the smallest one)
-        if exp < -10:
-            return np.uint16(sign)
-        shift = 14 - exp
-        full = mant | 0x800000
-        h = full >> shift
-        rem = full & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-    else:
-        h = (exp << 10) | (mant >> 13)
-        rem = mant & 0x1FFF
-        half = 0x1000
-    if rem > half or (rem == half and (h & 1) != 0):
-        h += 1  # a carry into the exponent gives the next binade, or Inf
-    return np.uint16(sign | h)
 
 
 # --------------------------------------------------------------------------------------------- LHS
@@ -126,7 +97,7 @@ def lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even):
                 for t in range(kbl):
                     out_i8[dst + t] = qrow[c * kbl + t]
         for b in range(nb):
-            h = f32_to_f16_bits(sf_bits[b])
+            h = f32_to_f16_bits_scalar(sf_bits[b])
             _, so = _lhs_offsets(layout, mr, nb, base, b, r)
             out[so] = np.uint8(h & 0xFF)
             out[so + 1] = np.uint8(h >> 8)
@@ -250,7 +221,7 @@ def rhs_pack(blocks, nr, kr, layout):
                 scaled[0] = (
                     F16_BITS_TO_F32[np.int64(blocks[src, b, 0]) | (np.int64(blocks[src, b, 1]) << 8)] * sixteenth
                 )
-                h = f32_to_f16_bits(scaled_bits[0])
+                h = f32_to_f16_bits_scalar(scaled_bits[0])
                 out[so] = np.uint8(h & 0xFF)
                 out[so + 1] = np.uint8(h >> 8)
             else:

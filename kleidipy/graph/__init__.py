@@ -1,0 +1,1 @@
+"""Graph execution: the forward pass as one compiled plan on persistent threads."""

@@ -1,0 +1,379 @@
+"""The elementwise, reduction and attention nodes of the transformer forward pass as compiled kernels, each with one
+fixed order of operations: ggml-cpu's algorithms as they run on Arm (aarch64 NEON, no FP16 vector arithmetic).
+
+Both executions call these same functions: the eager path (:mod:`kleidipy.runtime.layers`) over all rows or heads
+from Python, the compiled graph (:mod:`kleidipy.graph.execute`) from numba code, each worker thread passing the rows
+(``r0:r1``) or heads (``h0:h1``) it owns. Every row and head is computed the same way whoever computes it, so the
+result is the same bits on every host, at every thread count and in both executions. They are hand-written because
+no maintained library states these orders: numpy's ``exp``, ``sum`` and BLAS products differ between hosts and
+builds, and they are what makes a forward pass reproducible bit for bit.
+
+Inputs and outputs are C-contiguous float32 arrays unless stated; "in f32" means every step rounded to float32.
+
+* :func:`expf`: ``ggml_v_expf`` (the NEON variant, adapted from Arm's optimized routines), one lane of it, with its
+  fused multiply-adds; ggml's vector loops use it for every element (their scalar tails call libm's ``expf``:
+  here every element takes this one, so the result does not depend on where a row starts).
+* :func:`rms_norm`: ``ggml_compute_forward_rms_norm_f32`` then ``ggml_mul``: the squares (f32) summed in f64 in
+  increasing index, ``mean`` rounded to f32, ``scale = 1/sqrtf(mean + eps)`` in f32, ``(x * scale) * w``.
+* :func:`swiglu`: ``ggml_vec_swiglu_f32``: ``silu(g) * up`` with ``silu(g) = g / (1 + expf(0 - g))`` (ggml_v_silu).
+* :func:`geglu`: ``ggml_vec_geglu_f32`` with GGML_GELU_FP16: the F16-table GELU of the gate, times up.
+* :func:`rope`: ggml_rope_ext's rotation of each pair by the angles of a cos/sin table (adjacent pairs or NEOX
+  halves), ``x0*c - x1*s`` and ``x0*s + x1*c`` in f32 (no fma).
+* :func:`store_kv` and :func:`attention`: llama.cpp's KV cache (F16 or F32 cells) and its attention without flash
+  attention (``mul_mat(k, q)`` -> ``soft_max_ext`` -> ``mul_mat(v, kq)``), stated in :func:`attention`.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+from kleidipy.core.numerics import F16_BITS_TO_F32, bits_f32, f32_bits, f32_to_f16_bits_scalar, fma32, round_f16_scalar
+from kleidipy.core.vnni import HAS_F16C
+
+# ggml_v_expf's constants (NEON variant)
+_SHIFT = np.float32(float.fromhex("0x1.8p23"))  # rounds z to an integer in its low mantissa bits
+_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
+_C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
+_C3 = np.float32(float.fromhex("0x1.555e66p-3"))
+_C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
+_C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
+_U32 = 0xFFFFFFFF
+
+#: lanes of ggml_vec_dot_f16 / ggml_vec_dot_f32 on NEON: GGML_F32_ARR (4) registers of 4 floats
+LANES = 16
+#: cells whose KQ lanes attention computes together (the order within each cell is the same for any block)
+_BLOCK = 64
+
+
+@numba.njit(cache=True, nogil=True)
+def expf(x):
+    """exp(x) in float32 as one lane of ggml_v_expf (NEON): ``n = round(x / ln 2)``, ``b = x - n ln 2`` (two fused
+    steps), a degree-5 polynomial ``j`` of b (fused), result ``k + k*j`` with ``k = 2^n``; when ``|n| > 126`` the
+    scale is split in two factors (``(s2 + s2*j) * s1``), and when ``|n| > 192`` the result is ``s1*s1`` (0 or inf).
+    Max error 1.45 + 0.5 ulp; below -103.97 it flushes to 0, above 88.38 to inf."""
+    x = np.float32(x)
+    z = fma32(x, _LOG2E, _SHIFT)
+    n = z - _SHIFT
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    e = (np.int64(f32_bits(z)) << 23) & _U32
+    k = bits_f32(np.uint32((e + 0x3F800000) & _U32))
+    u = b * b
+    j = fma32(fma32(fma32(_C5, b, _C4), u, fma32(_C3, b, _C2)), u, _C1 * b)
+    an = abs(n)
+    if an > np.float32(126.0):
+        d = 0x82000000 if n <= np.float32(0.0) else 0
+        s1 = bits_f32(np.uint32((d + 0x7F000000) & _U32))
+        if an > np.float32(192.0):
+            return s1 * s1
+        s2 = bits_f32(np.uint32((e - d) & _U32))
+        return fma32(s2, j, s2) * s1
+    return fma32(k, j, k)
+
+
+@numba.njit(cache=True, nogil=True)
+def rms_norm(x, w, eps, out, r0, r1):
+    """Rows r0..r1-1 of out [m, n] = RMSNorm of x [m, n] times w [n] (module docstring); out may alias x."""
+    n = x.shape[1]
+    eps32 = np.float32(eps)
+    for r in range(r0, r1):
+        total = 0.0
+        for i in range(n):
+            total += np.float64(x[r, i] * x[r, i])
+        mean = np.float32(total / n)
+        scale = np.float32(1.0) / np.sqrt(mean + eps32)
+        for i in range(n):
+            out[r, i] = (x[r, i] * scale) * w[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def add(a, b, out, r0, r1):
+    """Rows r0..r1-1 of out = a + b (all [m, n]; the residual connection); out may alias a or b."""
+    for r in range(r0, r1):
+        for i in range(a.shape[1]):
+            out[r, i] = a[r, i] + b[r, i]
+
+
+@numba.njit(cache=True, nogil=True)
+def add_row(x, bias, r0, r1):
+    """Rows r0..r1-1 of x [m, n] += bias [n], in place."""
+    for r in range(r0, r1):
+        for i in range(x.shape[1]):
+            x[r, i] += bias[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def scale(x, s, r0, r1):
+    """Rows r0..r1-1 of x [m, n] *= s (float32), in place."""
+    s32 = np.float32(s)
+    for r in range(r0, r1):
+        for i in range(x.shape[1]):
+            x[r, i] *= s32
+
+
+@numba.njit(cache=True, nogil=True)
+def swiglu(gate, up, out, r0, r1):
+    """Rows r0..r1-1 of out = silu(gate) * up (all [m, n]), ``silu(g) = g / (1 + expf(0 - g))`` in f32 with
+    :func:`expf` for every element (ggml takes libm's expf for the n % 4 last ones); out may alias gate or up."""
+    one = np.float32(1.0)
+    zero = np.float32(0.0)
+    for r in range(r0, r1):
+        for i in range(gate.shape[1]):
+            g = gate[r, i]
+            out[r, i] = (g / (one + expf(zero - g))) * up[r, i]
+
+
+@numba.njit(cache=True, nogil=True)
+def geglu(gate, up, table, out, r0, r1):
+    """Rows r0..r1-1 of out = gelu(gate) * up (all [m, n]) with ggml-cpu's F16-table GELU: a gate <= -10 gives 0,
+    >= 10 the gate itself, otherwise ``table`` (float32 [65536], ``layers.gelu_f16_table()``) at the gate's F16 bit
+    pattern (nearest even); times up in f32. out may alias gate or up."""
+    lo = np.float32(-10.0)
+    hi = np.float32(10.0)
+    for r in range(r0, r1):
+        for i in range(gate.shape[1]):
+            g = gate[r, i]
+            if g <= lo:
+                y = np.float32(0.0)
+            elif g >= hi:
+                y = g
+            else:
+                y = table[f32_to_f16_bits_scalar(f32_bits(g))]
+            out[r, i] = y * up[r, i]
+
+
+@numba.njit(cache=True, nogil=True)
+def rope(x, cos, sin, start, neox, h0, h1):
+    """Rotate heads h0..h1-1 of x [m, n_heads, head_dim] in place, row t at position start + t, by the angles of
+    the tables cos/sin [n_ctx, n_rot/2]: pair i is (2i, 2i+1) or, with ``neox``, (i, i + n_rot/2); dims past n_rot
+    pass through."""
+    half = cos.shape[1]
+    for t in range(x.shape[0]):
+        p = start + t
+        for h in range(h0, h1):
+            for i in range(half):
+                a = i if neox else 2 * i
+                b = a + half if neox else a + 1
+                x0 = x[t, h, a]
+                x1 = x[t, h, b]
+                c = cos[p, i]
+                s = sin[p, i]
+                x[t, h, a] = x0 * c - x1 * s
+                x[t, h, b] = x0 * s + x1 * c
+
+
+def _load_cell(cell):  # pragma: no cover - replaced in compiled code by its overload
+    """float32 value of one KV-cache cell: F16 bits (uint16) or float32."""
+    raise NotImplementedError
+
+
+@intrinsic
+def _fpext_f16(typingctx, bits):  # pragma: no cover - compile time
+    """float32 of F16 bits by LLVM's fpext from half (vcvtph2ps with F16C, fcvt on Arm: exact, vectorizes)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+#: fpext from half is a native instruction here (elsewhere LLVM would call a helper the JIT may lack: the table)
+_NATIVE_F16 = HAS_F16C or platform.machine().lower() in ("aarch64", "arm64")
+
+
+@overload(_load_cell)
+def _load_cell_impl(cell):  # pragma: no cover - compile time
+    if isinstance(cell, types.Integer):
+        if _NATIVE_F16:
+            return lambda cell: _fpext_f16(cell)
+        return lambda cell: F16_BITS_TO_F32[cell]
+    return lambda cell: np.float32(cell)
+
+
+def _store_cell(cache, value):  # pragma: no cover - replaced in compiled code by its overload
+    """``value`` (float32) as a cell of ``cache``: F16 bits rounded to nearest even (uint16 cache) or itself."""
+    raise NotImplementedError
+
+
+@overload(_store_cell)
+def _store_cell_impl(cache, value):  # pragma: no cover - compile time
+    if cache.dtype == types.uint16:
+        return lambda cache, value: f32_to_f16_bits_scalar(f32_bits(np.float32(value)))
+    return lambda cache, value: np.float32(value)
+
+
+@numba.njit(cache=True, nogil=True)
+def store_kv(k, v, kc, vc, start, m, h0, h1):
+    """Write K and V of rows 0..m-1 (k, v [m, n_head_kv*head_dim] float32) into KV heads h0..h1-1 of one layer of
+    the cache at positions start..start+m-1: K transposed, kc [n_head_kv, head_dim, n_ctx] (the cells of each
+    dimension contiguous, so that KQ runs over cells in vector lanes), V as rows, vc [n_head_kv, n_ctx, head_dim];
+    a uint16 array of F16 bits (the F16 cache, rounded to nearest even as numpy's astype) or float32."""
+    d = vc.shape[2]
+    for h in range(h0, h1):
+        for t in range(m):
+            for c in range(d):
+                kc[h, c, start + t] = _store_cell(kc, k[t, h * d + c])
+                vc[h, start + t, c] = _store_cell(vc, v[t, h * d + c])
+
+
+def attention_scratch_size(n_ctx: int, head_dim: int) -> int:
+    """float32 elements of :func:`attention`'s scratch for one thread, for any n_kv <= n_ctx: V of one head as f32
+    (n_ctx * head_dim), the KQ lanes of one row (16 * n_ctx), its scores (n_ctx), the KQV lanes (16 * head_dim)
+    and the query (head_dim)."""
+    return n_ctx * head_dim + (LANES + 1) * n_ctx + (LANES + 1) * head_dim
+
+
+@numba.njit(cache=True, nogil=True)
+def _reduce_lanes(p, a, b, out):
+    """out[t] = GGML_F32x4_REDUCE of the 16 lanes p[:, a + t] (p [16, >= b]) for t < b - a: halves added lane-wise
+    (registers 0+2 and 1+3, then 0+1), then vaddvq_f32, which is pairwise on AArch64 (FADDP twice:
+    (v0+v1) + (v2+v3))."""
+    p0, p1, p2, p3, p4, p5 = p[0, a:b], p[1, a:b], p[2, a:b], p[3, a:b], p[4, a:b], p[5, a:b]
+    p6, p7, p8, p9, p10, p11 = p[6, a:b], p[7, a:b], p[8, a:b], p[9, a:b], p[10, a:b], p[11, a:b]
+    p12, p13, p14, p15 = p[12, a:b], p[13, a:b], p[14, a:b], p[15, a:b]
+    for t in range(b - a):
+        v0 = (p0[t] + p8[t]) + (p4[t] + p12[t])
+        v1 = (p1[t] + p9[t]) + (p5[t] + p13[t])
+        v2 = (p2[t] + p10[t]) + (p6[t] + p14[t])
+        v3 = (p3[t] + p11[t]) + (p7[t] + p15[t])
+        out[t] = (v0 + v1) + (v2 + v3)
+
+
+@numba.njit(cache=True, nogil=True)
+def _kq_transposed(qv, kt, jlo, jhi, kq, s):
+    """KQ of one query row qv [d] over cells jlo..jhi-1 into s[jlo:jhi], K transposed in kt [d, >= jhi] (the
+    cache's K of one head: F16 bits or float32): every cell's 16 lanes at once, kq [16, >= jhi] the lanes. Loops
+    run over slices from 0 so that numba's indices are provably non-negative and LLVM vectorizes them."""
+    d = qv.shape[0]
+    d16 = d - d % LANES
+    kq[:, jlo:jhi] = np.float32(0.0)
+    for j0 in range(jlo, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
+        j1 = min(j0 + _BLOCK, jhi)
+        for c in range(d16):
+            qc = qv[c]
+            lane = kq[c % LANES, j0:j1]
+            krow = kt[c, j0:j1]
+            for j in range(j1 - j0):
+                lane[j] = fma32(qc, _load_cell(krow[j]), lane[j])
+    sr = s[jlo:jhi]
+    _reduce_lanes(kq, jlo, jhi, sr)
+    for j in range(jhi - jlo):
+        if d16 < d:
+            dot = np.float64(sr[j])
+            for c in range(d16, d):
+                dot += np.float64(qv[c] * _load_cell(kt[c, jlo + j]))
+            sr[j] = np.float32(dot)
+
+
+@numba.njit(cache=True, nogil=True)
+def _softmax_kqv(vh, jlo, jhi, sc, f16, s, acc, out):
+    """Scores s[jlo:jhi] (KQ) -> scaled, softmax weights (rounded to F16 with ``f16``) -> out [d] = KQV over the V
+    rows vh [n_ctx, d] of the cache; acc [16, d] is work space."""
+    d = out.shape[0]
+    n = jhi - jlo
+    sr = s[jlo:jhi]
+    mx = np.float32(-np.inf)
+    for j in range(n):
+        sr[j] = sr[j] * sc
+        mx = max(mx, sr[j])
+    # soft_max: e = expf(s - max); the f64 sum takes vaddvq_f32 of each 4 cells from cell 0 ((e0+e1)+(e2+e3)), masked
+    # cells being 0 (llama.cpp pads n_kv to a multiple of 32 with masked cells, so no scalar tail)
+    for j in range(n):
+        sr[j] = expf(sr[j] - mx)
+    total = 0.0
+    for g in range(jlo - jlo % 4, jhi, 4):
+        e0 = s[g] if g >= jlo else np.float32(0.0)
+        e1 = s[g + 1] if g + 1 >= jlo and g + 1 < jhi else np.float32(0.0)
+        e2 = s[g + 2] if g + 2 >= jlo and g + 2 < jhi else np.float32(0.0)
+        e3 = s[g + 3] if g + 3 < jhi else np.float32(0.0)
+        total += np.float64((e0 + e1) + (e2 + e3))
+    inv = np.float32(1.0 / total)
+    if f16:
+        for j in range(n):
+            sr[j] = round_f16_scalar(sr[j] * inv)
+    else:
+        for j in range(n):
+            sr[j] = sr[j] * inv
+    # KQV: ggml_vec_dot over the cells of each output column: lane j % 16 accumulates w[j] * V[j, c] in increasing j
+    # (masked cells' weights are 0: skipped), reduced by _reduce_lanes
+    acc[:] = np.float32(0.0)
+    for j in range(jlo, jhi):
+        wj = s[j]
+        a = acc[j % LANES]
+        vrow = vh[j]
+        for c in range(d):
+            a[c] = fma32(wj, _load_cell(vrow[c]), a[c])
+    _reduce_lanes(acc, 0, d, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _load_values(vh, lo, hi, vf):
+    """Cells lo..hi-1 of one KV head's V (vh [n_ctx, d]) as float32 rows vf [>= hi, d], for many rows to share."""
+    for j in range(lo, hi):
+        src, dst = vh[j], vf[j]
+        for c in range(dst.shape[0]):
+            dst[c] = _load_cell(src[c])
+
+
+@numba.njit(cache=True, nogil=True)
+def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1):
+    """Heads h0..h1-1 of causal attention of q [m, n_head, d] (after RoPE; row i at position p = start + i) over
+    the first n_kv cells of one cache layer, K transposed kc [n_head_kv, d, n_ctx] and V vc [n_head_kv, n_ctx, d]
+    (uint16 F16 bits, or float32; :func:`store_kv`), into out
+    [m, n_head*d]. Head h reads KV head h // (n_head / n_head_kv) (GQA). ``window`` > 0 also masks cell j when
+    ``p - j >= window`` (LLAMA_SWA_TYPE_STANDARD). ``scratch``: float32, :func:`attention_scratch_size` elements,
+    one per thread. Numerics (llama.cpp without flash attention, ggml-cpu on NEON), per row and head:
+
+    * with ``f16``, q is rounded to F16 (ggml converts the f32 operand to the F16 cache's vec_dot type);
+    * ``s[j] = dot(q, K[j])`` for unmasked j (j <= p, and in the window): 16 lanes, lane l the sum of the products
+      of the d = l (mod 16) elements from +0 in increasing d with a fused multiply-add (exact products with F16
+      operands; ggml's vfmaq_f32 for F32), reduced by halves (lanes l + l+8, then + l+4) and then pairwise
+      ((v0+v1) + (v2+v3), vaddvq_f32); the d % 16 last products added in f64;
+    * ``s[j] * scale`` in f32; masked cells are -inf (their weight is 0);
+    * softmax: max over the row, ``e[j] = expf(s[j] - max)``, the sum in f64 of ``(e0+e1)+(e2+e3)`` (f32) per 4
+      cells from cell 0 with masked cells 0, ``w[j] = e[j] * (float)(1/sum)``; with ``f16`` w is rounded to F16;
+    * ``out[i, h*d + c]``: the same 16-lane dot over the cells j (lane j % 16, fused multiply-add, in increasing j)
+      of ``w[j] * V[j, c]``, reduced the same way.
+    """
+    n_head = q.shape[1]
+    d = q.shape[2]
+    group = n_head // kc.shape[0]
+    sc = np.float32(scale)
+    vf = scratch[: d * n_kv].reshape(n_kv, d)
+    at = d * n_kv
+    kq = scratch[at : at + LANES * n_kv].reshape(LANES, n_kv)
+    at += LANES * n_kv
+    s = scratch[at : at + n_kv]
+    at += n_kv
+    acc = scratch[at : at + LANES * d].reshape(LANES, d)
+    at += LANES * d
+    qv = scratch[at : at + d]
+    # cells any row reads: from the first row's window start to the last row's position
+    lo = max(0, start - window + 1) if window > 0 else 0
+    hi = min(start + m, n_kv)
+    loaded = -1
+    for h in range(h0, h1):
+        kvh = h // group
+        if m > 1 and kvh != loaded:  # rows share V: converted once per KV head
+            _load_values(vc[kvh], lo, hi, vf)
+            loaded = kvh
+        for i in range(m):
+            p = start + i
+            for c in range(d):
+                qv[c] = round_f16_scalar(q[i, h, c]) if f16 else q[i, h, c]
+            jlo = max(0, p - window + 1) if window > 0 else 0
+            jhi = min(p + 1, n_kv)
+            _kq_transposed(qv, kc[kvh], jlo, jhi, kq, s)
+            o = out[i, h * d : (h + 1) * d]
+            if m > 1:
+                _softmax_kqv(vf, jlo, jhi, sc, f16, s, acc, o)
+            else:
+                _softmax_kqv(vc[kvh], jlo, jhi, sc, f16, s, acc, o)

@@ -1,0 +1,317 @@
+"""The compiled node kernels (kleidipy.graph.ops) against plain-numpy statements of the same fixed-order formulas,
+bit for bit, and every row/head split (2 and 3 pieces) against one call; ggml_v_expf also against float64 exp."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from kleidipy.core.numerics import fma_f32
+from kleidipy.graph import ops
+from kleidipy.runtime.layers import gelu_f16_table
+
+F32 = np.float32
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, np.float32).view(np.uint32)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(_bits(a), _bits(b))
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _splits(n: int) -> list[list[tuple[int, int]]]:
+    """One piece, two and three pieces of range(n)."""
+    return [[(0, n)], [(0, n // 2), (n // 2, n)], [(0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n)]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# expf
+
+
+def expf_numpy(x: np.ndarray) -> np.ndarray:
+    """ggml_v_expf (NEON) per lane, straight from its statement: fused steps via core.numerics.fma_f32."""
+    x = np.asarray(x, np.float32)
+    r = F32(float.fromhex("0x1.8p23"))
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        z = fma_f32(x, F32(float.fromhex("0x1.715476p+0")), r)
+        n = (z - r).astype(np.float32)
+        b = fma_f32(-n, F32(float.fromhex("0x1.62e4p-1")), x)
+        b = fma_f32(-n, F32(float.fromhex("0x1.7f7d1cp-20")), b)
+        e = (z.view(np.uint32).astype(np.uint64) << 23) & 0xFFFFFFFF
+        k = ((e + 0x3F800000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+        u = b * b
+        c = [F32(float.fromhex(h)) for h in ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3")]
+        c += [F32(float.fromhex(h)) for h in ("0x1.573e2ep-5", "0x1.0e4020p-7")]
+        j = fma_f32(fma_f32(fma_f32(c[4], b, c[3]), u, fma_f32(c[2], b, c[1])), u, c[0] * b)
+        d = np.where(n <= 0, 0x82000000, 0).astype(np.uint64)
+        s1 = ((d + 0x7F000000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+        s2 = ((e - d) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+        slow = fma_f32(s2, j, s2) * s1
+        return np.where(np.abs(n) > 192, s1 * s1, np.where(np.abs(n) > 126, slow, fma_f32(k, j, k))).astype(np.float32)
+
+
+@numba.njit(cache=False)
+def _expf_all(x):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = ops.expf(x[i])
+    return out
+
+
+def test_expf_hand_points() -> None:
+    # n = 0, b = x: the polynomial alone; n = 1 at ln 2; flushes; special values
+    points = np.array([0.0, -0.0, 1.0, -1.0, np.log(2), 10.0, -10.0], np.float32)
+    want = np.array([1.0, 1.0, 2.7182819843, 0.3678794503, 2.0, 22026.4648437, 4.5399931e-05], np.float32)
+    got = _expf_all(points)
+    np.testing.assert_allclose(got, want, rtol=2.5e-7)
+    assert _same(got, expf_numpy(points))
+    assert got[0] == 1.0 and got[4] == 2.0
+    edge = _expf_all(np.array([-np.inf, np.inf, np.nan, -104.0, -200.0, 89.0, 200.0, 88.3762626647949], np.float32))
+    assert edge[0] == 0 and edge[1] == np.inf and np.isnan(edge[2])
+    assert edge[3] == 0 and edge[4] == 0 and edge[5] == np.inf and edge[6] == np.inf
+    assert np.isfinite(edge[7])  # the largest input that stays finite (ggml: "above 88.38 flush to infinity")
+
+
+def test_expf_matches_its_statement_and_exp() -> None:
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [
+            rng.uniform(-110, 90, 400_000).astype(np.float32),
+            rng.standard_normal(100_000).astype(np.float32) * F32(1e-3),
+            np.linspace(-104, -86, 50_000, dtype=np.float32),  # subnormal results and the |n| > 126 path
+            np.linspace(86, 88.7, 20_000, dtype=np.float32),  # the |n| > 126 path near overflow
+            rng.integers(0, 2**32, 100_000, dtype=np.uint32).view(np.float32),  # any bits (NaN, inf, huge)
+        ]
+    )
+    got = _expf_all(x)
+    want = expf_numpy(x)
+    nan = np.isnan(got)
+    assert np.array_equal(nan, np.isnan(want)) and np.array_equal(nan, np.isnan(x))
+    assert _same(got[~nan], want[~nan])
+    finite = np.isfinite(x) & (x > -103.9) & (x < 88.37)
+    exact = np.exp(x[finite].astype(np.float64))
+    # error in ulps of the float32 result (subnormal results: ulp 2^-149)
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    err = np.abs(got[finite].astype(np.float64) - exact) / ulp
+    assert err.max() <= 2.0, float(err.max())
+
+
+def test_expf_is_monotonic() -> None:
+    x = np.linspace(-110, 90, 4_000_001, dtype=np.float32)
+    y = _expf_all(x)
+    assert np.all(y[1:] >= y[:-1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# row ops
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1)
+
+
+def test_rms_norm(rng: np.random.Generator) -> None:
+    x = (rng.standard_normal((7, 96)) * 3).astype(np.float32)
+    w = rng.standard_normal(96).astype(np.float32)
+    eps = 1e-6
+    total = np.cumsum((x * x).astype(np.float64), axis=1)[:, -1]  # sequential f64 sum of f32 squares
+    scale = F32(1.0) / np.sqrt((total / x.shape[1]).astype(np.float32) + F32(eps))
+    want = (x * scale[:, None]) * w
+    for pieces in _splits(7):
+        out = np.empty_like(x)
+        for r0, r1 in pieces:
+            ops.rms_norm(x, w, eps, out, r0, r1)
+        assert _same(out, want)
+    inplace = x.copy()
+    ops.rms_norm(inplace, w, eps, inplace, 0, 7)
+    assert _same(inplace, want)
+
+
+def test_add_add_row_scale(rng: np.random.Generator) -> None:
+    a, b = rng.standard_normal((2, 5, 33)).astype(np.float32)
+    bias = rng.standard_normal(33).astype(np.float32)
+    for pieces in _splits(5):
+        out, row, scaled = np.empty_like(a), a.copy(), a.copy()
+        for r0, r1 in pieces:
+            ops.add(a, b, out, r0, r1)
+            ops.add_row(row, bias, r0, r1)
+            ops.scale(scaled, 0.3, r0, r1)
+        assert _same(out, a + b) and _same(row, a + bias) and _same(scaled, a * F32(0.3))
+
+
+def test_swiglu(rng: np.random.Generator) -> None:
+    gate = (rng.standard_normal((6, 70)) * 8).astype(np.float32)
+    gate[0, :4] = [0.0, -0.0, 120.0, -120.0]
+    up = rng.standard_normal((6, 70)).astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = (gate / (F32(1.0) + expf_numpy(F32(0.0) - gate))) * up
+    for pieces in _splits(6):
+        out = np.empty_like(gate)
+        for r0, r1 in pieces:
+            ops.swiglu(gate, up, out, r0, r1)
+        assert _same(out, want)
+    g = gate.copy()
+    ops.swiglu(g, up, g, 0, 6)
+    assert _same(g, want)
+
+
+def test_geglu(rng: np.random.Generator) -> None:
+    gate = (rng.standard_normal((5, 64)) * 6).astype(np.float32)
+    gate[0, :6] = [-10.0, 10.0, -10.5, 10.5, 0.0, 65519.0]
+    up = rng.standard_normal((5, 64)).astype(np.float32)
+    table = gelu_f16_table()
+    looked = table[gate.astype(np.float16).view(np.uint16)]
+    want = np.where(gate <= -10, F32(0.0), np.where(gate >= 10, gate, looked)) * up
+    for pieces in _splits(5):
+        out = np.empty_like(gate)
+        for r0, r1 in pieces:
+            ops.geglu(gate, up, table, out, r0, r1)
+        assert _same(out, want)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope(rng: np.random.Generator, neox: bool) -> None:
+    m, n_heads, d, n_rot, start = 4, 6, 16, 12, 5
+    x = rng.standard_normal((m, n_heads, d)).astype(np.float32)
+    cos, sin = rng.standard_normal((2, 20, n_rot // 2)).astype(np.float32)
+    want = x.copy()
+    half = n_rot // 2
+    a = np.arange(half) if neox else 2 * np.arange(half)
+    b = a + half if neox else a + 1
+    c, s = cos[start : start + m, None, :], sin[start : start + m, None, :]
+    x0, x1 = x[:, :, a], x[:, :, b]
+    want[:, :, a], want[:, :, b] = x0 * c - x1 * s, x0 * s + x1 * c
+    for pieces in _splits(n_heads):
+        got = x.copy()
+        for h0, h1 in pieces:
+            ops.rope(got, cos, sin, start, neox, h0, h1)
+        assert _same(got, want)
+
+
+@pytest.mark.parametrize("f16", [True, False])
+def test_store_kv(rng: np.random.Generator, f16: bool) -> None:
+    m, n_head_kv, d, n_ctx, start = 3, 3, 8, 10, 4
+    k, v = (rng.standard_normal((2, m, n_head_kv * d)) * 100).astype(np.float32)
+    k[0, :3] = [1e6, -1e-9, np.float32(65520.0)]
+    dtype = np.float16 if f16 else np.float32
+    for pieces in _splits(n_head_kv):
+        kc, vc = np.zeros((n_head_kv, d, n_ctx), dtype), np.zeros((n_head_kv, n_ctx, d), dtype)
+        ops_k, ops_v = (kc.view(np.uint16), vc.view(np.uint16)) if f16 else (kc, vc)
+        for h0, h1 in pieces:
+            ops.store_kv(k, v, ops_k, ops_v, start, m, h0, h1)
+        with np.errstate(over="ignore"):
+            want_k = np.ascontiguousarray(k.reshape(m, n_head_kv, d).transpose(1, 2, 0)).astype(
+                dtype
+            )  # K transposed: cells last
+            want_v = v.reshape(m, n_head_kv, d).transpose(1, 0, 2).astype(dtype)
+        assert np.array_equal(np.ascontiguousarray(kc[..., start : start + m]).view(np.uint8), want_k.view(np.uint8))
+        assert np.array_equal(vc[:, start : start + m].view(np.uint8), want_v.view(np.uint8))
+        assert not kc[..., :start].any() and not kc[..., start + m :].any()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# attention
+
+
+def _reduce16(lanes: np.ndarray) -> np.ndarray:
+    """GGML_F32x4_REDUCE + pairwise vaddvq_f32 of lanes [..., 16]."""
+    v8 = lanes[..., :8] + lanes[..., 8:]
+    v4 = v8[..., :4] + v8[..., 4:]
+    return (v4[..., 0] + v4[..., 1]) + (v4[..., 2] + v4[..., 3])
+
+
+def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16):
+    """The fixed-order formula of ops.attention in numpy: q [m, n_head, d], kc/vc [n_head_kv, n_ctx, d] float32
+    holding the cache's values; returns [m, n_head * d]."""
+    m, n_head, d = q.shape
+    group = n_head // kc.shape[0]
+    d16 = d - d % 16
+    out = np.zeros((m, n_head * d), np.float32)
+    for i in range(m):
+        p = start + i
+        jlo = max(0, p - window + 1) if window else 0
+        jhi = min(p + 1, n_kv)
+        for h in range(n_head):
+            qv = _f16(q[i, h]) if f16 else q[i, h]
+            k, v = kc[h // group, jlo:jhi], vc[h // group, jlo:jhi]
+            lanes = np.zeros((jhi - jlo, 16), np.float32)
+            for t in range(0, d16, 16):
+                lanes = fma_f32(qv[None, t : t + 16], k[:, t : t + 16], lanes)
+            dot = _reduce16(lanes).astype(np.float64)
+            for c in range(d16, d):
+                dot += (qv[c] * k[:, c]).astype(np.float64)
+            s = dot.astype(np.float32) * F32(scale)
+            e = expf_numpy(s - s.max())
+            cells = np.zeros(-(-jhi // 4) * 4, np.float32)
+            cells[jlo:jhi] = e
+            quads = cells.reshape(-1, 4)
+            total = np.cumsum(((quads[:, 0] + quads[:, 1]) + (quads[:, 2] + quads[:, 3])).astype(np.float64))[-1]
+            w = e * F32(1.0 / total)
+            if f16:
+                w = _f16(w)
+            acc = np.zeros((16, d), np.float32)
+            for j in range(jlo, jhi):
+                acc[j % 16] = fma_f32(w[j - jlo], v[j - jlo], acc[j % 16])
+            out[i, h * d : (h + 1) * d] = _reduce16(acc.T)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("m", "start", "n_head", "n_head_kv", "d", "window", "f16"),
+    [
+        (1, 0, 2, 1, 32, 0, True),
+        (1, 37, 6, 2, 32, 0, True),
+        (5, 0, 4, 4, 16, 0, False),
+        (7, 13, 6, 3, 48, 0, True),
+        (7, 13, 6, 3, 48, 0, False),
+        (6, 20, 4, 2, 32, 5, True),
+        (1, 30, 4, 1, 32, 8, False),
+        (4, 3, 3, 1, 40, 0, True),  # d % 16 != 0: ggml's f64 leftovers
+        (3, 140, 4, 2, 32, 0, True),  # several blocks of cells
+        (5, 140, 2, 1, 32, 100, False),
+    ],
+)
+def test_attention(
+    rng: np.random.Generator, m: int, start: int, n_head: int, n_head_kv: int, d: int, window: int, f16: bool
+) -> None:
+    n_ctx = start + m + 3
+    n_kv = start + m
+    q = (rng.standard_normal((m, n_head, d)) * 2).astype(np.float32)
+    dtype = np.float16 if f16 else np.float32
+    kc, vc = rng.standard_normal((2, n_head_kv, n_ctx, d)).astype(dtype)
+    scale = 1 / np.sqrt(d)
+    want = attention_numpy(q, kc.astype(np.float32), vc.astype(np.float32), start, n_kv, scale, window, f16)
+    kt = np.ascontiguousarray(kc.transpose(0, 2, 1))  # the cache's K layout: [n_head_kv, d, n_ctx]
+    ops_k, ops_v = (kt.view(np.uint16), vc.view(np.uint16)) if f16 else (kt, vc)
+    for pieces in _splits(n_head):
+        out = np.full((m, n_head * d), np.nan, np.float32)
+        for h0, h1 in pieces:
+            scratch = np.full(ops.attention_scratch_size(n_ctx, d), np.nan, np.float32)
+            ops.attention(q, ops_k, ops_v, start, m, n_kv, scale, window, f16, out, scratch, h0, h1)
+        assert _same(out, want)
+
+
+def test_attention_close_to_float64(rng: np.random.Generator) -> None:
+    """The fixed order is still attention: a float64 softmax-weighted sum within F16 rounding."""
+    m, start, n_head, d = 3, 9, 2, 64
+    q = rng.standard_normal((m, n_head, d)).astype(np.float32)
+    kc, vc = rng.standard_normal((2, 1, start + m, d)).astype(np.float32)
+    out = np.empty((m, n_head * d), np.float32)
+    scratch = np.empty(ops.attention_scratch_size(start + m, d), np.float32)
+    kt = np.ascontiguousarray(kc.transpose(0, 2, 1))
+    ops.attention(q, kt, vc, start, m, start + m, 0.125, 0, False, out, scratch, 0, n_head)
+    for i in range(m):
+        s = kc[0, : start + i + 1].astype(np.float64) @ q[i].T.astype(np.float64) * 0.125
+        w = np.exp(s - s.max(axis=0))
+        w /= w.sum(axis=0)
+        want = (w.T @ vc[0, : start + i + 1].astype(np.float64)).reshape(-1)
+        np.testing.assert_allclose(out[i], want, rtol=1e-5, atol=1e-6)
