@@ -1,0 +1,171 @@
+"""Atomics and spin-wait hints for numba nopython code: what the graph executor's threads synchronise with.
+
+Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store`, :func:`atomic_cas` on elements of 1-D integer
+arrays, :func:`fence`, :func:`cpu_pause` and :func:`sched_yield`. All of them are ``numba.extending.intrinsic``\\ s
+that emit llvmlite IR, so they are callable from ``@njit`` code only (nogil, cacheable). Every atomic is
+sequentially consistent (``seq_cst``), the ordering C11's ``atomic_*`` functions default to: a store publishes
+every write made before it, a load sees every write published before the store it reads.
+
+Hand-written because numba has no atomics in nopython code (only ``cuda.atomic`` on the GPU target) and no
+maintained library provides them, nor a barrier built on them, usable from inside a numba function.
+
+* ``atomic_add(arr, i, v) -> old``, ``atomic_cas(arr, i, expected, new) -> old``, ``atomic_load(arr, i)``,
+  ``atomic_store(arr, i, v)``: ``arr`` a 1-D array of int32/int64 (signed or not), ``i`` an integer index that
+  is **not** bounds-checked (nor wrapped when negative); ``v`` is cast to the array's dtype.
+* ``cpu_pause()``: the spin-loop hint, ``pause`` on x86, ``isb`` on AArch64 (what Rust's ``spin_loop`` emits),
+  nothing elsewhere.
+* ``sched_yield()``: libc's ``sched_yield`` (found with ctypes and registered with LLVM by name, so functions
+  calling it stay cacheable); a no-op where the C library has none.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+_ORDER = "seq_cst"
+_TRIPLE = llvm.get_process_triple()
+#: the LLVM intrinsic (and its arguments) of the spin-wait hint; no inline asm, which numba's JIT cannot parse.
+if _TRIPLE.startswith(("x86_64", "i386", "i586", "i686")):
+    _PAUSE: tuple[str, list] | None = ("llvm.x86.sse2.pause", [])
+elif _TRIPLE.startswith(("aarch64", "arm64")):
+    _PAUSE = ("llvm.aarch64.isb", [ir.Constant(ir.IntType(32), 15)])  # isb sy
+else:  # a plain spin
+    _PAUSE = None
+
+#: the LLVM symbol the compiled code calls for sched_yield (a name of ours, bound to libc's function below).
+_YIELD_SYMBOL = "kleidipy_sched_yield"
+
+
+def _find_sched_yield() -> int | None:
+    """Address of the C library's ``sched_yield``, or None where there is none (Windows)."""
+    for name in (None, ctypes.util.find_library("c")):
+        try:
+            return ctypes.cast(ctypes.CDLL(name).sched_yield, ctypes.c_void_p).value
+        except (OSError, AttributeError, TypeError):
+            continue
+    return None
+
+
+_YIELD_ADDRESS = _find_sched_yield()
+#: the host has a sched_yield the compiled code calls (else sched_yield() is a no-op).
+HAS_SCHED_YIELD = _YIELD_ADDRESS is not None
+if HAS_SCHED_YIELD:
+    llvm.add_symbol(_YIELD_SYMBOL, _YIELD_ADDRESS)
+
+_INTEGERS = (types.int32, types.int64, types.uint32, types.uint64)
+
+
+def _check(what: str, arr: types.Type, *ints: types.Type) -> None:
+    """Typing of an atomic: a writable (but for atomic_load) 1-D integer array, an integer index and values."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype in _INTEGERS):
+        raise TypingError(f"{what}: a 1-D int32/int64 array, got {arr}")
+    if not arr.mutable and what != "atomic_load":
+        raise TypingError(f"{what}: the array is read-only")
+    if not all(isinstance(ty, types.Integer) for ty in ints):
+        raise TypingError(f"{what}: integer index and values, got {ints}")
+
+
+def _operands(context, builder, signature, args):  # noqa: ANN001, ANN202
+    """Pointer to ``arr[i]`` (no bounds check), its alignment, and the further arguments cast to arr's dtype."""
+    aryty, idxty = signature.args[:2]
+    array = context.make_array(aryty)(context, builder, args[0])
+    index = context.cast(builder, args[1], idxty, types.intp)
+    ptr = cgutils.get_item_pointer(context, builder, aryty, array, [index], wraparound=False)
+    values = [context.cast(builder, v, ty, aryty.dtype) for v, ty in zip(args[2:], signature.args[2:], strict=True)]
+    return ptr, aryty.dtype.bitwidth // 8, values
+
+
+@intrinsic
+def atomic_add(typingctx, arr, i, v):  # noqa: ANN001, ANN201
+    """``old = arr[i]; arr[i] += v`` as one atomic step; returns ``old``."""
+    _check("atomic_add", arr, i, v)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        ptr, _, (val,) = _operands(context, builder, signature, args)
+        return builder.atomic_rmw("add", ptr, val, _ORDER)
+
+    return arr.dtype(arr, i, v), codegen
+
+
+@intrinsic
+def atomic_cas(typingctx, arr, i, expected, new):  # noqa: ANN001, ANN201
+    """``old = arr[i]; if old == expected: arr[i] = new`` as one atomic step; returns ``old`` (the swap happened
+    when ``old == expected``)."""
+    _check("atomic_cas", arr, i, expected, new)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        ptr, _, (cmp, val) = _operands(context, builder, signature, args)
+        return builder.extract_value(builder.cmpxchg(ptr, cmp, val, _ORDER, _ORDER), 0)
+
+    return arr.dtype(arr, i, expected, new), codegen
+
+
+@intrinsic
+def atomic_load(typingctx, arr, i):  # noqa: ANN001, ANN201
+    """``arr[i]``, read atomically."""
+    _check("atomic_load", arr, i)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        ptr, align, _ = _operands(context, builder, signature, args)
+        return builder.load_atomic(ptr, _ORDER, align)
+
+    return arr.dtype(arr, i), codegen
+
+
+@intrinsic
+def atomic_store(typingctx, arr, i, v):  # noqa: ANN001, ANN201
+    """``arr[i] = v``, written atomically."""
+    _check("atomic_store", arr, i, v)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        ptr, align, (val,) = _operands(context, builder, signature, args)
+        builder.store_atomic(val, ptr, _ORDER, align)
+        return context.get_dummy_value()
+
+    return types.void(arr, i, v), codegen
+
+
+@intrinsic
+def fence(typingctx):  # noqa: ANN001, ANN201
+    """A sequentially consistent memory fence."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        builder.fence(_ORDER)
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def cpu_pause(typingctx):  # noqa: ANN001, ANN201
+    """The CPU's spin-wait hint (``pause`` / ``isb``; nothing on other targets)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        if _PAUSE is not None:
+            name, operands = _PAUSE
+            fnty = ir.FunctionType(ir.VoidType(), [op.type for op in operands])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), operands)
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def sched_yield(typingctx):  # noqa: ANN001, ANN201
+    """Give the rest of this thread's time slice to another runnable thread (libc ``sched_yield``)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        if HAS_SCHED_YIELD:
+            fnty = ir.FunctionType(ir.IntType(32), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, _YIELD_SYMBOL), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
