@@ -161,6 +161,14 @@ def rhs_pack_per_channel(
             out_f32[params + 2 * nr + col] = bias[src] if has_bias else np.float32(0.0)
 
 
+@numba.njit(cache=True, nogil=True)
+def int8_k_lo(k_int, nr, kr):
+    """K index of every byte of a ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` group's data: (e // (nr·kr))·kr + e % kr
+    (int8 (col, k) at (k // kr)·nr·kr + col·kr + k % kr)."""
+    e = np.arange(nr * k_int)
+    return (e // (nr * kr)) * kr + e % kr
+
+
 # --------------------------------------------------------------------------------------------- Q8_0
 
 

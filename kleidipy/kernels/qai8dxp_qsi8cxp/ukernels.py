@@ -340,7 +340,7 @@ class RhsPackNxkQsi8cxpQsi8cxNeon(PerChannelRhsPacker):
     @classmethod
     def build_layout(cls, k_int: int, nr: int, kr: int, sr: int) -> RhsDataLayout:
         e = np.arange(nr * k_int)
-        k_lo = (e // (nr * kr)) * kr + e % kr
+        k_lo = jit.int8_k_lo(k_int, nr, kr)
         return RhsDataLayout(kr, 0, (e // kr) % nr, k_lo, np.empty(0, dtype=k_lo.dtype))
 
     def check_args(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None) -> None:

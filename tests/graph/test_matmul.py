@@ -1,0 +1,126 @@
+"""The compiled MUL_MAT routines against the prepared matmul the runtime calls, bit for bit: every kernel pair the
+targets select (GEMM and GEMV), the LHS pack and the column split at 1, 2 and 3 threads; NaN/Inf activations;
+executions the compiled plan does not run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from kleidipy import formats
+from kleidipy.core.matmul import PreparedMatmul
+from kleidipy.graph import matmul as mm
+from kleidipy.kernels.catalogue import all_kernels, family_of, get_kernel
+from kleidipy.runtime.backend import KleidiBackend, RepackedLinear
+from kleidipy.target import parse_target
+
+TARGETS = ["sme2:svl=512", "sme2:svl=256", "sme", "i8mm", "dotprod"]
+TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.F16]
+#: n is not a multiple of any nr and leaves thread 2 of 3 without columns where n_step = 64
+N, K = 200, 64
+ROWS = (1, 2, 5, 17, 40)
+
+
+def _linear(target: str, ggml_type: T, execution: str = "jit", seed: int = 0) -> RepackedLinear:
+    w = np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32)
+    backend = KleidiBackend(parse_target(target), execution=execution, notice=lambda msg: None)
+    return backend("w", ggml_type, (K, N), formats.quantize(w, ggml_type))
+
+
+def _activations(m: int, seed: int) -> np.ndarray:
+    """m rows of activations in a buffer of m + 3 rows whose extra rows are NaN (they must not be read)."""
+    x = np.full((m + 3, K), np.nan, np.float32)
+    x[:m] = np.random.default_rng(seed).standard_normal((m, K)).astype(np.float32) * 3
+    return x
+
+
+def _pack(nk: mm.NodeKernel, x: np.ndarray, m: int, nth: int) -> tuple[np.ndarray, list[bool]]:
+    """The packed LHS every thread's share writes (in a buffer of garbage), and what each returned."""
+    buf = np.full(nk.lhs_bytes(m) + 5, 0xAB, np.uint8)
+    return buf, [mm.pack_lhs(nk.code, nk.params, x, m, buf, ith, nth) for ith in range(nth)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_pack_and_matmul_match_prepared_bit_for_bit(target, ggml_type):
+    lin = _linear(target, ggml_type)
+    for m in ROWS:
+        prepared: PreparedMatmul = lin.gemv if m == 1 else lin.gemm
+        nk = mm.node_kernel(prepared)
+        x = _activations(m, seed=m)
+        want_lhs = np.asarray(prepared.pack(x[:m])).view(np.uint8)
+        want = prepared(x[:m])
+        assert nk.lhs_bytes(m) == want_lhs.size
+        for nth in (1, 2, 3):
+            lhs, finite = _pack(nk, x, m, nth)
+            assert all(finite)
+            assert np.array_equal(lhs[: want_lhs.size], want_lhs), (prepared.kernel.name, m, nth)
+            assert (lhs[want_lhs.size :] == 0xAB).all()
+            out = np.full((m + 2, N), np.nan, np.float32)
+            for ith in range(nth):
+                mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
+            assert np.array_equal(out[:m].view(np.uint32), want.view(np.uint32)), (prepared.kernel.name, m, nth)
+            assert np.isnan(out[m:]).all()  # rows past m untouched
+
+
+@pytest.mark.parametrize(
+    "name", [k.name for k in all_kernels() if k.family != "qai8dxp_qsi4cxp"], ids=lambda name: name[17:]
+)
+def test_every_kernel_of_the_families_the_runtime_uses(name):
+    """Kernels the targets do not select too (SME1 tiers, other NEON tiles), SME ones at SVL 128 (nr = 16)."""
+    kern = get_kernel(name).bind(128)
+    w = np.random.default_rng(7).standard_normal((N, K)).astype(np.float32)
+    rhs, kwargs = family_of(kern).from_float(w, kern.rhs_packer)
+    prepared = kern.prepare(N, K, kern.pack_rhs(N, K, rhs, **kwargs))
+    nk = mm.node_kernel(prepared)
+    for m in (1,) if kern.kind == "gemv" else (3, 17):
+        x = _activations(m, seed=m)
+        want_lhs = np.asarray(prepared.pack(x[:m])).view(np.uint8)
+        for nth in (1, 3):
+            lhs, _ = _pack(nk, x, m, nth)
+            assert np.array_equal(lhs[: want_lhs.size], want_lhs)
+            out = np.empty((m, N), np.float32)
+            for ith in range(nth):
+                mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
+            assert np.array_equal(out.view(np.uint32), prepared(x[:m]).view(np.uint32))
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_clamped_to_flt_max(ggml_type):
+    """Activations large enough for ±inf sums come out as ±FLT_MAX, as the prepared matmul clamps them."""
+    lin = _linear("i8mm", ggml_type)
+    x = np.full((2, K), 3e38, np.float32)
+    x[1] *= -1
+    nk = mm.node_kernel(lin.gemm)
+    lhs, _ = _pack(nk, x, 2, 1)
+    out = np.empty((2, N), np.float32)
+    mm.matmul(nk.code, nk.params, 2, N, K, lhs, lin.gemm.rhs, out, 0, 1)
+    assert np.array_equal(out.view(np.uint32), lin.gemm(x).view(np.uint32))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_nonfinite_activations_return_false(target, ggml_type):
+    lin = _linear(target, ggml_type)
+    for m, bad in ((1, np.nan), (17, np.inf), (40, -np.inf)):
+        nk = mm.node_kernel(lin.gemv if m == 1 else lin.gemm)
+        x = _activations(m, seed=3)
+        x[m - 1, K // 2] = bad
+        assert _pack(nk, x, m, 1)[1] == [False]
+        finite = _pack(nk, x, m, 3)[1]
+        assert finite[-1] is False and all(finite[:-1])  # the thread whose share holds row m - 1
+
+
+@pytest.mark.parametrize("execution", ["reference", "isa"])
+def test_other_executions_are_refused(execution):
+    lin = _linear("sme2:svl=512", T.Q4_0, execution)
+    with pytest.raises(mm.NotCompilableError, match="jit"):
+        mm.node_kernel(lin.gemm)
+
+
+def test_kernel_without_routine_is_refused():
+    kern = get_kernel("matmul_clamp_f32_qai8dxp1x8_qsi4cxp4x8_1x4x32_neon_dotprod")
+    prepared = kern.prepare(N, K, np.zeros(kern.rhs_packed_size(N, K), np.uint8))
+    with pytest.raises(mm.NotCompilableError, match="no compiled routine"):
+        mm.node_kernel(prepared)
