@@ -254,6 +254,13 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
         help="how kernels run on this host: jit (default), reference (numpy) or isa (emulator, slow)",
     )
     p.add_argument(
+        "--graph",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the forward pass as one compiled plan on persistent threads, as ggml runs a graph (default: on, "
+        "with --execution jit; --no-graph runs it op by op from Python, the reference execution: same bits)",
+    )
+    p.add_argument(
         "--check-tensors",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -116,6 +116,7 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
         progress=not args.quiet,
         check_tensors=args.check_tensors,
         repack_cache=args.repack_cache,
+        graph=args.graph,
     )
 
 
@@ -299,6 +300,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         execution=args.execution,
         check_tensors=args.check_tensors,
         repack_cache=args.repack_cache,
+        graph=args.graph,
     )
     print(format_bench_table(rows))
     return 0
@@ -323,5 +325,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         check_tensors=args.check_tensors,
         repack_cache=args.repack_cache,
+        graph=args.graph,
     )
     return 0

@@ -62,6 +62,8 @@ class RepackedLinear:
 def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray:
     """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule)."""
     m = x.shape[0]
+    if m == 0:  # no rows wanted (a prefill ubatch whose logits nobody reads): nothing to multiply
+        return np.empty((0, weight.n), np.float32)
     run = weight.gemv if m == 1 else weight.gemm
     watchers = [o for o in weight.backend.observers if o.wants_matmuls]
     if not watchers:

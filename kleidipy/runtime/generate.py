@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from kleidipy.core.buffers import check_threads
 from kleidipy.errors import KleidipyError
+from kleidipy.graph.execute import compile_model
 from kleidipy.runtime import tensor_check
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.chat_template import ChatTemplate
@@ -222,6 +223,9 @@ class Engine:
     repack_cache: bool = True
     #: watch the load and every generation (:mod:`kleidipy.runtime.observer`): shared by the backend and the model
     observers: list[Observer] = field(default_factory=list)
+    #: run the forward pass as one compiled plan on persistent threads (:mod:`kleidipy.graph`; jit execution only);
+    #: False runs it op by op from Python (the reference execution, same bits)
+    graph: bool = True
 
     def __post_init__(self) -> None:
         t0 = time.perf_counter()
@@ -252,12 +256,20 @@ class Engine:
             self.observers.remove(progress)
             bar.close()
         self.lm.observers = self.observers
+        if self.graph and self.execution == "jit":
+            compile_model(self.lm, self.threads)
         t2 = time.perf_counter()
         if cache is not None:
             cache.save()
         self.timings = Timings(load_s=time.perf_counter() - t0, repack_s=t2 - t1)
         #: why the last generation ended (None before the first one)
         self.finish_reason: FinishReason | None = None
+
+    def set_threads(self, threads: int) -> None:
+        """Run the kernels on ``threads`` threads from now on (a compiled plan gets new workers)."""
+        self.threads = self.backend.threads = check_threads(threads)
+        if self.lm.compiled is not None:
+            compile_model(self.lm, threads)
 
     @property
     def context_length(self) -> int:

@@ -464,6 +464,7 @@ def serve(
     log_level: str = "info",
     check_tensors: bool = True,
     repack_cache: bool = True,
+    graph: bool = True,
 ) -> None:
     """Load ``model`` and serve it until interrupted (``kleidipy serve``). ``ctx`` is the total context, split
     between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved)."""
@@ -481,6 +482,7 @@ def serve(
         progress=progress,
         check_tensors=check_tensors,
         repack_cache=repack_cache,
+        graph=graph,
     )
     app = create_app(engine, parallel=parallel, api_key=api_key, cors=tuple(cors))
     print(

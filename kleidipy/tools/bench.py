@@ -75,6 +75,7 @@ def run_bench(
     notice: Callable[[str], None] = lambda msg: print(f"kleidipy: {msg}", file=sys.stderr),
     check_tensors: bool = True,
     repack_cache: bool = True,
+    graph: bool = True,
 ) -> list[BenchRow]:
     """Load ``model`` (a path or catalogue name; an :class:`Engine` is used as it is, ``target`` and ``execution``
     then being its own) once and time ``pp{n_prompt}`` and ``tg{n_gen}`` (a count of 0 skips the test) at every
@@ -96,6 +97,7 @@ def run_bench(
             notice=notice,
             check_tensors=check_tensors,
             repack_cache=repack_cache,
+            graph=graph,
         )
     longest = max(n_prompt, n_gen)
     if longest > engine.context_length:
@@ -108,7 +110,7 @@ def run_bench(
     threads_before = engine.backend.threads
     try:
         for threads in threads_list:
-            engine.backend.threads = threads
+            engine.set_threads(threads)
             for test, n_tokens in tests:
                 row = BenchRow(model_desc, size_bytes, n_params, backend, threads, test, n_tokens)
                 timed = _time_prompt if test.startswith("pp") else _time_generation
@@ -120,7 +122,7 @@ def run_bench(
                     bar.update()
                 rows.append(row)
     finally:
-        engine.backend.threads = threads_before
+        engine.set_threads(threads_before)
         bar.close()
     return rows
 

@@ -38,6 +38,7 @@ from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttentio
 from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
+    from kleidipy.graph.plan import PlanBuilder
     from kleidipy.runtime.model_file import ModelFile
 
 SWA_PATTERN = 6  #: llama.cpp's set_swa_pattern(6): five sliding layers, then a global one
@@ -90,6 +91,15 @@ class Gemma3Block:
             a, x = a[keep], x[keep]
         h = self.post_attn_norm(a) + x
         return self.post_ffw_norm(self.ffn(self.ffn_norm(h))) + h
+
+    def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
+        """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
+        a = b.self_attention(self.attention, b.rms_norm(x, self.attn_norm, "norm"))
+        if keep:
+            b.keep(a, x)
+        h = b.add(b.rms_norm(a, self.post_attn_norm, "post_norm"), x, "h")
+        f = b.feed_forward(self.ffn, b.rms_norm(h, self.ffn_norm, "norm"))
+        return b.add(b.rms_norm(f, self.post_ffw_norm, "post_norm"), h, "x")
 
 
 class Gemma3(CausalLM):

@@ -25,6 +25,7 @@ from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiG
 from kleidipy.runtime.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
+    from kleidipy.graph.plan import PlanBuilder
     from kleidipy.runtime.model_file import ModelFile
 
 
@@ -39,6 +40,13 @@ class LlamaBlock:
         if keep is not None:  # last layer: only the rows whose logits are wanted go on
             h = h[keep]
         return h + self.ffn(self.ffn_norm(h))
+
+    def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
+        """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
+        h = b.add(x, b.self_attention(self.attention, b.rms_norm(x, self.attn_norm, "norm")), "h")
+        if keep:
+            b.keep(h)
+        return b.add(h, b.feed_forward(self.ffn, b.rms_norm(h, self.ffn_norm, "norm")), "x")
 
 
 class Llama(CausalLM):

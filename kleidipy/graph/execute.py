@@ -1,0 +1,260 @@
+"""The compiled executor: every worker thread walks the plan's node list in one numba function, as ggml-cpu's
+``ggml_graph_compute_thread`` does, taking its share of each node by thread index ith/nth with a barrier between
+nodes — no Python between nodes.
+
+Shares: a MUL_MAT packs the activations (quantize+pack, mr-row groups) and then splits the columns in multiples of
+n_step (:mod:`kleidipy.graph.matmul`, llama.cpp's split); RoPE, the KV-cache write and attention split the heads;
+the elementwise nodes split the rows. Every share is computed exactly as the whole is, so the result is the same
+bits at every thread count — and the same bits as the eager path (:mod:`kleidipy.runtime.layers`), which runs the
+same op functions (:mod:`kleidipy.graph.ops`) and the same kernels node by node from Python.
+
+:class:`CompiledForward` owns a model's plan, its buffers (grown to the largest ubatch seen) and the persistent
+workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only embeds the tokens, starts
+the run and copies the logits out. Hand-written because the executor must call the kernels and ops from compiled
+code on persistent threads; no maintained library runs a numba graph that way.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import numba
+import numpy as np
+from numba.typed import List
+
+from kleidipy.errors import NonFiniteInputError
+from kleidipy.graph import matmul as mm
+from kleidipy.graph import ops
+from kleidipy.graph.plan import (
+    OP_ADD,
+    OP_ADD_ROW,
+    OP_ATTENTION,
+    OP_GEGLU,
+    OP_KEEP,
+    OP_MATMUL,
+    OP_RMS_NORM,
+    OP_ROPE,
+    OP_SCALE,
+    OP_STORE_KV,
+    OP_SWIGLU,
+    NotPlannableError,
+    Plan,
+    build_plan,
+)
+from kleidipy.graph.workers import Workers, barrier
+from kleidipy.runtime.kv_cache import KVCache
+from kleidipy.runtime.layers import CausalLM, gelu_f16_table
+
+#: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node
+STATUS_NONFINITE, STATUS_NODE = 0, 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _share(total, ith, nth):  # pragma: no cover - compiled
+    """[lo, hi) of ``total`` items for thread ith of nth (contiguous, as even as possible)."""
+    return ith * total // nth, (ith + 1) * total // nth
+
+
+@numba.njit(cache=True, nogil=True)
+def run_plan(
+    ith,
+    nth,
+    sync,
+    nodes,
+    fparams,
+    buffers,
+    rhs,
+    sizes,
+    codes,
+    params,
+    vectors,
+    cos,
+    sin,
+    neox,
+    gelu_table,
+    kcache,
+    vcache,
+    f16,
+    lhs,
+    scratch,
+    status,
+    m,
+    start,
+    keep_lo,
+):  # pragma: no cover - compiled
+    """Thread ith's walk over the plan for m tokens at positions start.. (see the module docstring)."""
+    rows = m
+    n_kv = start + m
+    for i in range(nodes.shape[0]):
+        op = nodes[i, 0]
+        a, b, c, d, e = nodes[i, 1], nodes[i, 2], nodes[i, 3], nodes[i, 4], nodes[i, 5]
+        if op == OP_MATMUL:
+            if rows == 0:
+                continue
+            x, out = buffers[a], buffers[b]
+            kind = 0 if rows == 1 else 1
+            code, prm = codes[c, kind], params[2 * c + kind]
+            if not mm.pack_lhs(code, prm, x, rows, lhs, ith, nth):
+                status[STATUS_NONFINITE] = 1
+                status[STATUS_NODE] = i
+            barrier(sync, nth)
+            if status[STATUS_NONFINITE]:
+                return
+            mm.matmul(code, prm, rows, sizes[c, 0], sizes[c, 1], lhs, rhs[c], out, ith, nth)
+        elif op == OP_RMS_NORM:
+            x, out = buffers[a], buffers[b]
+            if d > 0:  # per head: rows of head_dim values
+                per = x.shape[1] // d
+                x = x.reshape(x.shape[0] * per, d)
+                out = out.reshape(out.shape[0] * per, d)
+                lo, hi = _share(rows * per, ith, nth)
+            else:
+                lo, hi = _share(rows, ith, nth)
+            ops.rms_norm(x, vectors[c], np.float32(fparams[i]), out, lo, hi)
+        elif op == OP_ADD:
+            lo, hi = _share(rows, ith, nth)
+            ops.add(buffers[a], buffers[b], buffers[c], lo, hi)
+        elif op == OP_ADD_ROW:
+            lo, hi = _share(rows, ith, nth)
+            ops.add_row(buffers[a], vectors[b], lo, hi)
+        elif op == OP_SCALE:
+            lo, hi = _share(rows, ith, nth)
+            ops.scale(buffers[a], np.float32(fparams[i]), lo, hi)
+        elif op == OP_ROPE:
+            x = buffers[a]
+            lo, hi = _share(b, ith, nth)
+            ops.rope(x.reshape(x.shape[0], b, x.shape[1] // b)[:rows], cos[c], sin[c], start, neox[c], lo, hi)
+        elif op == OP_STORE_KV:
+            lo, hi = _share(kcache.shape[1], ith, nth)
+            ops.store_kv(buffers[a], buffers[b], kcache[c], vcache[c], start, rows, lo, hi)
+        elif op == OP_ATTENTION:
+            q = buffers[a]
+            lo, hi = _share(d, ith, nth)
+            ops.attention(
+                q.reshape(q.shape[0], d, q.shape[1] // d),
+                kcache[c],
+                vcache[c],
+                start,
+                rows,
+                n_kv,
+                np.float32(fparams[i]),
+                e,
+                f16,
+                buffers[b],
+                scratch[ith],
+                lo,
+                hi,
+            )
+        elif op == OP_SWIGLU:
+            lo, hi = _share(rows, ith, nth)
+            ops.swiglu(buffers[a], buffers[b], buffers[c], lo, hi)
+        elif op == OP_GEGLU:
+            lo, hi = _share(rows, ith, nth)
+            ops.geglu(buffers[a], buffers[b], gelu_table, buffers[c], lo, hi)
+        elif op == OP_KEEP:
+            if keep_lo > 0 and ith == 0:
+                for buf in (a, b):
+                    if buf >= 0:
+                        x = buffers[buf]
+                        for r in range(rows - keep_lo):
+                            x[r, :] = x[keep_lo + r, :]
+            rows -= keep_lo
+        barrier(sync, nth)
+
+
+class CompiledForward:
+    """A model's forward pass as a compiled plan on ``threads`` persistent workers (module docstring)."""
+
+    def __init__(self, lm: CausalLM, threads: int = 1) -> None:
+        self.lm = lm
+        self.plan: Plan = build_plan(lm)
+        plan = self.plan
+        self._rhs = List([np.asarray(w.rhs) for w in plan.weights])
+        self._sizes = np.array([[w.n, w.k] for w in plan.weights], np.int64)
+        self._codes = np.array([[w.gemv.code, w.gemm.code] for w in plan.weights], np.int64)
+        width = max(len(k.params) for w in plan.weights for k in (w.gemv, w.gemm))
+        self._params = np.zeros((2 * len(plan.weights), width), np.int64)
+        for i, w in enumerate(plan.weights):
+            self._params[2 * i, : len(w.gemv.params)] = w.gemv.params
+            self._params[2 * i + 1, : len(w.gemm.params)] = w.gemm.params
+        self._vectors = List(plan.vectors)
+        self._cos = List([r.cos for r in plan.ropes])
+        self._sin = List([r.sin for r in plan.ropes])
+        self._neox = np.array([r.neox for r in plan.ropes], np.bool_)
+        self._gelu = gelu_f16_table()
+        self._rows = 0
+        self._buffers: List | None = None
+        self._lhs = np.zeros(0, np.uint8)
+        self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
+        self._status = np.zeros(2, np.int64)
+        self.workers = Workers(threads)
+        #: seconds spent inside the compiled runs (the rest of a forward pass is host Python)
+        self.run_seconds = 0.0
+
+    def close(self) -> None:
+        """Stop the worker threads."""
+        self.workers.close()
+
+    def _ensure_rows(self, m: int) -> None:
+        """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens."""
+        if m <= self._rows:
+            return
+        self._buffers = List([np.zeros((m, w), np.float32) for w in self.plan.widths])
+        self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
+        self._rows = m
+
+    def __call__(self, ids: np.ndarray, start: int, keep_lo: int, cache: KVCache) -> np.ndarray:
+        """One ubatch of tokens ``ids`` at positions start..: the logits of rows keep_lo.. [m - keep_lo, n_vocab]
+        (stored K/V in ``cache``; the caller advances it)."""
+        m = ids.size
+        self._ensure_rows(m)
+        buffers = self._buffers
+        buffers[0][:m] = self.lm.embedding(ids)
+        self._status[:] = 0
+        k, v = (cache.k.view(np.uint16), cache.v.view(np.uint16)) if cache.f16 else (cache.k, cache.v)
+        t0 = perf_counter()
+        self.workers.run(
+            run_plan,
+            (
+                self.plan.nodes,
+                self.plan.fparams,
+                buffers,
+                self._rhs,
+                self._sizes,
+                self._codes,
+                self._params,
+                self._vectors,
+                self._cos,
+                self._sin,
+                self._neox,
+                self._gelu,
+                k,
+                v,
+                cache.f16,
+                self._lhs,
+                self._scratch,
+                self._status,
+                m,
+                start,
+                keep_lo,
+            ),
+        )
+        self.run_seconds += perf_counter() - t0
+        if self._status[STATUS_NONFINITE]:
+            weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
+            raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
+        return buffers[self.plan.logits][: m - keep_lo].copy()
+
+
+def compile_model(lm: CausalLM, threads: int = 1) -> bool:
+    """Run ``lm``'s forward pass from now on as one compiled plan on ``threads`` persistent workers, bit-identical
+    to the op-by-op path. False (and nothing changes) when the model cannot run so: a weight that is not a
+    jit-executed KleidiAI matmul."""
+    try:
+        compiled = CompiledForward(lm, threads)
+    except NotPlannableError:
+        return False
+    if lm.compiled is not None:
+        lm.compiled.close()
+    lm.compiled = compiled
+    return True

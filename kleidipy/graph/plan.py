@@ -1,0 +1,228 @@
+"""The plan of one ubatch: the forward pass as an ordered node list over preallocated buffers, as ggml builds a graph.
+
+:class:`PlanBuilder` is what an architecture describes its blocks to (``block.plan(builder, x)``, beside the block's
+eager ``__call__``): each call appends a node and returns the buffer it writes. :func:`build_plan` walks a
+:class:`~kleidipy.runtime.layers.CausalLM` — its blocks, the final norm and the LM head — and freezes the nodes into
+the integer/float tables the compiled executor (:mod:`kleidipy.graph.execute`) reads.
+
+A node is one int64 row ``[op, a, b, c, d, e, f, g]`` (operands are buffer, weight, vector or table indices; see the
+``OP_*`` constants) plus one float64 parameter (eps or a scale). Buffers are float32 ``[rows, width]`` arrays with
+as many rows as the largest ubatch run so far; a node works on the ``rows`` rows that are live at that point of the
+pass (all m tokens, or after :meth:`PlanBuilder.keep` only the rows whose logits are wanted, like llama.cpp's
+``inp_out_ids``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kleidipy.graph.matmul import NodeKernel, node_kernel
+from kleidipy.runtime.backend import RepackedLinear
+from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttention, SwiGLU
+
+OP_RMS_NORM = 1  #: [op, src, dst, vector, width of a row (head_dim for per-head norms, else 0)]; fparam eps
+OP_MATMUL = 2  #: [op, src, dst, weight]
+OP_ADD = 3  #: [op, a, b, dst]
+OP_ADD_ROW = 4  #: [op, buffer, vector] (bias, in place)
+OP_SCALE = 5  #: [op, buffer]; fparam the factor (in place)
+OP_ROPE = 6  #: [op, buffer, n_heads, rope table]
+OP_STORE_KV = 7  #: [op, k, v, layer]
+OP_ATTENTION = 8  #: [op, q, dst, layer, n_head, window]; fparam the softmax scale
+OP_SWIGLU = 9  #: [op, gate, up, dst]
+OP_GEGLU = 10  #: [op, gate, up, dst]
+OP_KEEP = 11  #: [op, first buffer, second buffer or -1]: keep rows keep_lo.. (moved to the top); rows -= keep_lo
+
+NODE_WIDTH = 8
+
+
+class NotPlannableError(Exception):
+    """The model cannot run as a compiled plan (a weight that is not a jit-executed KleidiAI matmul, or a block
+    that does not describe itself); the caller runs it eagerly."""
+
+
+@dataclass
+class MatmulWeight:
+    """One repacked weight as the plan calls it: its packed bytes and the routine for m == 1 and m > 1."""
+
+    name: str
+    n: int
+    k: int
+    rhs: np.ndarray
+    gemv: NodeKernel
+    gemm: NodeKernel
+
+
+@dataclass
+class PlanBuilder:
+    """Collects nodes, buffers, weights, vectors and RoPE tables (see the module docstring)."""
+
+    head_dim: int
+    n_head_kv: int
+    widths: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    nodes: list[list[int]] = field(default_factory=list)
+    fparams: list[float] = field(default_factory=list)
+    weights: list[MatmulWeight] = field(default_factory=list)
+    vectors: list[np.ndarray] = field(default_factory=list)
+    ropes: list[RoPE] = field(default_factory=list)
+    _weight_ids: dict[int, int] = field(default_factory=dict)
+    _vector_ids: dict[int, int] = field(default_factory=dict)
+    _buffers: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    # --- operands -------------------------------------------------------------------------------
+    def buffer(self, name: str, width: int) -> int:
+        """A float32 buffer of ``width`` columns; the same name and width give the same buffer (buffers are reused
+        from block to block, as ggml's allocator reuses tensors)."""
+        key = (name, width)
+        if key not in self._buffers:
+            self._buffers[key] = len(self.widths)
+            self.widths.append(width)
+            self.names.append(name)
+        return self._buffers[key]
+
+    def _vector(self, v: np.ndarray) -> int:
+        if id(v) not in self._vector_ids:
+            self._vector_ids[id(v)] = len(self.vectors)
+            self.vectors.append(np.ascontiguousarray(v, dtype=np.float32))
+        return self._vector_ids[id(v)]
+
+    def _weight(self, linear: object) -> int:
+        if not isinstance(linear, RepackedLinear):
+            raise NotPlannableError(f"weight {getattr(linear, 'name', type(linear).__name__)} is not repacked")
+        if id(linear) not in self._weight_ids:
+            self._weight_ids[id(linear)] = len(self.weights)
+            self.weights.append(
+                MatmulWeight(
+                    linear.name, linear.n, linear.k, linear.gemm.rhs, node_kernel(linear.gemv), node_kernel(linear.gemm)
+                )
+            )
+        return self._weight_ids[id(linear)]
+
+    def _rope(self, rope: RoPE) -> int:
+        for i, r in enumerate(self.ropes):
+            if r is rope:
+                return i
+        self.ropes.append(rope)
+        return len(self.ropes) - 1
+
+    def _node(self, op: int, *operands: int, fparam: float = 0.0) -> None:
+        row = [op, *operands]
+        self.nodes.append(row + [-1] * (NODE_WIDTH - len(row)))
+        self.fparams.append(float(fparam))
+
+    # --- nodes ------------------------------------------------------------------------------------
+    def rms_norm(self, src: int, norm: RMSNorm, name: str, head_dim: int = 0) -> int:
+        """RMSNorm of the rows of ``src`` (of each head_dim slice when ``head_dim``) into buffer ``name``."""
+        dst = src if head_dim else self.buffer(name, self.widths[src])
+        self._node(OP_RMS_NORM, src, dst, self._vector(norm.weight), head_dim, fparam=norm.eps)
+        return dst
+
+    def matmul(self, linear: object, src: int, name: str, bias: np.ndarray | None = None) -> int:
+        """``src @ Wᵀ`` (+ bias) into buffer ``name``."""
+        w = self._weight(linear)
+        weight = self.weights[w]
+        if weight.k != self.widths[src]:
+            raise NotPlannableError(f"weight of k={weight.k} applied to a buffer of {self.widths[src]} columns")
+        dst = self.buffer(name, weight.n)
+        self._node(OP_MATMUL, src, dst, w)
+        if bias is not None:
+            self._node(OP_ADD_ROW, dst, self._vector(bias))
+        return dst
+
+    def add(self, a: int, b: int, name: str) -> int:
+        dst = self.buffer(name, self.widths[a])
+        self._node(OP_ADD, a, b, dst)
+        return dst
+
+    def scale(self, buf: int, factor: float) -> int:
+        self._node(OP_SCALE, buf, fparam=factor)
+        return buf
+
+    def rope(self, buf: int, n_heads: int, rope: RoPE) -> int:
+        self._node(OP_ROPE, buf, n_heads, self._rope(rope))
+        return buf
+
+    def store_kv(self, layer: int, k: int, v: int) -> None:
+        self._node(OP_STORE_KV, k, v, layer)
+
+    def attention(self, layer: int, q: int, n_head: int, scale: float, window: int | None, name: str) -> int:
+        dst = self.buffer(name, self.widths[q])
+        self._node(OP_ATTENTION, q, dst, layer, n_head, window or 0, fparam=scale)
+        return dst
+
+    def glu(self, gelu: bool, gate: int, up: int, name: str) -> int:
+        """silu(gate) * up (SwiGLU), or gelu(gate) * up (GeGLU) into buffer ``name``."""
+        dst = self.buffer(name, self.widths[gate])
+        self._node(OP_GEGLU if gelu else OP_SWIGLU, gate, up, dst)
+        return dst
+
+    def keep(self, first: int, second: int = -1) -> None:
+        """From here on only the rows whose logits are wanted live (``keep`` of the eager blocks)."""
+        self._node(OP_KEEP, first, second)
+
+    # --- the shared layers (kleidipy.runtime.layers), node by node as their ``__call__`` runs -------------------
+    def self_attention(self, attn: SelfAttention, src: int) -> int:
+        """:class:`~kleidipy.runtime.layers.SelfAttention` of ``src``: projections (+ biases, per-head norms),
+        RoPE, Q pre-scale, KV-cache write, attention, output projection."""
+        hd = attn.head_dim
+        q = self.matmul(attn.wq, src, "q", attn.bq)
+        k = self.matmul(attn.wk, src, "k", attn.bk)
+        v = self.matmul(attn.wv, src, "v", attn.bv)
+        if attn.q_norm is not None:
+            self.rms_norm(q, attn.q_norm, "q", head_dim=hd)
+        if attn.k_norm is not None:
+            self.rms_norm(k, attn.k_norm, "k", head_dim=hd)
+        self.rope(q, attn.n_head, attn.rope)
+        self.rope(k, attn.n_head_kv, attn.rope)
+        if attn.q_scale is not None:
+            self.scale(q, attn.q_scale)
+        self.store_kv(attn.layer, k, v)
+        out = self.attention(attn.layer, q, attn.n_head, attn.scale, attn.window, "kqv")
+        return self.matmul(attn.wo, out, "attn_out", attn.bo)
+
+    def feed_forward(self, ffn: SwiGLU | GeGLU, src: int) -> int:
+        """down(act(gate(src)) * up(src)) with SiLU (:class:`SwiGLU`) or GELU (:class:`GeGLU`)."""
+        gate = self.matmul(ffn.gate, src, "ffn_gate")
+        up = self.matmul(ffn.up, src, "ffn_up")
+        return self.matmul(ffn.down, self.glu(isinstance(ffn, GeGLU), gate, up, "ffn_act"), "ffn_out")
+
+
+@dataclass
+class Plan:
+    """A frozen plan: the node tables and operands the executor reads."""
+
+    nodes: np.ndarray  #: int64 [n_nodes, NODE_WIDTH]
+    fparams: np.ndarray  #: float64 [n_nodes]
+    widths: list[int]
+    names: list[str]
+    weights: list[MatmulWeight]
+    vectors: list[np.ndarray]
+    ropes: list[RoPE]
+    logits: int  #: the buffer that holds the logits of the kept rows
+
+
+def build_plan(lm: CausalLM) -> Plan:
+    """The plan of one ubatch of ``lm``: every block's own description, the final norm and the LM head.
+    NotPlannableError when a block cannot describe itself or a weight is not a repacked jit matmul."""
+    hp = lm.hparams
+    b = PlanBuilder(hp.head_dim, hp.n_head_kv)
+    x = b.buffer("x", hp.n_embd)  # buffer 0: the embedded tokens, written by the caller
+    last = len(lm.blocks) - 1
+    for i, block in enumerate(lm.blocks):
+        describe = getattr(block, "plan", None)
+        if describe is None:
+            raise NotPlannableError(f"block {type(block).__name__} does not describe itself as a plan")
+        x = describe(b, x, keep=i == last)
+    logits = b.matmul(lm.lm_head, b.rms_norm(x, lm.output_norm, "out_norm"), "logits")
+    return Plan(
+        np.array(b.nodes, np.int64).reshape(-1, NODE_WIDTH),
+        np.array(b.fparams, np.float64),
+        b.widths,
+        b.names,
+        b.weights,
+        b.vectors,
+        b.ropes,
+        logits,
+    )

@@ -1,0 +1,97 @@
+"""The compiled plan against the op-by-op (eager) path, bit for bit: logits and KV cache, prefill (several ubatches,
+all logits or the last) and decode, at 1 and 2 threads, for every architecture (tiny llama / qwen2 models for each
+weight type and target, and the real SmolLM2, Qwen2.5 Q4_K_M and Gemma 3 as shipped)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
+from tiny_models import write_model
+
+from kleidipy.errors import NonFiniteInputError
+from kleidipy.graph.execute import compile_model
+from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
+from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.layers import CausalLM
+from kleidipy.runtime.model_file import ModelFile
+from kleidipy.target import parse_target
+
+
+def _build(path: Path, target: str, n_ubatch: int = 512, n_ctx: int = 64) -> CausalLM:
+    model = ModelFile(path)
+    backend = KleidiBackend(parse_target(target), notice=lambda msg: None)
+    return model.arch.build(model, linear=backend, n_ctx=n_ctx, n_ubatch=n_ubatch)
+
+
+def _run(lm: CausalLM, prompt: np.ndarray, steps: list[int]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """All logits of the prompt, then the last logits of each decode step; and the cache's K and V."""
+    cache = lm.new_cache()
+    out = [lm.forward(prompt, all_logits=True, cache=cache), lm.forward(prompt[:3], positions=[0, 1, 2], cache=cache)]
+    out.append(lm.forward(prompt[3:], cache=cache))  # rewound and prefilled again: the last row only
+    out += [lm.forward([t], cache=cache) for t in steps]
+    n = cache.n_past
+    return out, cache.k[..., :n].copy(), cache.v[:, :, :n].copy()
+
+
+def _assert_same(lm: CausalLM, prompt: np.ndarray, steps: list[int]) -> None:
+    lm.compiled = None
+    want = _run(lm, prompt, steps)
+    for threads in (1, 2):
+        assert compile_model(lm, threads)
+        got = _run(lm, prompt, steps)
+        for g, w in zip(got[0], want[0], strict=True):
+            assert g.shape == w.shape
+            np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32), err_msg=f"threads={threads}")
+        np.testing.assert_array_equal(got[1].view(np.uint16), want[1].view(np.uint16))
+        np.testing.assert_array_equal(got[2].view(np.uint16), want[2].view(np.uint16))
+        lm.compiled.close()
+    lm.compiled = None
+
+
+@pytest.mark.parametrize("target", ["sme2:svl=512", "i8mm", "dotprod"])
+@pytest.mark.parametrize("weights", [T.Q4_0, T.Q8_0, T.Q4_1, T.F16])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_models_bit_for_bit(tmp_path: Path, arch: str, weights: T, target: str) -> None:
+    lm = _build(write_model(tmp_path / "m.gguf", arch, weights), target, n_ubatch=4)  # 3 ubatches for the prompt
+    prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)
+    _assert_same(lm, prompt, [17, 200, 256])
+
+
+@pytest.mark.parametrize("name", [SMOLLM2, QWEN25, GEMMA3])
+def test_shipped_models_bit_for_bit(name: str) -> None:
+    lm = _build(model_file(name), "sme2:svl=512", n_ctx=48)
+    prompt = np.arange(100, 121, dtype=np.int64) * 7
+    _assert_same(lm, prompt, [11, 4242, 9])
+
+
+def test_plan_is_the_blocks_description(tmp_path: Path) -> None:
+    """One KEEP (the last block), and a MUL_MAT per weight use (7 per block + the LM head)."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512")
+    plan = build_plan(lm)
+    ops = plan.nodes[:, 0]
+    assert (ops == OP_KEEP).sum() == 1
+    assert (ops == OP_MATMUL).sum() == 7 * len(lm.blocks) + 1
+
+
+def test_nonfinite_activations_raise_and_the_plan_goes_on(tmp_path: Path) -> None:
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512")
+    assert compile_model(lm, 2)
+    good = lm.forward([1, 260], cache=lm.new_cache())
+    lm.blocks[0].attn_norm.weight[:] = np.inf
+    with pytest.raises(NonFiniteInputError):
+        lm.forward([1, 260], cache=lm.new_cache())
+    lm.blocks[0].attn_norm.weight[:] = 1.0
+    lm.compiled.close()
+    assert compile_model(lm, 1)
+    assert np.isfinite(lm.forward([1, 260], cache=lm.new_cache())).all() and good.shape == (lm.hparams.n_vocab,)
+    lm.compiled.close()
+
+
+def test_float_weights_stay_eager(tmp_path: Path) -> None:
+    model = ModelFile(write_model(tmp_path / "m.gguf", "llama", T.Q4_0))
+    lm = model.arch.build(model, n_ctx=32)  # FloatLinear: not a KleidiAI matmul
+    assert not compile_model(lm, 2) and lm.compiled is None
