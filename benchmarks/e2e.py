@@ -3,19 +3,24 @@
     python benchmarks/e2e.py                 # pp512 / tg128 at 1 and 2 threads, all models
     python benchmarks/e2e.py --quick         # pp64 / tg16, one repetition
     python benchmarks/e2e.py --models smollm2-q4_0,tinyllama-q4_0 --threads 1
+    python benchmarks/e2e.py --llama-cpp-python /path/to/venv-with-llama-cpp/bin/python
 
 Models: SmolLM2-135M (Q4_1 as shipped, and Q4_0 made by `kleidipy quantize --pure`), Qwen2.5-Coder-0.5B (as
-shipped, a Q4_K_M mix that kleidipy requantizes at load, and Q4_0), and a TinyLlama-1.1B-shaped random-weight Q4_0
-model written here. llama.cpp numbers come from llama-cpp-python when it is importable (same files, same
-threads, same run). The decode roofline is weight bytes per token / measured memory read bandwidth.
+shipped, a Q4_K_M mix, and Q4_0), and a TinyLlama-1.1B-shaped random-weight Q4_0 model written here. kleidipy runs
+its compiled plan on persistent threads (``--eager``: op by op from Python); "host µs/token" is the Python time per
+decoded token outside the plan. llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``:
+low-level ``llama_decode``, no logits read) by an interpreter with llama-cpp-python, in its own process (same
+files, same threads, same run). The decode roofline is weight bytes per token / measured memory read bandwidth.
 Prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +30,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
+from kleidipy.graph.execute import compile_model
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import cache_dir, pull
@@ -115,31 +121,53 @@ def _pp_tg(reset, run, n_vocab: int, n_prompt: int, n_gen: int, reps: int) -> tu
     return pp, tg
 
 
-def bench_kleidipy(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int, target) -> tuple[list, list]:  # noqa: ANN001
+def bench_kleidipy(
+    path: Path,
+    threads: int,
+    n_prompt: int,
+    n_gen: int,
+    reps: int,
+    target,
+    graph: bool,  # noqa: ANN001
+) -> tuple[list, list, float | None]:
+    """pp and tg tokens/s, and the host (Python) µs per decoded token outside the compiled plan (None eager)."""
     g = ModelFile(path)
     lm = g.arch.build(
         g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=n_prompt + n_gen + 8
     )
-    return _pp_tg(lm.reset, lm.forward, g.hparams.n_vocab, n_prompt, n_gen, reps)
+    if graph and not compile_model(lm, threads):
+        raise SystemExit(f"{path}: cannot run as a compiled plan")
+    host: list[float] = []
 
+    def decode(ids: list[int]) -> np.ndarray:
+        if lm.compiled is None or len(ids) != 1:
+            return lm.forward(ids)
+        t0, inside = time.perf_counter(), lm.compiled.run_seconds
+        out = lm.forward(ids)
+        host.append(time.perf_counter() - t0 - (lm.compiled.run_seconds - inside))
+        return out
 
-def bench_llama_cpp(path: Path, threads: int, n_prompt: int, n_gen: int, reps: int) -> tuple[list, list] | None:
     try:
-        from llama_cpp import Llama as LlamaCpp
-    except ImportError:
-        return None
-    llm = LlamaCpp(
-        model_path=str(path),
-        n_ctx=n_prompt + n_gen + 8,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_batch=max(n_prompt, 8),
-        verbose=False,
-    )
-    try:
-        return _pp_tg(llm.reset, llm.eval, llm.n_vocab(), n_prompt, n_gen, reps)
+        pp, tg = _pp_tg(lm.reset, decode, g.hparams.n_vocab, n_prompt, n_gen, reps)
     finally:
-        llm.close()
+        if lm.compiled is not None:
+            lm.compiled.close()
+    return pp, tg, 1e6 * statistics.median(host) if host else None
+
+
+def bench_llama_cpp(
+    python: str, path: Path, threads: int, n_prompt: int, n_gen: int, reps: int
+) -> tuple[list, list] | None:
+    """llama.cpp timed as llama-bench does (benchmarks/llama_cpp_bench.py, run by ``python``); None without
+    llama-cpp-python there."""
+    script = Path(__file__).with_name("llama_cpp_bench.py")
+    cmd = [python, str(script), str(path), "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads), "-r", str(reps)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"llama.cpp: not measured ({done.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
+        return None
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["pp"], result["tg"]
 
 
 def _fmt(values: list[float] | None) -> str:
@@ -159,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(model_files()))
     ap.add_argument("--target", default=None, help="kleidipy target (default: host / virtual sme2:svl=512)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if importable")
+    ap.add_argument(
+        "--llama-cpp-python",
+        default=sys.executable,
+        help="interpreter with llama-cpp-python that times llama.cpp (default: this one)",
+    )
+    ap.add_argument("--eager", action="store_true", help="kleidipy op by op from Python instead of the compiled plan")
     args = ap.parse_args(argv)
     if args.quick:
         args.n_prompt, args.n_gen, args.reps = 64, 16, 1
@@ -169,22 +203,26 @@ def main(argv: list[str] | None = None) -> int:
     pp_name, tg_name = f"pp{args.n_prompt}", f"tg{args.n_gen}"
     print(
         f"| model | size | threads | kleidipy {pp_name} | llama.cpp {pp_name} | ratio | kleidipy {tg_name} "
-        f"| llama.cpp {tg_name} | ratio | decode roofline | % of roofline |"
+        f"| llama.cpp {tg_name} | ratio | decode roofline | % of roofline | host µs/token |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in args.models.split(","):
         path = files[key]()
         wbytes = weight_bytes(ModelFile(path))
         roof = bw * 1e9 / wbytes
         for threads in (int(t) for t in args.threads.split(",")):
-            pp, tg = bench_kleidipy(path, threads, args.n_prompt, args.n_gen, args.reps, target)
-            ref = None if args.no_llama_cpp else bench_llama_cpp(path, threads, args.n_prompt, args.n_gen, args.reps)
+            pp, tg, host = bench_kleidipy(path, threads, args.n_prompt, args.n_gen, args.reps, target, not args.eager)
+            ref = (
+                None
+                if args.no_llama_cpp
+                else bench_llama_cpp(args.llama_cpp_python, path, threads, args.n_prompt, args.n_gen, args.reps)
+            )
             ratio_pp = f"{statistics.mean(pp) / statistics.mean(ref[0]):.2f}x" if ref else "—"
             ratio_tg = f"{statistics.mean(tg) / statistics.mean(ref[1]):.2f}x" if ref else "—"
             print(
                 f"| {key} | {wbytes / 2**20:.0f} MiB | {threads} | {_fmt(pp)} | {_fmt(ref and ref[0])} | {ratio_pp} "
                 f"| {_fmt(tg)} | {_fmt(ref and ref[1])} | {ratio_tg} | {roof:.1f} t/s "
-                f"| {100 * statistics.mean(tg) / roof:.0f} % |",
+                f"| {100 * statistics.mean(tg) / roof:.0f} % | {'—' if host is None else f'{host:.0f}'} |",
                 flush=True,
             )
     return 0

@@ -1,0 +1,77 @@
+"""llama.cpp's pp/tg tokens/s the way ``llama-bench`` measures them, through llama-cpp-python's low-level API.
+
+    python benchmarks/llama_cpp_bench.py MODEL.gguf -p 512 -n 128 -t 2 -r 2      # prints one JSON line
+
+pp: the prompt as one ``llama_decode`` (n_batch = n_ubatch = the prompt), then ``llama_synchronize``; tg: one token
+per ``llama_decode`` + ``llama_synchronize``; the KV cache cleared before each repetition, one warm-up run first; no
+logits are read (llama-bench's procedure). It needs only llama-cpp-python (no kleidipy), so ``benchmarks/e2e.py`` can
+run it with another interpreter (``--llama-cpp-python``), in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+
+def bench(path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict[str, list[float]]:
+    import llama_cpp as lc
+
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
+    if not model:
+        raise SystemExit(f"llama.cpp cannot load {path}")
+    cp = lc.llama_context_default_params()
+    cp.n_ctx = n_prompt + n_gen + 8
+    cp.n_batch = cp.n_ubatch = max(n_prompt, 1)
+    cp.n_threads = cp.n_threads_batch = threads
+    ctx = lc.llama_init_from_model(model, cp)
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    rng = random.Random(0)
+    prompt = [rng.randrange(3, n_vocab) for _ in range(n_prompt)]
+    gen = [rng.randrange(3, n_vocab) for _ in range(n_gen)]
+
+    def decode(ids: list[int]) -> None:
+        tokens = (lc.llama_token * len(ids))(*ids)
+        if lc.llama_decode(ctx, lc.llama_batch_get_one(tokens, len(ids))) != 0:
+            raise SystemExit("llama_decode failed")
+        lc.llama_synchronize(ctx)
+
+    def clear() -> None:
+        lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
+
+    decode(prompt[: min(8, n_prompt)])  # warm-up
+    pp, tg = [], []
+    try:
+        for _ in range(reps):
+            clear()
+            t0 = time.perf_counter()
+            decode(prompt)
+            pp.append(n_prompt / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            for tok in gen:
+                decode([tok])
+            tg.append(n_gen / (time.perf_counter() - t0))
+    finally:
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    return {"pp": pp, "tg": tg}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-r", "--reps", type=int, default=2)
+    args = ap.parse_args(argv)
+    print(json.dumps(bench(args.model, args.n_prompt, args.n_gen, args.threads, args.reps)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
