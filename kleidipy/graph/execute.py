@@ -41,7 +41,7 @@ from kleidipy.graph.plan import (
     Plan,
     build_plan,
 )
-from kleidipy.graph.workers import Workers, barrier
+from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier
 from kleidipy.runtime.kv_cache import KVCache
 from kleidipy.runtime.layers import CausalLM, gelu_f16_table
 
@@ -162,10 +162,47 @@ def run_plan(
         barrier(sync, nth)
 
 
+class ThreadChoice:
+    """How many threads a decode run (one token) takes, chosen by measurement: all the workers, or only the calling
+    thread when that is faster — as when another process holds the other cores, where every barrier can wait a time
+    slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
+    being re-measured every PROBE_EVERY runs; prefill runs always take every worker (a probe would cost a whole
+    batch). The result is the same bits at either count."""
+
+    PROBE_EVERY = 16
+    #: weight of a new measurement in the running cost
+    NEW = 0.3
+    #: one thread is chosen only when it costs this fraction of all the workers' cost or less (noise is not a reason)
+    MARGIN = 0.8
+
+    def __init__(self, threads: int, adaptive: bool = True) -> None:
+        self.threads, self.adaptive = threads, adaptive
+        self._cost: dict[int, float] = {}
+        self._runs = 0
+
+    def pick(self, m: int) -> int:
+        """The thread count for a run of m tokens."""
+        if self.threads == 1 or not self.adaptive or m != 1:
+            return self.threads
+        self._runs += 1
+        for count in (self.threads, 1):
+            if count not in self._cost:
+                return count
+        alone = self._cost[1] <= self.MARGIN * self._cost[self.threads]
+        best, other = (1, self.threads) if alone else (self.threads, 1)
+        return other if self._runs % self.PROBE_EVERY == 0 else best
+
+    def record(self, m: int, threads: int, seconds: float) -> None:
+        """A run of m tokens on ``threads`` threads took ``seconds``."""
+        if m == 1:
+            old = self._cost.get(threads)
+            self._cost[threads] = seconds if old is None else (1 - self.NEW) * old + self.NEW * seconds
+
+
 class CompiledForward:
     """A model's forward pass as a compiled plan on ``threads`` persistent workers (module docstring)."""
 
-    def __init__(self, lm: CausalLM, threads: int = 1) -> None:
+    def __init__(self, lm: CausalLM, threads: int = 1, adaptive: bool = True) -> None:
         self.lm = lm
         self.plan: Plan = build_plan(lm)
         plan = self.plan
@@ -188,6 +225,8 @@ class CompiledForward:
         self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
         self._status = np.zeros(2, np.int64)
         self.workers = Workers(threads)
+        self.choice = ThreadChoice(threads, adaptive)
+        self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
         #: seconds spent inside the compiled runs (the rest of a forward pass is host Python)
         self.run_seconds = 0.0
 
@@ -212,46 +251,51 @@ class CompiledForward:
         buffers[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
         k, v = (cache.k.view(np.uint16), cache.v.view(np.uint16)) if cache.f16 else (cache.k, cache.v)
-        t0 = perf_counter()
-        self.workers.run(
-            run_plan,
-            (
-                self.plan.nodes,
-                self.plan.fparams,
-                buffers,
-                self._rhs,
-                self._sizes,
-                self._codes,
-                self._params,
-                self._vectors,
-                self._cos,
-                self._sin,
-                self._neox,
-                self._gelu,
-                k,
-                v,
-                cache.f16,
-                self._lhs,
-                self._scratch,
-                self._status,
-                m,
-                start,
-                keep_lo,
-            ),
+        args = (
+            self.plan.nodes,
+            self.plan.fparams,
+            buffers,
+            self._rhs,
+            self._sizes,
+            self._codes,
+            self._params,
+            self._vectors,
+            self._cos,
+            self._sin,
+            self._neox,
+            self._gelu,
+            k,
+            v,
+            cache.f16,
+            self._lhs,
+            self._scratch,
+            self._status,
+            m,
+            start,
+            keep_lo,
         )
-        self.run_seconds += perf_counter() - t0
+        threads = self.choice.pick(m)
+        t0 = perf_counter()
+        if threads == 1:
+            run_plan(0, 1, self._sync, *args)
+        else:
+            self.workers.run(run_plan, args)
+        seconds = perf_counter() - t0
+        self.choice.record(m, threads, seconds)
+        self.run_seconds += seconds
         if self._status[STATUS_NONFINITE]:
             weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
         return buffers[self.plan.logits][: m - keep_lo].copy()
 
 
-def compile_model(lm: CausalLM, threads: int = 1) -> bool:
-    """Run ``lm``'s forward pass from now on as one compiled plan on ``threads`` persistent workers, bit-identical
-    to the op-by-op path. False (and nothing changes) when the model cannot run so: a weight that is not a
-    jit-executed KleidiAI matmul."""
+def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:
+    """Run ``lm``'s forward pass from now on as one compiled plan on ``threads`` persistent workers (each run on
+    all of them, or with ``adaptive`` on the calling thread alone when that measures faster: :class:`ThreadChoice`),
+    bit-identical to the op-by-op path. False (and nothing changes) when the model cannot run so: a weight that is
+    not a jit-executed KleidiAI matmul."""
     try:
-        compiled = CompiledForward(lm, threads)
+        compiled = CompiledForward(lm, threads, adaptive)
     except NotPlannableError:
         return False
     if lm.compiled is not None:

@@ -13,7 +13,7 @@ from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
 from tiny_models import write_model
 
 from kleidipy.errors import NonFiniteInputError
-from kleidipy.graph.execute import compile_model
+from kleidipy.graph.execute import ThreadChoice, compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.layers import CausalLM
@@ -41,7 +41,7 @@ def _assert_same(lm: CausalLM, prompt: np.ndarray, steps: list[int]) -> None:
     lm.compiled = None
     want = _run(lm, prompt, steps)
     for threads in (1, 2):
-        assert compile_model(lm, threads)
+        assert compile_model(lm, threads, adaptive=False)  # every run on all the threads
         got = _run(lm, prompt, steps)
         for g, w in zip(got[0], want[0], strict=True):
             assert g.shape == w.shape
@@ -89,6 +89,22 @@ def test_nonfinite_activations_raise_and_the_plan_goes_on(tmp_path: Path) -> Non
     assert compile_model(lm, 1)
     assert np.isfinite(lm.forward([1, 260], cache=lm.new_cache())).all() and good.shape == (lm.hparams.n_vocab,)
     lm.compiled.close()
+
+
+def test_thread_choice_follows_the_measured_cost() -> None:
+    choice = ThreadChoice(2)
+    assert choice.pick(1) == 2  # each count measured once first
+    choice.record(1, 2, 0.010)
+    assert choice.pick(1) == 1
+    choice.record(1, 1, 0.004)  # the second core is busy: one thread is faster
+    picks = [choice.pick(1) for _ in range(30)]
+    assert picks.count(1) == 28 and picks.count(2) == 2  # the other count re-measured every PROBE_EVERY runs
+    for _ in range(20):
+        choice.record(1, 2, 0.002)  # the core is free again
+    assert choice.pick(1) == 2
+    choice.record(1, 2, 1.0)
+    assert choice.pick(64) == 2  # prefill always takes every worker
+    assert ThreadChoice(2, adaptive=False).pick(1) == 2 and ThreadChoice(1).pick(1) == 1
 
 
 def test_float_weights_stay_eager(tmp_path: Path) -> None:
