@@ -234,6 +234,12 @@ class CompiledForward:
         """Stop the worker threads."""
         self.workers.close()
 
+    def warm_up(self) -> None:
+        """Run one token through the plan on a cache of its own, so that numba compiles (or loads from its cache)
+        the executor before the first real token; the thread choice starts afresh afterwards."""
+        self(np.zeros(1, np.int64), 0, 0, self.lm.new_cache(1))
+        self.choice = ThreadChoice(self.choice.threads, self.choice.adaptive)
+
     def _ensure_rows(self, m: int) -> None:
         """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens."""
         if m <= self._rows:

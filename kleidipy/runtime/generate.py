@@ -11,6 +11,7 @@ prefill and decode tokens/s) the way llama.cpp's tools report them.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -256,11 +257,16 @@ class Engine:
             self.observers.remove(progress)
             bar.close()
         self.lm.observers = self.observers
-        if self.graph and self.execution == "jit":
-            compile_model(self.lm, self.threads)
         t2 = time.perf_counter()
         if cache is not None:
             cache.save()
+        if self.graph and self.execution == "jit" and compile_model(self.lm, self.threads):
+            slow = threading.Timer(1.0, self.notice, ("compiling the forward pass for this CPU (once: it is cached)",))
+            slow.start()
+            try:
+                self.lm.compiled.warm_up()
+            finally:
+                slow.cancel()
         self.timings = Timings(load_s=time.perf_counter() - t0, repack_s=t2 - t1)
         #: why the last generation ended (None before the first one)
         self.finish_reason: FinishReason | None = None
