@@ -51,7 +51,7 @@ _U32 = 0xFFFFFFFF
 #: lanes of ggml_vec_dot_f16 / ggml_vec_dot_f32 on NEON: GGML_F32_ARR (4) registers of 4 floats
 LANES = 16
 #: cells whose KQ lanes attention computes together (the order within each cell is the same for any block)
-_BLOCK = 64
+_BLOCK = 512
 
 
 @numba.njit(cache=True, nogil=True)
