@@ -16,6 +16,7 @@ code on persistent threads; no maintained library runs a numba graph that way.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from time import perf_counter
 
 import numba
@@ -236,8 +237,11 @@ class CompiledForward:
 
     def warm_up(self) -> None:
         """Run one token through the plan on a cache of its own, so that numba compiles (or loads from its cache)
-        the executor before the first real token; the thread choice starts afresh afterwards."""
-        self(np.zeros(1, np.int64), 0, 0, self.lm.new_cache(1))
+        the executor before the first real token; the thread choice starts afresh afterwards. A model whose
+        activations are not finite (weights loaded without the tensor check) is compiled all the same: the error
+        is left to the real forward passes."""
+        with suppress(NonFiniteInputError):
+            self(np.zeros(1, np.int64), 0, 0, self.lm.new_cache(1))
         self.choice = ThreadChoice(self.choice.threads, self.choice.adaptive)
 
     def _ensure_rows(self, m: int) -> None:
