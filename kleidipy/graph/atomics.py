@@ -1,7 +1,7 @@
 """Atomics and spin-wait hints for numba nopython code: what the graph executor's threads synchronise with.
 
-Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store`, :func:`atomic_cas` on elements of 1-D integer
-arrays, :func:`fence`, :func:`cpu_pause` and :func:`sched_yield`. All of them are ``numba.extending.intrinsic``\\ s
+Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store` on elements of 1-D integer arrays,
+:func:`cpu_pause` and :func:`sched_yield`. All of them are ``numba.extending.intrinsic``\\ s
 that emit llvmlite IR, so they are callable from ``@njit`` code only (nogil, cacheable). Every atomic is
 sequentially consistent (``seq_cst``), the ordering C11's ``atomic_*`` functions default to: a store publishes
 every write made before it, a load sees every write published before the store it reads.
@@ -9,9 +9,9 @@ every write made before it, a load sees every write published before the store i
 Hand-written because numba has no atomics in nopython code (only ``cuda.atomic`` on the GPU target) and no
 maintained library provides them, nor a barrier built on them, usable from inside a numba function.
 
-* ``atomic_add(arr, i, v) -> old``, ``atomic_cas(arr, i, expected, new) -> old``, ``atomic_load(arr, i)``,
-  ``atomic_store(arr, i, v)``: ``arr`` a 1-D array of int32/int64 (signed or not), ``i`` an integer index that
-  is **not** bounds-checked (nor wrapped when negative); ``v`` is cast to the array's dtype.
+* ``atomic_add(arr, i, v) -> old``, ``atomic_load(arr, i)``, ``atomic_store(arr, i, v)``: ``arr`` a 1-D array of
+  int32/int64 (signed or not), ``i`` an integer index that is **not** bounds-checked (nor wrapped when
+  negative); ``v`` is cast to the array's dtype.
 * ``cpu_pause()``: the spin-loop hint, ``pause`` on x86, ``isb`` on AArch64 (what Rust's ``spin_loop`` emits),
   nothing elsewhere.
 * ``sched_yield()``: libc's ``sched_yield`` (found with ctypes and registered with LLVM by name, so functions
@@ -96,19 +96,6 @@ def atomic_add(typingctx, arr, i, v):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def atomic_cas(typingctx, arr, i, expected, new):  # noqa: ANN001, ANN201
-    """``old = arr[i]; if old == expected: arr[i] = new`` as one atomic step; returns ``old`` (the swap happened
-    when ``old == expected``)."""
-    _check("atomic_cas", arr, i, expected, new)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        ptr, _, (cmp, val) = _operands(context, builder, signature, args)
-        return builder.extract_value(builder.cmpxchg(ptr, cmp, val, _ORDER, _ORDER), 0)
-
-    return arr.dtype(arr, i, expected, new), codegen
-
-
-@intrinsic
 def atomic_load(typingctx, arr, i):  # noqa: ANN001, ANN201
     """``arr[i]``, read atomically."""
     _check("atomic_load", arr, i)
@@ -131,17 +118,6 @@ def atomic_store(typingctx, arr, i, v):  # noqa: ANN001, ANN201
         return context.get_dummy_value()
 
     return types.void(arr, i, v), codegen
-
-
-@intrinsic
-def fence(typingctx):  # noqa: ANN001, ANN201
-    """A sequentially consistent memory fence."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        builder.fence(_ORDER)
-        return context.get_dummy_value()
-
-    return types.void(), codegen
 
 
 @intrinsic

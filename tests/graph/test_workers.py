@@ -16,7 +16,7 @@ import pytest
 from numba.core.errors import TypingError
 
 from kleidipy.errors import InvalidArgumentError
-from kleidipy.graph.atomics import atomic_add, atomic_cas, atomic_load, atomic_store, cpu_pause, fence, sched_yield
+from kleidipy.graph.atomics import atomic_add, atomic_load, atomic_store, cpu_pause, sched_yield
 from kleidipy.graph.workers import SYNC_FIRST_FREE, WorkerAborted, Workers, aligned_zeros, barrier
 
 HANG_SECONDS = 120.0
@@ -55,19 +55,16 @@ def workers(request: pytest.FixtureRequest) -> Workers:
 def _atomics_once(a):
     old = atomic_add(a, 0, 5)
     atomic_store(a, 1, old + 100)
-    swapped = atomic_cas(a, 2, 0, 7)
-    kept = atomic_cas(a, 2, 0, 9)
-    fence()
     cpu_pause()
     sched_yield()
-    return old, atomic_load(a, 1), swapped, kept
+    return old, atomic_load(a, 1)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint64])
 def test_atomics_read_and_write_one_element(dtype: type) -> None:
     a = np.array([10, 0, 0, 3], dtype)
-    assert _atomics_once(a) == (10, 110, 0, 7)
-    assert a.tolist() == [15, 110, 7, 3]
+    assert _atomics_once(a) == (10, 110)
+    assert a.tolist() == [15, 110, 0, 3]
 
 
 def test_atomics_refuse_float_arrays() -> None:
