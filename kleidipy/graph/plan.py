@@ -58,10 +58,7 @@ class MatmulWeight:
 class PlanBuilder:
     """Collects nodes, buffers, weights, vectors and RoPE tables (see the module docstring)."""
 
-    head_dim: int
-    n_head_kv: int
     widths: list[int] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
     nodes: list[list[int]] = field(default_factory=list)
     fparams: list[float] = field(default_factory=list)
     weights: list[MatmulWeight] = field(default_factory=list)
@@ -79,7 +76,6 @@ class PlanBuilder:
         if key not in self._buffers:
             self._buffers[key] = len(self.widths)
             self.widths.append(width)
-            self.names.append(name)
         return self._buffers[key]
 
     def _vector(self, v: np.ndarray) -> int:
@@ -196,7 +192,6 @@ class Plan:
     nodes: np.ndarray  #: int64 [n_nodes, NODE_WIDTH]
     fparams: np.ndarray  #: float64 [n_nodes]
     widths: list[int]
-    names: list[str]
     weights: list[MatmulWeight]
     vectors: list[np.ndarray]
     ropes: list[RoPE]
@@ -207,7 +202,7 @@ def build_plan(lm: CausalLM) -> Plan:
     """The plan of one ubatch of ``lm``: every block's own description, the final norm and the LM head.
     NotPlannableError when a block cannot describe itself or a weight is not a repacked jit matmul."""
     hp = lm.hparams
-    b = PlanBuilder(hp.head_dim, hp.n_head_kv)
+    b = PlanBuilder()
     x = b.buffer("x", hp.n_embd)  # buffer 0: the embedded tokens, written by the caller
     last = len(lm.blocks) - 1
     for i, block in enumerate(lm.blocks):
@@ -220,7 +215,6 @@ def build_plan(lm: CausalLM) -> Plan:
         np.array(b.nodes, np.int64).reshape(-1, NODE_WIDTH),
         np.array(b.fparams, np.float64),
         b.widths,
-        b.names,
         b.weights,
         b.vectors,
         b.ropes,
