@@ -42,18 +42,12 @@ from kleidipy.graph.plan import (
     Plan,
     build_plan,
 )
-from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier
-from kleidipy.runtime.kv_cache import KVCache
+from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, share
+from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, gelu_f16_table
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node
 STATUS_NONFINITE, STATUS_NODE = 0, 1
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _share(total, ith, nth):  # pragma: no cover - compiled
-    """[lo, hi) of ``total`` items for thread ith of nth (contiguous, as even as possible)."""
-    return ith * total // nth, (ith + 1) * total // nth
 
 
 @numba.njit(cache=True, nogil=True)
@@ -108,29 +102,29 @@ def run_plan(
                 per = x.shape[1] // d
                 x = x.reshape(x.shape[0] * per, d)
                 out = out.reshape(out.shape[0] * per, d)
-                lo, hi = _share(rows * per, ith, nth)
+                lo, hi = share(rows * per, ith, nth)
             else:
-                lo, hi = _share(rows, ith, nth)
+                lo, hi = share(rows, ith, nth)
             ops.rms_norm(x, vectors[c], np.float32(fparams[i]), out, lo, hi)
         elif op == OP_ADD:
-            lo, hi = _share(rows, ith, nth)
+            lo, hi = share(rows, ith, nth)
             ops.add(buffers[a], buffers[b], buffers[c], lo, hi)
         elif op == OP_ADD_ROW:
-            lo, hi = _share(rows, ith, nth)
+            lo, hi = share(rows, ith, nth)
             ops.add_row(buffers[a], vectors[b], lo, hi)
         elif op == OP_SCALE:
-            lo, hi = _share(rows, ith, nth)
+            lo, hi = share(rows, ith, nth)
             ops.scale(buffers[a], np.float32(fparams[i]), lo, hi)
         elif op == OP_ROPE:
             x = buffers[a]
-            lo, hi = _share(b, ith, nth)
+            lo, hi = share(b, ith, nth)
             ops.rope(x.reshape(x.shape[0], b, x.shape[1] // b)[:rows], cos[c], sin[c], start, neox[c], lo, hi)
         elif op == OP_STORE_KV:
-            lo, hi = _share(kcache.shape[1], ith, nth)
+            lo, hi = share(kcache.shape[1], ith, nth)
             ops.store_kv(buffers[a], buffers[b], kcache[c], vcache[c], start, rows, lo, hi)
         elif op == OP_ATTENTION:
             q = buffers[a]
-            lo, hi = _share(d, ith, nth)
+            lo, hi = share(d, ith, nth)
             ops.attention(
                 q.reshape(q.shape[0], d, q.shape[1] // d),
                 kcache[c],
@@ -147,10 +141,10 @@ def run_plan(
                 hi,
             )
         elif op == OP_SWIGLU:
-            lo, hi = _share(rows, ith, nth)
+            lo, hi = share(rows, ith, nth)
             ops.swiglu(buffers[a], buffers[b], buffers[c], lo, hi)
         elif op == OP_GEGLU:
-            lo, hi = _share(rows, ith, nth)
+            lo, hi = share(rows, ith, nth)
             ops.geglu(buffers[a], buffers[b], gelu_table, buffers[c], lo, hi)
         elif op == OP_KEEP:
             if keep_lo > 0 and ith == 0:
@@ -260,7 +254,7 @@ class CompiledForward:
         buffers = self._buffers
         buffers[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
-        k, v = (cache.k.view(np.uint16), cache.v.view(np.uint16)) if cache.f16 else (cache.k, cache.v)
+        k, v = cells(cache.k), cells(cache.v)
         args = (
             self.plan.nodes,
             self.plan.fparams,

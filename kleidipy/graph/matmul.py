@@ -32,6 +32,7 @@ from kleidipy.core import vnni
 from kleidipy.core.matmul import PreparedMatmul
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import KleidipyError
+from kleidipy.graph.workers import share
 from kleidipy.kernels.bf16p_bf16p import jit as bf16_jit
 from kleidipy.kernels.bf16p_bf16p import ukernels as bf16_ukernels
 from kleidipy.kernels.f32_f32p import ukernels as f32_ukernels
@@ -175,12 +176,6 @@ def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
 # --- compiled code -----------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _groups_share(groups, ith, nth):  # pragma: no cover - compiled
-    """[lo, hi) of ``groups`` mr-row groups for thread ith of nth."""
-    return ith * groups // nth, (ith + 1) * groups // nth
-
-
 @numba.njit(cache=True, nogil=True)
 def _finite(x, r0, r1):  # pragma: no cover - compiled
     """Whether rows r0 .. r1-1 of float32 x hold no NaN/Inf: an all-ones exponent plus one carries into bit 31; the
@@ -207,7 +202,7 @@ def pack_lhs(code, params, x, m, out, ith, nth):  # pragma: no cover - compiled
     """Thread ith's share of the LHS quantize+pack of x[:m] into out (module docstring). False on NaN/Inf."""
     mr = params[P_MR]
     stride = params[P_LHS_STRIDE]
-    g0, g1 = _groups_share((m + mr - 1) // mr, ith, nth)
+    g0, g1 = share((m + mr - 1) // mr, ith, nth)
     r0, r1 = g0 * mr, min(m, g1 * mr)
     if r0 >= r1:
         return True

@@ -79,6 +79,13 @@ def aligned_zeros(n: int, align: int = 64) -> np.ndarray:
     return raw[skip : skip + n]
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def share(total: int, ith: int, nth: int) -> tuple[int, int]:
+    """[lo, hi) of ``total`` items (rows, heads, mr-row groups) for thread ith of nth: contiguous, as even as
+    possible."""
+    return ith * total // nth, (ith + 1) * total // nth
+
+
 @numba.njit(nogil=True, cache=True)
 def _spin_wait(spins: int) -> int:
     """One step of a waiting loop: a pause while ``spins`` < BARRIER_SPINS, then a sched_yield and a pause;

@@ -60,6 +60,12 @@ def check_cache_dtype(dtype: type) -> np.dtype:
     return np.dtype(dtype)
 
 
+def cells(a: np.ndarray) -> np.ndarray:
+    """Cache cells as the compiled ops (:mod:`kleidipy.graph.ops`) take them: F16 values as their uint16 bit
+    patterns (a view), float32 as they are."""
+    return a.view(np.uint16) if a.dtype == np.float16 else a
+
+
 class KVCache:
     """K and V for ``n_layer`` layers of ``dtype``: K transposed, ``[n_head_kv, head_dim, n_ctx]`` per layer (the
     cells of each dimension contiguous: attention's KQ runs over cells in vector lanes), V ``[n_head_kv, n_ctx,
@@ -100,8 +106,7 @@ class KVCache:
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """K ``[n_head_kv, head_dim, n_ctx]`` and V ``[n_head_kv, n_ctx, head_dim]`` of one layer as the compiled ops
         take them: F16 bit patterns (uint16 views) or float32."""
-        k, v = self.k[layer], self.v[layer]
-        return (k.view(np.uint16), v.view(np.uint16)) if self.f16 else (k, v)
+        return cells(self.k[layer]), cells(self.v[layer])
 
     def read(self, layer: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
         """K ``[n_head_kv, head_dim, n_kv]`` and V ``[n_head_kv, n_kv, head_dim]`` of positions 0..n_kv-1 as stored,

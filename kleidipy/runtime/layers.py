@@ -36,7 +36,7 @@ import numpy as np
 
 from kleidipy.graph import ops
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
+from kleidipy.runtime.kv_cache import KVCache, PositionError, cells, check_cache_dtype
 from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -112,8 +112,7 @@ def attention(
     given; returns [m, n_head, d] (:func:`kleidipy.graph.ops.attention`)."""
     m, n_head, d = q.shape
     n_kv = values.shape[1]
-    if keys.dtype == np.float16:
-        keys, values = keys.view(np.uint16), values.view(np.uint16)
+    keys, values = cells(keys), cells(values)
     out = np.empty((m, n_head * d), np.float32)
     scratch = np.empty(ops.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
