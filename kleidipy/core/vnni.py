@@ -192,6 +192,20 @@ def _lanes(builder: ir.IRBuilder, vec: ir.Value, idx: list[int]) -> ir.Value:
     return builder.shuffle_vector(vec, ir.Constant(vec.type, ir.Undefined), mask)
 
 
+def pick(builder: ir.IRBuilder, first: ir.Value, second: ir.Value, idx: list[int]) -> ir.Value:
+    """The lanes ``idx`` of first ‖ second (two vectors of one type): a concatenation, an interleave, ..."""
+    mask = ir.Constant(ir.VectorType(I32, len(idx)), [ir.Constant(I32, i) for i in idx])
+    return builder.shuffle_vector(first, second, mask)
+
+
+def concat(builder: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """One vector of the given vectors (one type, a power-of-two count) side by side, the first in the low lanes."""
+    while len(parts) > 1:
+        width = 2 * parts[0].type.count
+        parts = [pick(builder, parts[i], parts[i + 1], list(range(width))) for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
 def _call(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
     module = builder.module
     fnty = ir.FunctionType(ret, [a.type for a in args])
@@ -264,6 +278,11 @@ def f16_to_f32(builder: ir.IRBuilder, ptr: ir.Value, native: bool, lanes: list[i
         bits = load(builder, ptr, I16X16)
     else:
         bits = _lanes(builder, load(builder, ptr, ir.VectorType(I16, 32)), lanes)
+    return f16_bits_to_f32(builder, bits, native)
+
+
+def f16_bits_to_f32(builder: ir.IRBuilder, bits: ir.Value, native: bool) -> ir.Value:
+    """Convert the 16 fp16 bit patterns of an i16x16 exactly to float32 (NaNs come out quiet)."""
     if native and HAS_F16C:
         return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), F32X16)
     h = builder.zext(bits, I32X16)

@@ -53,7 +53,8 @@ class NotCompilableError(KleidipyError, ValueError):
 
 
 # --- codes: the compiled routine of a kernel ---------------------------------------------------------
-#: Q4_0 NEON kernels (dotprod / i8mm): ``jit.matmul_qsi8d32p_qsi4c32pscalef16``
+#: Q4_0 NEON kernels (dotprod / i8mm): the VNNI tiles ``vnni._compute_neon`` (``jit.matmul_qsi8d32p_qsi4c32pscalef16``
+#: on hosts without AVX-512 VNNI)
 Q4_0_NEON = 1
 #: Q4_0 SME2 kernels: the VNNI tiles (portable IR on hosts without AVX-512 VNNI), ``vnni._compute``
 Q4_0_SME2 = 2
@@ -94,6 +95,8 @@ N_PARAMS = 18
 _LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)
 #: the ISA the Q4_0 SME2 tiles are compiled for (a global: the cache holds the host's version)
 _Q4_0_ISA = vnni.HOST_ISA
+#: the Q4_0 NEON kernels run on the VNNI tiles (as ``ukernels.NEON_COMPUTE``) where the host has them
+_Q4_0_NEON_VNNI = vnni.HAS_AVX512_VNNI
 
 
 @numba.njit(cache=True, nogil=True)
@@ -262,7 +265,10 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
     a = lhs[: (m + mr - 1) // mr * params[P_LHS_STRIDE]]
     b = rhs[n0 // nr * rstride : (n1 + nr - 1) // nr * rstride]
     if code == Q4_0_NEON:
-        res = q40_jit.matmul_qsi8d32p_qsi4c32pscalef16(m, cnt, k, mr, nr, kr, sr, a, b)
+        if _Q4_0_NEON_VNNI:
+            res = q40_vnni._compute_neon(_Q4_0_ISA, m, cnt, k, mr, nr, kr, params[P_KBL], a, b)
+        else:
+            res = q40_jit.matmul_qsi8d32p_qsi4c32pscalef16(m, cnt, k, mr, nr, kr, sr, a, b)
     elif code == Q4_0_SME2:
         res = q40_vnni._compute(_Q4_0_ISA, m, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_0_SME:

@@ -20,6 +20,7 @@ from kleidipy.core.buffers import check_execution, check_finite
 from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits, fma_f32, round_away, round_even
 from kleidipy.core.packers import LhsPacker, RhsPacker
+from kleidipy.core.vnni import HAS_AVX512_VNNI
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_0
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
@@ -472,6 +473,8 @@ def block_scaled_sum(
 SME2_COMPUTE = qsi8d32p_qsi4c32p_vnni.compute
 #: the SME1 layout (4-bit s4s0 codes): the portable jit
 SME_COMPUTE = jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
+#: the NEON layout (dotprod / i8mm): the AVX-512 VNNI tiles where the host has them, else the portable jit
+NEON_COMPUTE = qsi8d32p_qsi4c32p_vnni.compute_neon if HAS_AVX512_VNNI else jit.matmul_qsi8d32p_qsi4c32pscalef16
 
 
 class Qsi8d32pQsi4c32pKernel(MatmulKernel):
@@ -491,7 +494,7 @@ class Qsi8d32pQsi4c32pKernel(MatmulKernel):
         if self.is_sme:
             compute = SME2_COMPUTE if self.tier == "sme2" else SME_COMPUTE
             return compute(m, n, k, g.mr, g.nr, lhs, rhs, self.flags.get("first_block_fmul", False))
-        return jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, g.mr, g.nr, g.kr, g.sr, lhs, rhs)
+        return NEON_COMPUTE(m, n, k, g.mr, g.nr, g.kr, g.sr, lhs, rhs)
 
 
 def _sme_gemm(vl: int) -> Geometry:

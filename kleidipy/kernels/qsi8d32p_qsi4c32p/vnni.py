@@ -1,5 +1,5 @@
-"""Fast host execution of the Q4_0 SME2-layout kernels (``qsi8d32p1vlx4_qsi4c32p4vlx4`` MOPA GEMM and the
-``qsi8d32p1x4_qsi4c32p4vlx4`` SDOT GEMV) with AVX-512 VNNI, reading the packed bytes they read.
+"""Fast host execution of the Q4_0 kernels with AVX-512 VNNI, reading the packed bytes they read: the SME2 layout
+(``qsi8d32p1vlx4_qsi4c32p4vlx4`` MOPA GEMM, ``qsi8d32p1x4_qsi4c32p4vlx4`` SDOT GEMV) and the NEON one (below).
 
 Inputs: the LHS packed by ``lhs_quant_pack_qsi8d32p_f32_neon`` (spec §4.4: per group of mr rows, int8 of
 (r, k) at (k//4)·4mr + 4r + k%4, then fp16 scales block-major) and the RHS packed by
@@ -18,6 +18,12 @@ tile of up to 4 rows × 4 vectors is generated in LLVM IR (:mod:`kleidipy.core.v
 bytes on the fly from the packed RHS (``vpmultishiftqb``), panel (64 columns) by panel: the first row tile
 streams the panel from memory with prefetching (the GEMV is memory-bound), the next ones read it from L2.
 
+The NEON kernels (dotprod / i8mm: LHS ``lhs_quant_pack_qsi8d32p_f32``, RHS ``qsi4c32pscalef16`` with nr = 4,
+kr 8 or 16) run on the same tiles (:func:`compute_neon`, the same §5.2 recipe from +0): their small packed LHS
+is moved into the §4.4 layout (K quads in QUAD_ORDER), and each 16-column vector gathers four 4-column groups —
+the GEMV straight from the packed RHS (whole blocks, transposed by 128-bit lanes, one vector after the other
+with a linear prefetch), more rows from a 64-column panel decoded once into a scratch buffer.
+
 Also a vectorised ``lhs_quant_pack_qsi8d32p_f32_neon`` (the same bytes as the family's packer).
 """
 
@@ -32,7 +38,7 @@ from numba.extending import intrinsic
 
 from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32
-from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
+from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I16, I32, I32X16, I64, i64
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 
 #: columns per vector; vectors per tile: a panel of 64 columns.
@@ -45,13 +51,28 @@ TILE_ROWS = 4
 PREFETCH_GROUPS = 32
 #: the integer parameters handed to the IR code in one int64 array (see ``_compute``).
 PARAMS = ("lstride", "mr", "nb", "rstride", "nr", "n", "ldo", "prefetch")
+#: columns per group of the NEON RHS layout
+NEON_NR = 4
+#: the NEON GEMV prefetches the groups this far ahead (its vectors run through all blocks one after the other)
+#: integer accumulators per row and vector of the NEON GEMV (independent vpdpbusd chains within a block)
+CHAINS = 2
+#: the NEON GEMV prefetches its RHS this many groups ahead (two vectors: each runs through all blocks in turn)
+PREFETCH_NEON_GROUPS = 8
+#: K quads (4 values) of a 32-block in the order the NEON tiles take them (low nibbles of quad s, then high)
+QUAD_ORDER = np.array([0, 4, 1, 5, 2, 6, 3, 7], np.int64)
+#: (group, column) of the 16 lanes of a NEON vector
+QC = [(q, c) for q in range(4) for c in range(NEON_NR)]
+#: bytes per block of a decoded NEON panel: 8 K groups × 4 vectors of codes, then 4 vectors of float32 scales
+SPREAD_BLOCK = (8 + 1) * PANEL_VECS * 64
 
 
 class _Tile:
     """IR of a tile: up to 4 rows × the 64 columns of a panel (4 vectors of 16), all K blocks.
 
-    The RHS comes from ``codes(v, g)`` (i32x16 of spread codes of vector v, K group g) and ``scales(v, blk)``
-    (float32 s_R), read from the packed RHS; rows are read from the packed LHS and the per-row terms.
+    The RHS comes from a source (:meth:`source` for the SME2 layout, :meth:`source_neon` for the NEON one):
+    ``codes(v, blk, step, i)`` (i32x16 of the unsigned codes of vector v, K group step·per + i of block blk,
+    spread to bytes) and ``scales(v, blk)`` (float32 s_R); rows are read from the packed LHS (the §4.4 layout)
+    and the per-row terms.
     """
 
     def __init__(self, builder, native: bool, params) -> None:  # noqa: ANN001
@@ -78,45 +99,73 @@ class _Tile:
             out.append((vnni.byte_ptr(b, lhs, data), vnni.byte_ptr(b, corr, terms), vnni.byte_ptr(b, sl, terms)))
         return out
 
-    def run(self, row_ptrs, codes, scales, acc_mem, init):  # noqa: ANN001, ANN201
-        """Accumulate every block into float32 accumulators [row][vector] kept in acc_mem (64 B each), from init."""
+    def run(self, row_ptrs, codes, scales, per: int, acc_mem, init):  # noqa: ANN001, ANN201
+        """Accumulate every block into float32 accumulators [row][vector] kept in acc_mem (64 B each), from init.
+        The 8 K groups of a block are taken ``per`` at a time (the codes of one step come from one load); with
+        per = 8 (whole blocks, one row) each vector runs through all blocks before the next one starts, so that
+        the RHS is read as few streams at a time."""
         b = self.builder
         nvec = PANEL_VECS
         facc = [[vnni.byte_ptr(b, acc_mem, 64 * (nvec * r + v)) for v in range(nvec)] for r in range(len(row_ptrs))]
         for row in facc:
             for p in row:
                 vnni.store(b, vnni.splat(b, init, F32X16), p)
-        zero = vnni.const_splat(F32X16, 0.0)
-        kgroup = b.mul(self.mr, i64(4))  # bytes of one K group of the LHS; also the per-block step of corr/s_L
         iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(nvec)] for _ in row_ptrs]
-        with cgutils.for_range(b, self.nb) as loop:
-            blk = loop.index
-            lrow = []
-            for r, (data, corr, _) in enumerate(row_ptrs):
-                c = vnni.load(b, vnni.byte_ptr(b, corr, b.mul(blk, kgroup)), I32)
-                for v in range(nvec):
-                    b.store(vnni.splat(b, c, I32X16), iacc[r][v])
-                lrow.append(vnni.byte_ptr(b, data, b.mul(blk, b.mul(kgroup, i64(8)))))
-            # a real loop over the 8 K groups (opaque count: not fully unrolled) keeps the scheduler from
-            # hoisting the loads of all groups above the dot products (register spills)
-            with cgutils.for_range(b, vnni.opaque(b, i64(8))) as inner:
-                t = inner.index
-                g = b.add(b.mul(blk, i64(8)), t)
-                vec = [codes(v, g) for v in range(nvec)]
-                for r, ptr in enumerate(lrow):
-                    q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, t)), I32), I32X16)
-                    for v in range(nvec):
-                        b.store(vnni.dpbusd(b, b.load(iacc[r][v]), vec[v], q, self.native), iacc[r][v])
-            s_r = [scales(v, blk) for v in range(nvec)]
-            acc_base = vnni.opaque(b, acc_mem)  # keep the float accumulators in memory (not promoted)
-            for r, (_, _, sl) in enumerate(row_ptrs):
-                s_l = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, sl, b.mul(blk, kgroup)), F32), F32X16)
-                for v in range(nvec):
-                    scale = vnni.fma(b, s_l, s_r[v], zero)
-                    dot = b.sitofp(b.load(iacc[r][v]), F32X16)
-                    p = vnni.byte_ptr(b, acc_base, 64 * (nvec * r + v))
-                    vnni.store(b, vnni.fma(b, dot, scale, vnni.load(b, p, F32X16)), p)
+        for vs in [[v] for v in range(nvec)] if per == 8 else [list(range(nvec))]:
+            with cgutils.for_range(b, self.nb) as loop:
+                self._block(loop.index, vs, row_ptrs, codes, scales, per, iacc, acc_mem)
         return facc
+
+    def _block(self, blk, vs, row_ptrs, codes, scales, per: int, iacc, acc_mem) -> None:  # noqa: ANN001
+        """One block of the vectors ``vs``: integer dots from the −8·Σq terms, then the float recipe."""
+        b = self.builder
+        kgroup = b.mul(self.mr, i64(4))  # bytes of one K group of the LHS; also the per-block step of corr/s_L
+        lrow = []
+        for r, (data, corr, _) in enumerate(row_ptrs):
+            c = vnni.load(b, vnni.byte_ptr(b, corr, b.mul(blk, kgroup)), I32)
+            for v in vs:
+                b.store(vnni.splat(b, c, I32X16), iacc[r][v])
+            lrow.append(vnni.byte_ptr(b, data, b.mul(blk, b.mul(kgroup, i64(8)))))
+        if per == 8:  # the whole block per vector, each row's LHS bytes broadcast once; the 8 dot products go
+            # to CHAINS independent accumulators (exact integer sums), not one chain of dependent vpdpbusd
+            qs = [[self.lhs_group(ptr, kgroup, i64(t)) for t in range(8)] for ptr in lrow]
+            zeros = vnni.const_splat(I32X16, 0)
+            for v in vs:
+                parts = [[b.load(iacc[r][v])] + [zeros] * (CHAINS - 1) for r in range(len(lrow))]
+                for t in range(8):
+                    vec = codes(v, blk, i64(0), t)
+                    for r in range(len(lrow)):
+                        parts[r][t % CHAINS] = vnni.dpbusd(b, parts[r][t % CHAINS], vec, qs[r][t], self.native)
+                for r in range(len(lrow)):
+                    while len(parts[r]) > 1:
+                        parts[r] = [b.add(parts[r][i], parts[r][i + 1]) for i in range(0, len(parts[r]), 2)]
+                    b.store(parts[r][0], iacc[r][v])
+        else:  # a real loop over the steps (opaque count: not fully unrolled) keeps the scheduler from hoisting
+            # the loads of all K groups above the dot products (register spills)
+            with cgutils.for_range(b, vnni.opaque(b, i64(8 // per))) as inner:
+                step = inner.index
+                for i in range(per):
+                    t = b.add(b.mul(step, i64(per)), i64(i))
+                    vec = {v: codes(v, blk, step, i) for v in vs}
+                    for r, ptr in enumerate(lrow):
+                        q = self.lhs_group(ptr, kgroup, t)
+                        for v in vs:
+                            b.store(vnni.dpbusd(b, b.load(iacc[r][v]), vec[v], q, self.native), iacc[r][v])
+        s_r = {v: scales(v, blk) for v in vs}
+        zero = vnni.const_splat(F32X16, 0.0)
+        acc_base = vnni.opaque(b, acc_mem)  # keep the float accumulators in memory (not promoted)
+        for r, (_, _, sl) in enumerate(row_ptrs):
+            s_l = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, sl, b.mul(blk, kgroup)), F32), F32X16)
+            for v in vs:
+                scale = vnni.fma(b, s_l, s_r[v], zero)
+                dot = b.sitofp(b.load(iacc[r][v]), F32X16)
+                p = vnni.byte_ptr(b, acc_base, 64 * (PANEL_VECS * r + v))
+                vnni.store(b, vnni.fma(b, dot, scale, vnni.load(b, p, F32X16)), p)
+
+    def lhs_group(self, ptr, kgroup, t):  # noqa: ANN001, ANN201
+        """The 4 LHS bytes of K group t of a row's block, in every lane."""
+        b = self.builder
+        return vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, t)), I32), I32X16)
 
     def store(self, facc, out, i0, rows, j0, paired: bool) -> None:  # noqa: ANN001
         """Store rows < ``rows`` to out[(i0 + r)·ldo + j0 ...] (``paired``: the accumulators are in PAIR_LANES
@@ -154,7 +203,8 @@ class _Tile:
             data, scale = bases[0]
             pairs = {}
 
-            def codes(v: int, g):  # noqa: ANN001, ANN202
+            def codes(v: int, blk, t, i: int):  # noqa: ANN001, ANN202
+                g = b.add(b.mul(blk, i64(8)), t)
                 if v % 2 == 0:
                     ptr = vnni.byte_ptr(b, data, b.add(b.mul(g, step), i64(32 * v)))
                     vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, self.prefetch)))
@@ -169,19 +219,108 @@ class _Tile:
 
         else:
 
-            def codes(v: int, g):  # noqa: ANN001, ANN202
+            def codes(v: int, blk, t, i: int):  # noqa: ANN001, ANN202
+                g = b.add(b.mul(blk, i64(8)), t)
                 return vnni.spread_nibbles(b, vnni.byte_ptr(b, bases[v][0], b.mul(g, step)), self.native)
 
             def scales(v: int, blk):  # noqa: ANN001, ANN202
                 return vnni.f16_to_f32(b, vnni.byte_ptr(b, bases[v][1], b.mul(blk, step)), self.native)
 
-        return codes, scales
+        return codes, scales, 1
+
+    def source_spread(self, panel):  # noqa: ANN001, ANN201
+        """A panel decoded by ``_decode_neon_panel``: per block (SPREAD_BLOCK bytes), the unsigned codes of K
+        group t of vector v at 64·(4t + v), then the 4 vectors' float32 scales at 64·(32 + v)."""
+        b = self.builder
+
+        def codes(v: int, blk, step, i: int):  # noqa: ANN001, ANN202
+            at = b.add(b.mul(blk, i64(SPREAD_BLOCK)), b.mul(b.add(b.mul(step, i64(4)), i64(v)), i64(64)))
+            return vnni.load(b, vnni.byte_ptr(b, panel, at), I32X16)
+
+        def scales(v: int, blk):  # noqa: ANN001, ANN202
+            return vnni.load(
+                b, vnni.byte_ptr(b, panel, b.add(b.mul(blk, i64(SPREAD_BLOCK)), i64(64 * (32 + v)))), F32X16
+            )
+
+        return codes, scales, 1
+
+    def source_neon(self, rhs, j0, inner: int, prefetch: bool):  # noqa: ANN001, ANN201
+        """The packed RHS of the panel in the NEON layout (``qsi4c32pscalef16``, nr = 4, ``inner`` = kr/2 bytes
+        per column run): each vector gathers 4 groups of 4 columns (groups past n re-read the last one).
+
+        A group's block is 4 fp16 d then 64 bytes whose 32-bit words each hold 4 bytes of one column c; byte t
+        of a word holds the signed (XOR 8) codes of K = 4·quad + t (low nibble) and 4·(quad + 4) + t (high),
+        in word 4·quad + c (``inner`` 4) or 8·(quad // 2) + 2c + quad % 2 (``inner`` 8). The four groups'
+        blocks are loaded whole and transposed by 128-bit lanes (then, for ``inner`` 8, words paired within
+        lanes), so that every K group of the block comes out at once (per = 8), in QUAD_ORDER. With ``prefetch``
+        (the GEMV, whose vectors run through all blocks one after the other) each block also prefetches its share
+        of the vector two on, in address order.
+        """
+        b = self.builder
+        groups = b.udiv(b.add(self.n, i64(NEON_NR - 1)), i64(NEON_NR))
+        last = b.sub(groups, i64(1))
+        first = b.udiv(j0, i64(NEON_NR))
+        bases = []
+        for v in range(PANEL_VECS):
+            row = []
+            for q in range(VEC_COLS // NEON_NR):
+                g = b.add(first, i64(v * VEC_COLS // NEON_NR + q))
+                g = b.select(b.icmp_signed("<", g, groups), g, last)
+                row.append(vnni.byte_ptr(b, rhs, b.mul(g, self.rstride)))
+            bases.append(row)
+        block = NEON_NR * 18
+        quads = {}
+        mask = vnni.const_splat(I32X16, 0x0F0F0F0F)
+        flip = vnni.const_splat(I32X16, 0x08080808)
+
+        def lanes(x, y, pairs):  # noqa: ANN001, ANN202
+            """128-bit lanes (source, lane) of x ‖ y, four of them."""
+            return vnni.pick(b, x, y, [16 * s + 4 * lane + w for s, lane in pairs for w in range(4)])
+
+        def codes(v: int, blk, step, i: int):  # noqa: ANN001, ANN202
+            if i == 0:
+                at = b.add(b.mul(blk, i64(block)), i64(2 * NEON_NR))
+                a, c, e, g = (vnni.load(b, vnni.byte_ptr(b, base, at), I32X16) for base in bases[v])
+                t0, t1 = lanes(a, c, [(0, 0), (0, 2), (1, 0), (1, 2)]), lanes(a, c, [(0, 1), (0, 3), (1, 1), (1, 3)])
+                t2, t3 = lanes(e, g, [(0, 0), (0, 2), (1, 0), (1, 2)]), lanes(e, g, [(0, 1), (0, 3), (1, 1), (1, 3)])
+                pick_even, pick_odd = [(0, 0), (0, 2), (1, 0), (1, 2)], [(0, 1), (0, 3), (1, 1), (1, 3)]
+                # out[L] = lane L of each group: [A_L, B_L, C_L, D_L]
+                out = [lanes(t0, t2, pick_even), lanes(t1, t3, pick_even), lanes(t0, t2, pick_odd)]
+                out.append(lanes(t1, t3, pick_odd))
+                if inner == 4:  # lane L of a group is quad L
+                    quads[v] = out
+                else:  # quad 2h + s of column c sits in out[2h + c // 2] at word 2(c % 2) + s of its group's lane
+                    quads[v] = [
+                        vnni.pick(
+                            b, out[2 * h], out[2 * h + 1], [16 * (c // 2) + 4 * q + 2 * (c % 2) + s for q, c in QC]
+                        )
+                        for h in (0, 1)
+                        for s in (0, 1)
+                    ]
+            words = quads[v][i // 2]
+            if i % 2:
+                words = b.lshr(words, vnni.const_splat(I32X16, 4))
+            return b.xor(b.and_(words, mask), flip)
+
+        def scales(v: int, blk):  # noqa: ANN001, ANN202
+            at = b.mul(blk, i64(block))
+            parts = [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(I16, NEON_NR)) for base in bases[v]]
+            if prefetch:  # the bytes of the vector PREFETCH_NEON_GROUPS groups on, in address order: this block's share
+                span = block * (VEC_COLS // NEON_NR)
+                start = b.add(b.mul(self.rstride, i64(PREFETCH_NEON_GROUPS)), b.mul(blk, i64(span)))
+                for j in range(0, span + 63, 64):
+                    vnni.prefetch(b, vnni.byte_ptr(b, bases[v][0], b.add(start, i64(min(j, span - 1)))))
+            return vnni.f16_bits_to_f32(b, vnni.concat(b, parts), self.native)
+
+        return codes, scales, 8
 
 
-def _make_tile(rows_max: int, contiguous: bool):  # noqa: ANN202
+def _make_tile(rows_max: int, source: str):  # noqa: ANN202
     """Intrinsic ``tile(isa, params, lhs, corr, sl, rhs, out, acc, i0, rows, j0, init)``: rows i0 .. i0+rows-1
-    (rows <= rows_max; more rows repeat the last) × the 64 columns from j0 of out, from ``init``.
-    ``contiguous``: nr is a multiple of 64 (see ``_Tile.source``)."""
+    (rows <= rows_max; more rows repeat the last) × the 64 columns from j0 of out, from ``init``. ``source``:
+    "sme2" (nr a multiple of 64) or "sme2_single" (see ``_Tile.source``), "neon4" / "neon8" (the NEON layout
+    with 4 / 8 bytes per column run, see ``_Tile.source_neon``), "spread" (``rhs`` is a panel decoded by
+    ``_decode_neon_panel``, see ``_Tile.source_spread``)."""
 
     @intrinsic
     def tile(typingctx, isa, params, lhs, corr, sl, rhs, out, acc, i0, rows, j0, init):
@@ -194,9 +333,14 @@ def _make_tile(rows_max: int, contiguous: bool):  # noqa: ANN202
             )
             t = _Tile(builder, vnni.isa_native(signature.args[0]), params_p)
             row_ptrs = t.rows(rows_max, lhs_p, corr_p, sl_p, i0_v, rows_v)
-            codes, scales = t.source(rhs_p, j0_v, contiguous)
-            facc = t.run(row_ptrs, codes, scales, acc_p, init_v)
-            t.store(facc, out_p, i0_v, rows_v, j0_v, contiguous)
+            if source.startswith("neon"):
+                codes, scales, per = t.source_neon(rhs_p, j0_v, int(source[4:]), True)
+            elif source == "spread":
+                codes, scales, per = t.source_spread(rhs_p)
+            else:
+                codes, scales, per = t.source(rhs_p, j0_v, source == "sme2")
+            facc = t.run(row_ptrs, codes, scales, per, acc_p, init_v)
+            t.store(facc, out_p, i0_v, rows_v, j0_v, source == "sme2")
             return context.get_dummy_value()
 
         return sig, codegen
@@ -205,10 +349,47 @@ def _make_tile(rows_max: int, contiguous: bool):  # noqa: ANN202
 
 
 #: tiles of 1 .. 4 rows for nr a multiple of 64 (the tail rows of m get an exact tile)
-_TILE_1, _TILE_2, _TILE_3, _TILE_4 = (_make_tile(rows, True) for rows in range(1, TILE_ROWS + 1))
+_TILE_1, _TILE_2, _TILE_3, _TILE_4 = (_make_tile(rows, "sme2") for rows in range(1, TILE_ROWS + 1))
 #: nr = 16 or 32 (SVL 128/256): one row (the GEMV) or 4 (tail rows repeat the last)
-_TILE_1_SINGLE = _make_tile(1, False)
-_TILE_4_SINGLE = _make_tile(TILE_ROWS, False)
+_TILE_1_SINGLE = _make_tile(1, "sme2_single")
+_TILE_4_SINGLE = _make_tile(TILE_ROWS, "sme2_single")
+#: the NEON layout (kr 8: 4 bytes per column run; kr 16: 8), one row (the GEMV) straight from the packed RHS
+_NEON_1_4, _NEON_1_8 = _make_tile(1, "neon4"), _make_tile(1, "neon8")
+#: more rows: 4 (tail rows repeat the last) from a decoded panel
+_SPREAD_4 = _make_tile(TILE_ROWS, "spread")
+
+
+def _make_decoder(inner: int):  # noqa: ANN202
+    """Intrinsic ``decode(isa, params, rhs, j0, panel)``: the 64 columns from j0 of a NEON-layout RHS with
+    ``inner`` bytes per column run, decoded into ``panel`` (SPREAD_BLOCK bytes per block, see
+    ``_Tile.source_spread``) so that every row tile reads them with one load per K group and vector."""
+
+    @intrinsic
+    def decode(typingctx, isa, params, rhs, j0, panel):
+        sig = types.void(isa, params, rhs, types.int64, panel)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            _, params_p, rhs_p, j0_v, panel_p = vnni.intrinsic_args(context, builder, signature, args)
+            t = _Tile(builder, vnni.isa_native(signature.args[0]), params_p)
+            codes, scales, _ = t.source_neon(rhs_p, j0_v, inner, False)
+            b = builder
+            with cgutils.for_range(b, t.nb) as loop:
+                blk = loop.index
+                at = b.mul(blk, i64(SPREAD_BLOCK))
+                for v in range(PANEL_VECS):
+                    for i in range(8):
+                        vnni.store(
+                            b, codes(v, blk, i64(0), i), vnni.byte_ptr(b, panel_p, b.add(at, i64(64 * (4 * i + v))))
+                        )
+                    vnni.store(b, scales(v, blk), vnni.byte_ptr(b, panel_p, b.add(at, i64(64 * (32 + v)))))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return decode
+
+
+_DECODE_4, _DECODE_8 = _make_decoder(4), _make_decoder(8)
 
 
 def _make_fp16_vectors(widen: bool):  # noqa: ANN202
@@ -352,6 +533,63 @@ def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
 
 
 @numba.njit(cache=True, nogil=True)
+def _lhs_from_neon(m, k, mr, kbl, lhs):
+    """The §4.4 layout (K quads of each block in QUAD_ORDER) of an LHS packed by ``lhs_quant_pack_qsi8d32p_f32``
+    (per block mr fp16 scales, then the int8 in chunks of kbl values per row): the same values, moved."""
+    nb = k // 32
+    stride = mr * nb * 34
+    groups = (m + mr - 1) // mr
+    out = np.empty(groups * stride, np.uint8)
+    for g in range(groups):
+        base = g * stride
+        for b in range(nb):
+            src = base + b * mr * 34
+            for r in range(mr):
+                dst = base + mr * nb * 32 + 2 * (b * mr + r)
+                out[dst] = lhs[src + 2 * r]
+                out[dst + 1] = lhs[src + 2 * r + 1]
+                for t in range(8):
+                    k4 = 4 * QUAD_ORDER[t]
+                    at = src + 2 * mr + (k4 // kbl) * mr * kbl + r * kbl + k4 % kbl
+                    dst = base + (b * 8 + t) * 4 * mr + 4 * r
+                    for e in range(4):
+                        out[dst + e] = lhs[at + e]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _compute_neon(isa, m, n, k, mr, nr, kr, kbl, lhs, rhs):
+    """Unclamped float32 [m, n] of a NEON-packed LHS (``lhs_quant_pack_qsi8d32p_f32``, chunks of kbl) × the
+    NEON RHS (``qsi4c32pscalef16``, nr = 4, kr 8 or 16): the NEON kernels' bits (recipe §5.2 from +0)."""
+    nb = k // 32
+    ldo = (n + PANEL_COLS - 1) // PANEL_COLS * PANEL_COLS
+    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, PREFETCH_GROUPS], np.int64)  # PARAMS
+    out = np.empty((m, ldo), np.float32)
+    flat = out.reshape(-1)
+    moved = _lhs_from_neon(m, k, mr, kbl, lhs)
+    corr, sl = _lhs_terms(isa, m, k, mr, moved)
+    init = np.float32(0.0)
+    acc = np.empty(TILE_ROWS * PANEL_COLS, np.float32)
+    panel = np.empty(nb * SPREAD_BLOCK if m > 1 else 0, np.uint8)
+    for j0 in range(0, n, PANEL_COLS):
+        if m == 1:
+            if kr == 8:
+                _NEON_1_4(isa, params, moved, corr, sl, rhs, flat, acc, 0, 1, j0, init)
+            else:
+                _NEON_1_8(isa, params, moved, corr, sl, rhs, flat, acc, 0, 1, j0, init)
+            continue
+        if kr == 8:  # decoded once, read by every row tile
+            _DECODE_4(isa, params, rhs, j0, panel)
+        else:
+            _DECODE_8(isa, params, rhs, j0, panel)
+        for i0 in range(0, m, TILE_ROWS):
+            _SPREAD_4(isa, params, moved, corr, sl, panel, flat, acc, i0, min(TILE_ROWS, m - i0), j0, init)
+    if ldo != n:
+        return np.ascontiguousarray(out[:, :n])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
 def _lhs_pack(isa, lhs, mr, row_offset):
     m, k = lhs.shape
     nb = k // 32
@@ -383,6 +621,16 @@ def _compute_portable(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
 
 
 @numba.njit(cache=True, nogil=True)
+def _compute_neon_vnni512(m, n, k, mr, nr, kr, kbl, lhs, rhs):
+    return _compute_neon(vnni.VNNI512, m, n, k, mr, nr, kr, kbl, lhs, rhs)
+
+
+@numba.njit(cache=True, nogil=True)
+def _compute_neon_portable(m, n, k, mr, nr, kr, kbl, lhs, rhs):
+    return _compute_neon(vnni.PORTABLE, m, n, k, mr, nr, kr, kbl, lhs, rhs)
+
+
+@numba.njit(cache=True, nogil=True)
 def _lhs_pack_vnni512(lhs, mr, row_offset):
     return _lhs_pack(vnni.VNNI512, lhs, mr, row_offset)
 
@@ -393,6 +641,7 @@ def _lhs_pack_portable(lhs, mr, row_offset):
 
 
 _COMPUTE = {vnni.VNNI512: _compute_vnni512, vnni.PORTABLE: _compute_portable}
+_COMPUTE_NEON = {vnni.VNNI512: _compute_neon_vnni512, vnni.PORTABLE: _compute_neon_portable}
 _LHS_PACK = {vnni.VNNI512: _lhs_pack_vnni512, vnni.PORTABLE: _lhs_pack_portable}
 
 
@@ -426,6 +675,38 @@ def compute(
         if buf.size < need:
             raise BufferSizeError(f"packed {what} is {buf.size} bytes, m={m}, n={n}, k={k} need {need}")
     return _COMPUTE[isa](m, n, k, mr, nr, lhs_u8, rhs_u8, bool(first_block_fmul))
+
+
+def compute_neon(
+    m: int,
+    n: int,
+    k: int,
+    mr: int,
+    nr: int,
+    kr: int,
+    sr: int,
+    lhs_u8: np.ndarray,
+    rhs_u8: np.ndarray,
+    isa: vnni.Isa = HOST_ISA,
+) -> np.ndarray:
+    """Unclamped float32 [m, n] of the NEON kernels (dotprod / i8mm): the LHS packed by
+    ``lhs_quant_pack_qsi8d32p_f32`` (mr rows per group, chunks of kr/sr values) × the RHS packed by
+    ``rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0`` (nr = 4, kr 8 or 16) — the bits of
+    ``jit.matmul_qsi8d32p_qsi4c32pscalef16``. Checks shapes, dtypes and sizes; releases the GIL."""
+    lhs_u8, rhs_u8 = np.asarray(lhs_u8), np.asarray(rhs_u8)
+    if m < 1 or n < 1 or k < 1 or k % 32:
+        raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
+    if nr != NEON_NR or kr not in (8, 16) or sr < 1 or (kr // sr) % 4 or 32 % (kr // sr):
+        raise KernelShapeError(f"nr={nr}, kr={kr}, sr={sr}: not a NEON layout of this family")
+    for what, buf, need in (
+        ("LHS", lhs_u8, -(-m // mr) * mr * k // 32 * 34),
+        ("RHS", rhs_u8, -(-n // nr) * nr * k // 32 * 18),
+    ):
+        if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+            raise DTypeError(f"packed {what} must be a contiguous 1-D uint8 array, got {buf.dtype} {buf.shape}")
+        if buf.size < need:
+            raise BufferSizeError(f"packed {what} is {buf.size} bytes, m={m}, n={n}, k={k} need {need}")
+    return _COMPUTE_NEON[isa](m, n, k, mr, nr, kr, kr // sr, lhs_u8, rhs_u8)
 
 
 def lhs_quant_pack_qsi8d32p_f32_neon(

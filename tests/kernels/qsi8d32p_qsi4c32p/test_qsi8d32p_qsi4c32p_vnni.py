@@ -324,3 +324,108 @@ def test_host_isa_and_dpbusd_loop() -> None:
     assert vnni.HOST_ISA is (vnni.VNNI512 if vnni.HAS_AVX512_VNNI else vnni.PORTABLE)
     for isa in ISAS:  # the measurement loop runs and both ISAs compute the same checksum
         assert vnni.dpbusd_loop(isa, 3) == vnni.dpbusd_loop(vnni.PORTABLE, 3)
+
+
+# --------------------------------------------------------------------------------------------- NEON layout
+
+#: (mr, kr, sr) of the family's NEON kernels (dotprod / i8mm GEMMs, dotprod GEMVs)
+NEON_GEOMETRIES = ((4, 16, 2), (4, 8, 2), (1, 16, 2), (1, 8, 2))
+NEON_RHS_PACKER = "kai_run_rhs_pack_nxk_qsi4c32pscalef16_qsu4c32s16s0"
+
+
+def pack_lhs_neon(q: np.ndarray, s_bits: np.ndarray, mr: int, kbl: int) -> np.ndarray:
+    """``lhs_quant_pack_qsi8d32p_f32``'s layout from int8 q [m, k] and fp16 bits [m, k/32]: per group of mr rows
+    and block, mr fp16 scales, then the int8 in chunks of kbl values per row; padding rows 0."""
+    m, k = q.shape
+    nb, groups = k // 32, -(-m // mr)
+    qq = np.zeros((groups * mr, k), np.int8)
+    qq[:m] = q
+    ss = np.zeros((groups * mr, nb), np.uint16)
+    ss[:m] = s_bits
+    data = qq.reshape(groups, mr, nb, 32 // kbl, kbl).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 32 * mr)
+    sc = le_bytes(ss.reshape(groups, mr, nb).transpose(0, 2, 1))  # [groups, nb, 2mr]
+    return np.concatenate([sc, data.view(np.uint8)], axis=2).reshape(-1)
+
+
+def pack_rhs_neon(u: np.ndarray, d_bits: np.ndarray, kr: int) -> np.ndarray:
+    """The NEON RHS layout (nr = 4) by the family's packer, from codes u [n, k] and fp16 bits [n, k/32]."""
+    from kleidipy.kernels.catalogue import get_packer
+
+    n, k = u.shape
+    blocks = np.zeros((n, k // 32, 18), np.uint8)
+    blocks[:, :, :2] = le_bytes(d_bits).reshape(n, k // 32, 2)
+    ub = u.reshape(n, k // 32, 32)
+    blocks[:, :, 2:] = ub[:, :, :16] | ub[:, :, 16:] << 4
+    return np.asarray(get_packer(NEON_RHS_PACKER).run(n, k, 4, kr, 2, blocks.reshape(-1), bl=32))
+
+
+def check_neon(rng: np.random.Generator, m: int, n: int, k: int, geometry: tuple[int, int, int]) -> None:
+    mr, kr, sr = geometry
+    q, s_bits, u, d_bits = operands(rng, m, n, k)
+    lhs, rhs = pack_lhs_neon(q, s_bits, mr, kr // sr), pack_rhs_neon(u, d_bits, kr)
+    want = model(q, s_bits, u, d_bits, False)
+    for isa in ISAS:
+        got = vk.compute_neon(m, n, k, mr, 4, kr, sr, lhs, rhs, isa)
+        assert bits_equal(got, want), (m, n, k, geometry, isa)
+
+
+@pytest.mark.parametrize("geometry", NEON_GEOMETRIES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 1, 32), (1, 64, 64), (2, 70, 96), (5, 130, 128), (9, 64, 32)])
+def test_neon_matches_model(geometry: tuple[int, int, int], m: int, n: int, k: int) -> None:
+    """The NEON-layout tiles (the GEMV straight from the packed RHS, more rows from a decoded panel): the §5.2
+    recipe from +0, bit for bit, at partial groups, panels and row tiles."""
+    check_neon(np.random.default_rng(m * 1000 + n + k), m, n, k, geometry)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 12),
+    n=st.integers(1, 200),
+    nb=st.integers(1, 9),
+    geometry=st.sampled_from(NEON_GEOMETRIES),
+    seed=st.integers(0, 2**31),
+)
+def test_neon_random_shapes(m: int, n: int, nb: int, geometry: tuple[int, int, int], seed: int) -> None:
+    check_neon(np.random.default_rng(seed), m, n, 32 * nb, geometry)
+
+
+def test_neon_matches_portable_jit_and_golden(golden_dir) -> None:  # noqa: ANN001
+    """Every NEON Q4_0 golden run (KleidiAI's own dst) and the portable jit loops on the same bytes."""
+    from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+    from kleidipy.tools.golden import _clamp_values
+
+    gold = GoldenSet(golden_dir)
+    runs = [
+        (case, run)
+        for case, run in iter_runs(gold)
+        if run.get("status") == "ok" and run["kernels"].get("rhs_pack") == NEON_RHS_PACKER
+    ]
+    assert len(runs) >= 10
+    for case, run in runs:
+        m, n, k = case["m"], case["n"], case["k"]
+        p = run["params"]
+        lhs = gold.array(run["files"]["lhs_packed"])
+        rhs = gold.array(run["files"]["rhs_packed"])
+        want = gold.array(run["files"]["dst"]).reshape(m, n)
+        portable = jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, p["mr"], p["nr"], p["kr"], p["sr"], lhs, rhs)
+        lo, hi = _clamp_values(p)
+        for isa in ISAS:
+            got = vk.compute_neon(m, n, k, p["mr"], p["nr"], p["kr"], p["sr"], lhs, rhs, isa)
+            assert bits_equal(got, portable), (run["dir"], run["variant"], isa)
+            assert bits_equal(clamp_f32(got, lo, hi), want), (run["dir"], run["variant"], run.get("clamped"), isa)
+
+
+def test_neon_bad_input() -> None:
+    lhs, rhs = np.zeros(34 * 4, np.uint8), np.zeros(4 * 18, np.uint8)
+    with pytest.raises(KernelShapeError):
+        vk.compute_neon(1, 4, 48, 4, 4, 16, 2, lhs, rhs)
+    with pytest.raises(KernelShapeError):
+        vk.compute_neon(1, 4, 32, 4, 8, 16, 2, lhs, rhs)
+    with pytest.raises(KernelShapeError):
+        vk.compute_neon(1, 4, 32, 4, 4, 4, 1, lhs, rhs)
+    with pytest.raises(BufferSizeError):
+        vk.compute_neon(5, 4, 32, 4, 4, 16, 2, lhs, rhs)
+    with pytest.raises(BufferSizeError):
+        vk.compute_neon(1, 5, 32, 4, 4, 16, 2, lhs, rhs)
+    with pytest.raises(DTypeError):
+        vk.compute_neon(1, 4, 32, 4, 4, 16, 2, lhs.view(np.int8), rhs)
