@@ -17,6 +17,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.errors import DTypeError, KernelShapeError, KleidipyError
+from kleidipy.formats import rows
 
 
 class InvalidTokenError(KleidipyError, ValueError):
@@ -108,4 +109,8 @@ class RowEmbedding:
             raise InvalidTokenError(f"token ids must be a 1-D integer array, got {ids.dtype} {list(ids.shape)}")
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
             raise InvalidTokenError(f"token ids must be in [0, {self.n_vocab}), got {ids.min()}..{ids.max()}")
+        if rows.compiled(self.ggml_type):
+            out = np.empty((ids.size, self.n_embd), np.float32)
+            rows.get_rows(rows.CODES[self.ggml_type], self.raw, ids.astype(np.int64, copy=False), out)
+            return out
         return dequantize_rows(self.ggml_type, self.raw[ids]).reshape(len(ids), self.n_embd)
