@@ -216,6 +216,7 @@ class CompiledForward:
         self._gelu = gelu_f16_table()
         self._rows = 0
         self._buffers: List | None = None
+        self._arrays: list[np.ndarray] = []
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
         self._status = np.zeros(2, np.int64)
@@ -242,7 +243,9 @@ class CompiledForward:
         """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens."""
         if m <= self._rows:
             return
-        self._buffers = List([np.zeros((m, w), np.float32) for w in self.plan.widths])
+        # the same arrays in a Python list too: reaching a typed List's items from Python costs microseconds
+        self._arrays = [np.zeros((m, w), np.float32) for w in self.plan.widths]
+        self._buffers = List(self._arrays)
         self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
         self._rows = m
 
@@ -251,14 +254,13 @@ class CompiledForward:
         (stored K/V in ``cache``; the caller advances it)."""
         m = ids.size
         self._ensure_rows(m)
-        buffers = self._buffers
-        buffers[0][:m] = self.lm.embedding(ids)
+        self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
         k, v = cells(cache.k), cells(cache.v)
         args = (
             self.plan.nodes,
             self.plan.fparams,
-            buffers,
+            self._buffers,
             self._rhs,
             self._sizes,
             self._codes,
@@ -290,7 +292,7 @@ class CompiledForward:
         if self._status[STATUS_NONFINITE]:
             weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
-        return buffers[self.plan.logits][: m - keep_lo].copy()
+        return self._arrays[self.plan.logits][: m - keep_lo].copy()
 
 
 def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:
