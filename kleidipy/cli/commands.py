@@ -242,6 +242,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             n_ctx=args.ctx_size,
             chat=args.chat,
             check_tensors=args.check_tensors,
+            graph=args.graph,
         )
     )
     if chrome_trace is not None:

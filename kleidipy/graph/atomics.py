@@ -1,7 +1,8 @@
-"""Atomics and spin-wait hints for numba nopython code: what the graph executor's threads synchronise with.
+"""Atomics, spin-wait hints and a clock for numba nopython code: what the graph executor's threads synchronise and
+time themselves with.
 
 Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store` on elements of 1-D integer arrays,
-:func:`cpu_pause` and :func:`sched_yield`. All of them are ``numba.extending.intrinsic``\\ s
+:func:`cpu_pause`, :func:`sched_yield` and :func:`monotonic_ns`. All of them are ``numba.extending.intrinsic``\\ s
 that emit llvmlite IR, so they are callable from ``@njit`` code only (nogil, cacheable). Every atomic is
 sequentially consistent (``seq_cst``), the ordering C11's ``atomic_*`` functions default to: a store publishes
 every write made before it, a load sees every write published before the store it reads.
@@ -16,12 +17,15 @@ maintained library provides them, nor a barrier built on them, usable from insid
   nothing elsewhere.
 * ``sched_yield()``: libc's ``sched_yield`` (found with ctypes and registered with LLVM by name, so functions
   calling it stay cacheable); a no-op where the C library has none.
+* ``monotonic_ns()``: libc's ``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds, the clock of Python's
+  ``time.monotonic_ns()`` (registered the same way); 0 where the C library has none.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import time
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -40,25 +44,32 @@ elif _TRIPLE.startswith(("aarch64", "arm64")):
 else:  # a plain spin
     _PAUSE = None
 
-#: the LLVM symbol the compiled code calls for sched_yield (a name of ours, bound to libc's function below).
+#: the LLVM symbols the compiled code calls for sched_yield and clock_gettime (names of ours, bound to libc's
+#: functions below).
 _YIELD_SYMBOL = "kleidipy_sched_yield"
+_CLOCK_SYMBOL = "kleidipy_clock_gettime"
 
 
-def _find_sched_yield() -> int | None:
-    """Address of the C library's ``sched_yield``, or None where there is none (Windows)."""
+def _libc_function(function: str) -> int | None:
+    """Address of a C library function, or None where there is none (Windows)."""
     for name in (None, ctypes.util.find_library("c")):
         try:
-            return ctypes.cast(ctypes.CDLL(name).sched_yield, ctypes.c_void_p).value
+            return ctypes.cast(getattr(ctypes.CDLL(name), function), ctypes.c_void_p).value
         except (OSError, AttributeError, TypeError):
             continue
     return None
 
 
-_YIELD_ADDRESS = _find_sched_yield()
+_YIELD_ADDRESS = _libc_function("sched_yield")
 #: the host has a sched_yield the compiled code calls (else sched_yield() is a no-op).
 HAS_SCHED_YIELD = _YIELD_ADDRESS is not None
 if HAS_SCHED_YIELD:
     llvm.add_symbol(_YIELD_SYMBOL, _YIELD_ADDRESS)
+_CLOCK_ADDRESS = _libc_function("clock_gettime") if hasattr(time, "CLOCK_MONOTONIC") else None
+#: the host has a clock_gettime the compiled code calls (else monotonic_ns() is 0).
+HAS_CLOCK = _CLOCK_ADDRESS is not None
+if HAS_CLOCK:
+    llvm.add_symbol(_CLOCK_SYMBOL, _CLOCK_ADDRESS)
 
 _INTEGERS = (types.int32, types.int64, types.uint32, types.uint64)
 
@@ -145,3 +156,23 @@ def sched_yield(typingctx):  # noqa: ANN001, ANN201
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+@intrinsic
+def monotonic_ns(typingctx):  # noqa: ANN001, ANN201
+    """Nanoseconds of CLOCK_MONOTONIC (libc ``clock_gettime``, ``time.monotonic_ns()``'s clock); 0 without one."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        i64 = ir.IntType(64)
+        if not HAS_CLOCK:
+            return ir.Constant(i64, 0)
+        spec = cgutils.alloca_once(builder, ir.LiteralStructType([i64, i64]))  # struct timespec (LP64)
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(8).as_pointer()])
+        clock = cgutils.get_or_insert_function(builder.module, fnty, _CLOCK_SYMBOL)
+        builder.call(clock, [ir.Constant(ir.IntType(32), time.CLOCK_MONOTONIC), builder.bitcast(spec, fnty.args[1])])
+        zero = ir.Constant(ir.IntType(32), 0)
+        sec = builder.load(builder.gep(spec, [zero, zero]))
+        nsec = builder.load(builder.gep(spec, [zero, ir.Constant(ir.IntType(32), 1)]))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+
+    return types.int64(), codegen

@@ -17,6 +17,7 @@ code on persistent threads; no maintained library runs a numba graph that way.
 from __future__ import annotations
 
 from contextlib import suppress
+from time import monotonic_ns as clock_ns
 from time import perf_counter
 
 import numba
@@ -26,6 +27,7 @@ from numba.typed import List
 from kleidipy.errors import NonFiniteInputError
 from kleidipy.graph import matmul as mm
 from kleidipy.graph import ops
+from kleidipy.graph.atomics import monotonic_ns
 from kleidipy.graph.plan import (
     OP_ADD,
     OP_ADD_ROW,
@@ -33,6 +35,7 @@ from kleidipy.graph.plan import (
     OP_GEGLU,
     OP_KEEP,
     OP_MATMUL,
+    OP_NAMES,
     OP_RMS_NORM,
     OP_ROPE,
     OP_SCALE,
@@ -45,6 +48,7 @@ from kleidipy.graph.plan import (
 from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, share
 from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, gelu_f16_table
+from kleidipy.runtime.observer import KernelCall, NodeRun
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node
 STATUS_NONFINITE, STATUS_NODE = 0, 1
@@ -73,14 +77,20 @@ def run_plan(
     lhs,
     scratch,
     status,
+    prof,
     m,
     start,
     keep_lo,
 ):  # pragma: no cover - compiled
-    """Thread ith's walk over the plan for m tokens at positions start.. (see the module docstring)."""
+    """Thread ith's walk over the plan for m tokens at positions start.. (see the module docstring). With a
+    non-empty ``prof`` [threads, nodes, 3] the thread records per node the monotonic ns of its start, of the end of its
+    share of a MUL_MAT's LHS pack (0 for other nodes) and of its end (each before the barrier that follows)."""
     rows = m
     n_kv = start + m
+    timed = prof.shape[0] > 0
     for i in range(nodes.shape[0]):
+        if timed:
+            prof[ith, i, 0] = monotonic_ns()
         op = nodes[i, 0]
         a, b, c, d, e = nodes[i, 1], nodes[i, 2], nodes[i, 3], nodes[i, 4], nodes[i, 5]
         if op == OP_MATMUL:
@@ -92,6 +102,8 @@ def run_plan(
             if not mm.pack_lhs(code, prm, x, rows, lhs, ith, nth):
                 status[STATUS_NONFINITE] = 1
                 status[STATUS_NODE] = i
+            if timed:
+                prof[ith, i, 1] = monotonic_ns()
             barrier(sync, nth)
             if status[STATUS_NONFINITE]:
                 return
@@ -154,6 +166,8 @@ def run_plan(
                         for r in range(rows - keep_lo):
                             x[r, :] = x[keep_lo + r, :]
             rows -= keep_lo
+        if timed:
+            prof[ith, i, 2] = monotonic_ns()
         barrier(sync, nth)
 
 
@@ -220,6 +234,7 @@ class CompiledForward:
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
         self._status = np.zeros(2, np.int64)
+        self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
@@ -257,6 +272,9 @@ class CompiledForward:
         self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
         k, v = cells(cache.k), cells(cache.v)
+        threads = self.choice.pick(m)
+        watchers = [o for o in self.lm.observers if o.wants_matmuls]
+        prof = np.zeros((threads, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
         args = (
             self.plan.nodes,
             self.plan.fparams,
@@ -276,12 +294,12 @@ class CompiledForward:
             self._lhs,
             self._scratch,
             self._status,
+            prof,
             m,
             start,
             keep_lo,
         )
-        threads = self.choice.pick(m)
-        t0 = perf_counter()
+        t0, mono0 = perf_counter(), clock_ns()
         if threads == 1:
             run_plan(0, 1, self._sync, *args)
         else:
@@ -292,7 +310,45 @@ class CompiledForward:
         if self._status[STATUS_NONFINITE]:
             weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
+        for node in self._node_runs(prof, m, keep_lo, t0 - mono0 / 1e9) if watchers else ():
+            for observer in watchers:  # told here, so that their view of the call stack ends in this function
+                observer.on_node(node)
+                if node.op == "MUL_MAT" and node.rows:
+                    observer.on_matmul(self._kernel_call(node))
         return self._arrays[self.plan.logits][: m - keep_lo].copy()
+
+    def _node_runs(self, prof: np.ndarray, m: int, keep_lo: int, offset: float) -> list[NodeRun]:
+        """The nodes of a timed run, their monotonic ns stamps turned into perf_counter seconds (``offset`` apart)."""
+        out, rows = [], m
+        for i, node in enumerate(self.plan.nodes):
+            op = int(node[0])
+            if not prof[:, i, 0].any():  # not run (a MUL_MAT of no rows)
+                continue
+            if op == OP_MATMUL:
+                label = self.plan.weights[int(node[3])].name
+            else:
+                label = f"layer {int(node[3])}" if op in (OP_STORE_KV, OP_ATTENTION) else ""
+            threads = [
+                (t0 / 1e9 + offset, t1 / 1e9 + offset if t1 else None, t2 / 1e9 + offset)
+                for t0, t1, t2 in prof[:, i].tolist()
+            ]
+            out.append(NodeRun(i, OP_NAMES[op], label, rows, threads))
+            if op == OP_KEEP:
+                rows -= keep_lo
+        return out
+
+    def _kernel_call(self, node: NodeRun) -> KernelCall:
+        """A MUL_MAT node's run as the eager path reports one: the LHS pack from the first thread's start to the last
+        thread's pack end, the kernel (after the barrier) from there to the last thread's end."""
+        weight = self.plan.weights[int(self.plan.nodes[node.index, 3])]
+        run, code = (weight.linear.gemv, weight.gemv) if node.rows == 1 else (weight.linear.gemm, weight.gemm)
+        start = min(t[0] for t in node.threads)
+        packed = max(t[1] for t in node.threads)
+        end = max(t[2] for t in node.threads)
+        lhs_bytes = code.lhs_bytes(node.rows)
+        call = KernelCall(weight.name, run.kernel, node.rows, weight.n, weight.k, lhs_bytes, int(weight.rhs.nbytes))
+        call.lhs_seconds, call.matmul_seconds, call.start = packed - start, end - packed, start
+        return call
 
 
 def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:

@@ -33,6 +33,20 @@ OP_ATTENTION = 8  #: [op, q, dst, layer, n_head, window]; fparam the softmax sca
 OP_SWIGLU = 9  #: [op, gate, up, dst]
 OP_GEGLU = 10  #: [op, gate, up, dst]
 OP_KEEP = 11  #: [op, first buffer, second buffer or -1]: keep rows keep_lo.. (moved to the top); rows -= keep_lo
+#: the ops' names (as a trace shows them)
+OP_NAMES = {
+    OP_RMS_NORM: "RMS_NORM",
+    OP_MATMUL: "MUL_MAT",
+    OP_ADD: "ADD",
+    OP_ADD_ROW: "ADD_ROW",
+    OP_SCALE: "SCALE",
+    OP_ROPE: "ROPE",
+    OP_STORE_KV: "STORE_KV",
+    OP_ATTENTION: "ATTENTION",
+    OP_SWIGLU: "SWIGLU",
+    OP_GEGLU: "GEGLU",
+    OP_KEEP: "KEEP",
+}
 
 NODE_WIDTH = 8
 
@@ -44,7 +58,8 @@ class NotPlannableError(Exception):
 
 @dataclass
 class MatmulWeight:
-    """One repacked weight as the plan calls it: its packed bytes and the routine for m == 1 and m > 1."""
+    """One repacked weight as the plan calls it: its packed bytes and the routine for m == 1 and m > 1 (``linear``:
+    the weight as the runtime holds it, whose prepared kernels a trace names)."""
 
     name: str
     n: int
@@ -52,6 +67,7 @@ class MatmulWeight:
     rhs: np.ndarray
     gemv: NodeKernel
     gemm: NodeKernel
+    linear: RepackedLinear
 
 
 @dataclass
@@ -91,7 +107,13 @@ class PlanBuilder:
             self._weight_ids[id(linear)] = len(self.weights)
             self.weights.append(
                 MatmulWeight(
-                    linear.name, linear.n, linear.k, linear.gemm.rhs, node_kernel(linear.gemv), node_kernel(linear.gemm)
+                    linear.name,
+                    linear.n,
+                    linear.k,
+                    linear.gemm.rhs,
+                    node_kernel(linear.gemv),
+                    node_kernel(linear.gemm),
+                    linear,
                 )
             )
         return self._weight_ids[id(linear)]

@@ -355,7 +355,7 @@ class CausalLM:
 
     def _decode(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
         """One ubatch through the network: the logits of the rows ``keep`` (a tail of the rows)."""
-        if self.compiled is not None and not any(o.wants_matmuls for o in self.observers):
+        if self.compiled is not None:
             logits = self.compiled(ids, start, ids.size - len(range(*keep.indices(ids.size))), cache)
             cache.advance(start, ids)
             return logits

@@ -1,6 +1,7 @@
 """Watching the runtime: one :class:`Observer` interface receives its events -- every weight repacked at load
-(:class:`RepackCall`), every MUL_MAT (:class:`KernelCall`, its LHS quantize+pack and its kernel timed apart) and the
-start and end of every forward pass. ``kleidipy trace`` and the load progress bar are observers.
+(:class:`RepackCall`), every MUL_MAT (:class:`KernelCall`, its LHS quantize+pack and its kernel timed apart), every
+node of a compiled plan's run (:class:`NodeRun`, timed per thread inside the plan) and the start and end of every
+forward pass. ``kleidipy trace`` and the load progress bar are observers.
 
 An engine hands its observers to the backend (repack, MUL_MAT) and to the model (forward passes). With no observer
 that wants MUL_MATs nothing is timed or recorded per matmul: the fast path runs. Events are delivered by the
@@ -34,6 +35,18 @@ class KernelCall:
 
 
 @dataclass
+class NodeRun:
+    """One node of a compiled plan's run (an observer's ``on_node`` event): per thread, the perf_counter seconds of
+    its start, of the end of a MUL_MAT's LHS pack (None for other ops) and of its end (before the barrier)."""
+
+    index: int
+    op: str  # MUL_MAT, RMS_NORM, ATTENTION, ... (kleidipy.graph.plan.OP_NAMES)
+    label: str  # the weight of a MUL_MAT, the layer of a KV store or attention, else ""
+    rows: int
+    threads: list[tuple[float, float | None, float]]
+
+
+@dataclass
 class RepackCall:
     """What one weight's repack at load did (an observer's ``on_repack`` event)."""
 
@@ -62,6 +75,10 @@ class Observer:
 
     def on_matmul(self, call: KernelCall) -> None:
         """A MUL_MAT ran (only for observers with ``wants_matmuls``)."""
+
+    def on_node(self, node: NodeRun) -> None:
+        """A node of the compiled plan ran, timed inside the plan (only for observers with ``wants_matmuls``; its
+        MUL_MATs are also told to ``on_matmul``)."""
 
     def on_forward_start(self, n_tokens: int, n_past: int) -> None:
         """A forward pass of ``n_tokens`` tokens starts after ``n_past`` cached positions."""

@@ -2,8 +2,10 @@
 the KleidiAI micro-kernels that ran, with calls, time and bytes per kernel and per weight.
 
 The frames are the real Python frames of kleidipy code between the stage's entry point and the kernel call
-(``Engine.__init__ → … → KleidiBackend.__call__`` at load, ``Engine.generate → CausalLM.forward → … →
-compute_forward_mul_mat`` at run time); the leaves are the ``kai_run_…`` packers and kernels that ran:
+(``Engine.__init__ → … → KleidiBackend.__call__`` at load; at run time ``Engine.generate → CausalLM.forward →
+CausalLM._decode → CompiledForward.__call__`` when the forward pass runs as a compiled plan — the default —, or
+``… → compute_forward_mul_mat`` op by op with ``--no-graph``); the leaves are the ``kai_run_…`` packers and
+kernels that ran:
 
 * model load: one repack per matmul weight — ``KleidiBackend.__call__`` (GGUF → packer-input conversion + pack, as
   ggml's ``tensor_traits::repack``) with its ``kai_run_rhs_pack_…`` leaf timed on its own;
@@ -14,8 +16,11 @@ compute_forward_mul_mat`` at run time); the leaves are the ``kai_run_…`` packe
 The tracer is an observer of the engine it loads (:mod:`kleidipy.runtime.observer`): during the load it receives
 a :class:`~kleidipy.runtime.observer.RepackCall` after every repack (the pack timed on its own); during the
 generation a :class:`~kleidipy.runtime.observer.KernelCall` after every MUL_MAT and the start and end of every
-forward pass (the first pass of the generation is the prefill, the others are decode steps). An engine without
-an observer runs the plain path: tracing off costs nothing.
+forward pass (the first pass of the generation is the prefill, the others are decode steps). A compiled plan
+times itself: each worker thread records the start, the end of a MUL_MAT's LHS pack and the end of every node
+(monotonic ns, inside the compiled code, like ggml's graph profiling), and the tracer receives each node as a
+:class:`~kleidipy.runtime.observer.NodeRun` and each MUL_MAT node as a KernelCall — the trace shows the path that
+runs. An engine without an observer runs the plain path: tracing off costs nothing.
 
 The outputs made from a :class:`Trace` (text report, JSON, Chrome trace-event file) and the ``kleidipy trace``
 command are in :mod:`kleidipy.tools.trace_report`.
@@ -26,14 +31,14 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.generate import Engine
-from kleidipy.runtime.observer import KernelCall, Observer, RepackCall
+from kleidipy.runtime.observer import KernelCall, NodeRun, Observer, RepackCall
 from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.target import Target, resolve_target
 
@@ -95,6 +100,8 @@ class Stage:
     wall_s: float = 0.0  # load: Engine construction; prefill/decode: sum of the forward passes
     ops: list[Op] = field(default_factory=list)
     passes: list[Pass] = field(default_factory=list)
+    #: the compiled plan's nodes as they ran, timed per thread inside the plan (empty when the model ran op by op)
+    nodes: list[NodeRun] = field(default_factory=list)
 
     @property
     def end(self) -> float:
@@ -114,6 +121,7 @@ class Trace:
     target: str
     execution: str
     threads: int
+    graph: bool  # the forward pass ran as a compiled plan (else op by op from Python)
     prompt_tokens: int
     decoded_tokens: int
     text: str
@@ -217,6 +225,7 @@ class Tracer(Observer):
         execution: str,
         n_ctx: int | None,
         check_tensors: bool = True,
+        graph: bool = True,
     ) -> Engine:
         """Build the Engine (the model load stage: every repack recorded)."""
         stage = self._enter("model load")
@@ -230,6 +239,7 @@ class Tracer(Observer):
                 n_ctx=n_ctx,
                 progress=False,
                 check_tensors=check_tensors,
+                graph=graph,
                 repack_cache=False,  # the load stage shows every weight converted and packed
                 observers=[self],
             )
@@ -253,6 +263,11 @@ class Tracer(Observer):
         calls.append(KaiCall("kai_run_" + kern.name, kern.kind, t_mm, call.matmul_seconds, read, m * n * 4))
         seconds = call.lhs_seconds + call.matmul_seconds
         self.current.ops.append(Op(frames, fresh, call.weight, m, n, k, t_lhs, seconds, tuple(calls)))
+
+    def on_node(self, node: NodeRun) -> None:
+        t0 = self.t0  # to seconds since the trace began, as every other record
+        threads = [(a - t0, None if b is None else b - t0, c - t0) for a, b, c in node.threads]
+        self.current.nodes.append(replace(node, threads=threads))
 
     def on_forward_start(self, n_tokens: int, n_past: int) -> None:
         stage = self._enter("decode" if self.stages["prefill"].passes else "prefill")
@@ -287,11 +302,13 @@ def trace_generation(
     n_ctx: int | None = None,
     chat: bool = False,
     check_tensors: bool = True,
+    graph: bool = True,
 ) -> Trace:
-    """Load ``model`` and generate ``n_predict`` tokens (greedy) from ``prompt``, tracing every KleidiAI call."""
+    """Load ``model`` and generate ``n_predict`` tokens (greedy) from ``prompt``, tracing every KleidiAI call (and,
+    when the forward pass runs as a compiled plan, every node of it per thread)."""
     tgt = target if isinstance(target, Target) else resolve_target(target)
     tracer = Tracer()
-    engine = tracer.load(model, tgt, threads, execution, n_ctx, check_tensors)
+    engine = tracer.load(model, tgt, threads, execution, n_ctx, check_tensors, graph)
     ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.prompt(prompt)
     text = tracer.generate(engine, ids, n_predict)
     t, hp = engine.timings, engine.lm.hparams
@@ -301,6 +318,7 @@ def trace_generation(
         target=tgt.describe(),
         execution=execution,
         threads=threads,
+        graph=engine.lm.compiled is not None,
         prompt_tokens=t.n_prompt,
         decoded_tokens=t.n_decoded,
         text=text,

@@ -139,12 +139,23 @@ def stage_summary(stage: Stage) -> dict[str, Any]:
     return out
 
 
+def node_table(stage: Stage) -> list[dict[str, Any]]:
+    """Per op of the compiled plan (MUL_MAT, ATTENTION, RMS_NORM, ...): nodes run and their time (each node from its
+    first thread's start to its last thread's end), slowest first; empty when the model ran op by op."""
+    rows: dict[str, dict[str, Any]] = {}
+    for node in stage.nodes:
+        row = rows.setdefault(node.op, {"op": node.op, "nodes": 0, "seconds": 0.0})
+        row["nodes"] += 1
+        row["seconds"] += max(t[2] for t in node.threads) - min(t[0] for t in node.threads)
+    return sorted(rows.values(), key=lambda r: -r["seconds"])
+
+
 # --------------------------------------------------------------------------------------------- outputs
 
 
 def to_json(trace: Trace) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (the same content as :func:`format_text`)."""
-    head = {k: getattr(trace, k) for k in ("model", "path", "target", "execution", "threads")}
+    head = {k: getattr(trace, k) for k in ("model", "path", "target", "execution", "threads", "graph")}
     head |= {k: getattr(trace, k) for k in ("prompt_tokens", "decoded_tokens", "text", "timings")}
     head["hparams"] = {
         k: v if v is None or isinstance(v, int | float | str) else str(v) for k, v in trace.hparams.items()
@@ -157,6 +168,7 @@ def to_json(trace: Trace) -> dict[str, Any]:
             "tree": [n.to_dict() for n in call_tree(s)],
             "kernels": kernel_table(s),
             "weights": weight_table(s),
+            "nodes": node_table(s),
         }
         for s in trace.stages
     ]
@@ -175,13 +187,18 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
         {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": "main"}},
     ]
 
-    def event(name: str, cat: str, start: float, seconds: float, **args: Any) -> None:
+    def event(name: str, cat: str, start: float, seconds: float, tid: int = tid, **args: Any) -> None:
         ts = _ns(start)  # whole ns, so that back-to-back events share their boundary exactly
         dur = _ns(start + seconds) - ts
         events.append(
             {"name": name, "cat": cat, "ph": "X", "ts": ts / 1e3, "dur": dur / 1e3, "pid": pid, "tid": tid}
             | ({"args": args} if args else {})
         )
+
+    workers = max((len(n.threads) for s in trace.stages for n in s.nodes), default=0)
+    for t in range(workers):  # the plan's threads, each node as that thread ran it (thread 0 is the caller)
+        name = {"name": f"plan thread {t}"}
+        events.append({"ph": "M", "pid": pid, "tid": 2 + t, "name": "thread_name", "args": name})
 
     for s in trace.stages:
         if not s.ops and not s.passes and not s.wall_s:
@@ -206,7 +223,14 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
                 event(
                     c.name, c.role, c.start, c.seconds, **shape, bytes_read=c.bytes_read, bytes_written=c.bytes_written
                 )
-    events[2:] = sorted(events[2:], key=lambda e: (e["ts"], -e["dur"]))
+        for node in s.nodes:
+            for t, (start, packed, end) in enumerate(node.threads):
+                detail = {"node": node.index, "rows": node.rows} | ({"label": node.label} if node.label else {})
+                event(node.op, "node", start, end - start, 2 + t, **detail)
+                if packed is not None:
+                    event("lhs pack", "node", start, packed - start, 2 + t, **detail)
+    meta = 2 + workers
+    events[meta:] = sorted(events[meta:], key=lambda e: (e["ts"], -e["dur"]))
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"target": trace.target, "model": trace.path}}
 
 
@@ -279,7 +303,8 @@ def format_text(trace: Trace) -> str:
     hp = trace.hparams
     lines = [
         f"kleidipy trace: {trace.model} ({trace.path})",
-        f"target: {trace.target} | execution {trace.execution} | threads {trace.threads}",
+        f"target: {trace.target} | execution {trace.execution} | threads {trace.threads} | "
+        + ("compiled plan (timed inside it)" if trace.graph else "op by op (--no-graph)"),
         f"{hp['architecture']}: {hp['n_layer']} layers, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, "
         f"{hp['n_head']}/{hp['n_head_kv']} heads, n_vocab {hp['n_vocab']}",
         f"prompt {trace.prompt_tokens} tokens, decoded {trace.decoded_tokens}; text: {trace.text!r}",
@@ -303,6 +328,10 @@ def format_text(trace: Trace) -> str:
         rows = weight_table(stage)
         if rows:
             lines += ["", *_weight_lines(stage, rows)]
+        nodes = node_table(stage)
+        if nodes:
+            lines += ["", f"{'plan op':<12} {'nodes':>7} {'time':>13}"]
+            lines += [f"{r['op']:<12} {r['nodes']:>7} {_fmt_s(r['seconds'])}" for r in nodes]
     return "\n".join(lines)
 
 
@@ -319,10 +348,11 @@ def run_trace(
     n_ctx: int | None = None,
     chat: bool = False,
     check_tensors: bool = True,
+    graph: bool = True,
 ) -> str:
     """``kleidipy trace``: trace a generation; returns the report (text, or JSON with ``json_out``) and writes the
     Chrome trace-event file to ``chrome_trace_path`` when given."""
-    trace = trace_generation(model, prompt, n_predict, target, threads, execution, n_ctx, chat, check_tensors)
+    trace = trace_generation(model, prompt, n_predict, target, threads, execution, n_ctx, chat, check_tensors, graph)
     if chrome_trace_path is not None:
         try:
             Path(chrome_trace_path).write_text(json.dumps(chrome_trace(trace)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,15 @@ import pytest
 from numba.core.errors import TypingError
 
 from kleidipy.errors import InvalidArgumentError
-from kleidipy.graph.atomics import atomic_add, atomic_load, atomic_store, cpu_pause, sched_yield
+from kleidipy.graph.atomics import (
+    HAS_CLOCK,
+    atomic_add,
+    atomic_load,
+    atomic_store,
+    cpu_pause,
+    monotonic_ns,
+    sched_yield,
+)
 from kleidipy.graph.workers import SYNC_FIRST_FREE, WorkerAborted, Workers, aligned_zeros, barrier
 
 HANG_SECONDS = 120.0
@@ -65,6 +74,21 @@ def test_atomics_read_and_write_one_element(dtype: type) -> None:
     a = np.array([10, 0, 0, 3], dtype)
     assert _atomics_once(a) == (10, 110)
     assert a.tolist() == [15, 110, 0, 3]
+
+
+@numba.njit(nogil=True)
+def _two_stamps():
+    first = monotonic_ns()
+    return first, monotonic_ns()
+
+
+def test_monotonic_ns_is_pythons_monotonic_clock() -> None:
+    """The plan's per-node stamps: CLOCK_MONOTONIC in ns, the clock of time.monotonic_ns(), never going back."""
+    assert HAS_CLOCK  # a Linux or macOS C library has clock_gettime
+    before = time.monotonic_ns()
+    first, second = _two_stamps()
+    after = time.monotonic_ns()
+    assert before <= first <= second <= after
 
 
 def test_atomics_refuse_float_arrays() -> None:

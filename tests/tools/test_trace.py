@@ -39,7 +39,14 @@ def originals() -> dict:
 
 @pytest.fixture(scope="module")
 def trace(originals: dict):
-    return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64)
+    """The op-by-op path (--no-graph): every MUL_MAT reached through the model's Python frames."""
+    return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64, graph=False)
+
+
+@pytest.fixture(scope="module")
+def plan_trace(originals: dict):
+    """The default path: the compiled plan on 2 threads, timed inside the plan."""
+    return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64, threads=2)
 
 
 def assert_restored(originals: dict) -> None:
@@ -223,3 +230,48 @@ def test_invocation_counts_from_frame_identity() -> None:
     (a,) = call_tree(Stage("decode", ops=ops))
     b = a.children["B"]
     assert (a.calls, b.calls, b.children["C"].calls, a.seconds) == (1, 2, 3, 3.0)
+
+
+# --------------------------------------------------------------------------------------------- compiled plan
+
+
+def test_plan_trace_shows_the_plan_that_ran(trace, plan_trace) -> None:
+    """The default trace runs the compiled plan: the same text and the same MUL_MATs (weights, m, kernels) as the
+    op-by-op trace, reached from CompiledForward.__call__, and every node timed per thread inside the plan."""
+    assert plan_trace.graph and not trace.graph and plan_trace.text == trace.text
+    for name in ("prefill", "decode"):
+        eager, plan = trace.stage(name), plan_trace.stage(name)
+        assert [(op.weight, op.m) for op in plan.ops] == [(op.weight, op.m) for op in eager.ops]
+        assert [[c.name for c in op.calls] for op in plan.ops] == [[c.name for c in op.calls] for op in eager.ops]
+        assert all(op.frames[-2:] == ("CausalLM._decode", "CompiledForward.__call__") for op in plan.ops)
+        assert not eager.nodes and plan.nodes
+        matmuls = [n for n in plan.nodes if n.op == "MUL_MAT"]
+        assert [n.label for n in matmuls] == [op.weight for op in plan.ops]
+        for node in plan.nodes:  # prefill runs on every worker; a decode run may take the caller alone
+            assert len(node.threads) == 2 if name == "prefill" else len(node.threads) in (1, 2)
+            for start, packed, end in node.threads:
+                assert start <= end and (packed is None) == (node.op != "MUL_MAT")
+                assert packed is None or start <= packed <= end
+        for p in plan.passes:  # every node of a pass inside the pass
+            inside = [n for n in plan.nodes if p.start <= min(t[0] for t in n.threads) <= p.start + p.seconds]
+            assert inside
+    ops = {n.op for n in plan_trace.stage("prefill").nodes}
+    assert {"MUL_MAT", "RMS_NORM", "ROPE", "STORE_KV", "ATTENTION", "SWIGLU", "ADD", "KEEP"} <= ops
+
+
+def test_plan_trace_outputs(plan_trace) -> None:
+    events = json.loads(json.dumps(chrome_trace(plan_trace)))["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names[2] == "plan thread 0" and names[3] == "plan thread 1"
+    nodes = [e for e in events if e["ph"] == "X" and e["cat"] == "node"]
+    runs = [n for s in plan_trace.stages for n in s.nodes]
+    packs = sum(t[1] is not None for n in runs for t in n.threads)
+    assert len(nodes) == sum(len(n.threads) for n in runs) + packs
+    assert {e["tid"] for e in nodes} == {2, 3} and all(e["dur"] >= 0 for e in nodes)
+    text = format_text(plan_trace)
+    assert "compiled plan (timed inside it)" in text and "plan op" in text and "ATTENTION" in text
+    data = json.loads(json.dumps(to_json(plan_trace)))
+    assert data["graph"] is True
+    table = {row["op"]: row for row in data["stages"][2]["nodes"]}
+    decode = plan_trace.stage("decode")
+    assert table["MUL_MAT"]["nodes"] == len(decode.ops) and table["ATTENTION"]["nodes"] > 0
