@@ -1,10 +1,11 @@
 """Benchmark of the Q4_0 SME2-layout kernels on the host: GEMV weight bandwidth and GEMM int8 throughput.
 
 For n×k in {2048×2048, 5632×2048, 2048×5632, 8192×3072}, m in {1, 16, 128, 512} and 1 and 2 threads it times
-the matmul (the MOPA GEMM for m > 1, the SDOT GEMV for m = 1, SVL 512) through the path the runtime calls (the
-kernel's prepared matmul: ``prepare(...).pack`` then ``.matmul(threads=t)``) and the LHS quantize+pack, and prints a
-markdown table next to this machine's measured memory read bandwidth and vpdpbusd peak (so the % of roofline); the
-"compute-only" columns call the AVX-512 VNNI tiles directly, without the library layer. Timings are the best of
+the MUL_MAT (the MOPA GEMM for m > 1, the SDOT GEMV for m = 1, SVL 512) through the path the runtime calls (the
+compiled plan's MUL_MAT node, ``kleidipy.graph.matmul.mul_mat``, on the persistent workers: each thread packs its
+share of the LHS, a barrier, its share of the columns) and the LHS quantize+pack alone, and prints a markdown
+table next to this machine's measured memory read bandwidth and vpdpbusd peak (so the % of roofline); the
+"compute-only" columns call the AVX-512 VNNI tiles directly on an already packed LHS. Timings are the best of
 several runs (other processes on the machine make single runs noisy; ``--cpu-time`` times by process CPU time per
 thread, which leaves out the time they hold the cores). ``--quick``: fewer shapes and repetitions.
 
@@ -23,6 +24,9 @@ import numba
 import numpy as np
 
 from kleidipy.core import vnni
+from kleidipy.graph import matmul as mm
+from kleidipy.graph.matmul import NodeKernel, node_kernel
+from kleidipy.graph.workers import Workers
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 
@@ -86,29 +90,41 @@ def dpbusd_peak(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
 
 
 class Path:
-    """How the runtime runs a MUL_MAT: the kernels' prepared matmul (``prepare``), its two halves timed apart
-    (the LHS quantize+pack, then the kernel split over threads), as ``kleidipy.runtime.backend`` calls them."""
+    """How the runtime runs a MUL_MAT: a node of the compiled plan (``kleidipy.graph.matmul.mul_mat``: every thread
+    quantizes+packs its share of the activations, a barrier, then computes its share of the columns) on persistent
+    workers, as ``kleidipy.graph.execute`` runs it."""
 
-    name = "prepared matmul (the runtime's path)"
+    name = "the compiled plan's MUL_MAT node (the runtime's path)"
 
     def __init__(self) -> None:
         self.gemm, self.gemv = get_kernel(GEMM, SVL), get_kernel(GEMV, SVL)
-        self.prepared: dict[tuple[int, int, int], object] = {}
+        self.nodes: dict[tuple[bool, int], NodeKernel] = {}
+        self.workers = {t: Workers(t) for t in (1, 2)}
+        self.status = np.zeros(1, np.int64)
+        self.untimed = np.zeros((0, 1, 3), np.int64)
 
     def pack_rhs(self, n: int, k: int, blocks: np.ndarray) -> np.ndarray:
-        return self.gemm.pack_rhs(n, k, blocks)
+        return np.asarray(self.gemm.pack_rhs(n, k, blocks))
 
-    def _prepared(self, m: int, n: int, k: int, rhs: np.ndarray):  # noqa: ANN202
-        key = (m == 1, id(rhs), k)
-        if key not in self.prepared:
-            self.prepared[key] = (self.gemv if m == 1 else self.gemm).prepare(n, k, rhs)
-        return self.prepared[key]
+    def node(self, m: int, n: int, k: int, rhs: np.ndarray) -> NodeKernel:
+        key = (m == 1, id(rhs))
+        if key not in self.nodes:
+            self.nodes[key] = node_kernel((self.gemv if m == 1 else self.gemm).prepare(n, k, rhs))
+        return self.nodes[key]
 
     def pack_lhs(self, x: np.ndarray, n: int, rhs: np.ndarray) -> np.ndarray:
-        return self._prepared(x.shape[0], n, x.shape[1], rhs).pack(x)
+        """The LHS quantize+pack alone, on the calling thread."""
+        node = self.node(x.shape[0], n, x.shape[1], rhs)
+        out = np.empty(node.lhs_bytes(x.shape[0]), np.uint8)
+        mm.pack_lhs(node.code, node.params, x, x.shape[0], out, 0, 1)
+        return out
 
-    def run(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
-        return self._prepared(m, n, k, rhs).matmul(lhs, m, threads)
+    def run(self, x: np.ndarray, n: int, rhs: np.ndarray, out: np.ndarray, lhs: np.ndarray, threads: int) -> None:
+        """The whole node: out[:m] = x @ W^T on ``threads`` workers."""
+        m, k = x.shape
+        node = self.node(m, n, k, rhs)
+        args = (node.code, node.params, x, m, lhs, rhs, out, n, k, self.status, self.untimed, 0)
+        self.workers[threads].run(mm.mul_mat, args)
 
 
 def run_direct(m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, threads: int, pool) -> np.ndarray:  # noqa: ANN001
@@ -163,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"vpdpbusd peak: {peak[1]:.0f} GOPS (1 thread), {peak[2]:.0f} GOPS (2 threads)")
     print("roofline column: the same measurement made alternately with the matmul (read of the same weights")
     print("for the GEMV, vpdpbusd chains for the GEMM), so both see the same load from other processes;")
-    print("compute-only columns: the VNNI compute called directly (no library layer: validation, clamp, copy,")
+    print("compute-only columns: the VNNI compute called directly on a packed LHS (no LHS pack, clamp, copy,")
     print("thread pool).\n")
     print(
         "| n×k | m | threads | matmul ms | weights GB/s | int8 GOPS | roofline | % of roofline "
@@ -203,7 +219,8 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
     turn = iter(range(1 << 62))
     for m in ROWS:
         x = rng.normal(size=(m, k)).astype(np.float32)
-        lhs = path.pack_lhs(x, n, rhs)
+        lhs = path.pack_lhs(x, n, rhs)  # the compute-only columns' input; the node packs into its own buffer
+        scratch, out = np.empty_like(lhs), np.empty((m, n), np.float32)
         mr = 1 if m == 1 else SVL // 32
         pack_path = best_time(lambda: path.pack_lhs(x, n, rhs), repeat) * 1e6  # noqa: B023
         pack_vnni = best_time(lambda: vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr), repeat) * 1e6  # noqa: B023
@@ -214,7 +231,7 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
                 parts = {id(c): np.array_split(c, threads) for c in copies}
 
                 def matmul() -> None:
-                    path.run(m, n, k, lhs, copies[next(turn) % len(copies)], threads, pool)  # noqa: B023
+                    path.run(x, n, copies[next(turn) % len(copies)], out, scratch, threads)  # noqa: B023
 
                 def direct() -> None:
                     run_direct(m, n, k, lhs, copies[next(turn) % len(copies)], threads, pool)  # noqa: B023
@@ -229,7 +246,7 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
             else:  # GEMM vs vpdpbusd chains
 
                 def matmul() -> None:
-                    path.run(m, n, k, lhs, rhs, threads, pool)  # noqa: B023
+                    path.run(x, n, rhs, out, scratch, threads)  # noqa: B023
 
                 def direct() -> None:
                     run_direct(m, n, k, lhs, rhs, threads, pool)  # noqa: B023

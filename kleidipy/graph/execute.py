@@ -96,18 +96,12 @@ def run_plan(
         if op == OP_MATMUL:
             if rows == 0:
                 continue
-            x, out = buffers[a], buffers[b]
             kind = 0 if rows == 1 else 1
-            code, prm = codes[c, kind], params[2 * c + kind]
-            if not mm.pack_lhs(code, prm, x, rows, lhs, ith, nth):
-                status[STATUS_NONFINITE] = 1
-                status[STATUS_NODE] = i
-            if timed:
-                prof[ith, i, 1] = monotonic_ns()
-            barrier(sync, nth)
-            if status[STATUS_NONFINITE]:
+            code, prm, n, k = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1]
+            x, out = buffers[a], buffers[b]
+            if not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, rhs[c], out, n, k, status, prof, i):
+                status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
                 return
-            mm.matmul(code, prm, rows, sizes[c, 0], sizes[c, 1], lhs, rhs[c], out, ith, nth)
         elif op == OP_RMS_NORM:
             x, out = buffers[a], buffers[b]
             if d > 0:  # per head: rows of head_dim values

@@ -32,7 +32,8 @@ from kleidipy.core import vnni
 from kleidipy.core.matmul import PreparedMatmul
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import KleidipyError
-from kleidipy.graph.workers import share
+from kleidipy.graph.atomics import monotonic_ns
+from kleidipy.graph.workers import barrier, share
 from kleidipy.kernels.bf16p_bf16p import jit as bf16_jit
 from kleidipy.kernels.bf16p_bf16p import ukernels as bf16_ukernels
 from kleidipy.kernels.f32_f32p import ukernels as f32_ukernels
@@ -231,6 +232,23 @@ def pack_lhs(code, params, x, m, out, ith, nth):  # pragma: no cover - compiled
         floats = out[r0 * k * 4 : r1 * k * 4].view(np.float32)
         for r in range(r1 - r0):
             _copy(rows[r], floats[r * k : (r + 1) * k])
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def mul_mat(ith, nth, sync, code, params, x, m, lhs, rhs, out, n, k, status, prof, node):  # pragma: no cover - compiled
+    """A MUL_MAT node as each of the nth threads runs it (the compiled plan's, and ``benchmarks/kernels.py``'s):
+    its share of the LHS quantize+pack of x[:m], a barrier, its share of the columns into out. A thread whose share
+    holds NaN/Inf sets status[0]; then every thread returns False, nothing multiplied. With a non-empty ``prof``
+    the thread stamps prof[ith, node, 1] (monotonic ns) when its pack share is done."""
+    if not pack_lhs(code, params, x, m, lhs, ith, nth):
+        status[0] = 1
+    if prof.shape[0] > 0:
+        prof[ith, node, 1] = monotonic_ns()
+    barrier(sync, nth)
+    if status[0]:
+        return False
+    matmul(code, params, m, n, k, lhs, rhs, out, ith, nth)
     return True
 
 
