@@ -40,6 +40,7 @@ from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I16, I32, I32X16, I64, i64
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
+from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 
 #: columns per vector; vectors per tile: a panel of 64 columns.
 VEC_COLS = 16
@@ -434,8 +435,9 @@ _f32_to_f16_vectors = _make_fp16_vectors(False)
 @intrinsic
 def _quantize_row(typingctx, isa, row, nb, out, dst, step, sf, sf_off, sf_step):
     """Quantize one float32 row per 32-block (§4.3/4.4, roundf) into the packed LHS: the 4 int8 of K group G at
-    out[dst + G·step]; the float32 scale of block b at sf[sf_off + b·sf_step]."""
-    sig = types.void(isa, row, types.int64, out, types.int64, types.int64, sf, types.int64, types.int64)
+    out[dst + G·step]; the float32 scale of block b at sf[sf_off + b·sf_step]. Returns 1 when a block's 1/scale
+    overflowed (amax below ~4e-37: its int8 are then not the packer's), else 0."""
+    sig = types.int64(isa, row, types.int64, out, types.int64, types.int64, sf, types.int64, types.int64)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         _, row_p, nb_v, out_p, dst_v, step_v, sf_p, sf_off_v, sf_step_v = vnni.intrinsic_args(
@@ -443,6 +445,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, step, sf, sf_off, sf_step):
         )
         b = builder
         half = vnni.const_splat(F32X16, 0.5)
+        overflow = cgutils.alloca_once_value(b, ir.Constant(I64, 0))
         with cgutils.for_range(b, nb_v) as loop:
             blk = loop.index
             x = [
@@ -454,7 +457,10 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, step, sf, sf_off, sf_step):
             )
             scale = b.fdiv(amax, ir.Constant(F32, 127.0))
             nonzero = b.fcmp_ordered("!=", scale, ir.Constant(F32, 0.0))
-            inv = vnni.splat(b, b.select(nonzero, b.fdiv(ir.Constant(F32, 1.0), scale), ir.Constant(F32, 0.0)), F32X16)
+            inv_s = b.select(nonzero, b.fdiv(ir.Constant(F32, 1.0), scale), ir.Constant(F32, 0.0))
+            inf = b.zext(b.fcmp_ordered("==", inv_s, ir.Constant(F32, float("inf"))), I64)
+            b.store(b.or_(b.load(overflow), inf), overflow)
+            inv = vnni.splat(b, inv_s, F32X16)
             q = []
             for v in x:
                 y = b.fmul(v, inv)
@@ -473,7 +479,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, step, sf, sf_off, sf_step):
                 vnni.store(b, word, vnni.byte_ptr(b, out_p, b.add(base, b.mul(step_v, i64(g)))))
             sf_index = b.add(sf_off_v, b.mul(blk, sf_step_v))
             vnni.store(b, scale, vnni.byte_ptr(b, sf_p, b.mul(sf_index, i64(4))))
-        return context.get_dummy_value()
+        return b.load(overflow)
 
     return sig, codegen
 
@@ -601,7 +607,13 @@ def _lhs_pack(isa, lhs, mr, row_offset):
     for i in range(m):
         g = (row_offset + i) // mr
         r = (row_offset + i) % mr
-        _quantize_row(isa, lhs[i], nb, out, g * stride + 4 * r, 4 * mr, sf, g * nb * mr + r, mr)
+        if _quantize_row(isa, lhs[i], nb, out, g * stride + 4 * r, 4 * mr, sf, g * nb * mr + r, mr):
+            # a block whose 1/scale overflowed: this row's int8 from the family's packer (its scales are ours)
+            one = jit.lhs_quant_pack_qsi8d32p(lhs[i : i + 1], mr, 4, r, jit.LHS_QSI8D32P_NEON, False)
+            for t in range(k // 4):
+                at = t * 4 * mr + 4 * r
+                for e in range(4):
+                    out[g * stride + at + e] = one[at + e]
     bits = np.empty(vec * VEC_COLS * 2, np.uint8)
     _f32_to_f16_vectors(isa, sf, 0, vec, bits, 0)
     scale_bytes = nb * mr * 2
@@ -716,7 +728,8 @@ def lhs_quant_pack_qsi8d32p_f32_neon(
     bytes (row i at position row_offset + i of its group; padding rows 0). Releases the GIL.
 
     Per 32-block: amax = max|x|, s = f32(amax/127), inv = f32(1/s) (0 if s is 0), q = roundf(f32(x·inv)),
-    stored scale fp16(s) (RNE). The same bytes as the family's packer wherever 1/s is finite (amax ≥ ~4e-37).
+    stored scale fp16(s) (RNE). The same bytes as the family's packer: a row with a block whose 1/s overflows
+    (amax below ~4e-37) takes its int8 from that packer.
     """
     rows = np.ascontiguousarray(lhs, dtype=np.float32)
     return _LHS_PACK[isa](rows, mr, row_offset)

@@ -307,6 +307,24 @@ def test_lhs_pack_matches_family_packer() -> None:
                 assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, 0, isa), want), (m, k, mr, execution)
 
 
+def test_lhs_pack_tiny_blocks_take_the_packers_bytes() -> None:
+    """Blocks whose amax is below ~4e-37 (1/scale overflows): the vectorised packer hands those rows to the
+    portable one, so the packed bytes are the family packer's at every input the runtime can give it."""
+    from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+
+    rng = np.random.default_rng(9)
+    m, k, mr = 6, 128, 4
+    x = rng.normal(size=(m, k)).astype(np.float32)
+    x[1, 32:64] *= np.float32(1e-38)  # 1/scale overflows
+    x[3, :32] = np.float32(1e-44)  # subnormal
+    x[3, 96:] *= np.float32(1e-30)  # tiny but 1/scale finite
+    x[4, 64:96] = 0.0
+    for offset in (0, 3):
+        want = jit.lhs_quant_pack_qsi8d32p(x, mr, 4, offset, jit.LHS_QSI8D32P_NEON, False)
+        for isa in ISAS:
+            assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, offset, isa), want), (offset, isa)
+
+
 def test_lhs_pack_golden(golden_dir) -> None:  # noqa: ANN001
     gold, runs = _golden_sme2_runs(golden_dir)
     for case, run in runs:
