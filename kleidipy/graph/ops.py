@@ -31,10 +31,12 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32, bits_f32, f32_bits, f32_to_f16_bits_scalar, fma32, round_f16_scalar
-from kleidipy.core.vnni import HAS_F16C
+from kleidipy.core.vnni import F32, F32X16, HAS_F16C
 
 # ggml_v_expf's constants (NEON variant)
 _SHIFT = np.float32(float.fromhex("0x1.8p23"))  # rounds z to an integer in its low mantissa bits
@@ -247,15 +249,58 @@ def _reduce_lanes(p, a, b, out):
         out[t] = (v0 + v1) + (v2 + v3)
 
 
+@intrinsic
+def _kq_tiles(typingctx, qv, kt, j0, blocks, out):  # pragma: no cover - compile time
+    """out[j0 : j0 + 16·blocks] = the 16-lane dot (lanes c % 16 over the first d - d % 16 elements, fused
+    multiply-adds in increasing c, reduced as :func:`_reduce_lanes`) of qv [d] with the cells of K transposed
+    kt [d, n] (F16 bits or float32, C-contiguous): 16 cells per 512-bit vector, the 16 lanes in 16 registers,
+    each K element loaded (and widened) once per query row."""
+    sig = types.void(qv, kt, types.int64, types.int64, out)
+    f16 = kt.dtype == types.uint16
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        q_p, kt_p, j0_v, blocks_v, out_p = vnni.intrinsic_args(context, builder, signature, args)
+        b = builder
+        kt_ary = context.make_array(signature.args[1])(context, builder, args[1])
+        n = b.extract_value(kt_ary.shape, 1)
+        d = b.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 0)
+        esize = 2 if f16 else 4
+        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
+        acc = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
+        with cgutils.for_range(b, blocks_v) as blk:
+            j = b.add(j0_v, b.mul(blk.index, vnni.i64(16)))
+            for a in acc:
+                b.store(vnni.const_splat(F32X16, 0.0), a)
+            with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
+                for lane in range(LANES):
+                    c = b.add(b.mul(cb.index, vnni.i64(LANES)), vnni.i64(lane))
+                    at = b.mul(b.add(b.mul(c, n), j), vnni.i64(esize))
+                    k = vnni.load(b, vnni.byte_ptr(b, kt_p, at), cells)
+                    k = vnni.f16_bits_to_f32(b, k, True) if f16 else k
+                    qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, b.mul(c, vnni.i64(4))), F32), F32X16)
+                    b.store(vnni.fma(b, qc, k, b.load(acc[lane])), acc[lane])
+            p = [b.load(a) for a in acc]
+            v = [b.fadd(b.fadd(p[r], p[r + 8]), b.fadd(p[r + 4], p[r + 12])) for r in range(4)]
+            total = b.fadd(b.fadd(v[0], v[1]), b.fadd(v[2], v[3]))
+            vnni.store(b, total, vnni.byte_ptr(b, out_p, b.mul(j, vnni.i64(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @numba.njit(cache=True, nogil=True)
 def _kq_transposed(qv, kt, jlo, jhi, kq, s):
     """KQ of one query row qv [d] over cells jlo..jhi-1 into s[jlo:jhi], K transposed in kt [d, >= jhi] (the
-    cache's K of one head: F16 bits or float32): every cell's 16 lanes at once, kq [16, >= jhi] the lanes. Loops
-    run over slices from 0 so that numba's indices are provably non-negative and LLVM vectorizes them."""
+    cache's K of one head: F16 bits or float32): whole blocks of 16 cells by :func:`_kq_tiles`, the last cells with
+    their 16 lanes in kq [16, >= jhi] (the same order). Loops run over slices from 0 so that numba's indices are
+    provably non-negative and LLVM vectorizes them."""
     d = qv.shape[0]
     d16 = d - d % LANES
-    kq[:, jlo:jhi] = np.float32(0.0)
-    for j0 in range(jlo, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
+    tiles = (jhi - jlo) // 16 if d16 > 0 else 0
+    _kq_tiles(qv, kt, jlo, tiles, s)
+    rest = jlo + 16 * tiles
+    kq[:, rest:jhi] = np.float32(0.0)
+    for j0 in range(rest, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
         j1 = min(j0 + _BLOCK, jhi)
         for c in range(d16):
             qc = qv[c]
@@ -263,8 +308,8 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
             krow = kt[c, j0:j1]
             for j in range(j1 - j0):
                 lane[j] = fma32(qc, _load_cell(krow[j]), lane[j])
+    _reduce_lanes(kq, rest, jhi, s[rest:jhi])
     sr = s[jlo:jhi]
-    _reduce_lanes(kq, jlo, jhi, sr)
     for j in range(jhi - jlo):
         if d16 < d:
             dot = np.float64(sr[j])
