@@ -250,20 +250,19 @@ def _reduce_lanes(p, a, b, out):
 
 
 @intrinsic
-def _kq_tiles(typingctx, qv, kt, j0, blocks, out):  # pragma: no cover - compile time
+def _kq_tiles(typingctx, qv, kt, row, j0, blocks, out):  # pragma: no cover - compile time
     """out[j0 : j0 + 16·blocks] = the 16-lane dot (lanes c % 16 over the first d - d % 16 elements, fused
-    multiply-adds in increasing c, reduced as :func:`_reduce_lanes`) of qv [d] with the cells of K transposed
-    kt [d, n] (F16 bits or float32, C-contiguous): 16 cells per 512-bit vector, the 16 lanes in 16 registers,
-    each K element loaded (and widened) once per query row."""
-    sig = types.void(qv, kt, types.int64, types.int64, out)
+    multiply-adds in increasing c, reduced as :func:`_reduce_lanes`) of qv [d] (C-contiguous) with the cells of K
+    transposed kt [d, n] (F16 bits or float32; rows ``row`` elements apart, cells contiguous): 16 cells per 512-bit
+    vector, the 16 lanes in 16 registers, each K element loaded (and widened) once per query row."""
+    sig = types.void(qv, kt, types.int64, types.int64, types.int64, out)
     f16 = kt.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        q_p, kt_p, j0_v, blocks_v, out_p = vnni.intrinsic_args(context, builder, signature, args)
         b = builder
-        kt_ary = context.make_array(signature.args[1])(context, builder, args[1])
-        n = b.extract_value(kt_ary.shape, 1)
-        d = b.extract_value(context.make_array(signature.args[0])(context, builder, args[0]).shape, 0)
+        q_p, kt_p, out_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
+        n, j0_v, blocks_v = args[2], args[3], args[4]
+        d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 0)
         esize = 2 if f16 else 4
         cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
         acc = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
@@ -296,8 +295,9 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
     provably non-negative and LLVM vectorizes them."""
     d = qv.shape[0]
     d16 = d - d % LANES
-    tiles = (jhi - jlo) // 16 if d16 > 0 else 0
-    _kq_tiles(qv, kt, jlo, tiles, s)
+    size = kt.itemsize
+    tiles = (jhi - jlo) // 16 if d16 > 0 and kt.strides[1] == size and kt.strides[0] % size == 0 else 0
+    _kq_tiles(qv, kt, kt.strides[0] // size, jlo, tiles, s)
     rest = jlo + 16 * tiles
     kq[:, rest:jhi] = np.float32(0.0)
     for j0 in range(rest, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
