@@ -176,6 +176,20 @@ def masked_store(builder: ir.IRBuilder, value: ir.Value, ptr: ir.Value, count: i
     builder.call(fn, [value, vptr, ir.Constant(I32, 4), mask])
 
 
+def masked_load(builder: ir.IRBuilder, ptr: ir.Value, vty: ir.VectorType, count: ir.Value) -> ir.Value:
+    """Load the first min(count, lanes) lanes of a vector at an i8* address, the others 0 and not read
+    (``llvm.masked.load``: no fault past the buffer)."""
+    lanes = ir.VectorType(I64, vty.count)
+    mask = builder.icmp_signed(
+        "<", ir.Constant(lanes, [i64(i) for i in range(vty.count)]), splat(builder, count, lanes)
+    )
+    vptr = builder.bitcast(ptr, vty.as_pointer())
+    name = f"llvm.masked.load.v{vty.count}i{vty.element.width}.p0"
+    fnty = ir.FunctionType(vty, [vptr.type, I32, mask.type, vty])
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name)
+    return builder.call(fn, [vptr, ir.Constant(I32, 1), mask, ir.Constant(vty, None)])
+
+
 def splat(builder: ir.IRBuilder, scalar: ir.Value, vty: ir.VectorType) -> ir.Value:
     """A vector with every lane = scalar."""
     undef = ir.Constant(vty, ir.Undefined)
@@ -358,6 +372,16 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
 def reduce_umax(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
     """Largest unsigned i32 lane of an i32x16."""
     return _call(builder, "llvm.vector.reduce.umax.v16i32", I32, [value])
+
+
+def reduce_add(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """Sum (wrapping) of the i32 lanes of an i32x16."""
+    return _call(builder, "llvm.vector.reduce.add.v16i32", I32, [value])
+
+
+def permute(builder: ir.IRBuilder, value: ir.Value, index: ir.Value) -> ir.Value:
+    """Lane j of the result = lane index[j] (a run-time i32x16, each < 16) of the i32x16 value (``vpermd``)."""
+    return _call(builder, "llvm.x86.avx512.permvar.si.512", I32X16, [value, index])
 
 
 def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:

@@ -65,9 +65,9 @@ Q4_0_SME = 3
 Q4_1 = 4
 #: Q4_1 SME2 kernels on the VNNI tiles: ``vnni._matmul``
 Q4_1_SME2_VNNI = 5
-#: Q8_0 kernels on the portable numba loop (NEON; SME on hosts without AVX-512 VNNI): ``jit.matmul_qai8dxp``
+#: Q8_0 kernels on the portable numba loop (hosts without AVX-512 VNNI): ``jit.matmul_qai8dxp``
 Q8_0 = 6
-#: Q8_0 SME/SME2 kernels on the VNNI tiles: ``vnni._matmul``
+#: Q8_0 kernels (SME/SME2 and NEON layouts) on the VNNI tiles: ``vnni._matmul``
 Q8_0_VNNI = 7
 #: BF16 kernels (F16 weights): ``jit.matmul_bf16``
 BF16 = 8
@@ -108,14 +108,14 @@ def _q4_1_sme2_portable(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma:
 
 
 @numba.njit(cache=True, nogil=True)
-def _q8_0_vnni_portable(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
+def _q8_0_vnni_portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
     """Never called (Q8_0_VNNI is only given out with AVX-512 VNNI): the VNNI ``_matmul``'s stand-in elsewhere."""
     raise RuntimeError("Q8_0_VNNI needs AVX-512 VNNI")
 
 
 #: the VNNI routines where the host has them; elsewhere stand-ins, so that the dispatcher compiles on any host
 _Q4_1_SME2 = q41_vnni._matmul if q41_vnni.HAVE_VNNI else _q4_1_sme2_portable
-_Q8_0_SME = q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
+_Q8_0_TILES = q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,8 +162,8 @@ def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
     elif isinstance(kern, q8_ukernels.Qai8dxpMatmulKernel) and rhs_packer is q8_ukernels.RHS_PACKER:
         lay = rhs_packer.layout(k, g.nr, g.kr, g.sr)
         k_int = q8_ukernels.k_internal(k)
-        args = (k_int, g.kr // g.sr, g.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
-        code = Q8_0_VNNI if q8_vnni.HAVE_VNNI and q8_vnni._is_sme_int8_layout(*args) else Q8_0
+        args = (g.mr, k_int, g.kr // g.sr, g.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
+        code = Q8_0_VNNI if q8_vnni.HAVE_VNNI and q8_vnni._is_vnni_layout(*args) else Q8_0
         p[P_KBL], p[P_RECIPE], p[P_K_INT] = g.kr // g.sr, int(kern.recipe), k_int
     elif isinstance(kern, bf16_ukernels.Bf16MatmulKernel):
         code = BF16
@@ -304,7 +304,8 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
         a_i8 = a.view(np.int8)
         if code == Q8_0_VNNI:
             res = np.empty((m, cnt), np.float32)
-            _Q8_0_SME(m, cnt, k_int, mr, nr, a_i8, b, params[P_RECIPE] == q8_jit.RECIPE_FMA_BIAS, res)
+            fma_bias = params[P_RECIPE] == q8_jit.RECIPE_FMA_BIAS
+            _Q8_0_TILES(m, cnt, k_int, mr, nr, params[P_KBL], kr, a_i8, b, fma_bias, res)
         else:  # the portable loop writes out[:m, n0:n1] itself: clamped in place
             k_lo = q8_jit.int8_k_lo(k_int, nr, kr)
             dst = out[:m, n0:n1]

@@ -38,8 +38,8 @@ LHS_PARAM_BYTES = 8
 RHS_PARAM_BYTES = 12
 
 FAMILY_NAME = "qai8dxp_qsi8cxp"
-#: jit matmul of both qai8dxp families on this host: AVX-512 VNNI for the SME int8 layouts where available,
-#: else (and for every other layout) the portable numba loop; same arguments, bit-identical results.
+#: jit matmul of both qai8dxp families on this host: AVX-512 VNNI tiles for the int8 layouts (SME/SME2 and NEON)
+#: where available, else (and for the int4 layouts) the portable numba loop; same arguments, bit-identical results.
 MATMUL_COMPUTE = best_matmul_qai8dxp()
 
 

@@ -1,18 +1,29 @@
-"""AVX-512 VNNI host execution of the Q8_0 SME/SME2-layout kernels ``…qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme{,2}_mopa``
-and ``…qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme{,2}_dot``: :func:`matmul_qai8dxp` is a drop-in for
+"""AVX-512 VNNI host execution of the Q8_0 kernels' int8 layouts: the SME/SME2 ones
+(``…qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme{,2}_mopa``, ``…qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme{,2}_dot``) and the NEON ones
+(``…qai8dxp{4x4,1x4}_qsi8cxp4x4_{16x4,1x4}_neon_dotprod``, ``…qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod``,
+``…qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm``). :func:`matmul_qai8dxp` is a drop-in for
 :func:`kleidipy.kernels.qai8dxp_qsi8cxp.jit.matmul_qai8dxp` (same arguments, same bits written to ``out``) that
-runs them with ``vpdpbusd`` and hands every other layout to that portable function.
+runs them with ``vpdpbusd`` and hands every other layout (the int4 per-channel family) to that portable function.
+Hand-written LLVM IR (:mod:`kleidipy.core.vnni`) because numba does not emit ``vpdpbusd`` from Python loops.
 
-Layouts read (kr = 4, sr = 1, k_int = roundup(k, 32)): the LHS group of mr rows holds the int8 of (row r, K
-group t) at 4·(t·mr + r), then mr int32 −zp, mr f32 recips; the RHS group of nr columns (nr % 16 == 0) holds
-the int8 of (K group t, column c) at 4·(t·nr + c), then nr int32 row sums, nr f32 scales, nr f32 biases.
+Layouts read (k_int = roundup(k, 32)): the LHS group of mr rows holds the int8 of (row r, k) at
+(k//kbl)·mr·kbl + r·kbl + k%kbl, then mr int32 −zp, mr f32 recips; the RHS group of nr columns holds the int8 of
+(column c, k) at (k//kr)·nr·kr + c·kr + k%kr, then nr int32 row sums, nr f32 scales, nr f32 biases.
 
-How: 16 columns per 512-bit vector; each RHS byte is flipped to the unsigned w + 128 (XOR 0x80) and ``vpdpbusd``
-multiplies it by the broadcast signed LHS bytes: Σ q·(w + 128) = Σ q·w + 128·Σq, so the int32 accumulator
-starts at −128·Σq of the row (over k_int, as the kernels' dot runs over the padded K too). Everything is int32
-arithmetic modulo 2^32, like the kernels' wrapping MLA, so acc = Σ q·w + (−zp)·rowsum exactly; then
-F = f32(acc), S = f32(scale·recip) and the recipe's ``fma(S, F, bias)`` (GEMV) or ``f32(F·S) + bias`` (GEMM).
-A register tile of rows × 4 vectors (64 columns) is generated in LLVM IR with :mod:`kleidipy.core.vnni`.
+How: each RHS byte is flipped to the unsigned w + 128 (XOR 0x80) and ``vpdpbusd`` multiplies it by signed LHS
+bytes: Σ q·(w + 128) = Σ q·w + 128·Σq, so the int32 sum gets −128·Σq of the row (over k_int, as the kernels' dot
+runs over the padded K too). Everything is int32 arithmetic modulo 2^32, like the kernels' wrapping MLA, so
+acc = Σ q·w + (−zp)·rowsum exactly, whatever the order of the terms; then F = f32(acc), S = f32(scale·recip) and
+the recipe's ``fma(S, F, bias)`` or ``f32(F·S) + bias``.
+
+* SME layouts (kr = kbl = 4, nr % 16 == 0): 16 columns of one K group of 4 per 512-bit vector, the LHS group's
+  4 bytes broadcast; register tiles of rows × 4 vectors (64 columns).
+* NEON layouts (nr = 4, kr = 4 or 8): one 64-byte load of a group's data is a block of 16 K values of its 4
+  columns, lane L holding column ``(4L // kr) % 4`` and the K group of 4 ``(L // kr)·(kr/4) + L % (kr/4)``. A
+  row's LHS vector for the block is the block's mr·16 LHS bytes (every row of its group) put in that order by
+  one ``vpermd``; one accumulator per (row, group) sums each column in 4 lanes, added up by lane shuffles after
+  the K loop. Register tiles: 4 rows × 4 groups (16 columns) or, for a lone row, 1 row × 16 groups (64
+  columns), swept over panels of columns whose packed RHS stays in L2.
 """
 
 from __future__ import annotations
@@ -21,12 +32,13 @@ from collections.abc import Callable
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
-from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, i64
+from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, I64, i64
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as _portable
 from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS
 
@@ -43,6 +55,14 @@ TILE_COLS = VEC_COLS * TILE_VECS
 GEMM_ROWS = 4
 #: software prefetch distance of the RHS stream of a one-row tile (GEMV), in K groups of 4.
 PREFETCH_GROUPS = 24
+#: NEON layouts: columns of an RHS group (nr), the kr values, K values in one 64-byte load of a group (a block)
+NEON_NR = 4
+NEON_KRS = (4, 8)
+BLOCK_K = 64 // NEON_NR
+#: software prefetch distance of the 16 RHS streams of a one-row NEON tile, in blocks
+PREFETCH_BLOCKS = 8
+#: bytes of packed RHS per panel of columns the row tiles sweep (it stays in L2)
+PANEL_BYTES = 1 << 19
 
 
 def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
@@ -128,7 +148,7 @@ _tile_gemm = _make_tile(GEMM_ROWS, False)
 
 
 @numba.njit(cache=True, nogil=True)
-def _matmul(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out):
+def _matmul_sme(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out):
     geo = (np.int64(mr), np.int64(nr), np.int64(n), np.int64(k_int))
     corr = vnni.neg_block_sums(vnni.VNNI512, lhs_i8, m, mr, mr * (k_int + 8), 1, 0, k_int // KR, 128)
     for j0 in range(0, n, TILE_COLS):
@@ -140,18 +160,254 @@ def _matmul(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out):
                 _tile_gemm(geo, lhs_i8, corr, rhs_u8, out, i0, rows, j0, fma_bias)
 
 
+# --------------------------------------------------------------------------------------------- NEON layouts
+
+
 @numba.njit(cache=True, nogil=True)
-def _is_sme_int8_layout(k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-    """The RHS data layout of ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` at kr = 4 (int8 (t, c) at 4·(t·nr + c) + e,
-    k_lo = 4t + e) with an LHS of kr/sr = 4 and nr % 16 == 0 (probed at its first and last entries)."""
-    if nibble_factor != 0 or k_hi.size != 0 or kbl != KR or blen != KR or nr % VEC_COLS != 0:
+def _lane_k_group(lane, kr):
+    """K group of 4 (in its block of BLOCK_K) of 32-bit lane ``lane`` of a 64-byte load of a NEON group's data."""
+    return (lane // kr) * (kr // KR) + lane % (kr // KR)
+
+
+#: _sum_columns's two rounds per kr: the lanes (of x ‖ y, 32 lanes) of the two addends of each combine of two
+#: vectors x, y; the lists taking lane j from x[j] or y[j] compile to a blend, the others to one lane shuffle.
+_FOLDS = {
+    # kr = 4: 128-bit lane t of a group's vector holds its 4 columns (column c in lane 4t + c). Round 1 adds
+    # 128-bit lanes t and t + 2, x's into 128-bit lanes 0, 1 and y's into 2, 3; round 2 adds 128-bit lanes 0 and
+    # 1 of x into lane 0, of y into 1, and lanes 2 and 3 of x into 2, of y into 3: fed g0, g2 (x) and g1, g3 (y),
+    # it gives g0 ‖ g1 ‖ g2 ‖ g3.
+    4: (
+        ([j if j < 8 else 16 + j for j in range(16)], [8 + j for j in range(16)]),
+        (
+            [j if (j // 4) % 2 == 0 else 16 + j for j in range(16)],
+            [[4, 16, 12, 24][j // 4] + j % 4 for j in range(16)],
+        ),
+    ),
+    # kr = 8: lanes 2c, 2c + 1, 8 + 2c and 9 + 2c hold column c. Round 1 adds lanes 2j and 2j + 1 of x into lane
+    # 2j, of y into lane 2j + 1; round 2 adds the two 256-bit halves into lane 4g + c (g0, g1 from x; g2, g3 from y).
+    8: (
+        ([j if j % 2 == 0 else 16 + j for j in range(16)], [j + 1 if j % 2 == 0 else 16 + j - 1 for j in range(16)]),
+        (
+            [16 * (g // 2) + 2 * c + g % 2 for g in range(4) for c in range(4)],
+            [16 * (g // 2) + 8 + 2 * c + g % 2 for g in range(4) for c in range(4)],
+        ),
+    ),
+}
+
+
+def _sum_columns(builder, accs: list, kr: int):  # noqa: ANN001, ANN202
+    """i32x16 whose lane 4g + c is the sum of the 4 lanes of accs[g] (4 accumulators of NEON groups) that hold
+    column c: two rounds of adds of lane-shuffled pairs (_FOLDS)."""
+    first, second = _FOLDS[kr]
+    order = (accs[0], accs[2], accs[1], accs[3]) if kr == 4 else tuple(accs)
+
+    def fold(x, y, lanes):  # noqa: ANN001, ANN202
+        return builder.add(vnni.pick(builder, x, y, lanes[0]), vnni.pick(builder, x, y, lanes[1]))
+
+    return fold(fold(order[0], order[1], first), fold(order[2], order[3], first), second)
+
+
+def _group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):  # noqa: ANN001, ANN202
+    """The 16 values (4 per group, NEON_NR-wide fields after a group's data) of parameter ``field`` (0 row sums,
+    1 scales, 2 biases) of 4 groups, as one 16-lane vector."""
+    quarter = ir.VectorType(ty, NEON_NR)
+    parts = [
+        vnni.load(builder, vnni.byte_ptr(builder, g, builder.add(data_bytes, i64(4 * NEON_NR * field))), quarter)
+        for g in groups
+    ]
+    return vnni.concat(builder, parts)
+
+
+def _lhs_rows(b, rows: int, lhs_p, table_p, index_p, i0):  # noqa: ANN001, ANN202
+    """Per row i0 + r of a tile, from the row table of :func:`_neon_rows`: (pointer to its group in the packed
+    LHS, the vpermd index of its lanes, its byte offset among the group's mr int32/f32 parameters)."""
+    out = []
+    for r in range(rows):
+        entry = vnni.byte_ptr(b, table_p, b.mul(b.add(i0, i64(r)), i64(16)))
+        base, sel = vnni.load(b, entry, I64), vnni.load(b, vnni.byte_ptr(b, entry, 8), I64)
+        index = vnni.load(b, vnni.byte_ptr(b, index_p, sel), I32X16)
+        out.append((vnni.byte_ptr(b, lhs_p, base), index, b.udiv(sel, i64(VEC_COLS))))
+    return out
+
+
+def _lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
+    """A row's LHS vector for K block ``block``: lane L holds the 4 int8 of K group 4·block + _lane_k_group(L, kr),
+    the block's mr·16 bytes (every row of the group) permuted by the row's index."""
+    ptr, index, _ = row
+    src = vnni.byte_ptr(b, ptr, b.mul(block, b.mul(mr, i64(BLOCK_K))))
+    return vnni.permute(b, vnni.masked_load(b, src, I32X16, b.mul(mr, i64(4))), index)
+
+
+def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: ANN202
+    """Intrinsic ``tile(geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias)``: rows i0 … i0 + rows − 1 (rows
+    past m, as :func:`_neon_rows` gives them, are computed and not stored) × the NEON_NR·groups columns from j0
+    (groups past n re-read the first) of the packed LHS and RHS. geo = (m, n, k_int, mr). ``prefetch``:
+    software prefetch of the RHS streams (the one-row tile reads them from memory)."""
+
+    @intrinsic
+    def tile(typingctx, geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias):
+        int64 = types.int64
+        sig = types.void(geo, lhs, table, index, corr, rhs, out, int64, int64, types.boolean)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            vnni.require_vnni()
+            (m, n, k_int, mr), lhs_p, table_p, index_p, corr_p, rhs_p, out_p, i0_v, j0_v, fma_v = vnni.intrinsic_args(
+                context, builder, signature, args
+            )
+            b = builder
+            data_bytes = b.mul(k_int, i64(NEON_NR))
+            first = b.udiv(j0_v, i64(NEON_NR))
+            gptrs = []
+            for g in range(groups):
+                inside = b.icmp_signed("<", b.add(j0_v, i64(NEON_NR * g)), n)
+                group = b.select(inside, b.add(first, i64(g)), first)
+                gptrs.append(vnni.byte_ptr(b, rhs_p, b.mul(group, b.add(data_bytes, i64(NEON_NR * 12)))))
+            lrows = _lhs_rows(b, rows, lhs_p, table_p, index_p, i0_v)
+            zero = vnni.const_splat(I32X16, 0)
+            iacc = [[cgutils.alloca_once_value(b, zero) for _ in range(groups)] for _ in range(rows)]
+            flip = vnni.const_splat(I8X64, 0x80)
+            ahead = i64(64 * PREFETCH_BLOCKS)
+            with cgutils.for_range(b, b.udiv(k_int, i64(BLOCK_K))) as loop:
+                step = b.mul(loop.index, i64(64))
+                w = []
+                for ptr in gptrs:
+                    src = vnni.byte_ptr(b, ptr, step)
+                    if prefetch:
+                        vnni.prefetch(b, vnni.byte_ptr(b, src, ahead))
+                    w.append(b.bitcast(b.xor(vnni.load(b, src, I8X64), flip), I32X16))
+                for r, row in enumerate(lrows):
+                    q = _lhs_block(b, row, mr, loop.index)
+                    for g in range(groups):
+                        b.store(vnni.dpbusd(b, b.load(iacc[r][g]), w[g], q, True), iacc[r][g])
+            quads = []
+            for v in range(groups // NEON_NR):
+                four = gptrs[NEON_NR * v : NEON_NR * (v + 1)]
+                quads.append([_group_params(b, four, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))])
+            for r, (ptr, _, param) in enumerate(lrows):
+                i = b.add(i0_v, i64(r))
+                zp = vnni.byte_ptr(b, ptr, b.add(b.mul(mr, k_int), param))
+                o = vnni.splat(b, vnni.load(b, zp, I32), I32X16)
+                rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
+                c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
+                for v, (sums, scale, bias) in enumerate(quads):
+                    dot = _sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], kr)
+                    f = b.sitofp(b.add(b.add(dot, c), b.mul(o, sums)), F32X16)
+                    s = b.fmul(scale, rc)
+                    res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
+                    col = b.add(j0_v, i64(VEC_COLS * v))
+                    with b.if_then(b.and_(b.icmp_signed("<", i, m), b.icmp_signed("<", col, n))):
+                        dst = b.mul(b.add(b.mul(i, n), col), i64(4))
+                        vnni.masked_store(b, res, vnni.byte_ptr(b, out_p, dst), b.sub(n, col))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+#: NEON tiles per kr: 1 row × 64 columns (a lone row: the GEMV), GEMM_ROWS rows × 16 columns
+_NEON_GEMV = {kr: _make_neon_tile(1, TILE_COLS // NEON_NR, kr, True) for kr in NEON_KRS}
+_NEON_GEMM = {kr: _make_neon_tile(GEMM_ROWS, VEC_COLS // NEON_NR, kr, False) for kr in NEON_KRS}
+_neon_gemv_kr4, _neon_gemv_kr8 = _NEON_GEMV[4], _NEON_GEMV[8]
+_neon_gemm_kr4, _neon_gemm_kr8 = _NEON_GEMM[4], _NEON_GEMM[8]
+
+
+@intrinsic
+def _neon_row_sums(typingctx, geo, lhs, table, index, corr):
+    """corr[i] = −128·Σq of row i < ``rows`` over k_int (wrapping): −32·Σ of the bytes of its LHS vectors, in
+    which every K group sits in 4 lanes. geo = (rows, k_int, mr)."""
+    sig = types.void(geo, lhs, table, index, corr)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        vnni.require_vnni()
+        (rows, k_int, mr), lhs_p, table_p, index_p, corr_p = vnni.intrinsic_args(context, builder, signature, args)
+        b = builder
+        ones = vnni.const_splat(I32X16, 0x01010101)
+        with cgutils.for_range(b, rows) as loop:
+            (row,) = _lhs_rows(b, 1, lhs_p, table_p, index_p, loop.index)
+            total = cgutils.alloca_once_value(b, vnni.const_splat(I32X16, 0))
+            with cgutils.for_range(b, b.udiv(k_int, i64(BLOCK_K))) as blocks:
+                b.store(vnni.dpbusd(b, b.load(total), ones, _lhs_block(b, row, mr, blocks.index), True), total)
+            s = b.mul(vnni.reduce_add(b, b.load(total)), ir.Constant(I32, -32))
+            vnni.store(b, s, vnni.byte_ptr(b, corr_p, b.mul(loop.index, i64(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def _neon_rows(m, k_int, mr, kbl, kr, lhs_i8):
+    """What the NEON tiles read per LHS row, for rows padded to a multiple of GEMM_ROWS (the padding rows repeat
+    row m − 1): the row table (byte offset of its group, byte offset of its vpermd index), the vpermd index of
+    each row of a group — lane L of row r's vector for a K block is word index[r, L] of the block's mr·16 bytes
+    (int8 (r, k) at (k//kbl)·mr·kbl + r·kbl + k%kbl): its K group _lane_k_group(L, kr) — and −128·Σq."""
+    index = np.empty((mr, VEC_COLS), np.int32)
+    for r in range(mr):
+        for lane in range(VEC_COLS):
+            kk = KR * _lane_k_group(lane, kr)
+            index[r, lane] = ((kk // kbl) * mr * kbl + r * kbl + kk % kbl) // 4
+    rows = (m + GEMM_ROWS - 1) // GEMM_ROWS * GEMM_ROWS
+    table = np.empty((rows, 2), np.int64)
+    for i in range(rows):
+        row = min(i, m - 1)
+        table[i, 0] = row // mr * mr * (k_int + 8)
+        table[i, 1] = row % mr * 4 * VEC_COLS
+    corr = np.empty(rows, np.int32)
+    _neon_row_sums((np.int64(rows), np.int64(k_int), np.int64(mr)), lhs_i8, table, index, corr)
+    return table, index, corr
+
+
+@numba.njit(cache=True, nogil=True)
+def _matmul_neon(m, n, k_int, mr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
+    table, index, corr = _neon_rows(m, k_int, mr, kbl, kr, lhs_i8)
+    geo = (np.int64(m), np.int64(n), np.int64(k_int), np.int64(mr))
+    panel = max(1, PANEL_BYTES // (TILE_COLS * k_int)) * TILE_COLS
+    for j0 in range(0, n, panel):  # a panel of columns whose RHS stays in L2 across the row tiles
+        j1 = min(n, j0 + panel)
+        for i0 in range(0, m, GEMM_ROWS):
+            if m - i0 == 1:
+                for jj in range(j0, j1, TILE_COLS):
+                    if kr == 4:
+                        _neon_gemv_kr4(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
+                    else:
+                        _neon_gemv_kr8(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
+                continue
+            for jj in range(j0, j1, VEC_COLS):
+                if kr == 4:
+                    _neon_gemm_kr4(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
+                else:
+                    _neon_gemm_kr8(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
+
+
+# --------------------------------------------------------------------------------------------- entry points
+
+
+@numba.njit(cache=True, nogil=True)
+def _matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
+    """out[m, n] (C-contiguous, unclamped) of an int8 layout :func:`_is_vnni_layout` accepts."""
+    if nr == NEON_NR:
+        _matmul_neon(m, n, k_int, mr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
+    else:
+        _matmul_sme(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+    """The RHS data layout of ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` (int8 (c, k) at (k//kr)·nr·kr + c·kr + k%kr,
+    kr = blen; probed at its first two chunks and last entry) with an LHS the tiles read: the SME layouts
+    (kr = kbl = 4, nr % 16 == 0) or the NEON ones (nr = 4, kr 4 or 8; kbl 4, 8 or 16 and mr ≤ 4, so that a K
+    block of BLOCK_K values of an LHS group is at most 64 contiguous bytes)."""
+    if nibble_factor != 0 or k_hi.size != 0 or k_lo.size != nr * k_int:
         return False
-    if k_lo.size != nr * k_int:
+    sme = kbl == KR and blen == KR and nr % VEC_COLS == 0
+    neon = nr == NEON_NR and (blen == 4 or blen == 8) and kbl % KR == 0 and BLOCK_K % kbl == 0 and mr <= 4
+    if not (sme or neon):
         return False
-    for e in range(2 * KR):
-        if k_lo[e] != e % KR:
+    chunk = nr * blen
+    for e in range(min(k_lo.size, 2 * chunk)):
+        if k_lo[e] != (e // chunk) * blen + e % blen:
             return False
-    return k_lo[KR * nr] == KR and k_lo[k_lo.size - 1] == k_int - 1
+    return k_lo[k_lo.size - 1] == k_int - 1
 
 
 def matmul_qai8dxp(
@@ -173,10 +429,10 @@ def matmul_qai8dxp(
     out: np.ndarray,
 ) -> None:
     """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the VNNI kernel for the int8 kr = 4, nr % 16 == 0 layout of the SME/SME2 kernels, the portable jit for every
-    other layout. Needs AVX-512 VNNI (see :func:`best_matmul_qai8dxp`)."""
-    if _is_sme_int8_layout(k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-        _matmul(m, n, k_int, mr, nr, lhs_i8, rhs_u8, recipe == RECIPE_FMA_BIAS, out)
+    the VNNI tiles for the int8 layouts of the SME/SME2 and NEON kernels, the portable jit for every other
+    layout. Needs AVX-512 VNNI (see :func:`best_matmul_qai8dxp`)."""
+    if _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+        _matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, recipe == RECIPE_FMA_BIAS, out)
     else:
         PORTABLE_MATMUL(
             m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
