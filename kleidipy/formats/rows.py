@@ -3,7 +3,7 @@ Q4_0, Q4_1, Q5_0, Q8_0), with the arithmetic of gguf's numpy dequantizers (ggml'
 ``d·(q − 8)``, ``d·q + m`` rounded twice, ``d·(q − 16)``, ``d·q``).
 
 Hand-written because the embedding lookup runs once per decoded token: gguf's dequantizer spends 20–40 µs of
-numpy calls on one row, this takes about a microsecond. Other types go to gguf (:func:`compiled`).
+numpy calls on one row, this takes about a microsecond. Types not in :data:`CODES` go to gguf.
 """
 
 from __future__ import annotations
@@ -17,11 +17,6 @@ from kleidipy.core.numerics import F16_BITS_TO_F32
 _T = GGMLQuantizationType
 #: the types with a compiled row dequantizer, and the code :func:`get_rows` takes for each
 CODES = {_T.F32: 0, _T.F16: 1, _T.Q4_0: 2, _T.Q4_1: 3, _T.Q5_0: 4, _T.Q8_0: 5}
-
-
-def compiled(ggml_type: GGMLQuantizationType) -> bool:
-    """Whether :func:`get_rows` handles this type."""
-    return ggml_type in CODES
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

@@ -97,6 +97,7 @@ class RowEmbedding:
         self.raw = raw
         self.n_embd = n_embd
         self.n_vocab = raw.shape[0]
+        self._rows_code = rows.CODES.get(ggml_type, -1)  # the compiled GET_ROWS's type, or -1: gguf's dequantizer
 
     @classmethod
     def from_gguf(cls, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RowEmbedding:
@@ -109,8 +110,8 @@ class RowEmbedding:
             raise InvalidTokenError(f"token ids must be a 1-D integer array, got {ids.dtype} {list(ids.shape)}")
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
             raise InvalidTokenError(f"token ids must be in [0, {self.n_vocab}), got {ids.min()}..{ids.max()}")
-        if rows.compiled(self.ggml_type):
+        if self._rows_code >= 0:
             out = np.empty((ids.size, self.n_embd), np.float32)
-            rows.get_rows(rows.CODES[self.ggml_type], self.raw, ids.astype(np.int64, copy=False), out)
+            rows.get_rows(self._rows_code, self.raw, ids.astype(np.int64, copy=False), out)
             return out
         return dequantize_rows(self.ggml_type, self.raw[ids]).reshape(len(ids), self.n_embd)
