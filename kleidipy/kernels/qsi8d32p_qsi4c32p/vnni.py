@@ -657,6 +657,19 @@ _COMPUTE_NEON = {vnni.VNNI512: _compute_neon_vnni512, vnni.PORTABLE: _compute_ne
 _LHS_PACK = {vnni.VNNI512: _lhs_pack_vnni512, vnni.PORTABLE: _lhs_pack_portable}
 
 
+def _check_buffers(m: int, n: int, k: int, mr: int, nr: int, lhs_u8: np.ndarray, rhs_u8: np.ndarray) -> None:
+    """The packed LHS (mr rows per group) and RHS (nr columns per group) are contiguous uint8 and large enough: the
+    tiles read without bounds checks."""
+    for what, buf, need in (
+        ("LHS", lhs_u8, -(-m // mr) * mr * k // 32 * 34),
+        ("RHS", rhs_u8, -(-n // nr) * nr * k // 32 * 18),
+    ):
+        if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+            raise DTypeError(f"packed {what} must be a contiguous 1-D uint8 array, got {buf.dtype} {buf.shape}")
+        if buf.size < need:
+            raise BufferSizeError(f"packed {what} is {buf.size} bytes, m={m}, n={n}, k={k} need {need}")
+
+
 def compute(
     m: int,
     n: int,
@@ -678,14 +691,7 @@ def compute(
         raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
     if mr < 1 or nr < VEC_COLS or nr % VEC_COLS:
         raise KernelShapeError(f"mr={mr}, nr={nr}: nr must be a multiple of {VEC_COLS} (4·VL)")
-    for what, buf, need in (
-        ("LHS", lhs_u8, -(-m // mr) * mr * k // 32 * 34),
-        ("RHS", rhs_u8, -(-n // nr) * nr * k // 32 * 18),
-    ):
-        if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
-            raise DTypeError(f"packed {what} must be a contiguous 1-D uint8 array, got {buf.dtype} {buf.shape}")
-        if buf.size < need:
-            raise BufferSizeError(f"packed {what} is {buf.size} bytes, m={m}, n={n}, k={k} need {need}")
+    _check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
     return _COMPUTE[isa](m, n, k, mr, nr, lhs_u8, rhs_u8, bool(first_block_fmul))
 
 
@@ -710,14 +716,7 @@ def compute_neon(
         raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
     if nr != NEON_NR or kr not in (8, 16) or sr < 1 or (kr // sr) % 4 or 32 % (kr // sr):
         raise KernelShapeError(f"nr={nr}, kr={kr}, sr={sr}: not a NEON layout of this family")
-    for what, buf, need in (
-        ("LHS", lhs_u8, -(-m // mr) * mr * k // 32 * 34),
-        ("RHS", rhs_u8, -(-n // nr) * nr * k // 32 * 18),
-    ):
-        if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
-            raise DTypeError(f"packed {what} must be a contiguous 1-D uint8 array, got {buf.dtype} {buf.shape}")
-        if buf.size < need:
-            raise BufferSizeError(f"packed {what} is {buf.size} bytes, m={m}, n={n}, k={k} need {need}")
+    _check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
     return _COMPUTE_NEON[isa](m, n, k, mr, nr, kr, kr // sr, lhs_u8, rhs_u8)
 
 
