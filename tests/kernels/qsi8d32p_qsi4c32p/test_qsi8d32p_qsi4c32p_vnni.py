@@ -208,19 +208,20 @@ def test_matches_family_reference() -> None:
     assert fam.FAMILY_NAME == "qsi8d32p_qsi4c32p"
 
 
-def _golden_sme2_runs(golden_dir):  # noqa: ANN001, ANN202
+def _golden_runs(golden_dir, rhs_packer: str = RHS_PACKER):  # noqa: ANN001, ANN202
+    """The golden set and its runs whose RHS packer is ``rhs_packer`` (the SME2 layout's by default)."""
     gold = GoldenSet(golden_dir)
     runs = [
         (case, run)
         for case, run in iter_runs(gold)
-        if run.get("status") == "ok" and run["kernels"].get("rhs_pack") == RHS_PACKER
+        if run.get("status") == "ok" and run["kernels"].get("rhs_pack") == rhs_packer
     ]
     return gold, runs
 
 
 def test_golden_dst(golden_dir) -> None:  # noqa: ANN001
     """Every SME2 Q4_0 golden run (MOPA and SDOT, SVL 128/256/512, clamped or not): dst bit for bit."""
-    gold, runs = _golden_sme2_runs(golden_dir)
+    gold, runs = _golden_runs(golden_dir)
     assert len(runs) >= 20
     from kleidipy.tools.golden import _clamp_values
 
@@ -326,7 +327,7 @@ def test_lhs_pack_tiny_blocks_take_the_packers_bytes() -> None:
 
 
 def test_lhs_pack_golden(golden_dir) -> None:  # noqa: ANN001
-    gold, runs = _golden_sme2_runs(golden_dir)
+    gold, runs = _golden_runs(golden_dir)
     for case, run in runs:
         x = gold.array(case["inputs"]["lhs_f32"]).reshape(case["m"], case["k"])
         want = gold.array(run["files"]["lhs_packed"])
@@ -412,12 +413,7 @@ def test_neon_matches_portable_jit_and_golden(golden_dir) -> None:  # noqa: ANN0
     from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
     from kleidipy.tools.golden import _clamp_values
 
-    gold = GoldenSet(golden_dir)
-    runs = [
-        (case, run)
-        for case, run in iter_runs(gold)
-        if run.get("status") == "ok" and run["kernels"].get("rhs_pack") == NEON_RHS_PACKER
-    ]
+    gold, runs = _golden_runs(golden_dir, NEON_RHS_PACKER)
     assert len(runs) >= 10
     for case, run in runs:
         m, n, k = case["m"], case["n"], case["k"]
