@@ -88,3 +88,14 @@ def model_rhs_qsi8cxp(q: np.ndarray, scale: np.ndarray, bias: np.ndarray | None,
             struct.pack_into("<f", out, base + 4 * nr + 4 * col, scale[src])
             struct.pack_into("<f", out, base + 8 * nr + 4 * col, 0.0 if bias is None else bias[src])
     return bytes(out)
+
+
+def call_matmul(fn, kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
+    """Call a ``matmul_qai8dxp`` (portable jit or VNNI) the way ``Qai8dxpMatmulKernel._jit`` does: float32 [m, n]."""
+    lay = kern.rhs_packer.layout(k, kern.nr, kern.kr, kern.sr)
+    lhs = lhs[: kern.lhs_packed_size(m, k)]
+    rhs = np.ascontiguousarray(rhs[: kern.rhs_packed_size(n, k)])
+    out = np.empty((m, n), np.float32)
+    args = (lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs, kern.mr, kern.kr // kern.sr, kern.nr)
+    fn(m, n, fam.k_internal(k), *args, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi, int(kern.recipe), out)
+    return out

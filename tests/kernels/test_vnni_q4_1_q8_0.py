@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import bits_equal
+from qai8dxp_models import call_matmul
 
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.kernels.catalogue import get_kernel
@@ -149,17 +150,6 @@ def q8_operands(kern, m: int, n: int, k: int, seed: int):  # noqa: ANN001, ANN20
     return np.asarray(lhs), np.asarray(rhs)
 
 
-def q8_call(fn, kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
-    """Call a ``matmul_qai8dxp`` the way Qai8dxpMatmulKernel._jit does."""
-    lay = kern.rhs_packer.layout(k, kern.nr, kern.kr, kern.sr)
-    lhs = lhs[: kern.lhs_packed_size(m, k)]
-    rhs = np.ascontiguousarray(rhs[: kern.rhs_packed_size(n, k)])
-    out = np.empty((m, n), np.float32)
-    args = (lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs, kern.mr, kern.kr // kern.sr, kern.nr)
-    fn(m, n, q8_fam.k_internal(k), *args, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi, int(kern.recipe), out)
-    return out
-
-
 @needs_vnni
 @HYP
 @given(
@@ -174,8 +164,8 @@ def test_q8_0_random_shapes(m: int, n: int, k: int, svl: int, name: str, seed: i
     kern = get_kernel(name, svl)
     m = 1 if kern.kind == "gemv" else m
     lhs, rhs = q8_operands(kern, m, n, k, seed)
-    got = q8_call(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
-    assert bits_equal(got, q8_call(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+    got = call_matmul(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+    assert bits_equal(got, call_matmul(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
     assert bits_equal(got, kern._reference(m, n, k, lhs, rhs))
 
 
@@ -194,39 +184,30 @@ def test_q8_0_wrapping_and_large_accumulators(svl: int) -> None:
         x[:, ::7] = 0.5
         lhs = np.asarray(q8_fam.LHS_PACKER.run(m, k, kern.mr, kern.kr, kern.sr, x, execution="jit"))
         rhs = np.asarray(kern.rhs_packer.run(n, k, kern.nr, kern.kr, kern.sr, w, scale=scale)).copy()
-        got = q8_call(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+        got = call_matmul(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
         assert np.abs(got).max() / 1e-6 * 255 > 2**25  # |acc| past 2^24 (S = 1e-6 / 255: the LHS spans [0, 1])
-        assert bits_equal(got, q8_call(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+        assert bits_equal(got, call_matmul(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
         k_int = q8_fam.k_internal(k)
         stride = kern.rhs_packer.get_rhs_packed_stride(k, kern.nr, kern.kr, kern.sr)
         for g in range(-(-n // kern.nr)):  # random int32 row sums
             sums = rhs[g * stride + kern.nr * k_int :][: 4 * kern.nr].view(np.int32)
             sums[:] = rng.integers(-(2**31), 2**31, kern.nr)
-        got = q8_call(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
-        assert bits_equal(got, q8_call(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+        got = call_matmul(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+        assert bits_equal(got, call_matmul(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
         assert bits_equal(got, kern._reference(m, n, k, lhs, rhs))
 
 
 @needs_vnni
-def test_q8_0_other_layouts_fall_back() -> None:
-    """NEON int8 layouts (nr = 4, kr = 4 or 8) and the int4 per-channel family go to the portable function."""
-    for name in (
-        "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod",
-        "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm",
-    ):
-        kern = get_kernel(name, None)
-        m = 1 if kern.kind == "gemv" else 5
-        lhs, rhs = q8_operands(kern, m, 37, 70, 1)
-        assert bits_equal(
-            q8_call(q8_vnni.matmul_qai8dxp, kern, m, 37, 70, lhs, rhs), kern._reference(m, 37, 70, lhs, rhs)
-        )
+def test_q8_0_int4_layout_falls_back() -> None:
+    """The int4 per-channel family's layout goes to the portable function (the NEON int8 layouts have tiles of
+    their own: tests/kernels/qai8dxp_qsi8cxp/test_qai8dxp_qsi8cxp_vnni_neon.py)."""
     int4 = get_kernel("matmul_clamp_f32_qai8dxp1x4_qsi4cxp4vlx4_1x4vl_sme2_sdot", 512)  # kr = 4, nr = 64: int4
     rng = np.random.default_rng(2)
     m, n, k = 1, 40, 64
     lhs = np.asarray(int4.lhs_packer.run(m, k, int4.mr, int4.kr, int4.sr, lhs_rows(rng, m, k), execution="jit"))
     codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     rhs = np.asarray(int4.rhs_packer.run(n, k, int4.nr, int4.kr, int4.sr, codes, scale=mixed_f32(rng, (n,), 1e-3, 1.0)))
-    assert bits_equal(q8_call(q8_vnni.matmul_qai8dxp, int4, m, n, k, lhs, rhs), int4._reference(m, n, k, lhs, rhs))
+    assert bits_equal(call_matmul(q8_vnni.matmul_qai8dxp, int4, m, n, k, lhs, rhs), int4._reference(m, n, k, lhs, rhs))
 
 
 # --------------------------------------------------------------------------------------------- switched in

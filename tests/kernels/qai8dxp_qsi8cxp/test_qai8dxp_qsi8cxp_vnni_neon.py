@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import bits_equal
+from qai8dxp_models import call_matmul
 
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.kernels.catalogue import get_kernel
@@ -50,21 +51,10 @@ def operands(kern, m: int, n: int, k: int, seed: int):  # noqa: ANN001, ANN201
     return pack(kern, x, w, mixed_f32(rng, n, 1e-4, 0.1), bias)
 
 
-def call(fn, kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
-    """Call a ``matmul_qai8dxp`` the way Qai8dxpMatmulKernel._jit does."""
-    lay = kern.rhs_packer.layout(k, kern.nr, kern.kr, kern.sr)
-    lhs = lhs[: kern.lhs_packed_size(m, k)]
-    rhs = np.ascontiguousarray(rhs[: kern.rhs_packed_size(n, k)])
-    out = np.empty((m, n), np.float32)
-    args = (lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs, kern.mr, kern.kr // kern.sr, kern.nr)
-    fn(m, n, fam.k_internal(k), *args, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi, int(kern.recipe), out)
-    return out
-
-
 def assert_exact(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
     """The VNNI tiles give the bits of the portable jit function and of the numpy reference; returns them."""
-    got = call(vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
-    assert bits_equal(got, call(vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs)), (kern.name, m, n, k)
+    got = call_matmul(vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+    assert bits_equal(got, call_matmul(vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs)), (kern.name, m, n, k)
     assert bits_equal(got, kern._reference(m, n, k, lhs, rhs)), (kern.name, m, n, k)
     return got
 
