@@ -348,15 +348,64 @@ def _softmax_kqv(vh, jlo, jhi, sc, f16, s, acc, out):
         for j in range(n):
             sr[j] = sr[j] * inv
     # KQV: ggml_vec_dot over the cells of each output column: lane j % 16 accumulates w[j] * V[j, c] in increasing j
-    # (masked cells' weights are 0: skipped), reduced by _reduce_lanes
+    # (masked cells' weights are 0: skipped), reduced by _reduce_lanes; the whole blocks of 16 cells between the first
+    # and the last partial ones by _kqv_tiles (the same order per lane and column)
     acc[:] = np.float32(0.0)
-    for j in range(jlo, jhi):
-        wj = s[j]
-        a = acc[j % LANES]
-        vrow = vh[j]
-        for c in range(d):
-            a[c] = fma32(wj, _load_cell(vrow[c]), a[c])
+    size = vh.itemsize
+    tiled = d % LANES == 0 and vh.strides[1] == size and vh.strides[0] % size == 0
+    a0 = min(jhi, (jlo + LANES - 1) // LANES * LANES) if tiled else jhi
+    blocks = (jhi - a0) // LANES
+    for j in range(jlo, a0):
+        _kqv_cell(s[j], vh[j], acc[j % LANES])
+    _kqv_tiles(s, vh, vh.strides[0] // size, a0, blocks, acc)
+    for j in range(a0 + LANES * blocks, jhi):
+        _kqv_cell(s[j], vh[j], acc[j % LANES])
     _reduce_lanes(acc, 0, d, out)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _kqv_cell(wj, vrow, a):
+    """One cell of KQV: a[c] = fma(w_j, V[j, c], a[c]) for every column c."""
+    for c in range(a.shape[0]):
+        a[c] = fma32(wj, _load_cell(vrow[c]), a[c])
+
+
+@intrinsic
+def _kqv_tiles(typingctx, w, vh, row, j0, blocks, acc):  # pragma: no cover - compile time
+    """KQV over cells j0 .. j0 + 16·blocks (j0 a multiple of 16): acc[l, c] = fma(w[j], V[j, c], acc[l, c]) for the
+    cells j = l (mod 16) in increasing j, V's rows ``row`` elements apart in vh (F16 bits or float32, cells' columns
+    contiguous; d a multiple of 16). Per 16 columns the 16 lanes stay in 16 registers over all the blocks."""
+    sig = types.void(w, vh, types.int64, types.int64, types.int64, acc)
+    f16 = vh.dtype == types.uint16
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        b = builder
+        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
+        row_v, j0_v, blocks_v = args[2], args[3], args[4]
+        d = b.extract_value(context.make_array(signature.args[5])(context, b, args[5]).shape, 1)
+        esize = 2 if f16 else 4
+        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
+        lanes = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
+        with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
+            col = b.mul(cb.index, vnni.i64(LANES))
+            for lane, p in enumerate(lanes):  # acc[lane, col : col + 16]
+                at = b.mul(b.add(b.mul(vnni.i64(lane), d), col), vnni.i64(4))
+                b.store(vnni.load(b, vnni.byte_ptr(b, acc_p, at), F32X16), p)
+            with cgutils.for_range(b, blocks_v) as blk:
+                base = b.add(j0_v, b.mul(blk.index, vnni.i64(LANES)))
+                for lane, p in enumerate(lanes):
+                    j = b.add(base, vnni.i64(lane))
+                    wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, b.mul(j, vnni.i64(4))), F32), F32X16)
+                    at = b.mul(b.add(b.mul(j, row_v), col), vnni.i64(esize))
+                    v = vnni.load(b, vnni.byte_ptr(b, v_p, at), cells)
+                    v = vnni.f16_bits_to_f32(b, v, True) if f16 else v
+                    b.store(vnni.fma(b, wj, v, b.load(p)), p)
+            for lane, p in enumerate(lanes):
+                at = b.mul(b.add(b.mul(vnni.i64(lane), d), col), vnni.i64(4))
+                vnni.store(b, b.load(p), vnni.byte_ptr(b, acc_p, at))
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @numba.njit(cache=True, nogil=True)
