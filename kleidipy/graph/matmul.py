@@ -46,6 +46,7 @@ from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit as q40_jit
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as q40_ukernels
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as q40_vnni
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as q40_neon
 
 
 class NotCompilableError(KleidipyError, ValueError):
@@ -54,8 +55,8 @@ class NotCompilableError(KleidipyError, ValueError):
 
 
 # --- codes: the compiled routine of a kernel ---------------------------------------------------------
-#: Q4_0 NEON kernels (dotprod / i8mm): the VNNI tiles ``vnni._compute_neon`` (``jit.matmul_qsi8d32p_qsi4c32pscalef16``
-#: on hosts without AVX-512 VNNI)
+#: Q4_0 NEON kernels (dotprod / i8mm): the VNNI tiles ``vnni_neon._compute_neon``
+#: (``jit.matmul_qsi8d32p_qsi4c32pscalef16`` on hosts without AVX-512 VNNI)
 Q4_0_NEON = 1
 #: Q4_0 SME2 kernels: the VNNI tiles (portable IR on hosts without AVX-512 VNNI), ``vnni._compute``
 Q4_0_SME2 = 2
@@ -287,7 +288,7 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
     b = rhs[n0 // nr * rstride : (n1 + nr - 1) // nr * rstride]
     if code == Q4_0_NEON:
         if _Q4_0_NEON_VNNI:
-            res = q40_vnni._compute_neon(_Q4_0_ISA, m, cnt, k, mr, nr, kr, params[P_KBL], a, b)
+            res = q40_neon._compute_neon(_Q4_0_ISA, m, cnt, k, mr, nr, kr, params[P_KBL], a, b)
         else:
             res = q40_jit.matmul_qsi8d32p_qsi4c32pscalef16(m, cnt, k, mr, nr, kr, sr, a, b)
     elif code == Q4_0_SME2:

@@ -18,6 +18,7 @@ from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32, clamp_f32, f32_to_f16_bits, fma_f32, round_away
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as vn
 from kleidipy.tools.golden import GoldenSet, iter_runs
 
 ISAS = [vnni.PORTABLE] + ([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])
@@ -384,7 +385,7 @@ def check_neon(rng: np.random.Generator, m: int, n: int, k: int, geometry: tuple
     lhs, rhs = pack_lhs_neon(q, s_bits, mr, kr // sr), pack_rhs_neon(u, d_bits, kr)
     want = model(q, s_bits, u, d_bits, False)
     for isa in ISAS:
-        got = vk.compute_neon(m, n, k, mr, 4, kr, sr, lhs, rhs, isa)
+        got = vn.compute_neon(m, n, k, mr, 4, kr, sr, lhs, rhs, isa)
         assert bits_equal(got, want), (m, n, k, geometry, isa)
 
 
@@ -424,7 +425,7 @@ def test_neon_matches_portable_jit_and_golden(golden_dir) -> None:  # noqa: ANN0
         portable = jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, p["mr"], p["nr"], p["kr"], p["sr"], lhs, rhs)
         lo, hi = _clamp_values(p)
         for isa in ISAS:
-            got = vk.compute_neon(m, n, k, p["mr"], p["nr"], p["kr"], p["sr"], lhs, rhs, isa)
+            got = vn.compute_neon(m, n, k, p["mr"], p["nr"], p["kr"], p["sr"], lhs, rhs, isa)
             assert bits_equal(got, portable), (run["dir"], run["variant"], isa)
             assert bits_equal(clamp_f32(got, lo, hi), want), (run["dir"], run["variant"], run.get("clamped"), isa)
 
@@ -432,14 +433,14 @@ def test_neon_matches_portable_jit_and_golden(golden_dir) -> None:  # noqa: ANN0
 def test_neon_bad_input() -> None:
     lhs, rhs = np.zeros(34 * 4, np.uint8), np.zeros(4 * 18, np.uint8)
     with pytest.raises(KernelShapeError):
-        vk.compute_neon(1, 4, 48, 4, 4, 16, 2, lhs, rhs)
+        vn.compute_neon(1, 4, 48, 4, 4, 16, 2, lhs, rhs)
     with pytest.raises(KernelShapeError):
-        vk.compute_neon(1, 4, 32, 4, 8, 16, 2, lhs, rhs)
+        vn.compute_neon(1, 4, 32, 4, 8, 16, 2, lhs, rhs)
     with pytest.raises(KernelShapeError):
-        vk.compute_neon(1, 4, 32, 4, 4, 4, 1, lhs, rhs)
+        vn.compute_neon(1, 4, 32, 4, 4, 4, 1, lhs, rhs)
     with pytest.raises(BufferSizeError):
-        vk.compute_neon(5, 4, 32, 4, 4, 16, 2, lhs, rhs)
+        vn.compute_neon(5, 4, 32, 4, 4, 16, 2, lhs, rhs)
     with pytest.raises(BufferSizeError):
-        vk.compute_neon(1, 5, 32, 4, 4, 16, 2, lhs, rhs)
+        vn.compute_neon(1, 5, 32, 4, 4, 16, 2, lhs, rhs)
     with pytest.raises(DTypeError):
-        vk.compute_neon(1, 4, 32, 4, 4, 16, 2, lhs.view(np.int8), rhs)
+        vn.compute_neon(1, 4, 32, 4, 4, 16, 2, lhs.view(np.int8), rhs)
