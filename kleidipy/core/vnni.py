@@ -393,9 +393,11 @@ def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Valu
 
 
 @intrinsic
-def _neg_block_sums16(typingctx, isa, lhs, base, mr, blocks, block_bytes, groups, weights, corr, corr_off):
-    """corr[corr_off + blk·mr + r] = −w·Σq of the int8 of rows r < mr (mr % 16 == 0) in blocks blk < ``blocks``
-    of the LHS group at byte ``base``; ``weights`` holds w in each of its 4 bytes (see :func:`neg_block_sums`)."""
+def _neg_block_sums_vec(typingctx, isa, lhs, base, mr, blocks, block_bytes, groups, weights, corr, corr_off):
+    """corr[corr_off + blk·mr + r] = −w·Σq of the int8 of rows r < mr in blocks blk < ``blocks`` of the LHS group
+    at byte ``base``, with vpdpbusd (see :func:`neg_block_sums`); ``weights`` holds w in each of its 4 bytes.
+    mr % 16 == 0: a vector holds one K group of 16 rows. 16 % mr == 0 and groups·mr % 16 == 0: a vector holds
+    16 / mr K groups of all mr rows, whose lanes of one row (every mr-th) are then added by rotations."""
     int64 = types.int64
     sig = types.void(isa, lhs, int64, int64, int64, int64, int64, types.int32, corr, int64)
 
@@ -406,15 +408,23 @@ def _neg_block_sums16(typingctx, isa, lhs, base, mr, blocks, block_bytes, groups
         )
         b = builder
         w = splat(b, weights_v, I32X16)
-        kgroup = b.mul(mr_v, i64(4))
-        with cgutils.for_range(b, blocks_v) as blk, cgutils.for_range(b, b.udiv(mr_v, i64(16))) as chunk:
+        small = b.icmp_signed("<", mr_v, i64(16))
+        rows = b.select(small, mr_v, i64(16))  # rows per vector
+        step = b.select(small, i64(64), b.mul(mr_v, i64(4)))  # bytes from one vector to the next of its rows
+        loads = b.udiv(b.mul(groups_v, rows), i64(16))
+        chunks = b.udiv(b.add(mr_v, i64(15)), i64(16))
+        with cgutils.for_range(b, blocks_v) as blk, cgutils.for_range(b, chunks) as chunk:
             start = b.add(b.add(base_v, b.mul(blk.index, block_v)), b.mul(chunk.index, i64(64)))
             acc = cgutils.alloca_once_value(b, const_splat(I32X16, 0))
-            with cgutils.for_range(b, groups_v) as t:
-                data = load(b, byte_ptr(b, lhs_p, b.add(start, b.mul(kgroup, t.index))), I32X16)
+            with cgutils.for_range(b, loads) as t:
+                data = load(b, byte_ptr(b, lhs_p, b.add(start, b.mul(step, t.index))), I32X16)
                 b.store(dpbusd(b, b.load(acc), w, data, native), acc)
+            total = b.load(acc)
+            for shift in (8, 4, 2, 1):
+                rotated = b.add(total, _lanes(b, total, [(j + shift) % 16 for j in range(16)]))
+                total = b.select(b.icmp_signed("<=", mr_v, i64(shift)), rotated, total)
             idx = b.add(b.add(off_v, b.mul(blk.index, mr_v)), b.mul(chunk.index, i64(16)))
-            store(b, b.neg(b.load(acc)), byte_ptr(b, corr_p, b.mul(idx, i64(4))))
+            masked_store(b, b.bitcast(b.neg(total), F32X16), byte_ptr(b, corr_p, b.mul(idx, i64(4))), rows)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -425,7 +435,8 @@ def neg_block_sums(isa, lhs, m, mr, group_bytes, blocks, block_bytes, groups, we
     """−weight·Σq (int32, wrapping) per row and block of a packed LHS whose groups of mr rows are ``group_bytes``
     apart and hold, from block b's start at b·block_bytes, the int8 of (K group t < ``groups``, row r) at
     4·(t·mr + r): the int32 accumulator start that turns vpdpbusd's Σ q·u into Σ q·(u − weight). Laid out
-    [group][block][mr] (the 16-row chunks of an mr % 16 == 0 group with vpdpbusd, other groups with scalar code).
+    [group][block][mr] (with vpdpbusd when mr % 16 == 0, or 16 % mr == 0 and a block's groups·mr int32 fill whole
+    vectors; else scalar code).
     """
     n_groups = (m + mr - 1) // mr
     corr = np.empty(n_groups * blocks * mr, np.int32)
@@ -433,8 +444,8 @@ def neg_block_sums(isa, lhs, m, mr, group_bytes, blocks, block_bytes, groups, we
     weights = np.int32(weight * 0x01010101)
     for g in range(n_groups):
         off = g * blocks * mr
-        if mr % 16 == 0:
-            _neg_block_sums16(isa, lhs, g * group_bytes, mr, blocks, block_bytes, groups, weights, corr, off)
+        if mr % 16 == 0 or (16 % mr == 0 and groups * mr % 16 == 0):
+            _neg_block_sums_vec(isa, lhs, g * group_bytes, mr, blocks, block_bytes, groups, weights, corr, off)
             continue
         for b in range(blocks):
             base = g * group_bytes + b * block_bytes

@@ -62,10 +62,10 @@ Q4_0_NEON = 1
 Q4_0_SME2 = 2
 #: Q4_0 SME1 kernels: ``jit.matmul_qsi8d32p_qsi4c32ps4s0sf16``
 Q4_0_SME = 3
-#: Q4_1 kernels on the portable numba loops (NEON; SME2 on hosts without AVX-512 VNNI): ``jit.matmul``
+#: Q4_1 kernels on the portable numba loops (hosts without AVX-512 VNNI): ``jit.matmul``
 Q4_1 = 4
-#: Q4_1 SME2 kernels on the VNNI tiles: ``vnni._matmul``
-Q4_1_SME2_VNNI = 5
+#: Q4_1 kernels (NEON and SME2 layouts) on the VNNI tiles: ``vnni._matmul``
+Q4_1_VNNI = 5
 #: Q8_0 kernels on the portable numba loop (hosts without AVX-512 VNNI): ``jit.matmul_qai8dxp``
 Q8_0 = 6
 #: Q8_0 kernels (SME/SME2 and NEON layouts) on the VNNI tiles: ``vnni._matmul``
@@ -102,10 +102,11 @@ _Q4_0_NEON_VNNI = vnni.HAS_AVX512_VNNI
 
 
 @numba.njit(cache=True, nogil=True)
-def _q4_1_sme2_portable(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled
-    """The Q4_1 SME2 kernels on the portable loops (``jit.matmul_sme2_mopa`` / ``_dot``), with the signature of
-    the VNNI ``_matmul``."""
-    return q41_jit.matmul(m, n, k, mr, nr, q41_jit.SME_LHS_KBL, q41_jit.SME_CHUNK, lhs, rhs, False, first_block_fmul)
+def _q4_1_vnni_portable(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):  # pragma: no cover - compiled
+    """The VNNI ``_matmul``'s stand-in on hosts without AVX-512 VNNI (where Q4_1_VNNI is never given out): the
+    portable loops with its signature and result type."""
+    chunk = kbl if neon else q41_jit.SME_CHUNK
+    return q41_jit.matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -115,7 +116,7 @@ def _q8_0_vnni_portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, 
 
 
 #: the VNNI routines where the host has them; elsewhere stand-ins, so that the dispatcher compiles on any host
-_Q4_1_SME2 = q41_vnni._matmul if q41_vnni.HAVE_VNNI else _q4_1_sme2_portable
+_Q4_1_VNNI = q41_vnni._matmul if q41_vnni.HAVE_VNNI else _q4_1_vnni_portable
 _Q8_0_TILES = q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
 
 
@@ -156,8 +157,7 @@ def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
         p[P_KBL] = lhs_packer.chunk(g.kr, g.sr)
         p[P_LHS_LAYOUT], p[P_TIES_EVEN] = lhs_packer.layout, lhs_packer.ties_even
     elif isinstance(kern, q41_ukernels.Qsi8d32pQai4c32pKernel):
-        vnni_tiles = not rhs_packer.neon and q41_vnni.HAVE_VNNI
-        code = Q4_1_SME2_VNNI if vnni_tiles else Q4_1
+        code = Q4_1_VNNI if q41_vnni.HAVE_VNNI else Q4_1
         p[P_KBL] = g.kr // g.sr
         p[P_CHUNK], p[P_NEON] = rhs_packer.chunk(g.kr, g.sr), rhs_packer.neon
     elif isinstance(kern, q8_ukernels.Qai8dxpMatmulKernel) and rhs_packer is q8_ukernels.RHS_PACKER:
@@ -222,7 +222,7 @@ def pack_lhs(code, params, x, m, out, ith, nth):  # pragma: no cover - compiled
             _copy(q40_vnni._lhs_pack(_Q4_0_ISA, rows, mr, 0), dst)
         else:
             _copy(q40_jit.lhs_quant_pack_qsi8d32p(rows, mr, kbl, 0, params[P_LHS_LAYOUT], ties_even), dst)
-    elif code in (Q4_1, Q4_1_SME2_VNNI):
+    elif code in (Q4_1, Q4_1_VNNI):
         _copy(q41_jit.lhs_quant_pack(rows, mr, kbl, 0), dst)
     elif code in (Q8_0, Q8_0_VNNI):
         if r1 == m and m % mr:  # the padding rows of the last group are 0
@@ -298,8 +298,8 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
     elif code == Q4_1:
         kbl = params[P_KBL]
         res = q41_jit.matmul(m, cnt, k, mr, nr, kbl, params[P_CHUNK], a, b, params[P_NEON] != 0, fmul)
-    elif code == Q4_1_SME2_VNNI:
-        res = _Q4_1_SME2(m, cnt, k, mr, nr, a, b, fmul)
+    elif code == Q4_1_VNNI:
+        res = _Q4_1_VNNI(m, cnt, k, mr, nr, params[P_KBL], a, b, params[P_NEON] != 0, fmul)
     elif code in (Q8_0, Q8_0_VNNI):
         k_int = params[P_K_INT]
         a_i8 = a.view(np.int8)

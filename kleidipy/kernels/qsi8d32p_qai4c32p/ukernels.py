@@ -46,10 +46,12 @@ from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as _vnni
 
 FAMILY_NAME = "qsi8d32p_qai4c32p"
-#: jit compute of the SME2 kernels on this host: AVX-512 VNNI where available, else the portable numba loops
-#: (same signature ``(m, n, k, mr, nr, lhs_u8, rhs_u8) -> float32 [m, n]`` and bit-identical results).
+#: jit compute of the kernels on this host: AVX-512 VNNI where available, else the portable numba loops
+#: (same signature ``(m, n, k, mr, nr, lhs_u8, rhs_u8) -> float32 [m, n]``, for NEON with kbl after nr, and
+#: bit-identical results).
 SME2_MOPA_COMPUTE = _vnni.best_matmul_sme2_mopa()
 SME2_DOT_COMPUTE = _vnni.best_matmul_sme2_dot()
+NEON_COMPUTE = _vnni.best_matmul_neon()
 
 BL = _jit.BL
 LHS_BLOCK_BYTES = _jit.LHS_BLOCK_BYTES
@@ -373,7 +375,7 @@ class Qsi8d32pQai4c32pKernel(MatmulKernel):
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         g, lhs, rhs = self._operands(m, n, k, lhs, rhs)
         if self.rhs_packer.neon:
-            return _jit.matmul_neon(m, n, k, g.mr, g.nr, g.kr // g.sr, lhs, rhs)
+            return NEON_COMPUTE(m, n, k, g.mr, g.nr, g.kr // g.sr, lhs, rhs)
         compute = SME2_MOPA_COMPUTE if self.flags.get("first_block_fmul") else SME2_DOT_COMPUTE
         return compute(m, n, k, g.mr, g.nr, lhs, rhs)
 

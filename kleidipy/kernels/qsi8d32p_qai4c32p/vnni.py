@@ -1,21 +1,30 @@
-"""AVX-512 VNNI host execution of the Q4_1 SME2-layout kernels ``…qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa``
-and ``…qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot``: drop-ins for ``matmul_sme2_mopa`` / ``matmul_sme2_dot`` of
+"""AVX-512 VNNI host execution of the Q4_1 kernels: the SME2-layout ``…qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa``
+and ``…qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot`` and the four NEON-layout ``…_neon_dotprod`` / ``…_neon_i8mm``:
+drop-ins for ``matmul_sme2_mopa`` / ``matmul_sme2_dot`` / ``matmul_neon`` of
 :mod:`kleidipy.kernels.qsi8d32p_qai4c32p.jit`, same arguments, same bits (the recipe is in
-:mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels`).
+:mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels`). Hand-written LLVM IR because numba cannot emit
+``vpdpbusd`` or keep a register tile of 16 accumulators.
 
-Layouts read (bl = 32, kr/sr = 4): the LHS group of mr rows holds per block mr·40 bytes, the int8 of (row r,
-K group t) at 4·(t·mr + r), then mr f32 row sums, mr f32 recips; the RHS group of nr columns (nr % 16 == 0)
-holds per block nr·24 bytes, the uint16 of the four codes of (K group t, column c) at 2·(t·nr + c), then nr
-f32 zeros, nr f32 scales, and after the last block nr f32 biases.
+Layouts read (bl = 32): the LHS group of mr rows holds per block mr·40 bytes, the int8 of row r in chunks of kbl
+values (K group t of 4 values at (t // p)·kbl·mr + kbl·r + 4·(t % p), p = kbl/4), then mr f32 row sums, mr f32
+recips. The RHS group of nr columns holds per block nr·24 bytes: nr·16 bytes of codes, nr f32 zeros, nr f32
+scales, and after the last block nr f32 biases. SME2 (nr % 16 == 0, kbl = 4): the uint16 of the four codes of
+(K group t, column c) at 2·(t·nr + c). NEON (nr = 4, chunk = kbl bytes per column run): byte j of column c at
+((j // chunk)·4 + c)·chunk + j % chunk holds the codes of K = j (low nibble) and j + 16 (high), each XOR 8; the
+scale is stored /16.
 
-How: 16 columns per 512-bit vector. ``vpdpbusd`` multiplies the unsigned codes u (nibbles spread to bytes) by
-the broadcast signed LHS bytes into an int32 accumulator that starts at −8·Σq of the row's block, which makes it
-Σ q·(u − 8) exactly. Per block the float steps run on whole vectors in the recipe's order:
-``acc = fma(zero, rs, acc)``, ``acc = fma(f32(scale·rc), f32(dot), acc)`` from acc = +0 (−0 for the MOPA kernel:
-fma(x, y, −0) is the FMUL x·y, signed zeros included); finally ``acc + bias``. A register tile of rows × 4
-vectors (64 columns) is generated in LLVM IR with :mod:`kleidipy.core.vnni`. With few rows the codes are spread
-straight from the packed RHS; otherwise a panel of 64 columns is spread to bytes once and every row tile reads
-it. Without AVX-512 VNNI, :func:`best_matmul_sme2_mopa` / :func:`best_matmul_sme2_dot` give the portable jit.
+How: 16 columns per 512-bit vector, 4 K values per 32-bit lane. ``vpdpbusd`` multiplies unsigned codes (nibbles
+spread to bytes) by the broadcast signed LHS bytes into an int32 accumulator that starts at −w·Σq of the row's
+block: SME2 codes u with w = 8 give Σ q·(u − 8); NEON codes 16·u with w = 128 give Σ q·16·(u − 8), the NEON
+kernels' own dot (their int8 weight is 16·(u − 8)). A NEON vector gathers 4 groups of 4 columns: one 64-byte
+load per group and two rounds of shuffles give byte quad s of the 16 columns, whose low nibbles are K group s
+and high nibbles K group s + 4, so the tiles take K groups in QUAD_ORDER; the LHS is read in its own chunks.
+Per block the float steps run on whole vectors in the recipe's order: ``acc = fma(zero, rs, acc)``,
+``acc = fma(f32(scale·rc), f32(dot), acc)`` from acc = +0 (−0 for the MOPA kernel: fma(x, y, −0) is the FMUL x·y,
+signed zeros included); finally ``acc + bias``. A register tile of rows × 4 vectors (64 columns) is generated in
+LLVM IR with :mod:`kleidipy.core.vnni`. With few rows the codes are spread straight from the packed RHS;
+otherwise a panel of 64 columns is spread to bytes once and every row tile reads it. Without AVX-512 VNNI,
+:func:`best_matmul_sme2_mopa` / :func:`best_matmul_sme2_dot` / :func:`best_matmul_neon` give the portable jit.
 """
 
 from __future__ import annotations
@@ -39,8 +48,16 @@ HAVE_VNNI = vnni.HAS_AVX512_VNNI
 #: the portable functions, held here so that rebinding the jit module's names to ours is safe.
 PORTABLE_MOPA = _portable.matmul_sme2_mopa
 PORTABLE_DOT = _portable.matmul_sme2_dot
+PORTABLE_NEON = _portable.matmul_neon
 
 K_GROUPS = BL // 4  # K groups of 4 values per block
+#: the order the tiles take a block's K groups: a NEON byte quad s gives K groups s and s + 4
+QUAD_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+#: columns per group of the NEON layout
+NEON_NR = 4
+#: the NEON codes are 16·u, so the accumulators start at −128·Σq (SME2: codes u, −8·Σq)
+NEON_WEIGHT = 128
+SME2_WEIGHT = 8
 VEC_COLS = 16
 TILE_VECS = 4
 TILE_COLS = VEC_COLS * TILE_VECS
@@ -49,6 +66,9 @@ PANEL_ROWS = 4
 DIRECT_ROWS = 2
 #: software prefetch distance of the RHS stream, in blocks (cold GEMV: ~25 GB/s without, ~35 GB/s with).
 PREFETCH_BLOCKS = 4
+#: the NEON sources prefetch the next tile: per block and vector this many lines, front to back over its 4 groups
+#: (4·(nb·96 + 16) bytes in nb blocks)
+PREFETCH_LINES = 7
 #: bytes of a spread panel: per block 8 K groups × 4 vectors × 64 B of codes, then 2 × 64 f32 (zero, scale).
 PANEL_BLOCK_BYTES = K_GROUPS * TILE_VECS * 64 + 2 * TILE_COLS * 4
 
@@ -56,13 +76,16 @@ PANEL_BLOCK_BYTES = K_GROUPS * TILE_VECS * 64 + 2 * TILE_COLS * 4
 class _Tile:
     """IR of a tile of ``len(rows)`` rows × 4 vectors of 16 columns over all K blocks.
 
-    ``geo`` = (mr, nb, nr, n) as i64 values; rows read the packed LHS and the −8·Σq terms ``corr`` (int32 laid
-    out as the LHS row sums: [group][block][mr]); the RHS comes from a source (:meth:`direct`, :meth:`panel`).
+    ``geo`` = (mr, nb, nr, n) as i64 values; rows read the packed LHS (chunks of ``kbl`` values) and the −w·Σq
+    terms ``corr`` (int32 laid out as the LHS row sums: [group][block][mr]); the RHS comes from a source
+    (:meth:`direct`, :meth:`neon`, :meth:`panel`): ``codes(v, blk, t)`` (i32x16: the codes of vector v, K group t
+    of block blk, one per byte), ``params(v, blk)`` (f32x16 zeros and scales) and ``bias(v)``.
     """
 
-    def __init__(self, builder: ir.IRBuilder, geo: tuple) -> None:
+    def __init__(self, builder: ir.IRBuilder, geo: tuple, kbl: int = 4) -> None:
         vnni.require_vnni()
         self.b = builder
+        self.kbl = kbl
         self.mr, self.nb, self.nr, self.n = geo
         b = builder
         self.lhs_block = b.mul(self.mr, i64(LHS_BLOCK_BYTES))
@@ -70,15 +93,18 @@ class _Tile:
         self.rhs_stride = b.add(b.mul(self.rhs_block, self.nb), b.mul(self.nr, i64(4)))
 
     def rows(self, count: int, lhs, corr, i0, rows):  # noqa: ANN001, ANN201
-        """Per tile row (rows past ``rows`` repeat the last one): i8* to its LHS bytes and to its corr terms."""
+        """Per tile row (rows past ``rows`` repeat the last one): i8* to its int8, to its f32 row sum (the recip
+        follows mr·4 bytes on) in the packed LHS group's first block, and to its corr terms."""
         b = self.b
         out = []
         for r in range(count):
             i = b.add(i0, b.select(b.icmp_signed("<", i64(r), rows), i64(r), b.sub(rows, i64(1))))
             g, ri = b.udiv(i, self.mr), b.urem(i, self.mr)
-            data = b.add(b.mul(g, b.mul(self.lhs_block, self.nb)), b.mul(ri, i64(4)))
+            group = vnni.byte_ptr(b, lhs, b.mul(g, b.mul(self.lhs_block, self.nb)))
+            data = vnni.byte_ptr(b, group, b.mul(ri, i64(self.kbl)))
+            fields = vnni.byte_ptr(b, group, b.add(b.mul(self.mr, i64(BL)), b.mul(ri, i64(4))))
             terms = b.mul(b.add(b.mul(b.mul(g, self.nb), self.mr), ri), i64(4))
-            out.append((vnni.byte_ptr(b, lhs, data), vnni.byte_ptr(b, corr, terms)))
+            out.append((data, fields, vnni.byte_ptr(b, corr, terms)))
         return out
 
     def direct(self, rhs, j0):  # noqa: ANN001, ANN201
@@ -121,6 +147,70 @@ class _Tile:
 
         return codes, params, bias
 
+    def neon(self, rhs, j0, chunk: int):  # noqa: ANN001, ANN201
+        """Source reading the packed NEON RHS (``chunk`` = kbl bytes per column run): vector v gathers the 4
+        groups of columns j0 + 16v … (groups past n re-read the last one).
+
+        A group's block holds 64 bytes of codes, 4 f32 zeros, 4 f32 scales (4 f32 biases follow the last block).
+        Byte quad s (bytes 4s … 4s + 3) of column c is the 32-bit word 4s + c of the codes (chunk 4) or
+        8·(s // 2) + 2c + s % 2 (chunk 8); its low nibbles are K group s, its high ones K group s + 4, both XOR 8.
+        One 64-byte load per group and two rounds of shuffles give the 4 quads of 16 columns when codes(v, blk, 0)
+        is asked for; the K groups come out as 16·u per byte. The next tile's groups are prefetched front to back
+        while this one runs (per vector PREFETCH_LINES lines a block: a group stream alone is not fetched ahead
+        fast enough).
+        """
+        b = self.b
+        groups = b.udiv(b.add(self.n, i64(NEON_NR - 1)), i64(NEON_NR))
+        last = b.sub(groups, i64(1))
+        first = b.udiv(j0, i64(NEON_NR))
+        bases = []
+        for v in range(TILE_VECS):
+            row = []
+            for q in range(VEC_COLS // NEON_NR):
+                g = b.add(first, i64(v * VEC_COLS // NEON_NR + q))
+                g = b.select(b.icmp_signed("<", g, groups), g, last)
+                row.append(vnni.byte_ptr(b, rhs, b.mul(g, self.rhs_stride)))
+            bases.append(row)
+        ahead = [vnni.byte_ptr(b, row[0], b.mul(self.rhs_stride, i64(TILE_COLS // NEON_NR))) for row in bases]
+        block = NEON_NR * RHS_BLOCK_BYTES
+        high = vnni.const_splat(I32X16, 0xF0F0F0F0)
+        flip = vnni.const_splat(I32X16, 0x80808080)
+        # lanes of two vectors: the 256-bit half h of each; then quad s of 4 groups from two such pairs
+        halves = ([*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
+        if chunk == 4:  # 128-bit lane s % 2 of each group's half s // 2
+            quad_lanes = [[4 * (s % 2) + 8 * p + x for p in range(4) for x in range(4)] for s in range(4)]
+        else:  # the half s // 2 of a group holds words 2c + e of quad s // 2·2 + e: even words, then odd
+            quad_lanes = [[2 * j + s % 2 for j in range(VEC_COLS)] for s in range(4)]
+        quads = {}  # v -> (blk, the 4 byte quads of the vector's 16 columns)
+
+        def codes(v: int, blk, t: int):  # noqa: ANN001, ANN202
+            if quads.get(v, (None,))[0] is not blk:
+                g = [vnni.load(b, vnni.byte_ptr(b, base, b.mul(blk, i64(block))), I32X16) for base in bases[v]]
+                pairs = [[vnni.pick(b, g[i], g[i + 1], half) for half in halves] for i in (0, 2)]
+                quads[v] = (blk, [vnni.pick(b, pairs[0][s // 2], pairs[1][s // 2], quad_lanes[s]) for s in range(4)])
+            words = quads[v][1][t % 4]
+            if t < 4:  # the low nibbles move to the high half of each byte
+                words = b.shl(words, vnni.const_splat(I32X16, 4))
+            return b.xor(b.and_(words, high), flip)
+
+        def params(v: int, blk):  # noqa: ANN001, ANN202
+            lines = vnni.byte_ptr(b, ahead[v], b.mul(blk, i64(64 * PREFETCH_LINES)))
+            for line in range(PREFETCH_LINES):
+                vnni.prefetch(b, vnni.byte_ptr(b, lines, 64 * line))
+            at = b.add(b.mul(blk, i64(block)), i64(16 * NEON_NR))
+            fields = [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(F32, 2 * NEON_NR)) for base in bases[v]]
+            both = [vnni.concat(b, fields[:2]), vnni.concat(b, fields[2:])]
+            lanes = [[8 * q + 4 * f + c for q in range(4) for c in range(NEON_NR)] for f in (0, 1)]  # zeros, scales
+            return vnni.pick(b, both[0], both[1], lanes[0]), vnni.pick(b, both[0], both[1], lanes[1])
+
+        def bias(v: int):  # noqa: ANN202
+            at = b.mul(self.nb, i64(block))
+            return vnni.concat(
+                b, [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(F32, NEON_NR)) for base in bases[v]]
+            )
+
+        return codes, params, bias
+
     def panel(self, scr):  # noqa: ANN001, ANN201
         """Source reading a spread panel (PANEL_BLOCK_BYTES per block, then 4 × 16 f32 biases)."""
         b = self.b
@@ -150,24 +240,27 @@ class _Tile:
         facc = [[cgutils.alloca_once_value(b, vnni.splat(b, init, F32X16)) for _ in range(TILE_VECS)] for _ in row_ptrs]
         iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(TILE_VECS)] for _ in row_ptrs]
         kgroup = b.mul(self.mr, i64(4))
+        per = self.kbl // 4  # K groups per chunk of a row
+        at = {t: b.add(b.mul(self.mr, i64(self.kbl * (t // per))), i64(4 * (t % per))) for t in QUAD_ORDER}
         with cgutils.for_range(b, self.nb) as loop:
             blk = loop.index
-            lrow = []
-            for r, (data, corr) in enumerate(row_ptrs):
+            lrow, frow = [], []
+            for r, (data, fields, corr) in enumerate(row_ptrs):
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr, b.mul(blk, kgroup)), I32), I32X16)
                 for v in range(TILE_VECS):
                     b.store(c, iacc[r][v])
                 lrow.append(vnni.byte_ptr(b, data, b.mul(blk, self.lhs_block)))
-            for t in range(K_GROUPS):
+                frow.append(vnni.byte_ptr(b, fields, b.mul(blk, self.lhs_block)))
+            for t in QUAD_ORDER:
                 vec = [codes(v, blk, t) for v in range(TILE_VECS)]
                 for r, ptr in enumerate(lrow):
-                    q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, i64(t))), I32), I32X16)
+                    q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, at[t]), I32), I32X16)
                     for v in range(TILE_VECS):
                         b.store(vnni.dpbusd(b, b.load(iacc[r][v]), vec[v], q, True), iacc[r][v])
             zs = [params(v, blk) for v in range(TILE_VECS)]
-            for r, ptr in enumerate(lrow):
-                rs = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(self.mr, i64(BL))), F32), F32X16)
-                rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(self.mr, i64(BL + 4))), F32), F32X16)
+            for r, ptr in enumerate(frow):
+                rs = vnni.splat(b, vnni.load(b, ptr, F32), F32X16)
+                rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, kgroup), F32), F32X16)
                 for v, (zero, scale) in enumerate(zs):
                     acc = vnni.fma(b, zero, rs, b.load(facc[r][v]))
                     s = b.fmul(scale, rc)
@@ -183,9 +276,14 @@ class _Tile:
                     )
 
 
-def _make_tile(rows_max: int, direct: bool):  # noqa: ANN202
-    """Intrinsic ``tile(geo, lhs, corr, src, out, i0, rows, j0, init)``: src is the packed RHS (``direct``) or a
-    spread panel."""
+def _source(t: _Tile, rhs, j0, neon_chunk: int):  # noqa: ANN001, ANN202
+    """The source reading the packed RHS: the NEON layout with ``neon_chunk`` bytes per column run, else SME2."""
+    return t.neon(rhs, j0, neon_chunk) if neon_chunk else t.direct(rhs, j0)
+
+
+def _make_tile(rows_max: int, direct: bool, neon_chunk: int = 0, lhs_kbl: int = 4):  # noqa: ANN202
+    """Intrinsic ``tile(geo, lhs, corr, src, out, i0, rows, j0, init)``: src is the packed RHS (``direct``; the
+    NEON layout when ``neon_chunk``, see :func:`_source`) or a spread panel; the LHS has chunks of ``lhs_kbl``."""
 
     @intrinsic
     def tile(typingctx, geo, lhs, corr, src, out, i0, rows, j0, init):
@@ -195,8 +293,8 @@ def _make_tile(rows_max: int, direct: bool):  # noqa: ANN202
             geo_v, lhs_p, corr_p, src_p, out_p, i0_v, rows_v, j0_v, init_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
-            t = _Tile(builder, geo_v)
-            source = t.direct(src_p, j0_v) if direct else t.panel(src_p)
+            t = _Tile(builder, geo_v, lhs_kbl)
+            source = _source(t, src_p, j0_v, neon_chunk) if direct else t.panel(src_p)
             t.run(t.rows(rows_max, lhs_p, corr_p, i0_v, rows_v), source, init_v, out_p, i0_v, rows_v, j0_v)
             return context.get_dummy_value()
 
@@ -205,72 +303,127 @@ def _make_tile(rows_max: int, direct: bool):  # noqa: ANN202
     return tile
 
 
+#: one or two rows on the packed SME2 / NEON chunk-4 / NEON chunk-8 RHS (LHS chunks alike); 4 rows on a spread
+#: panel, LHS chunks of 4 or 8
 _direct_tile_1 = _make_tile(1, True)
 _direct_tile_2 = _make_tile(2, True)
+_neon4_tile_1, _neon4_tile_2 = _make_tile(1, True, 4), _make_tile(2, True, 4)
+_neon8_tile_1, _neon8_tile_2 = _make_tile(1, True, 8, 8), _make_tile(2, True, 8, 8)
 _panel_tile = _make_tile(PANEL_ROWS, False)
+_panel_tile_8 = _make_tile(PANEL_ROWS, False, lhs_kbl=8)
 
 
-@intrinsic
-def _spread_panel(typingctx, geo, rhs, j0, scr):
-    """Spread the codes of the 64 columns from j0 to bytes and copy their zeros, scales and biases into scr."""
-    sig = types.void(geo, rhs, types.int64, scr)
+def _make_spread_panel(neon_chunk: int):  # noqa: ANN202
+    """Intrinsic ``spread(geo, rhs, j0, scr)``: spread the codes of the 64 columns from j0 to bytes and copy their
+    zeros, scales and biases into scr (the packed RHS as :func:`_source` reads it)."""
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        geo_v, rhs_p, j0_v, scr_p = vnni.intrinsic_args(context, builder, signature, args)
-        t = _Tile(builder, geo_v)
-        codes, params, bias = t.direct(rhs_p, j0_v)
-        b = builder
-        with cgutils.for_range(b, t.nb) as loop:
-            base = vnni.byte_ptr(b, scr_p, b.mul(loop.index, i64(PANEL_BLOCK_BYTES)))
-            for v in range(TILE_VECS):
-                for k in range(K_GROUPS):
-                    vnni.store(b, codes(v, loop.index, k), vnni.byte_ptr(b, base, 64 * (TILE_VECS * k + v)))
-                zero, scale = params(v, loop.index)
-                vnni.store(b, zero, vnni.byte_ptr(b, base, K_GROUPS * TILE_VECS * 64 + 64 * v))
-                vnni.store(b, scale, vnni.byte_ptr(b, base, K_GROUPS * TILE_VECS * 64 + TILE_COLS * 4 + 64 * v))
-        end = vnni.byte_ptr(b, scr_p, b.mul(t.nb, i64(PANEL_BLOCK_BYTES)))
+    @intrinsic
+    def spread(typingctx, geo, rhs, j0, scr):
+        sig = types.void(geo, rhs, types.int64, scr)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            geo_v, rhs_p, j0_v, scr_p = vnni.intrinsic_args(context, builder, signature, args)
+            t = _Tile(builder, geo_v)
+            _spread(builder, t, _source(t, rhs_p, j0_v, neon_chunk), scr_p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return spread
+
+
+def _spread(b: ir.IRBuilder, t: _Tile, source: tuple, scr_p: ir.Value) -> None:
+    """IR of a spread panel (PANEL_BLOCK_BYTES per block, then 4 × 16 f32 biases) from a source."""
+    codes, params, bias = source
+    with cgutils.for_range(b, t.nb) as loop:
+        base = vnni.byte_ptr(b, scr_p, b.mul(loop.index, i64(PANEL_BLOCK_BYTES)))
         for v in range(TILE_VECS):
-            vnni.store(b, bias(v), vnni.byte_ptr(b, end, 64 * v))
-        return context.get_dummy_value()
+            for k in QUAD_ORDER:
+                vnni.store(b, codes(v, loop.index, k), vnni.byte_ptr(b, base, 64 * (TILE_VECS * k + v)))
+            zero, scale = params(v, loop.index)
+            vnni.store(b, zero, vnni.byte_ptr(b, base, K_GROUPS * TILE_VECS * 64 + 64 * v))
+            vnni.store(b, scale, vnni.byte_ptr(b, base, K_GROUPS * TILE_VECS * 64 + TILE_COLS * 4 + 64 * v))
+    end = vnni.byte_ptr(b, scr_p, b.mul(t.nb, i64(PANEL_BLOCK_BYTES)))
+    for v in range(TILE_VECS):
+        vnni.store(b, bias(v), vnni.byte_ptr(b, end, 64 * v))
 
-    return sig, codegen
+
+_spread_panel = _make_spread_panel(0)
+_spread_panel_neon4 = _make_spread_panel(4)
+_spread_panel_neon8 = _make_spread_panel(8)
 
 
 @numba.njit(cache=True, nogil=True)
-def _matmul(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+def _lhs_terms(m, k, mr, kbl, lhs, weight):
+    """−weight·Σq per row and block of a packed LHS with chunks of kbl = 4 or 8, laid out [group][block][mr]: for
+    kbl = 8 the 4-byte halves (e) of row r's chunks are summed as rows 2r + e of 4 K groups, then added."""
+    nb = k // BL
+    block_bytes = mr * LHS_BLOCK_BYTES
+    if kbl == 4:
+        return vnni.neg_block_sums(vnni.VNNI512, lhs, m, mr, nb * block_bytes, nb, block_bytes, K_GROUPS, weight)
+    halves = vnni.neg_block_sums(vnni.VNNI512, lhs, 2 * m, 2 * mr, nb * block_bytes, nb, block_bytes, 4, weight)
+    return halves[0::2] + halves[1::2]
+
+
+@numba.njit(cache=True, nogil=True)
+def _matmul(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):
+    """Every Q4_1 kernel: the NEON layout (nr = 4, RHS chunk = LHS kbl = 4 or 8) when ``neon``, else SME2
+    (kbl = 4)."""
     nb = k // BL
     geo = (np.int64(mr), np.int64(nb), np.int64(nr), np.int64(n))
-    corr = vnni.neg_block_sums(
-        vnni.VNNI512, lhs, m, mr, mr * nb * LHS_BLOCK_BYTES, nb, mr * LHS_BLOCK_BYTES, K_GROUPS, 8
-    )
+    corr = _lhs_terms(m, k, mr, kbl, lhs, NEON_WEIGHT if neon else SME2_WEIGHT)
     out = np.empty((m, n), np.float32)
     init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
     if m <= DIRECT_ROWS:
         for j0 in range(0, n, TILE_COLS):
-            if m == 1:
-                _direct_tile_1(geo, lhs, corr, rhs, out, 0, m, j0, init)
+            if not neon:
+                if m == 1:
+                    _direct_tile_1(geo, lhs, corr, rhs, out, 0, m, j0, init)
+                else:
+                    _direct_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
+            elif kbl == 4:
+                if m == 1:
+                    _neon4_tile_1(geo, lhs, corr, rhs, out, 0, m, j0, init)
+                else:
+                    _neon4_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
+            elif m == 1:
+                _neon8_tile_1(geo, lhs, corr, rhs, out, 0, m, j0, init)
             else:
-                _direct_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
+                _neon8_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
         return out
     scr = np.empty(nb * PANEL_BLOCK_BYTES + TILE_COLS * 4, np.uint8)
     for j0 in range(0, n, TILE_COLS):
-        _spread_panel(geo, rhs, j0, scr)
+        if not neon:
+            _spread_panel(geo, rhs, j0, scr)
+        elif kbl == 4:
+            _spread_panel_neon4(geo, rhs, j0, scr)
+        else:
+            _spread_panel_neon8(geo, rhs, j0, scr)
         for i0 in range(0, m, PANEL_ROWS):
-            _panel_tile(geo, lhs, corr, scr, out, i0, min(PANEL_ROWS, m - i0), j0, init)
+            if kbl == 4:
+                _panel_tile(geo, lhs, corr, scr, out, i0, min(PANEL_ROWS, m - i0), j0, init)
+            else:
+                _panel_tile_8(geo, lhs, corr, scr, out, i0, min(PANEL_ROWS, m - i0), j0, init)
     return out
 
 
 def matmul_sme2_mopa(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """``…1vlx4vl_sme2_mopa``: float32 [m, n], unclamped (first block's zero term is an FMUL). Needs AVX-512 VNNI."""
-    return _matmul(m, n, k, mr, nr, lhs, rhs, True)
+    return _matmul(m, n, k, mr, nr, _portable.SME_LHS_KBL, lhs, rhs, False, True)
 
 
 def matmul_sme2_dot(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """``…1x4vl_sme2_dot``: float32 [m, n], unclamped (accumulator starts at +0). Needs AVX-512 VNNI."""
-    return _matmul(m, n, k, mr, nr, lhs, rhs, False)
+    return _matmul(m, n, k, mr, nr, _portable.SME_LHS_KBL, lhs, rhs, False, False)
+
+
+def matmul_neon(m: int, n: int, k: int, mr: int, nr: int, kbl: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """The four NEON kernels (i8mm / dotprod, GEMM / GEMV): float32 [m, n], unclamped. Needs AVX-512 VNNI."""
+    return _matmul(m, n, k, mr, nr, kbl, lhs, rhs, True, False)
 
 
 MatmulFn = Callable[[int, int, int, int, int, np.ndarray, np.ndarray], np.ndarray]
+NeonMatmulFn = Callable[[int, int, int, int, int, int, np.ndarray, np.ndarray], np.ndarray]
 
 
 def best_matmul_sme2_mopa() -> MatmulFn:
@@ -281,3 +434,8 @@ def best_matmul_sme2_mopa() -> MatmulFn:
 def best_matmul_sme2_dot() -> MatmulFn:
     """The fastest ``matmul_sme2_dot`` this host runs (the portable jit one without AVX-512 VNNI)."""
     return matmul_sme2_dot if HAVE_VNNI else PORTABLE_DOT
+
+
+def best_matmul_neon() -> NeonMatmulFn:
+    """The fastest ``matmul_neon`` this host runs (the portable jit one without AVX-512 VNNI)."""
+    return matmul_neon if HAVE_VNNI else PORTABLE_NEON
