@@ -220,6 +220,27 @@ def concat(builder: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
     return parts[0]
 
 
+def group_bases(
+    builder: ir.IRBuilder, rhs: ir.Value, j0: ir.Value, n: ir.Value, stride: ir.Value, vectors: int, group_cols: int = 4
+) -> list[list[ir.Value]]:
+    """i8* to the packed-RHS groups of ``group_cols`` columns (``stride`` bytes apart) under each of ``vectors``
+    16-column vectors from column j0 (a multiple of group_cols): [vector][group]. A group past the last of the n
+    columns is the last one again (NEON layouts: its columns land in the tile's padding)."""
+    groups = builder.udiv(builder.add(n, i64(group_cols - 1)), i64(group_cols))
+    last = builder.sub(groups, i64(1))
+    first = builder.udiv(j0, i64(group_cols))
+    per = 16 // group_cols
+    out = []
+    for v in range(vectors):
+        row = []
+        for q in range(per):
+            g = builder.add(first, i64(v * per + q))
+            g = builder.select(builder.icmp_signed("<", g, groups), g, last)
+            row.append(byte_ptr(builder, rhs, builder.mul(g, stride)))
+        out.append(row)
+    return out
+
+
 def _call(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
     module = builder.module
     fnty = ir.FunctionType(ret, [a.type for a in args])

@@ -160,17 +160,7 @@ class _Tile:
         fast enough).
         """
         b = self.b
-        groups = b.udiv(b.add(self.n, i64(NEON_NR - 1)), i64(NEON_NR))
-        last = b.sub(groups, i64(1))
-        first = b.udiv(j0, i64(NEON_NR))
-        bases = []
-        for v in range(TILE_VECS):
-            row = []
-            for q in range(VEC_COLS // NEON_NR):
-                g = b.add(first, i64(v * VEC_COLS // NEON_NR + q))
-                g = b.select(b.icmp_signed("<", g, groups), g, last)
-                row.append(vnni.byte_ptr(b, rhs, b.mul(g, self.rhs_stride)))
-            bases.append(row)
+        bases = vnni.group_bases(b, rhs, j0, self.n, self.rhs_stride, TILE_VECS, NEON_NR)
         ahead = [vnni.byte_ptr(b, row[0], b.mul(self.rhs_stride, i64(TILE_COLS // NEON_NR))) for row in bases]
         block = NEON_NR * RHS_BLOCK_BYTES
         high = vnni.const_splat(I32X16, 0xF0F0F0F0)

@@ -58,17 +58,7 @@ def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):  # noqa: ANN00
     of the vector two on, in address order.
     """
     b = tile.builder
-    groups = b.udiv(b.add(tile.n, i64(NEON_NR - 1)), i64(NEON_NR))
-    last = b.sub(groups, i64(1))
-    first = b.udiv(j0, i64(NEON_NR))
-    bases = []
-    for v in range(PANEL_VECS):
-        row = []
-        for q in range(VEC_COLS // NEON_NR):
-            g = b.add(first, i64(v * VEC_COLS // NEON_NR + q))
-            g = b.select(b.icmp_signed("<", g, groups), g, last)
-            row.append(vnni.byte_ptr(b, rhs, b.mul(g, tile.rstride)))
-        bases.append(row)
+    bases = vnni.group_bases(b, rhs, j0, tile.n, tile.rstride, PANEL_VECS, NEON_NR)
     block = NEON_NR * 18
     quads = {}
     mask = vnni.const_splat(I32X16, 0x0F0F0F0F)
