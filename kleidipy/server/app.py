@@ -222,6 +222,7 @@ def create_app(
                 req.stop,
                 chunk=engine.lm.n_ubatch,
                 logprobs=req.logprobs,
+                grammar=req.grammar,
             )
             jobs.append(Job(gen, loop, cache_prompt=req.cache_prompt))
         try:
