@@ -149,6 +149,8 @@ class GrammarMatcher:
     def allowed(self) -> np.ndarray:
         """A boolean per token id of the vocabulary: may it come next?"""
         fill_next_token_bitmask(self._matcher, self._bitmask)
+        if self._matcher.is_error():  # a parser limit reached on the way
+            raise GrammarError(f"grammar matching failed: {_one_line(self._matcher.get_error())}")
         bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")
         return bits[: self._n_vocab].astype(bool)
 
