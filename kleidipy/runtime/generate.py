@@ -311,8 +311,8 @@ class Engine:
         end-of-generation or a ``stop`` string, which is never yielded). The prompt runs as one batch (GEMM), then
         one token at a time (GEMV). With ``reuse_cache`` the cached positions holding the prompt's first tokens are
         kept and only the rest is prefilled (a growing conversation); otherwise the KV cache starts empty. A
-        ``grammar`` constrains the text (and ends it when complete). When the
-        iterator is exhausted, ``finish_reason`` and ``timings`` (``n_cached``: prompt tokens reused) describe it."""
+        ``grammar`` constrains the text (and ends it when complete). When the iterator is exhausted,
+        ``finish_reason`` and ``timings`` (``n_cached``: prompt tokens reused) describe it."""
         ids = list(prompt_ids)
         if not ids:
             raise PromptError("the prompt is empty")

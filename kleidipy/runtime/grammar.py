@@ -3,20 +3,22 @@ GBNF grammars, as the first step of the sampler chain (llama.cpp's grammar sampl
 
 :class:`Grammar` is a compiled, validated constraint; :func:`response_format_grammar` makes one from an OpenAI
 ``response_format`` object. :meth:`Grammar.matcher` starts one sequence's :class:`GrammarMatcher`: ``mask``
-gives the logits with every token the grammar does not allow next set to -inf (before penalties, top-k, ...),
-``accept`` advances it by the sampled token, and ``done`` says that the grammar is complete (the generation
-stops with finish reason "stop"). End-of-generation tokens are allowed exactly where the grammar may end.
+gives the logits with every token the grammar does not allow next set to -inf (before penalties, top-k, ...:
+llama.cpp's ``grammar_first`` order), ``accept`` advances it by the sampled token, and ``done`` says that the
+grammar is complete (the generation stops with finish reason "stop"). End-of-generation tokens are allowed exactly
+where the grammar may end.
 
-The matching is llguidance's (the library llama.cpp itself can use for grammars); this module only adapts
-kleidipy's vocabulary to it: each token's bytes as ``token_to_piece`` gives them, control tokens (and
-user-defined tokens written like ``<...>``) marked special the way llguidance's llama.cpp adapter marks them,
-the model's end-of-generation ids as its EOS tokens, and kleidipy's exact tokenizer for its re-tokenization.
+The matching is llguidance's; this module only adapts kleidipy's vocabulary to it: each token's bytes as
+``token_to_piece`` gives them, control tokens (and user-defined tokens written like ``<...>``) marked special the
+way llguidance's llama.cpp adapter marks them, the model's end-of-generation ids as its EOS tokens, and kleidipy's
+exact tokenizer for its re-tokenization.
 
 Why llguidance rather than xgrammar, measured on SmolLM2's 49152-token vocabulary (2-core x86, one thread):
 the library's tokenizer from kleidipy's token bytes 0.19 s (xgrammar 0.03 s; once per model), schema compile +
 matcher 3 ms (xgrammar 8 ms) for a 3-property object schema, a token mask 0.02 ms mean and 0.19 ms worst
-(xgrammar 0.01 / 0.32 ms) — both far below a decode step — but xgrammar requires torch, transformers and triton
-(gigabytes of wheels) where llguidance has no dependency, and it is llama.cpp's own choice (``LLAMA_LLGUIDANCE``).
+(xgrammar 0.01 / 0.32 ms); this module's whole step (mask, -inf, accept) is 0.07 ms a token, far below a decode
+step. They are as fast as each other, but xgrammar requires torch, transformers and triton (gigabytes of wheels)
+where llguidance has no dependency, and llguidance is the library llama.cpp can build in (``LLAMA_LLGUIDANCE``).
 """
 
 from __future__ import annotations
