@@ -5,6 +5,9 @@ not (a :class:`Completion`). Both carry OpenAI's finish reason ("stop" / "length
 The model keeps one KV cache across calls: a prompt that starts with the tokens of the previous call (a
 conversation that grows) prefills only the new tokens; ``usage.cached_tokens`` says how many were reused. Sampling
 defaults are llama.cpp's (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, a random seed unless ``seed``).
+``response_format`` takes OpenAI's object (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema":
+{"schema": {...}}}``) and constrains the reply to it (:mod:`kleidipy.runtime.grammar`; a schema it cannot compile
+raises :class:`~kleidipy.runtime.grammar.GrammarError`).
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 from kleidipy.runtime.generate import Engine, FinishReason
+from kleidipy.runtime.grammar import Grammar, response_format_grammar
 from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.runtime.sampler import SamplingParams
 from kleidipy.target import Target, parse_target, resolve_target
@@ -67,6 +71,7 @@ class Options(TypedDict, total=False):
     repeat_penalty: float  #: [1.0 = off]
     seed: int | None  #: [None: a random seed]
     stop: Sequence[str]  #: strings that end the reply (not included) [()]
+    response_format: Mapping[str, Any] | None  #: OpenAI's response_format: JSON object / schema [None: text]
 
 
 class LLM:
@@ -99,20 +104,28 @@ class LLM:
         max_tokens: int | None = 256,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        response_format: Mapping[str, Any] | None = None,
         **sampling: float,
     ) -> Completion | Iterator[Chunk]:
         params = SamplingParams(**sampling)  # llama.cpp's defaults for what is not given
-        chunks = self._chunks(ids, max_tokens, params, seed, stop)
+        grammar = None if response_format is None else response_format_grammar(response_format)
+        chunks = self._chunks(ids, max_tokens, params, seed, stop, grammar)
         if stream:
             return chunks
         *pieces, last = chunks
         return Completion("".join(c.text for c in pieces), last.finish_reason, last.usage)
 
     def _chunks(
-        self, ids: list[int], max_tokens: int | None, params: SamplingParams, seed: int | None, stop: Sequence[str]
+        self,
+        ids: list[int],
+        max_tokens: int | None,
+        params: SamplingParams,
+        seed: int | None,
+        stop: Sequence[str],
+        grammar: Grammar | None,
     ) -> Iterator[Chunk]:
         engine = self.engine
-        for piece in engine.generate(ids, max_tokens, params, seed=seed, stop=stop, reuse_cache=True):
+        for piece in engine.generate(ids, max_tokens, params, seed, stop, reuse_cache=True, grammar=grammar):
             yield Chunk(piece)
         t = engine.timings
         yield Chunk("", engine.finish_reason, Usage(len(ids), t.n_generated, t.n_cached))

@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--seed", type=int, default=-1, help="random seed: same seed, same text (default -1: a random seed)"
         )
+        constraint = p.add_mutually_exclusive_group()
+        constraint.add_argument(
+            "-j", "--json-schema", metavar="SCHEMA", help="reply with JSON matching this JSON schema ('{}': any JSON)"
+        )
+        constraint.add_argument("--grammar", metavar="GBNF", help="reply with text matching this GBNF grammar")
         p.set_defaults(func=commands.cmd_run if name == "run" else commands.cmd_chat)
 
     p = sub.add_parser(

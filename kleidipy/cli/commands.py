@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import platform
 import sys
 
@@ -133,6 +134,19 @@ def _sampling(args: argparse.Namespace):  # noqa: ANN202
     )
 
 
+def _grammar(args: argparse.Namespace):  # noqa: ANN202
+    """--json-schema / --grammar as a Grammar (None without), checked before the model is loaded."""
+    from kleidipy.runtime.grammar import Grammar, GrammarError
+
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(args.json_schema)
+        except ValueError as exc:
+            raise GrammarError(f"--json-schema is not valid JSON: {exc}") from None
+        return Grammar.json_schema(schema)
+    return None if args.grammar is None else Grammar.gbnf(args.grammar)
+
+
 def _seed(args: argparse.Namespace) -> int | None:
     """--seed, where -1 means a random seed (llama.cpp's LLAMA_DEFAULT_SEED)."""
     return None if args.seed == -1 else args.seed
@@ -144,13 +158,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if (args.prompt is None) == (args.file is None):
         raise PromptError("give the prompt with -p TEXT or -f FILE (one of them)")
     args.prompt = read_prompt_file(args.file) if args.file else check_prompt_text(args.prompt)
-    params = _sampling(args)
+    params, grammar = _sampling(args), _grammar(args)
     engine = _engine(args)
     chat = engine.chat_template.from_model if args.chat is None else args.chat  # as llama-cli and ollama run
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if chat else engine.prompt(args.prompt)
     if not chat:
         print(args.prompt, end="", flush=True)
-    for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args)):
+    for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args), grammar=grammar):
         print(piece, end="", flush=True)
     print()
     _say_if_cut(engine, args)
@@ -189,7 +203,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from kleidipy.runtime.context_shift import shift_messages
 
-    params = _sampling(args)
+    params, grammar = _sampling(args), _grammar(args)
     engine = _engine(args)
     messages: list[dict[str, str]] = []
     if args.system:
@@ -213,7 +227,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         reply = ""
         try:
             ids = engine.chat_prompt(messages)
-            for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args), reuse_cache=True):
+            generate = engine.generate(ids, _max_tokens(args), params, _seed(args), reuse_cache=True, grammar=grammar)
+            for piece in generate:
                 reply += piece
                 print(piece, end="", flush=True)
         except KeyboardInterrupt:

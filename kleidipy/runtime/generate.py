@@ -27,6 +27,7 @@ from kleidipy.graph.execute import compile_model
 from kleidipy.runtime import tensor_check
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.chat_template import ChatTemplate
+from kleidipy.runtime.grammar import Grammar
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.observer import Observer, RepackCall
 from kleidipy.runtime.pull import resolve_model
@@ -101,7 +102,8 @@ class Timings:
 class Generation:
     """One sequence from prompt ids to finish: ``step(forward)`` runs one prefill chunk or one decode token and
     returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over. The first
-    ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is prefilled)."""
+    ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is prefilled). With a
+    ``grammar`` only text it allows is sampled, and the generation stops ("stop") when the grammar is complete."""
 
     def __init__(
         self,
@@ -115,12 +117,14 @@ class Generation:
         chunk: int = 512,
         n_cached: int = 0,
         logprobs: int | None = None,
+        grammar: Grammar | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompt = list(prompt_ids)
         self.n_ctx = n_ctx
         self.max_tokens = n_ctx if max_tokens is None else max_tokens
-        self.sampler = Sampler(params or SamplingParams(temperature=0.0), seed=seed)
+        matcher = grammar.matcher(tokenizer) if grammar is not None else None
+        self.sampler = Sampler(params or SamplingParams(temperature=0.0), seed=seed, grammar=matcher)
         self.stop = tuple(s for s in stop if s)
         self.chunk = chunk
         self.detok = StreamDetokenizer(tokenizer)
@@ -157,11 +161,14 @@ class Generation:
         token = self.sampler(logits, self.history)
         if self.tokenizer.is_eog(token):
             return self._release("stop")
+        self.sampler.accept(token)
         if self.logprobs is not None:
             self._record_logprobs(logits, token)
         self.history.append(token)
         self.n_generated += 1
         self._text += self.detok.push(token)
+        if self.sampler.finished:
+            return self._release("stop")
         if self.n_generated >= self.max_tokens or self.n_past >= self.n_ctx:
             return self._release("length")
         return self._release(None)
@@ -298,12 +305,14 @@ class Engine:
         seed: int | None = None,
         stop: Sequence[str] = (),
         reuse_cache: bool = False,
+        grammar: Grammar | None = None,
     ) -> Iterator[str]:
         """Yield the text pieces of up to ``max_tokens`` sampled tokens (None: until the context is full; stops at
         end-of-generation or a ``stop`` string, which is never yielded). The prompt runs as one batch (GEMM), then
         one token at a time (GEMV). With ``reuse_cache`` the cached positions holding the prompt's first tokens are
-        kept and only the rest is prefilled (a growing conversation); otherwise the KV cache starts empty. When the
-        iterator is exhausted, ``finish_reason`` and ``timings`` (``n_cached``: prompt tokens reused) describe it."""
+        kept and only the rest is prefilled (a growing conversation); otherwise the KV cache starts empty. A
+        ``grammar`` constrains the text (and ends it when complete). When the iterator is exhausted,
+        ``finish_reason`` and ``timings`` (``n_cached``: prompt tokens reused) describe it."""
         ids = list(prompt_ids)
         if not ids:
             raise PromptError("the prompt is empty")
@@ -323,7 +332,16 @@ class Engine:
             return
 
         gen = Generation(
-            self.tokenizer, ids, self.lm.n_ctx, max_tokens, params, seed, stop, chunk=len(ids), n_cached=n_cached
+            self.tokenizer,
+            ids,
+            self.lm.n_ctx,
+            max_tokens,
+            params,
+            seed,
+            stop,
+            chunk=len(ids),
+            n_cached=n_cached,
+            grammar=grammar,
         )
         while not gen.done:
             prefill, t0 = gen.prefilling, time.perf_counter()

@@ -1,6 +1,9 @@
 """Next-token sampling with llama.cpp's semantics (its default sampler chain, without DRY/typical/XTC):
 
-    penalties -> top-k -> top-p -> min-p -> temperature -> dist
+    [grammar] -> penalties -> top-k -> top-p -> min-p -> temperature -> dist
+
+* grammar (optional, :mod:`kleidipy.runtime.grammar`): tokens the grammar does not allow next get -inf;
+  :meth:`Sampler.accept` advances it by the chosen token and :attr:`Sampler.finished` says it is complete.
 
 * penalties (last ``repeat_last_n`` tokens of the history; -1: all): a token seen ``c`` times gets
   ``logit * r`` if ``logit <= 0`` else ``logit / r``, then ``- c * frequency - presence``.
@@ -21,10 +24,14 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kleidipy.errors import KleidipyError
+
+if TYPE_CHECKING:
+    from kleidipy.runtime.grammar import GrammarMatcher
 
 
 class SamplingError(KleidipyError, ValueError):
@@ -126,11 +133,26 @@ def _softmax_f32(logits: np.ndarray) -> np.ndarray:
 
 
 class Sampler:
-    """Draws next tokens from logits; ``Sampler(params, seed)`` is reproducible for a given seed."""
+    """Draws next tokens from logits; ``Sampler(params, seed)`` is reproducible for a given seed. With a
+    ``grammar`` matcher, only the tokens it allows are drawn and each chosen token must be passed to
+    :meth:`accept`."""
 
-    def __init__(self, params: SamplingParams = SamplingParams(), seed: int | None = None) -> None:
+    def __init__(
+        self, params: SamplingParams = SamplingParams(), seed: int | None = None, grammar: GrammarMatcher | None = None
+    ) -> None:
         self.params = params
         self.rng = np.random.default_rng(check_seed(seed))
+        self.grammar = grammar
+
+    def accept(self, token: int) -> None:
+        """Advance the grammar (if any) by the chosen ``token``."""
+        if self.grammar is not None:
+            self.grammar.accept(token)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the grammar is complete (no token may follow); always False without one."""
+        return self.grammar is not None and self.grammar.done
 
     def penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """float32 logits with the repetition/frequency/presence penalties of ``history`` applied (a copy)."""
@@ -178,8 +200,11 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """The next token id."""
+        logits = _check_logits(logits)
+        if self.grammar is not None:
+            logits = self.grammar.mask(logits)
         if self.params.greedy:  # the filters never drop the maximum: argmax of the penalized logits
-            return greedy(self.penalize(_check_logits(logits), history))
+            return greedy(self.penalize(logits, history))
         ids, lg = self.candidates(logits, history)
         cum = np.cumsum(_softmax_f32(lg))
         i = int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right"))

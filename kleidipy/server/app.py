@@ -203,27 +203,32 @@ def create_app(
             raise invalid(param, message, "context_length_exceeded")
         return ids
 
-    async def generate(request: Request, req: GenerationRequest) -> Response:
-        if req.max_tokens is not None and req.max_tokens > slot_ctx:
-            message = f"max_tokens={req.max_tokens} is more than the context ({slot_ctx} tokens)"
-            raise invalid("max_tokens", message, "invalid_value")
-        ids = await run_in_threadpool(prompt_ids, req)
-        loop = asyncio.get_running_loop()
-        jobs = []
-        for i in range(req.n):  # one sequence per choice; seed + i, so a seeded request repeats every choice
-            seed = None if req.seed is None else req.seed + i
-            gen = Generation(
+    def generations(req: GenerationRequest) -> list[Generation]:
+        """One sequence per choice, seed + i, so a seeded request repeats every choice (runs in a worker thread:
+        tokenizing a large prompt, or the grammar's first view of the vocabulary, takes a while)."""
+        ids = prompt_ids(req)
+        return [
+            Generation(
                 tokenizer,
                 ids,
                 slot_ctx,
                 req.max_tokens,
                 req.params,
-                seed,
+                None if req.seed is None else req.seed + i,
                 req.stop,
                 chunk=engine.lm.n_ubatch,
                 logprobs=req.logprobs,
+                grammar=req.grammar,
             )
-            jobs.append(Job(gen, loop, cache_prompt=req.cache_prompt))
+            for i in range(req.n)
+        ]
+
+    async def generate(request: Request, req: GenerationRequest) -> Response:
+        if req.max_tokens is not None and req.max_tokens > slot_ctx:
+            message = f"max_tokens={req.max_tokens} is more than the context ({slot_ctx} tokens)"
+            raise invalid("max_tokens", message, "invalid_value")
+        loop = asyncio.get_running_loop()
+        jobs = [Job(gen, loop, cache_prompt=req.cache_prompt) for gen in await run_in_threadpool(generations, req)]
         try:
             for job in jobs:
                 scheduler.submit(job)

@@ -4,10 +4,12 @@ Requests are plain JSON objects checked field by field (:func:`parse_chat`, :fun
 bad value becomes an :class:`APIError` that names the offending ``param``, in OpenAI's error object
 ``{"error": {"message", "type", "param", "code"}}``. Supported: ``model``, ``messages`` / ``prompt``,
 ``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop`` (a string or up to 4),
-``n`` (1 only), ``stream`` with ``stream_options.include_usage``, ``frequency_penalty`` / ``presence_penalty``,
-and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. Options this server cannot honour (``n > 1``,
-``logprobs``, ``tools``, ``logit_bias``, ``echo``, ``suffix``, ``best_of > 1``, non-text ``response_format``)
-are rejected rather than ignored; fields it does not know are ignored, as most OpenAI-compatible servers do.
+``n`` (up to :data:`MAX_CHOICES`), ``logprobs`` / ``top_logprobs``, ``stream`` with
+``stream_options.include_usage``, ``frequency_penalty`` / ``presence_penalty``, ``response_format`` (``text``,
+``json_object``, ``json_schema``: grammar-constrained sampling, :mod:`kleidipy.runtime.grammar`; a schema it
+cannot compile is a 400), and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. Options this server cannot
+honour (``tools``, ``logit_bias``, ``echo``, ``suffix``, ``best_of > 1``) are rejected rather than ignored; fields
+it does not know are ignored, as most OpenAI-compatible servers do.
 
 Defaults: OpenAI's for its own fields (temperature 1, top_p 1; ``max_tokens`` 16 for completions and "until the
 end of the context" for chat), llama.cpp server's for the extras (top_k 40, min_p 0.05, repeat_penalty 1).
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kleidipy.errors import KleidipyError
+from kleidipy.runtime.grammar import Grammar, GrammarError, response_format_grammar
 from kleidipy.runtime.sampler import SamplingOptionError, SamplingParams, sampling_options
 
 Kind = Literal["chat", "completion"]
@@ -81,6 +84,8 @@ class GenerationRequest:
     n: int = 1
     messages: tuple[dict[str, str], ...] = ()
     prompt: str | tuple[int, ...] = ""
+    #: the constraint of ``response_format`` (None: plain text)
+    grammar: Grammar | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,7 +169,6 @@ def _unsupported(body: Mapping[str, Any], kind: Kind) -> None:
         "logit_bias": lambda v: not v,
         "tools": lambda v: not v,
         "functions": lambda v: not v,
-        "response_format": lambda v: isinstance(v, dict) and v.get("type", "text") == "text",
     }
     if kind == "completion":
         checks.update(echo=lambda v: v is False, suffix=lambda v: not v)
@@ -217,7 +221,16 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
         cache_prompt=_boolean(body, "cache_prompt", default=True),
         logprobs=_logprobs(body, kind),
         n=_choices(body),
+        grammar=_grammar(body),
     )
+
+
+def _grammar(body: Mapping[str, Any]) -> Grammar | None:
+    value = body.get("response_format")
+    try:
+        return None if value is None else response_format_grammar(value)
+    except GrammarError as exc:
+        raise invalid("response_format", str(exc), "invalid_value") from None
 
 
 def _choices(body: Mapping[str, Any]) -> int:

@@ -1,5 +1,6 @@
 """The kleidipy command line: one clear line and a non-zero exit for every kind of bad input; --help explains."""
 
+import json
 import subprocess
 import sys
 
@@ -96,6 +97,18 @@ def test_run_greedy_paris_and_seed_reproducible():
     a = run_cli("run", "-p", "Once upon a time", "-n", "8", "--seed", "7", "-q")
     b = run_cli("run", "-p", "Once upon a time", "-n", "8", "--seed", "7", "-q")
     assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_run_json_schema_and_grammar():
+    schema = '{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}'
+    proc = run_cli("run", "-p", "What is the capital of France? Answer in JSON.", "--temp", "0", "-j", schema, "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert isinstance(json.loads(proc.stdout)["city"], str)
+    proc = run_cli("run", "-p", "Is Paris in France?", "--grammar", 'root ::= "yes" | "no"', "-q")
+    assert proc.returncode == 0 and proc.stdout.strip() in ("yes", "no"), proc.stderr
+    one_line_error(run_cli("run", "-p", "hi", "-j", "{nope", "-q"), "--json-schema is not valid JSON")
+    one_line_error(run_cli("run", "-p", "hi", "-j", '{"type": "strin"}', "-q"), "invalid JSON schema")
+    one_line_error(run_cli("run", "-p", "hi", "--grammar", "root ::= (", "-q"), "invalid grammar")
 
 
 def test_run_defaults_are_llama_cpp_sampling_and_a_cut_reply_says_so():

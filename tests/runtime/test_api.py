@@ -1,11 +1,14 @@
 """The Python API: kleidipy.load, chat/complete streamed or not, finish reasons, usage, KV cache reuse."""
 
+import json
+
 import pytest
 from model_files import SMOLLM2
 
 import kleidipy
 from kleidipy.api import LLM, Chunk, Completion
 from kleidipy.errors import KleidipyError
+from kleidipy.runtime.grammar import GrammarError
 from kleidipy.runtime.sampler import SamplingError
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -66,6 +69,19 @@ def test_second_turn_prefills_only_the_new_tokens(llm: LLM) -> None:
     assert second.usage.prefilled_tokens == len(turn2) - second.usage.cached_tokens
     assert llm.engine.timings.n_prompt == second.usage.prefilled_tokens < len(turn2) - len(turn1)
     assert second.text
+
+
+def test_response_format_constrains_the_reply(llm: LLM) -> None:
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}}, "required": ["capital"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    reply = llm.chat(QUESTION, temperature=0, max_tokens=40, response_format=fmt)
+    assert reply.finish_reason == "stop" and isinstance(json.loads(reply.text)["capital"], str)
+    streamed = llm.chat(QUESTION, temperature=0, max_tokens=40, response_format=fmt, stream=True)
+    assert "".join(c.text for c in streamed) == reply.text
+    obj = llm.complete("A JSON object:", seed=4, max_tokens=40, response_format={"type": "json_object"})
+    assert obj.text.startswith("{")
+    with pytest.raises(GrammarError, match="Unimplemented keys"):
+        llm.chat(QUESTION, response_format={"type": "json_schema", "json_schema": {"schema": {"if": {}}}})
 
 
 def test_bad_input_raises_typed_errors(llm: LLM) -> None:

@@ -349,8 +349,52 @@ def test_n_choices_are_the_seeded_answers_one_by_one(smol: Server) -> None:
     assert texts[0] == texts[1] != "" and finishes == {0: "length", 1: "length"}  # greedy: the same answer twice
 
 
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0, "maximum": 10**8},
+    },
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+JSON_QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in JSON with its population."}]
+
+
+def _is_city(text: str) -> bool:
+    value = json.loads(text)
+    return set(value) == {"city", "population"} and isinstance(value["city"], str) and type(value["population"]) is int
+
+
+def test_response_format_json_schema_and_json_object(smol: Server) -> None:
+    """``response_format`` constrains the reply: a json_schema reply parses and matches the schema (greedy and
+    seeded, streamed or not, chat and completions) and ends with "stop" when the JSON is complete; json_object
+    gives a JSON object."""
+    client = smol.client()
+    schema = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    args = dict(model=SMOLLM2, messages=JSON_QUESTION, max_tokens=60, temperature=0, response_format=schema)
+    full = client.chat.completions.create(**args)
+    text, finish = full.choices[0].message.content, full.choices[0].finish_reason
+    assert _is_city(text) and finish == "stop"
+    assert _stream_text(client.chat.completions.create(**args, stream=True))[::2] == (text, "stop")
+    seeded = {**args, "temperature": 0.8, "seed": 3}
+    first = client.chat.completions.create(**seeded).choices[0].message.content
+    assert _is_city(first) and client.chat.completions.create(**seeded).choices[0].message.content == first
+    obj = client.chat.completions.create(**{**args, "response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(obj.choices[0].message.content), dict) and obj.choices[0].finish_reason == "stop"
+    comp = client.completions.create(
+        model=SMOLLM2, prompt="The capital of France as JSON:", max_tokens=60, temperature=0,
+        extra_body={"response_format": schema},
+    )  # fmt: skip
+    assert _is_city(comp.choices[0].text) and comp.choices[0].finish_reason == "stop"
+
+
 def test_bad_requests_get_openai_errors(smol: Server) -> None:
     chat = {"model": SMOLLM2, "messages": MESSAGES}
+
+    def schema_format(schema: dict) -> dict:
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
     cases = [
         ({"messages": MESSAGES}, 400, "model"),
         ({"model": SMOLLM2}, 400, "messages"),
@@ -375,6 +419,9 @@ def test_bad_requests_get_openai_errors(smol: Server) -> None:
         ({**chat, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         ({**chat, "top_logprobs": 2}, 400, "top_logprobs"),
         ({**chat, "tools": [{"type": "function"}]}, 400, "tools"),
+        ({**chat, "response_format": {"type": "yaml"}}, 400, "response_format"),
+        ({**chat, "response_format": schema_format({"type": "strin"})}, 400, "response_format"),
+        ({**chat, "response_format": schema_format({"if": {"type": "string"}})}, 400, "response_format"),
         ({**chat, "messages": [{"role": "user", "content": "\ud83d"}]}, 400, "messages[0].content"),
         ({**chat, "messages": [{"role": "user", "content": "hello " * 600}]}, 400, "messages"),  # > 512 per slot
     ]
