@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kleidipy.core.jit_cache import install_with_numba
+
+install_with_numba()  # before anything is compiled: numba's cache of kleidipy functions keyed by all its sources
+
 if TYPE_CHECKING:
     from kleidipy.api import load
 
