@@ -78,9 +78,7 @@ class RoPE:
     ) -> None:
         self.n_rot = n_rot
         self.neox = rope_type == RopeType.NEOX
-        # powf(base, -2/n_rot) as libm gives it to ggml: the f64 power rounded once to f32 (numpy's float32 power is a
-        # SIMD routine that is 1 ulp off on x86 AVX-512 for SmolLM2's base, and then every angle after the first is)
-        theta_scale = np.float32(np.float64(freq_base) ** np.float64(np.float32(-2.0) / np.float32(n_rot)))
+        theta_scale = np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot))
         ff = np.ones(n_rot // 2, np.float32) if freq_factors is None else np.asarray(freq_factors, np.float32)
         theta = np.arange(n_ctx, dtype=np.float32)
         angles = np.empty((n_ctx, n_rot // 2), np.float32)
@@ -204,7 +202,7 @@ def gelu_f16_table() -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
         gelu = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
-        return gelu.astype(np.float16).astype(np.float32)  # (NaN entries, from NaN bit patterns, stay NaN)
+    return gelu.astype(np.float16).astype(np.float32)
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
