@@ -202,7 +202,7 @@ def gelu_f16_table() -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
         gelu = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
-    return gelu.astype(np.float16).astype(np.float32)
+        return gelu.astype(np.float16).astype(np.float32)  # (NaN entries, from NaN bit patterns, stay NaN)
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
