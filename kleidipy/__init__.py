@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kleidipy.core.hwcaps import pin_numba_features
 from kleidipy.core.jit_cache import install_with_numba
 
+pin_numba_features()  # before numba is imported: no SVE code generation on aarch64 (an LLVM abort, see there)
 install_with_numba()  # before anything is compiled: numba's cache of kleidipy functions keyed by all its sources
 
 if TYPE_CHECKING:

@@ -15,23 +15,19 @@ where any kernel, packer or folder name (legacy spellings included) stands in th
 
 from __future__ import annotations
 
-import ctypes
 import os
-import platform
 import textwrap
 from dataclasses import dataclass
 
+from kleidipy.core import hwcaps
 from kleidipy.core.buffers import check_svl
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.names import folder, kind
 from kleidipy.errors import TargetError, UnknownKernelError
 from kleidipy.kernels.catalogue import all_kernels, get_kernel, get_packer
 
-# Linux arm64 auxiliary-vector bits (asm/hwcap.h).
-_AT_HWCAP, _AT_HWCAP2 = 16, 26
-_HWCAP_BITS = {"dotprod": 1 << 20, "sve": 1 << 22}
-_HWCAP2_BITS = {"sve2": 1 << 1, "i8mm": 1 << 13, "bf16": 1 << 14, "sme": 1 << 23, "sme2": 1 << 37}
-_PR_SME_GET_VL, _PR_SME_VL_LEN_MASK = 64, 0xFFFF
+#: the host features a target records (those the kernel selection and its description name)
+_MATMUL_FEATURES = frozenset({"dotprod", "sve", "sve2", "i8mm", "bf16", "sme", "sme2"})
 
 #: features each named target has (a CPU with SME2 has the NEON extensions too).
 _NAMED = {
@@ -86,27 +82,11 @@ def parse_target(spec: str, source: str = "--target") -> Target:
     return Target(name, _NAMED[name], svl, virtual=True, source=source)
 
 
-def _host_arm_features() -> tuple[frozenset[str], int | None]:
-    """Arm features of this host from the auxiliary vector (Linux aarch64 only)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    getauxval = libc.getauxval
-    getauxval.restype = ctypes.c_ulong
-    getauxval.argtypes = [ctypes.c_ulong]
-    hwcap, hwcap2 = getauxval(_AT_HWCAP), getauxval(_AT_HWCAP2)
-    feats = {f for f, bit in _HWCAP_BITS.items() if hwcap & bit}
-    feats |= {f for f, bit in _HWCAP2_BITS.items() if hwcap2 & bit}
-    svl = None
-    if "sme" in feats:
-        ret = libc.prctl(_PR_SME_GET_VL, 0, 0, 0, 0)
-        if ret > 0:
-            svl = (ret & _PR_SME_VL_LEN_MASK) * 8
-    return frozenset(feats), svl
-
-
 def detect_target() -> Target:
     """The host as a target; a virtual SME2 CPU with SVL 512 when the host has no Arm matmul features."""
-    if platform.machine().lower() in ("aarch64", "arm64") and platform.system() == "Linux":
-        feats, svl = _host_arm_features()
+    if hwcaps.is_linux_arm64():
+        feats, svl = hwcaps.arm_features()
+        feats &= _MATMUL_FEATURES
         for name in ("sme2", "sme", "i8mm", "dotprod"):
             if name in feats and (name not in ("sme", "sme2") or svl):
                 return Target(name, feats, svl if name in ("sme", "sme2") else None, virtual=False, source="detected")
