@@ -719,10 +719,10 @@ def test_generation_holds_back_stop_prefixes(tiny: Engine) -> None:
 
 
 class _Broken(Generation):
-    def step(self, forward) -> str:  # noqa: ANN001
+    def advance(self, n: int, logits: np.ndarray) -> str:
         if self.n_past:
             raise RuntimeError("boom")
-        return super().step(forward)
+        return super().advance(n, logits)
 
 
 def test_one_failing_job_leaves_the_others_alone(tiny: Engine) -> None:
@@ -751,6 +751,36 @@ def test_one_failing_job_leaves_the_others_alone(tiny: Engine) -> None:
     assert bad[-1][0] == "error" and bad[-1][1].status == 500 and "boom" in bad[-1][1].message
     assert good[-1][0] == queued[-1][0] == "done"
     assert "".join(p for k, p in good if k == "text") == "".join(p for k, p in queued if k == "text")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_busy_slots_share_forward_passes(tiny: Engine, deterministic: bool) -> None:
+    """Three requests admitted together: one forward pass per round for all three (a prefill, then 7 decode
+    steps), or with ``deterministic`` one per slot and step."""
+
+    async def run() -> tuple[Scheduler, list[str]]:
+        loop = asyncio.get_running_loop()
+        scheduler = Scheduler(tiny.lm, parallel=3, n_ctx=128, deterministic=deterministic)
+        scheduler.start()
+        ids = tiny.chat_prompt(MESSAGES)
+        jobs = [Job(Generation(tiny.tokenizer, ids, 128, max_tokens=8), loop) for _ in range(3)]
+        with scheduler._cond:  # the worker admits all three in one round
+            for job in jobs:
+                scheduler.submit(job)
+        texts = []
+        for job in jobs:
+            events = []
+            while not events or events[-1][0] not in ("done", "error"):
+                events.append(await asyncio.wait_for(job.events.get(), 60))
+            assert events[-1][0] == "done"
+            texts.append("".join(p for k, p in events if k == "text"))
+        scheduler.stop()
+        return scheduler, texts
+
+    scheduler, texts = asyncio.run(run())
+    assert scheduler.stats.forward_sequences == 3 * 8 and scheduler.stats.predicted_tokens == 3 * 8
+    assert scheduler.stats.forward_passes == (3 * 8 if deterministic else 8)
+    assert texts[0] == texts[1] == texts[2]  # the same rows in one pass: the same logits
 
 
 def test_model_id_and_slot_options(tiny: Engine) -> None:
