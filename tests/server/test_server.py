@@ -783,6 +783,45 @@ def test_busy_slots_share_forward_passes(tiny: Engine, deterministic: bool) -> N
     assert texts[0] == texts[1] == texts[2]  # the same rows in one pass: the same logits
 
 
+class _NoBatches:
+    """A model whose forward passes of several sequences fail."""
+
+    def __init__(self, lm) -> None:  # noqa: ANN001
+        self.lm = lm
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.lm, name)
+
+    def forward_batch(self, parts: list) -> list[np.ndarray]:
+        if len(parts) > 1:
+            raise RuntimeError("no batches")
+        return self.lm.forward_batch(parts)
+
+
+def test_a_failing_batch_runs_again_slot_by_slot(tiny: Engine) -> None:
+    async def run() -> list[list]:
+        loop = asyncio.get_running_loop()
+        scheduler = Scheduler(_NoBatches(tiny.lm), parallel=2, n_ctx=128)
+        scheduler.start()
+        ids = tiny.chat_prompt(MESSAGES)
+        jobs = [Job(Generation(tiny.tokenizer, ids, 128, max_tokens=4), loop) for _ in range(2)]
+        with scheduler._cond:
+            for job in jobs:
+                scheduler.submit(job)
+        got = []
+        for job in jobs:
+            events = []
+            while not events or events[-1][0] not in ("done", "error"):
+                events.append(await asyncio.wait_for(job.events.get(), 60))
+            got.append(events)
+        scheduler.stop()
+        return got
+
+    solo = "".join(tiny.generate(tiny.chat_prompt(MESSAGES), max_tokens=4))
+    for events in asyncio.run(run()):  # each slot alone: what Engine.generate computes
+        assert events[-1][0] == "done" and "".join(p for k, p in events if k == "text") == solo
+
+
 def test_model_id_and_slot_options(tiny: Engine) -> None:
     assert Path(tiny.model).name == "tiny-chat.gguf"
     for parallel in (0, -1, 32768 // 8):
