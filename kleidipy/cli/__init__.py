@@ -188,8 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--deterministic",
         action="store_true",
         help="run each slot's step in a forward pass of its own (reproducible replies, lower throughput). By default "
-        "every round decodes all the slots in one batched forward pass, as llama-server does; a reply then depends on "
-        "the other requests being served (the matmul kernels round a batch of rows and a single row differently)",
+        "every round decodes all the slots in one batched forward pass, as llama-server does; a reply may then depend "
+        "on the other requests being served (the matmul kernels may round a batch of rows and a single row "
+        "differently: the F16 ones do)",
     )
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument(

@@ -338,8 +338,9 @@ class CausalLM:
         attention run per segment (:class:`Segment`) over that sequence's own cache. Returns per part the logits
         of its last token [n_vocab], or of each of its tokens [m, n_vocab] with ``all_logits``.
 
-        A row's logits depend on the rows it shares its ubatch with (the matmul kernels round GEMM and GEMV
-        differently, as llama.cpp's do); one part alone computes exactly what :meth:`forward` does."""
+        A row's logits may depend on the rows it shares its ubatch with (a matmul kernel's GEMM and GEMV may
+        round differently, as llama.cpp's do: the F16 ones do); one part alone computes exactly what
+        :meth:`forward` does."""
         seqs = [(kv, self._check_ids(ids), start) for kv, ids, start in parts]
         if len({id(kv) for kv, _, _ in seqs}) < len(seqs):
             raise ValueError("each part of a batch needs a KV cache of its own")

@@ -5,13 +5,13 @@ then one token per step).
 
 The :class:`Scheduler` owns P :class:`Slot` s (a :class:`~kleidipy.runtime.kv_cache.KVCache` each) and one worker
 thread, the only one that touches the model. Each round it admits queued jobs (FIFO) into free slots, then gives
-every busy slot one step in ONE forward pass (continuous batching, as llama-server does): every decoding slot's
-next token, then the prefilling slots' next prompt chunks as far as ``n_batch`` rows allow
+every busy slot one step in ONE forward pass (continuous batching, as llama-server does): every decoding slot's next
+token, then the prefilling slots' next prompt chunks as far as ``n_batch`` rows allow
 (:meth:`~kleidipy.runtime.layers.CausalLM.forward_batch`: the matmuls run once over all the rows, each sequence
-attends over its own cache); then each slot samples from its own logits. A row's logits depend on the rows it
-shares the pass with (GEMM and GEMV round differently), so a reply depends on the other requests being served,
-as llama-server's do; with ``deterministic`` each slot steps in a forward pass of its own, in slot order, and
-computes exactly what ``Engine.generate`` computes for the same prompt and seed.
+attends over its own cache); then each slot samples from its own logits. A row's logits may depend on the rows it
+shares the pass with (GEMM and GEMV kernels may round differently: the F16 ones do), so a reply may depend on the
+other requests being served, as llama-server's do; with ``deterministic`` each slot steps in a forward pass of its
+own, in slot order, and computes exactly what ``Engine.generate`` computes for the same prompt and seed.
 
 Results go to the asyncio side through the job's queue (``loop.call_soon_threadsafe``); the asyncio side cancels
 a job by setting a flag the worker checks before every step, which frees the slot. An exception in one job fails

@@ -3,9 +3,10 @@ op-by-op path bit for bit, at 1 and 2 threads (logits and every cache); a batch 
 single-sequence forward pass; and a batch of decode rows against each sequence decoded alone.
 
 The last is a tolerance, not bits: the matmul kernels run a batch of rows as a GEMM and one row as a GEMV, which
-quantize and accumulate differently (as llama.cpp's do), so a row's logits depend on the rows it shares its
-ubatch with. Everything else a row goes through (norms, RoPE at its own position, the cache write, attention over
-its own sequence's cells) is computed per row exactly as alone."""
+may round differently (as llama.cpp's do; the F16 kernels here do, the quantized ones' integer dot products happen
+to agree), so a row's logits may depend on the rows it shares its ubatch with. Everything else a row goes through
+(norms, RoPE at its own position, the cache write, attention over its own sequence's cells) is computed per row
+exactly as alone."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ PROMPTS = [
 ]
 
 
-def _build(path: Path, n_ubatch: int = 512, n_ctx: int = 64) -> CausalLM:
+def _build(path: Path, n_ubatch: int = 512, n_ctx: int = 64, target: str = "sme2:svl=512") -> CausalLM:
     model = ModelFile(path)
-    backend = KleidiBackend(parse_target("sme2:svl=512"), notice=lambda msg: None)
+    backend = KleidiBackend(parse_target(target), notice=lambda msg: None)
     return model.arch.build(model, linear=backend, n_ctx=n_ctx, n_ubatch=n_ubatch)
 
 
@@ -93,9 +94,10 @@ def test_a_batch_of_one_is_the_forward_pass(tmp_path: Path, graph: bool) -> None
         lm.compiled.close()
 
 
-def test_batched_decode_is_close_to_each_sequence_alone(tmp_path: Path) -> None:
-    """m > 1 rows go through the GEMM kernels, one row through the GEMV: close logits, not the same bits."""
-    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0))
+@pytest.mark.parametrize(("target", "weights"), [("i8mm", T.F16), ("sme2:svl=512", T.Q4_0)])
+def test_batched_decode_is_close_to_each_sequence_alone(tmp_path: Path, target: str, weights: T) -> None:
+    """m > 1 rows go through the GEMM kernels, one row through the GEMV: close logits, not always the same bits."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", weights), target=target)
     alone, together = [lm.new_cache() for _ in PROMPTS], [lm.new_cache() for _ in PROMPTS]
     for p, a, t in zip(PROMPTS, alone, together, strict=True):
         lm.forward(p, cache=a)
@@ -104,7 +106,7 @@ def test_batched_decode_is_close_to_each_sequence_alone(tmp_path: Path) -> None:
         want = [lm.forward([token], cache=a) for a in alone]
         got = lm.forward_batch([(t, [token], t.n_past) for t in together])
         for g, w in zip(got, want, strict=True):
-            assert np.abs(g - w).max() <= 1e-2 * np.abs(w).max()
+            assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
 
 
 def test_a_batch_needs_a_cache_per_part(tmp_path: Path) -> None:
