@@ -280,10 +280,7 @@ class CompiledForward:
         self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
         caches = list(dict.fromkeys(seg.cache for seg in ubatch))
-        if len(caches) != len(self._kv_caches) or any(
-            a is not b for a, b in zip(caches, self._kv_caches, strict=False)
-        ):
-            # a typed List costs microseconds per item: kept while the caches are the same
+        if caches != self._kv_caches:  # (KVCache compares by identity) a typed List costs microseconds per item
             self._kv = (List([cells(c.k) for c in caches]), List([cells(c.v) for c in caches]))
             self._kv_caches = caches
         index = {id(c): i for i, c in enumerate(caches)}
