@@ -100,8 +100,10 @@ class Timings:
 
 class Generation:
     """One sequence from prompt ids to finish: ``step(forward)`` runs one prefill chunk or one decode token and
-    returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over. The first
-    ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is prefilled)."""
+    returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over. A caller that
+    runs the forward pass itself (a batch of several sequences) takes ``next_ids()`` and hands the logits to
+    ``advance``. The first ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is
+    prefilled)."""
 
     def __init__(
         self,
