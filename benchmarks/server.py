@@ -10,6 +10,7 @@ a level runs, ``/health`` is polled every 100 ms (its slowest answer shows wheth
 while the compute thread is busy), and the server process's RSS is read before and after each level.
 
     python benchmarks/server.py [-m MODEL] [--parallel 4] [--clients 1,4,16] [--max-tokens 32] [--rounds 1]
+                                [--deterministic]
     python benchmarks/server.py --url http://127.0.0.1:8080/v1      # an already running server
 """
 
@@ -51,7 +52,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     code = (
         "from kleidipy.server import serve; "
         f"serve(model={args.model!r}, port={port}, threads={args.threads}, ctx={args.ctx}, "
-        f"parallel={args.parallel}, progress=False, log_level='warning')"
+        f"parallel={args.parallel}, deterministic={args.deterministic}, progress=False, log_level='warning')"
     )
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env)
@@ -137,6 +138,9 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,16", help="concurrency levels (default 1,4,16)")
     parser.add_argument("--rounds", type=int, default=1, help="requests per client per level (default 1)")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--deterministic", action="store_true", help="serve with one forward pass per slot and step (no batching)"
+    )
     parser.add_argument("--url", help="benchmark this running server instead of starting one")
     args = parser.parse_args()
 

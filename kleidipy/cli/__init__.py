@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         "/v1/chat/completions (the GGUF's chat template), POST /v1/completions, with stream: true as server-sent "
         "events, logprobs included; POST /v1/embeddings; llama-server's POST /tokenize and /detokenize; GET /metrics "
         "(Prometheus). Any model name is served by the one model. --parallel slots share one loaded model, each with "
-        "its own KV cache, and a request reuses the slot holding the longest prefix of its prompt; more requests wait "
+        "its own KV cache, decoded together in one batched forward pass per token (continuous batching; see "
+        "--deterministic), and a request reuses the slot holding the longest prefix of its prompt; more requests wait "
         "in a FIFO queue; -c is the total context, split between the slots. Binds to loopback unless --host says "
         "otherwise.",
     )
@@ -188,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--parallel", type=int, default=4, help="concurrent generation slots (default 4)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="run each slot's step in a forward pass of its own (reproducible replies, lower throughput). By default "
+        "every round decodes all the slots in one batched forward pass, as llama-server does; a reply may then depend "
+        "on the other requests being served (the matmul kernels may round a batch of rows and a single row "
+        "differently: the F16 ones do)",
+    )
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument(
         "--cors",

@@ -342,5 +342,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_tensors=args.check_tensors,
         repack_cache=args.repack_cache,
         graph=args.graph,
+        deterministic=args.deterministic,
     )
     return 0

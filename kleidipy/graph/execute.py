@@ -3,9 +3,10 @@
 nodes — no Python between nodes.
 
 Shares: a MUL_MAT packs the activations (quantize+pack, mr-row groups) and then splits the columns in multiples of
-n_step (:mod:`kleidipy.graph.matmul`, llama.cpp's split); RoPE, the KV-cache write and attention split the heads;
-the elementwise nodes split the rows. Every share is computed exactly as the whole is, so the result is the same
-bits at every thread count — and the same bits as the eager path (:mod:`kleidipy.runtime.layers`), which runs the
+n_step (:mod:`kleidipy.graph.matmul`, llama.cpp's split); RoPE, the KV-cache write and attention split the heads (each
+thread running its heads over every segment of the ubatch: the rows of one sequence, with its own KV cache and
+positions); the elementwise nodes split the rows. Every share is computed exactly as the whole is, so the result is the
+same bits at every thread count — and the same bits as the eager path (:mod:`kleidipy.runtime.layers`), which runs the
 same op functions (:mod:`kleidipy.graph.ops`) and the same kernels node by node from Python.
 
 :class:`CompiledForward` owns a model's plan, its buffers (grown to the largest ubatch seen) and the persistent
@@ -16,6 +17,7 @@ code on persistent threads; no maintained library runs a numba graph that way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import suppress
 from time import monotonic_ns as clock_ns
 from time import perf_counter
@@ -47,7 +49,7 @@ from kleidipy.graph.plan import (
 )
 from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, share
 from kleidipy.runtime.kv_cache import KVCache, cells
-from kleidipy.runtime.layers import CausalLM, gelu_f16_table
+from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
 from kleidipy.runtime.observer import KernelCall, NodeRun
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node
@@ -71,22 +73,23 @@ def run_plan(
     sin,
     neox,
     gelu_table,
-    kcache,
-    vcache,
+    kcaches,
+    vcaches,
     f16,
     lhs,
     scratch,
     status,
     prof,
     m,
-    start,
-    keep_lo,
+    segs,
+    keep,
 ):  # pragma: no cover - compiled
-    """Thread ith's walk over the plan for m tokens at positions start.. (see the module docstring). With a
-    non-empty ``prof`` [threads, nodes, 3] the thread records per node the monotonic ns of its start, of the end of its
-    share of a MUL_MAT's LHS pack (0 for other nodes) and of its end (each before the barrier that follows)."""
+    """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
+    position, first row, last row + 1: rows of one sequence, whose KV cache is kcaches/vcaches[cache index]), keeping
+    the rows ``keep`` at the KEEP node (see the module docstring). With a non-empty ``prof`` [threads, nodes, 3] the
+    thread records per node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for
+    other nodes) and of its end (each before the barrier that follows)."""
     rows = m
-    n_kv = start + m
     timed = prof.shape[0] > 0
     for i in range(nodes.shape[0]):
         if timed:
@@ -123,29 +126,37 @@ def run_plan(
             ops.scale(buffers[a], np.float32(fparams[i]), lo, hi)
         elif op == OP_ROPE:
             x = buffers[a]
+            heads = x.reshape(x.shape[0], b, x.shape[1] // b)
             lo, hi = share(b, ith, nth)
-            ops.rope(x.reshape(x.shape[0], b, x.shape[1] // b)[:rows], cos[c], sin[c], start, neox[c], lo, hi)
+            for s in range(segs.shape[0]):
+                ops.rope(heads[segs[s, 2] : segs[s, 3]], cos[c], sin[c], segs[s, 1], neox[c], lo, hi)
         elif op == OP_STORE_KV:
-            lo, hi = share(kcache.shape[1], ith, nth)
-            ops.store_kv(buffers[a], buffers[b], kcache[c], vcache[c], start, rows, lo, hi)
+            lo, hi = share(kcaches[0].shape[1], ith, nth)
+            for s in range(segs.shape[0]):
+                seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
+                kc, vc = kcaches[seq][c], vcaches[seq][c]
+                ops.store_kv(buffers[a][r0:r1], buffers[b][r0:r1], kc, vc, start, r1 - r0, lo, hi)
         elif op == OP_ATTENTION:
             q = buffers[a]
+            heads = q.reshape(q.shape[0], d, q.shape[1] // d)
             lo, hi = share(d, ith, nth)
-            ops.attention(
-                q.reshape(q.shape[0], d, q.shape[1] // d),
-                kcache[c],
-                vcache[c],
-                start,
-                rows,
-                n_kv,
-                np.float32(fparams[i]),
-                e,
-                f16,
-                buffers[b],
-                scratch[ith],
-                lo,
-                hi,
-            )
+            for s in range(segs.shape[0]):
+                seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
+                ops.attention(
+                    heads[r0:r1],
+                    kcaches[seq][c],
+                    vcaches[seq][c],
+                    start,
+                    r1 - r0,
+                    start + r1 - r0,
+                    np.float32(fparams[i]),
+                    e,
+                    f16,
+                    buffers[b][r0:r1],
+                    scratch[ith],
+                    lo,
+                    hi,
+                )
         elif op == OP_SWIGLU:
             lo, hi = share(rows, ith, nth)
             ops.swiglu(buffers[a], buffers[b], buffers[c], lo, hi)
@@ -153,13 +164,14 @@ def run_plan(
             lo, hi = share(rows, ith, nth)
             ops.geglu(buffers[a], buffers[b], gelu_table, buffers[c], lo, hi)
         elif op == OP_KEEP:
-            if keep_lo > 0 and ith == 0:
+            if ith == 0:
                 for buf in (a, b):
                     if buf >= 0:
                         x = buffers[buf]
-                        for r in range(rows - keep_lo):
-                            x[r, :] = x[keep_lo + r, :]
-            rows -= keep_lo
+                        for r in range(keep.size):
+                            if keep[r] != r:
+                                x[r, :] = x[keep[r], :]
+            rows = keep.size
         if timed:
             prof[ith, i, 2] = monotonic_ns()
         barrier(sync, nth)
@@ -228,6 +240,8 @@ class CompiledForward:
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
         self._status = np.zeros(2, np.int64)
+        self._kv: tuple[List, List] | None = None  # the K and V arrays of the caches of the last run
+        self._kv_caches: list[KVCache] = []
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
@@ -245,7 +259,7 @@ class CompiledForward:
         activations are not finite (weights loaded without the tensor check) is compiled all the same: the error
         is left to the real forward passes."""
         with suppress(NonFiniteInputError):
-            self(np.zeros(1, np.int64), 0, 0, self.lm.new_cache(1))
+            self(np.zeros(1, np.int64), [Segment(self.lm.new_cache(1), 0, 0, 1)], np.zeros(1, np.int64))
         self.choice = ThreadChoice(self.choice.threads, self.choice.adaptive)
 
     def _ensure_rows(self, m: int) -> None:
@@ -258,14 +272,19 @@ class CompiledForward:
         self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
         self._rows = m
 
-    def __call__(self, ids: np.ndarray, start: int, keep_lo: int, cache: KVCache) -> np.ndarray:
-        """One ubatch of tokens ``ids`` at positions start..: the logits of rows keep_lo.. [m - keep_lo, n_vocab]
-        (stored K/V in ``cache``; the caller advances it)."""
+    def __call__(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
+        """One ubatch of tokens ``ids``, in segments of one sequence each: the logits of the rows ``keep`` (int64,
+        increasing) [keep.size, n_vocab] (stored K/V in each segment's cache; the caller advances them)."""
         m = ids.size
         self._ensure_rows(m)
         self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
-        k, v = cells(cache.k), cells(cache.v)
+        caches = list(dict.fromkeys(seg.cache for seg in ubatch))
+        if caches != self._kv_caches:  # (KVCache compares by identity) a typed List costs microseconds per item
+            self._kv = (List([cells(c.k) for c in caches]), List([cells(c.v) for c in caches]))
+            self._kv_caches = caches
+        index = {id(c): i for i, c in enumerate(caches)}
+        segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls]
         prof = np.zeros((threads, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
@@ -282,16 +301,15 @@ class CompiledForward:
             self._sin,
             self._neox,
             self._gelu,
-            k,
-            v,
-            cache.f16,
+            *self._kv,
+            caches[0].f16,
             self._lhs,
             self._scratch,
             self._status,
             prof,
             m,
-            start,
-            keep_lo,
+            segs,
+            keep,
         )
         t0, mono0 = perf_counter(), clock_ns()
         if threads == 1:
@@ -304,14 +322,14 @@ class CompiledForward:
         if self._status[STATUS_NONFINITE]:
             weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
-        for node in self._node_runs(prof, m, keep_lo, t0 - mono0 / 1e9) if watchers else ():
+        for node in self._node_runs(prof, m, keep.size, t0 - mono0 / 1e9) if watchers else ():
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:
                     observer.on_matmul(self._kernel_call(node))
-        return self._arrays[self.plan.logits][: m - keep_lo].copy()
+        return self._arrays[self.plan.logits][: keep.size].copy()
 
-    def _node_runs(self, prof: np.ndarray, m: int, keep_lo: int, offset: float) -> list[NodeRun]:
+    def _node_runs(self, prof: np.ndarray, m: int, kept: int, offset: float) -> list[NodeRun]:
         """The nodes of a timed run, their monotonic ns stamps turned into perf_counter seconds (``offset`` apart)."""
         out, rows = [], m
         for i, node in enumerate(self.plan.nodes):
@@ -328,7 +346,7 @@ class CompiledForward:
             ]
             out.append(NodeRun(i, OP_NAMES[op], label, rows, threads))
             if op == OP_KEEP:
-                rows -= keep_lo
+                rows = kept
         return out
 
     def _kernel_call(self, node: NodeRun) -> KernelCall:

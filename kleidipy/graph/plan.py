@@ -9,7 +9,8 @@ A node is one int64 row ``[op, a, b, c, d, e, f, g]`` (operands are buffer, weig
 ``OP_*`` constants) plus one float64 parameter (eps or a scale). Buffers are float32 ``[rows, width]`` arrays with
 as many rows as the largest ubatch run so far; a node works on the ``rows`` rows that are live at that point of the
 pass (all m tokens, or after :meth:`PlanBuilder.keep` only the rows whose logits are wanted, like llama.cpp's
-``inp_out_ids``).
+``inp_out_ids``). A ubatch may hold several sequences (segments of rows, each with its own KV cache and positions):
+ROPE, STORE_KV and ATTENTION run per segment, every other node over all the rows at once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ OP_STORE_KV = 7  #: [op, k, v, layer]
 OP_ATTENTION = 8  #: [op, q, dst, layer, n_head, window]; fparam the softmax scale
 OP_SWIGLU = 9  #: [op, gate, up, dst]
 OP_GEGLU = 10  #: [op, gate, up, dst]
-OP_KEEP = 11  #: [op, first buffer, second buffer or -1]: keep rows keep_lo.. (moved to the top); rows -= keep_lo
+OP_KEEP = 11  #: [op, first buffer, second buffer or -1]: keep the rows the run names (moved to the top, in order)
 #: the ops' names (as a trace shows them)
 OP_NAMES = {
     OP_RMS_NORM: "RMS_NORM",

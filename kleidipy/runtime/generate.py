@@ -101,9 +101,11 @@ class Timings:
 
 class Generation:
     """One sequence from prompt ids to finish: ``step(forward)`` runs one prefill chunk or one decode token and
-    returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over. The first
-    ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is prefilled). With a
-    ``grammar`` only text it allows is sampled, and the generation stops ("stop") when the grammar is complete."""
+    returns the text that is now final (possibly empty); ``finish_reason`` is set when it is over. A caller that
+    runs the forward pass itself (a batch of several sequences) takes ``next_ids()`` and hands the logits to
+    ``advance``. The first ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is
+    prefilled). With a ``grammar`` only text it allows is sampled, and the generation stops ("stop") when the
+    grammar is complete."""
 
     def __init__(
         self,
@@ -149,15 +151,19 @@ class Generation:
 
     def step(self, forward: Forward) -> str:
         """Advance by one prefill chunk (sampling the first token after the last one) or one decode token."""
+        ids = self.next_ids()
+        return self.advance(len(ids), forward(ids))
+
+    def next_ids(self) -> list[int]:
+        """The tokens the next step runs: the next prefill chunk, or the last token."""
+        return self.prompt[self.n_past : self.n_past + self.chunk] if self.prefilling else self.history[-1:]
+
+    def advance(self, n: int, logits: np.ndarray) -> str:
+        """The step whose ``n`` tokens (:meth:`next_ids`) a forward pass ran, given the logits of the last one:
+        samples the next token unless the prompt is still prefilling; returns the text that is now final."""
+        self.n_past += n
         if self.prefilling:
-            ids = self.prompt[self.n_past : self.n_past + self.chunk]
-            logits = forward(ids)
-            self.n_past += len(ids)
-            if self.prefilling:
-                return ""
-        else:
-            logits = forward(self.history[-1:])
-            self.n_past += 1
+            return ""
         token = self.sampler(logits, self.history)
         if self.tokenizer.is_eog(token):
             return self._release("stop")

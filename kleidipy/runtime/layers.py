@@ -24,12 +24,15 @@ reference execution; the compiled graph calls the same functions, so both give t
   ``0.5f*x*(1.0f + tanhf(sqrt(2/pi)*x*(1.0f + 0.044715f*x*x)))`` over every F16 x, rounded to F16; times up in f32.
 
 :class:`CausalLM` runs a stack of decoder blocks over a token batch (prefill, any m, split in ubatches) or one
-token (decode) with a preallocated :class:`~kleidipy.runtime.kv_cache.KVCache`.
+token (decode) with a preallocated :class:`~kleidipy.runtime.kv_cache.KVCache`, or over the tokens of several
+sequences at once (:meth:`CausalLM.forward_batch`: a ubatch of :class:`Segment` s, each sequence with its own
+cache, as llama.cpp batches many sequences).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -120,6 +123,17 @@ def attention(
     return out.reshape(m, n_head, d)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Rows lo..hi-1 of a ubatch: tokens of one sequence at positions start.., whose KV cache is ``cache`` (a
+    ubatch of one sequence is one segment; a batch of several sequences has one or more each)."""
+
+    cache: KVCache
+    start: int
+    lo: int
+    hi: int
+
+
 class SelfAttention:
     """GQA self-attention with RoPE and optional q/k/v/output biases, over one layer of a KV cache; optionally
     per-head RMSNorm of Q and K, a Q pre-scale replacing the softmax scale, and a sliding window."""
@@ -164,18 +178,23 @@ class SelfAttention:
             y = norm(y.reshape(-1, head_dim))
         return y.reshape(x.shape[0], n_heads, head_dim)
 
-    def __call__(self, x: np.ndarray, start: int, cache: KVCache) -> np.ndarray:
+    def __call__(self, x: np.ndarray, ubatch: Sequence[Segment]) -> np.ndarray:
+        """The projections over all the rows of x; RoPE, the cache write and attention per segment (each over its
+        own sequence's cache)."""
         m = x.shape[0]
         q = self._project(self.wq, self.bq, x, self.n_head, self.head_dim, self.q_norm)
         k = self._project(self.wk, self.bk, x, self.n_head_kv, self.head_dim, self.k_norm)
         v = self._project(self.wv, self.bv, x, self.n_head_kv, self.head_dim)
-        self.rope(q, start)
-        self.rope(k, start)
-        if self.q_scale is not None:
-            q *= self.q_scale
-        cache.store(self.layer, start, k, v)
-        keys, values = cache.read(self.layer, start + m)
-        o = attention(q, keys, values, start, self.scale, cache.f16, self.window)
+        o = np.empty_like(q)
+        for seg in ubatch:
+            rows = slice(seg.lo, seg.hi)
+            self.rope(q[rows], seg.start)
+            self.rope(k[rows], seg.start)
+            if self.q_scale is not None:
+                q[rows] *= self.q_scale
+            seg.cache.store(self.layer, seg.start, k[rows], v[rows])
+            keys, values = seg.cache.read(self.layer, seg.start + seg.hi - seg.lo)
+            o[rows] = attention(q[rows], keys, values, seg.start, self.scale, seg.cache.f16, self.window)
         y = self.wo(o.reshape(m, self.n_head * self.head_dim))
         if self.bo is not None:
             y += self.bo
@@ -234,8 +253,8 @@ class GeGLU:
 # ---------------------------------------------------------------------------------------------------------------
 # decoder-only driver
 
-#: a decoder block: (hidden [m, n_embd], first position, cache, rows to keep or None) -> hidden [rows, n_embd]
-Block = Callable[[np.ndarray, int, KVCache, "np.ndarray | slice | None"], np.ndarray]
+#: a decoder block: (hidden [m, n_embd], the ubatch's segments, rows to keep or None) -> hidden [rows, n_embd]
+Block = Callable[[np.ndarray, "Sequence[Segment]", "np.ndarray | slice | None"], np.ndarray]
 
 
 class CausalLM:
@@ -306,22 +325,75 @@ class CausalLM:
         ``all_logits``."""
         cache = self.cache if cache is None else cache
         ids = self._check_ids(token_ids)
-        m = ids.size
-        start = cache.n_past if positions is None else _first_position(positions, m)
-        cache.check(start, m)
+        start = cache.n_past if positions is None else _first_position(positions, ids.size)
+        return self.forward_batch([(cache, ids, start)], all_logits=all_logits)[0]
+
+    def forward_batch(
+        self, parts: Sequence[tuple[KVCache, Sequence[int] | np.ndarray, int]], *, all_logits: bool = False
+    ) -> list[np.ndarray]:
+        """Run the tokens of several sequences in shared forward passes, as llama.cpp decodes a batch of many
+        sequences: part ``(cache, ids, start)`` is a sequence's tokens at positions start.. (at or before its
+        cache's ``n_past``); each cache belongs to one part. The rows go in part order in ubatches of up to
+        n_ubatch (a part may span two); every matmul runs once over a ubatch's rows, and RoPE, the cache write and
+        attention run per segment (:class:`Segment`) over that sequence's own cache. Returns per part the logits
+        of its last token [n_vocab], or of each of its tokens [m, n_vocab] with ``all_logits``.
+
+        A row's logits may depend on the rows it shares its ubatch with (a matmul kernel's GEMM and GEMV may
+        round differently, as llama.cpp's do: the F16 ones do); one part alone computes exactly what
+        :meth:`forward` does."""
+        seqs = [(kv, self._check_ids(ids), start) for kv, ids, start in parts]
+        if len({id(kv) for kv, _, _ in seqs}) < len(seqs):
+            raise ValueError("each part of a batch needs a KV cache of its own")
+        for kv, ids, start in seqs:
+            kv.check(start, ids.size)
+        m = sum(ids.size for _, ids, _ in seqs)
         for observer in self.observers:
-            observer.on_forward_start(m, start)
+            observer.on_forward_start(m, seqs[0][2])
+        chunks: list[list[np.ndarray]] = [[] for _ in seqs]
         try:
-            chunks = []
-            for lo in range(0, m, self.n_ubatch):
-                hi = min(lo + self.n_ubatch, m)
-                keep = slice(None) if all_logits else slice(hi - lo - 1, None) if hi == m else slice(0, 0)
-                chunks.append(self._decode(ids[lo:hi], start + lo, keep, cache))
+            pending: list[tuple[int, int, int]] = []  # (part, first token, last token + 1) of the ubatch being filled
+            rows = 0
+            for i, (_, ids, _) in enumerate(seqs):
+                lo = 0
+                while lo < ids.size:
+                    hi = min(ids.size, lo + self.n_ubatch - rows)
+                    pending.append((i, lo, hi))
+                    rows += hi - lo
+                    lo = hi
+                    if rows == self.n_ubatch:
+                        self._run_ubatch(seqs, pending, all_logits, chunks)
+                        pending, rows = [], 0
+            if pending:
+                self._run_ubatch(seqs, pending, all_logits, chunks)
         finally:
             for observer in self.observers:
-                observer.on_forward_end(m, start)
-        logits = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
-        return logits if all_logits else logits[-1]
+                observer.on_forward_end(m, seqs[0][2])
+        return [np.concatenate(c) if all_logits else c[-1][-1] for c in chunks]
+
+    def _run_ubatch(
+        self,
+        seqs: list[tuple[KVCache, np.ndarray, int]],
+        pieces: list[tuple[int, int, int]],
+        all_logits: bool,
+        chunks: list[list[np.ndarray]],
+    ) -> None:
+        """One ubatch of :meth:`forward_batch`: tokens lo..hi-1 of part i for each piece (i, lo, hi); the logits of
+        its kept rows (every row with ``all_logits``, else each part's last token) are appended to chunks[i]."""
+        ubatch, keep, row = [], [], 0
+        for i, lo, hi in pieces:
+            kv, ids, start = seqs[i]
+            ubatch.append(Segment(kv, start + lo, row, row + hi - lo))
+            if all_logits or hi == ids.size:
+                keep.extend(range(row, row + hi - lo) if all_logits else [row + hi - lo - 1])
+            row += hi - lo
+        ids = np.concatenate([seqs[i][1][lo:hi] for i, lo, hi in pieces])
+        logits = self._decode(ids, ubatch, np.array(keep, np.int64))
+        at = 0
+        for i, lo, hi in pieces:
+            n = hi - lo if all_logits else int(hi == seqs[i][1].size)
+            if n:
+                chunks[i].append(logits[at : at + n])
+                at += n
 
     def embed(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """The sequence's final hidden state (after the output norm) mean-pooled over its positions and
@@ -329,10 +401,10 @@ class CausalLM:
         of its own. float32 [n_embd]."""
         ids = self._check_ids(token_ids)
         cache = self.new_cache(ids.size)
-        rows = [
-            self._hidden(ids[lo : lo + self.n_ubatch], lo, slice(None), cache)
-            for lo in range(0, ids.size, self.n_ubatch)
-        ]
+        rows = []
+        for lo in range(0, ids.size, self.n_ubatch):
+            hi = min(lo + self.n_ubatch, ids.size)
+            rows.append(self._hidden(ids[lo:hi], [Segment(cache, lo, 0, hi - lo)], slice(None)))
         h = self.output_norm(np.concatenate(rows)).astype(np.float64).mean(axis=0)
         return (h / max(float(np.linalg.norm(h)), 1e-12)).astype(np.float32)
 
@@ -344,22 +416,24 @@ class CausalLM:
             raise InvalidTokenError(f"token ids must be in [0, {self.hparams.n_vocab}), got {ids.min()}..{ids.max()}")
         return ids
 
-    def _hidden(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
+    def _hidden(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice) -> np.ndarray:
         """One ubatch through the blocks; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""
         x = self.embedding(ids)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, start, cache, keep if i == last else None)
-        cache.advance(start, ids)
+            x = block(x, ubatch, keep if i == last else None)
+        for seg in ubatch:
+            seg.cache.advance(seg.start, ids[seg.lo : seg.hi])
         return x
 
-    def _decode(self, ids: np.ndarray, start: int, keep: slice, cache: KVCache) -> np.ndarray:
-        """One ubatch through the network: the logits of the rows ``keep`` (a tail of the rows)."""
+    def _decode(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
+        """One ubatch through the network: the logits of the rows ``keep`` (increasing row indices)."""
         if self.compiled is not None:
-            logits = self.compiled(ids, start, ids.size - len(range(*keep.indices(ids.size))), cache)
-            cache.advance(start, ids)
+            logits = self.compiled(ids, ubatch, keep)
+            for seg in ubatch:
+                seg.cache.advance(seg.start, ids[seg.lo : seg.hi])
             return logits
-        x = self._hidden(ids, start, keep, cache)
+        x = self._hidden(ids, ubatch, keep)
         if x.shape[0] == 0:
             return np.empty((0, self.hparams.n_vocab), np.float32)
         return self.lm_head(self.output_norm(x))

@@ -149,12 +149,13 @@ def create_app(
     max_body: int = MAX_BODY,
     max_queue: int = 1024,
     cors: tuple[str, ...] = (),
+    deterministic: bool = False,
 ) -> Starlette:
     """The ASGI app serving ``engine`` with ``parallel`` slots (the scheduler thread runs during the app's
-    lifespan; ``app.state.scheduler`` is the :class:`Scheduler`); browser pages from the ``cors`` origins (and
-    from this machine) may call it."""
+    lifespan; ``app.state.scheduler`` is the :class:`Scheduler`, which batches the slots' steps unless
+    ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it."""
     slot_ctx = slot_context(engine.context_length, parallel)
-    scheduler = Scheduler(engine.lm, parallel, slot_ctx, max_queue)
+    scheduler = Scheduler(engine.lm, parallel, slot_ctx, max_queue, deterministic=deterministic)
     name = model_id(engine)
     aliases = {name, os.fspath(engine.model), engine.path.name}
     created = int(engine.path.stat().st_mtime)
@@ -470,9 +471,11 @@ def serve(
     check_tensors: bool = True,
     repack_cache: bool = True,
     graph: bool = True,
+    deterministic: bool = False,
 ) -> None:
     """Load ``model`` and serve it until interrupted (``kleidipy serve``). ``ctx`` is the total context, split
-    between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved)."""
+    between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved);
+    ``deterministic``: each slot steps in a forward pass of its own (:class:`Scheduler`)."""
     import uvicorn
 
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -489,7 +492,7 @@ def serve(
         repack_cache=repack_cache,
         graph=graph,
     )
-    app = create_app(engine, parallel=parallel, api_key=api_key, cors=tuple(cors))
+    app = create_app(engine, parallel=parallel, api_key=api_key, cors=tuple(cors), deterministic=deterministic)
     print(
         f"kleidipy: serving {app.state.model_id} on http://{host}:{port}/v1 "
         f"({parallel} slot(s) x {app.state.slot_ctx} tokens of context)",

@@ -1,6 +1,7 @@
 """``GET /metrics``: the server's state in Prometheus's text format, made by prometheus-client from the scheduler's
 counters at each scrape (llama-server's set, named ``kleidipy_*``): prompt and generated tokens, requests, time
-spent in forward passes (so ``rate()`` gives tokens/s), busy slots, queue depth and KV cache usage."""
+spent in forward passes (so ``rate()`` gives tokens/s), forward passes and the sequences they ran (their ratio
+is the mean batch), busy slots, queue depth and KV cache usage."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ class SchedulerCollector:
         yield CounterMetricFamily("kleidipy_requests", "Generations finished (any reason)", value=stats.requests)
         yield CounterMetricFamily(
             "kleidipy_forward_seconds", "Seconds spent in forward passes", value=stats.forward_seconds
+        )
+        yield CounterMetricFamily("kleidipy_forward_passes", "Forward passes run", value=stats.forward_passes)
+        yield CounterMetricFamily(
+            "kleidipy_forward_sequences",
+            "Sequences run by the forward passes (a batch counts each)",
+            value=stats.forward_sequences,
         )
         yield GaugeMetricFamily("kleidipy_requests_processing", "Slots generating", value=s.busy)
         yield GaugeMetricFamily("kleidipy_requests_deferred", "Requests waiting for a slot", value=s.queued)

@@ -1,14 +1,21 @@
 """Slots and the compute thread: P sequences share one loaded model, each with its own KV cache.
 
 Each slot runs a :class:`~kleidipy.runtime.generate.Generation` (the runtime's step machine: prefill chunk by chunk,
-then one token per step), so a slot computes exactly what ``Engine.generate`` computes for the same prompt and seed.
+then one token per step).
 
 The :class:`Scheduler` owns P :class:`Slot` s (a :class:`~kleidipy.runtime.kv_cache.KVCache` each) and one worker
 thread, the only one that touches the model. Each round it admits queued jobs (FIFO) into free slots, then gives
-every busy slot one step, in slot order (round-robin: a long prompt cannot starve the others for more than one
-prefill chunk). The model's cache is pointed at the slot's before each step. Results go to the asyncio side
-through the job's queue (``loop.call_soon_threadsafe``); the asyncio side cancels a job by setting a flag the
-worker checks before every step, which frees the slot. An exception in one job fails that job only.
+every busy slot one step in ONE forward pass (continuous batching, as llama-server does): every decoding slot's next
+token, then the prefilling slots' next prompt chunks as far as ``n_batch`` rows allow
+(:meth:`~kleidipy.runtime.layers.CausalLM.forward_batch`: the matmuls run once over all the rows, each sequence
+attends over its own cache); then each slot samples from its own logits. A row's logits may depend on the rows it
+shares the pass with (GEMM and GEMV kernels may round differently: the F16 ones do), so a reply may depend on the
+other requests being served, as llama-server's do; with ``deterministic`` each slot steps in a forward pass of its
+own, in slot order, and computes exactly what ``Engine.generate`` computes for the same prompt and seed.
+
+Results go to the asyncio side through the job's queue (``loop.call_soon_threadsafe``); the asyncio side cancels
+a job by setting a flag the worker checks before every step, which frees the slot. An exception in one job fails
+that job only (a batched forward pass that fails is run again slot by slot).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,6 +75,9 @@ class Stats:
     predicted_tokens: int = 0
     requests: int = 0
     forward_seconds: float = 0.0
+    #: forward passes run, and the sequences they ran (summed over the passes: their ratio is the mean batch)
+    forward_passes: int = 0
+    forward_sequences: int = 0
 
 
 @dataclass(eq=False)
@@ -82,10 +92,22 @@ class Slot:
 class Scheduler:
     """P slots over one model, a FIFO queue and the compute thread (see the module docstring)."""
 
-    def __init__(self, lm: CausalLM, parallel: int, n_ctx: int, max_queue: int = 1024) -> None:
+    def __init__(
+        self,
+        lm: CausalLM,
+        parallel: int,
+        n_ctx: int,
+        max_queue: int = 1024,
+        deterministic: bool = False,
+        n_batch: int | None = None,
+    ) -> None:
         self.lm = lm
         self.n_ctx = n_ctx
         self.max_queue = max_queue
+        #: one forward pass per slot and step (reproducible replies) instead of one per round for all slots
+        self.deterministic = deterministic
+        #: rows of a batched forward pass (decode tokens first, then prompt chunks); default the model's n_ubatch
+        self.n_batch = lm.n_ubatch if n_batch is None else n_batch
         self.slots = [Slot(i, lm.new_cache(n_ctx)) for i in range(parallel)]
         self._queue: deque[Job] = deque()
         self._embeds: deque[tuple[list[int], asyncio.Future, asyncio.AbstractEventLoop]] = deque()
@@ -166,9 +188,12 @@ class Scheduler:
                     break
                 self._admit()
             self._run_embeds()
-            for slot in self.slots:
-                if slot.job is not None:
-                    self._step(slot)
+            if self.deterministic:
+                for slot in self.slots:
+                    if slot.job is not None:
+                        self._step(slot)
+            else:
+                self._step_all()
         with self._cond:
             pending = [s.job for s in self.slots if s.job is not None] + list(self._queue)
             self._queue.clear()
@@ -199,13 +224,46 @@ class Scheduler:
             slot.job = job
 
     def _step(self, slot: Slot) -> None:
+        """One step of the slot's job in a forward pass of its own."""
+        self._advance(slot, lambda gen: gen.step(lambda ids: self._forward([(slot.cache, ids, gen.n_past)])[0]))
+
+    def _step_all(self) -> None:
+        """One step of every busy slot in one forward pass: decoding slots first, then prompt chunks up to
+        ``n_batch`` rows in all (a prompt that does not fit waits for a later round)."""
+        for slot in self.slots:
+            if slot.job is not None and slot.job.cancelled:
+                slot.job = None
+        busy = [slot for slot in self.slots if slot.job is not None]
+        busy.sort(key=lambda slot: slot.job.generation.prefilling)
+        budget, batch = self.n_batch, []
+        for slot in busy:
+            gen = slot.job.generation
+            ids = gen.next_ids()[: max(budget, 0)] if gen.prefilling else gen.next_ids()
+            if ids:
+                batch.append((slot, ids))
+                budget -= len(ids)
+        if not batch:
+            return
+        try:
+            logits = self._forward([(slot.cache, ids, slot.job.generation.n_past) for slot, ids in batch])
+        except Exception:  # run again slot by slot, so that only a job whose own pass fails ends
+            for slot, _ in batch:
+                slot.cache.n_past = slot.job.generation.n_past
+                self._step(slot)
+            return
+        for (slot, ids), row in zip(batch, logits, strict=True):
+            n = len(ids)
+            self._advance(slot, lambda gen, n=n, row=row: gen.advance(n, row))
+
+    def _advance(self, slot: Slot, step: Callable[[Generation], str]) -> None:
+        """Run ``step`` on the slot's job and deliver its text; a job that fails or finishes frees the slot."""
         job = slot.job
         assert job is not None
         if job.cancelled:
             slot.job = None
             return
         try:
-            piece = job.generation.step(lambda ids: self._forward(slot.cache, ids))
+            piece = step(job.generation)
         except Exception as exc:  # one failing job must not take the others down
             if not isinstance(exc, KleidipyError):
                 log.exception("generation failed in slot %d", slot.index)
@@ -223,12 +281,15 @@ class Scheduler:
         if done:
             job.post("done")
 
-    def _forward(self, cache: KVCache, ids: Sequence[int]) -> np.ndarray:
+    def _forward(self, parts: list[tuple[KVCache, Sequence[int], int]]) -> list[np.ndarray]:
+        """The last logits of each part (cache, ids, first position), in one forward pass."""
         t0 = time.perf_counter()
         try:
-            return self.lm.forward(ids, cache=cache)
+            return self.lm.forward_batch(parts)
         finally:
             self.stats.forward_seconds += time.perf_counter() - t0
+            self.stats.forward_passes += 1
+            self.stats.forward_sequences += len(parts)
 
 
 def _shutting_down() -> APIError:

@@ -766,10 +766,10 @@ def test_generation_holds_back_stop_prefixes(tiny: Engine) -> None:
 
 
 class _Broken(Generation):
-    def step(self, forward) -> str:  # noqa: ANN001
+    def advance(self, n: int, logits: np.ndarray) -> str:
         if self.n_past:
             raise RuntimeError("boom")
-        return super().step(forward)
+        return super().advance(n, logits)
 
 
 def test_one_failing_job_leaves_the_others_alone(tiny: Engine) -> None:
@@ -798,6 +798,75 @@ def test_one_failing_job_leaves_the_others_alone(tiny: Engine) -> None:
     assert bad[-1][0] == "error" and bad[-1][1].status == 500 and "boom" in bad[-1][1].message
     assert good[-1][0] == queued[-1][0] == "done"
     assert "".join(p for k, p in good if k == "text") == "".join(p for k, p in queued if k == "text")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_busy_slots_share_forward_passes(tiny: Engine, deterministic: bool) -> None:
+    """Three requests admitted together: one forward pass per round for all three (a prefill, then 7 decode
+    steps), or with ``deterministic`` one per slot and step."""
+
+    async def run() -> tuple[Scheduler, list[str]]:
+        loop = asyncio.get_running_loop()
+        scheduler = Scheduler(tiny.lm, parallel=3, n_ctx=128, deterministic=deterministic)
+        scheduler.start()
+        ids = tiny.chat_prompt(MESSAGES)
+        jobs = [Job(Generation(tiny.tokenizer, ids, 128, max_tokens=8), loop) for _ in range(3)]
+        with scheduler._cond:  # the worker admits all three in one round
+            for job in jobs:
+                scheduler.submit(job)
+        texts = []
+        for job in jobs:
+            events = []
+            while not events or events[-1][0] not in ("done", "error"):
+                events.append(await asyncio.wait_for(job.events.get(), 60))
+            assert events[-1][0] == "done"
+            texts.append("".join(p for k, p in events if k == "text"))
+        scheduler.stop()
+        return scheduler, texts
+
+    scheduler, texts = asyncio.run(run())
+    assert scheduler.stats.forward_sequences == 3 * 8 and scheduler.stats.predicted_tokens == 3 * 8
+    assert scheduler.stats.forward_passes == (3 * 8 if deterministic else 8)
+    assert texts[0] == texts[1] == texts[2]  # the same rows in one pass: the same logits
+
+
+class _NoBatches:
+    """A model whose forward passes of several sequences fail."""
+
+    def __init__(self, lm) -> None:  # noqa: ANN001
+        self.lm = lm
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.lm, name)
+
+    def forward_batch(self, parts: list) -> list[np.ndarray]:
+        if len(parts) > 1:
+            raise RuntimeError("no batches")
+        return self.lm.forward_batch(parts)
+
+
+def test_a_failing_batch_runs_again_slot_by_slot(tiny: Engine) -> None:
+    async def run() -> list[list]:
+        loop = asyncio.get_running_loop()
+        scheduler = Scheduler(_NoBatches(tiny.lm), parallel=2, n_ctx=128)
+        scheduler.start()
+        ids = tiny.chat_prompt(MESSAGES)
+        jobs = [Job(Generation(tiny.tokenizer, ids, 128, max_tokens=4), loop) for _ in range(2)]
+        with scheduler._cond:
+            for job in jobs:
+                scheduler.submit(job)
+        got = []
+        for job in jobs:
+            events = []
+            while not events or events[-1][0] not in ("done", "error"):
+                events.append(await asyncio.wait_for(job.events.get(), 60))
+            got.append(events)
+        scheduler.stop()
+        return got
+
+    solo = "".join(tiny.generate(tiny.chat_prompt(MESSAGES), max_tokens=4))
+    for events in asyncio.run(run()):  # each slot alone: what Engine.generate computes
+        assert events[-1][0] == "done" and "".join(p for k, p in events if k == "text") == solo
 
 
 def test_model_id_and_slot_options(tiny: Engine) -> None:

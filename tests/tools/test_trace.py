@@ -118,13 +118,15 @@ def test_prefill_gemm_and_counts(trace) -> None:
         "Engine.generate",
         "Generation.step",
         "CausalLM.forward",
+        "CausalLM.forward_batch",
+        "CausalLM._run_ubatch",
         "CausalLM._decode",
         "CausalLM._hidden",
         "LlamaBlock.__call__",
     )
     attention += ("SelfAttention.__call__", "SelfAttention._project", "RepackedLinear.__call__")
     assert attention + ("compute_forward_mul_mat", GEMM_Q4_1) in paths(prefill)
-    ffn = attention[:6] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_1)
+    ffn = attention[:8] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_1)
     assert ffn in paths(prefill)
 
 
@@ -142,7 +144,8 @@ def test_decode_gemv_and_counts(trace) -> None:
     assert (step.frame, step.calls) == ("Generation.step", len(decode.passes))
     (forward,) = step.children.values()
     assert (forward.frame, forward.calls) == ("CausalLM.forward", len(decode.passes))
-    (hidden, head) = forward.children["CausalLM._decode"].children.values()
+    ubatch = forward.children["CausalLM.forward_batch"].children["CausalLM._run_ubatch"]
+    (hidden, head) = ubatch.children["CausalLM._decode"].children.values()
     assert (hidden.frame, hidden.calls) == ("CausalLM._hidden", len(decode.passes))  # the blocks, then the LM head
     (layers,) = hidden.children.values()
     assert (layers.frame, layers.calls) == ("LlamaBlock.__call__", trace.hparams["n_layer"] * len(decode.passes))

@@ -33,11 +33,12 @@ import numpy as np
 from kleidipy.runtime.architecture import Architecture, TensorSchema, context_size
 from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.kv_cache import KVCache
-from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttention
+from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, Segment, SelfAttention
 from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kleidipy.graph.plan import PlanBuilder
     from kleidipy.runtime.model_file import ModelFile
 
@@ -85,8 +86,8 @@ class Gemma3Block:
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffw_norm = norms
         self.attention, self.ffn = attention, ffn
 
-    def __call__(self, x: np.ndarray, start: int, cache: KVCache, keep: slice | None = None) -> np.ndarray:
-        a = self.attention(self.attn_norm(x), start, cache)
+    def __call__(self, x: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice | None = None) -> np.ndarray:
+        a = self.attention(self.attn_norm(x), ubatch)
         if keep is not None:  # last layer: only the rows whose logits are wanted go on
             a, x = a[keep], x[keep]
         h = self.post_attn_norm(a) + x

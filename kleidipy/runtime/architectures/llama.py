@@ -20,11 +20,12 @@ import numpy as np
 from kleidipy.runtime.architecture import Architecture, TensorSchema, context_size
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.kv_cache import KVCache
-from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, SelfAttention, SwiGLU
+from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, Segment, SelfAttention, SwiGLU
 from kleidipy.runtime.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kleidipy.graph.plan import PlanBuilder
     from kleidipy.runtime.model_file import ModelFile
 
@@ -35,8 +36,8 @@ class LlamaBlock:
     def __init__(self, attn_norm: RMSNorm, attention: SelfAttention, ffn_norm: RMSNorm, ffn: SwiGLU) -> None:
         self.attn_norm, self.attention, self.ffn_norm, self.ffn = attn_norm, attention, ffn_norm, ffn
 
-    def __call__(self, x: np.ndarray, start: int, cache: KVCache, keep: slice | None = None) -> np.ndarray:
-        h = x + self.attention(self.attn_norm(x), start, cache)
+    def __call__(self, x: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice | None = None) -> np.ndarray:
+        h = x + self.attention(self.attn_norm(x), ubatch)
         if keep is not None:  # last layer: only the rows whose logits are wanted go on
             h = h[keep]
         return h + self.ffn(self.ffn_norm(h))
