@@ -132,3 +132,16 @@ def make_problem(seed: int, m: int, n: int, k: int, scale_exp: int = 0) -> tuple
     rhs = (rng.standard_normal((k, n)) * 0.5).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     return lhs, rhs, bias
+
+
+def mixed_f32(
+    rng: np.random.Generator, shape: int | tuple[int, ...], lo: float, hi: float, subnormals: bool = True
+) -> np.ndarray:
+    """Mixed-sign float32 of magnitudes in [lo, hi] (log-uniform), with some ±0 and (``subnormals``) some 1e-40."""
+    mag = np.exp(rng.uniform(np.log(lo), np.log(hi), size=shape)) * rng.choice([-1.0, 1.0], size=shape)
+    v = mag.astype(np.float32)
+    v[rng.random(shape) < 0.05] = 0.0
+    v[rng.random(shape) < 0.05] = -0.0
+    if subnormals:
+        v[rng.random(shape) < 0.03] = np.float32(1e-40)
+    return v

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import bits_equal
+from kernel_helpers import bits_equal, mixed_f32
 from qai8dxp_models import call_matmul
 
 from kleidipy.core.numerics import FLT_MAX
@@ -42,16 +42,6 @@ def lhs_rows(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
     x = x.astype(np.float32)
     x[0, : min(k, 32)] = 0.0
     return x
-
-
-def mixed_f32(rng: np.random.Generator, shape: tuple[int, ...], lo: float, hi: float) -> np.ndarray:
-    """Mixed-sign float32 of magnitudes in [lo, hi] (log-uniform), with some ±0 and subnormals."""
-    mag = np.exp(rng.uniform(np.log(lo), np.log(hi), size=shape)) * rng.choice([-1.0, 1.0], size=shape)
-    v = mag.astype(np.float32)
-    v[rng.random(shape) < 0.05] = 0.0
-    v[rng.random(shape) < 0.05] = -0.0
-    v[rng.random(shape) < 0.03] = np.float32(1e-40)
-    return v
 
 
 # --------------------------------------------------------------------------------------------- Q4_1

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_helpers import bits_equal
+from kernel_helpers import bits_equal, mixed_f32
 
 from kleidipy.core import vnni
 from kleidipy.core.numerics import FLT_MAX
@@ -23,16 +23,6 @@ from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 needs_vnni = pytest.mark.skipif(not q41_vnni.HAVE_VNNI, reason="host lacks AVX-512 VNNI")
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NEON_KERNELS = [k.name for k in fam.KERNELS if k.rhs_packer.neon]
-
-
-def mixed_f32(rng: np.random.Generator, shape: tuple[int, ...], lo: float, hi: float) -> np.ndarray:
-    """Mixed-sign float32 of magnitudes in [lo, hi] (log-uniform), with some ±0 and subnormals."""
-    mag = np.exp(rng.uniform(np.log(lo), np.log(hi), size=shape)) * rng.choice([-1.0, 1.0], size=shape)
-    v = mag.astype(np.float32)
-    v[rng.random(shape) < 0.05] = 0.0
-    v[rng.random(shape) < 0.05] = -0.0
-    v[rng.random(shape) < 0.03] = np.float32(1e-40)
-    return v
 
 
 def operands(kern, m: int, n: int, k: int, seed: int, big: bool = False) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001

@@ -220,6 +220,13 @@ def _golden_runs(golden_dir, rhs_packer: str = RHS_PACKER):  # noqa: ANN001, ANN
     return gold, runs
 
 
+def _golden_operands(gold: GoldenSet, case: dict, run: dict) -> tuple:
+    """m, n, k, the run's params, its packed LHS and RHS and KleidiAI's dst [m, n]."""
+    m, n, k = case["m"], case["n"], case["k"]
+    want = gold.array(run["files"]["dst"]).reshape(m, n)
+    return m, n, k, run["params"], gold.array(run["files"]["lhs_packed"]), gold.array(run["files"]["rhs_packed"]), want
+
+
 def test_golden_dst(golden_dir) -> None:  # noqa: ANN001
     """Every SME2 Q4_0 golden run (MOPA and SDOT, SVL 128/256/512, clamped or not): dst bit for bit."""
     gold, runs = _golden_runs(golden_dir)
@@ -227,11 +234,7 @@ def test_golden_dst(golden_dir) -> None:  # noqa: ANN001
     from kleidipy.tools.golden import _clamp_values
 
     for case, run in runs:
-        m, n, k = case["m"], case["n"], case["k"]
-        p = run["params"]
-        lhs = gold.array(run["files"]["lhs_packed"])
-        rhs = gold.array(run["files"]["rhs_packed"])
-        want = gold.array(run["files"]["dst"]).reshape(m, n)
+        m, n, k, p, lhs, rhs, want = _golden_operands(gold, case, run)
         fmul = run["variant"].endswith("_mopa")
         lo, hi = _clamp_values(p)
         for isa in ISAS:
@@ -417,11 +420,7 @@ def test_neon_matches_portable_jit_and_golden(golden_dir) -> None:  # noqa: ANN0
     gold, runs = _golden_runs(golden_dir, NEON_RHS_PACKER)
     assert len(runs) >= 10
     for case, run in runs:
-        m, n, k = case["m"], case["n"], case["k"]
-        p = run["params"]
-        lhs = gold.array(run["files"]["lhs_packed"])
-        rhs = gold.array(run["files"]["rhs_packed"])
-        want = gold.array(run["files"]["dst"]).reshape(m, n)
+        m, n, k, p, lhs, rhs, want = _golden_operands(gold, case, run)
         portable = jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, p["mr"], p["nr"], p["kr"], p["sr"], lhs, rhs)
         lo, hi = _clamp_values(p)
         for isa in ISAS:
