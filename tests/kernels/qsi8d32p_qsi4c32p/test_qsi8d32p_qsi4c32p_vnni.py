@@ -36,14 +36,18 @@ def le_bytes(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values, dtype="<u2").view(np.uint8)
 
 
+def padded(a: np.ndarray, multiple: int, dtype: type) -> np.ndarray:
+    """a's rows as ``dtype``, zero rows appended up to a multiple of ``multiple``."""
+    out = np.zeros((-(-a.shape[0] // multiple) * multiple, *a.shape[1:]), dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
 def pack_rhs(u: np.ndarray, d_bits: np.ndarray, nr: int) -> np.ndarray:
     """§4.1 from codes u [n, k] (0..15) and fp16 bits [n, k/32]; padding columns 0."""
     n, k = u.shape
     nb, groups = k // 32, -(-n // nr)
-    codes = np.zeros((groups * nr, k), np.uint16)
-    codes[:n] = u
-    scales = np.zeros((groups * nr, nb), np.uint16)
-    scales[:n] = d_bits
+    codes, scales = padded(u, nr, np.uint16), padded(d_bits, nr, np.uint16)
     words = codes[:, 0::4] | codes[:, 1::4] << 4 | codes[:, 2::4] << 8 | codes[:, 3::4] << 12  # [n, k/4]
     data = le_bytes(words.reshape(groups, nr, k // 4).transpose(0, 2, 1)).reshape(groups, -1)
     sc = le_bytes(scales.reshape(groups, nr, nb).transpose(0, 2, 1)).reshape(groups, -1)
@@ -54,10 +58,7 @@ def pack_lhs(q: np.ndarray, s_bits: np.ndarray, mr: int) -> np.ndarray:
     """§4.4 from int8 q [m, k] and fp16 bits [m, k/32]; padding rows 0."""
     m, k = q.shape
     nb, groups = k // 32, -(-m // mr)
-    qq = np.zeros((groups * mr, k), np.int8)
-    qq[:m] = q
-    ss = np.zeros((groups * mr, nb), np.uint16)
-    ss[:m] = s_bits
+    qq, ss = padded(q, mr, np.int8), padded(s_bits, mr, np.uint16)
     data = np.ascontiguousarray(qq.reshape(groups, mr, k // 4, 4).transpose(0, 2, 1, 3)).view(np.uint8)
     sc = le_bytes(ss.reshape(groups, mr, nb).transpose(0, 2, 1)).reshape(groups, -1)
     data = data.reshape(groups, -1)
@@ -361,10 +362,7 @@ def pack_lhs_neon(q: np.ndarray, s_bits: np.ndarray, mr: int, kbl: int) -> np.nd
     and block, mr fp16 scales, then the int8 in chunks of kbl values per row; padding rows 0."""
     m, k = q.shape
     nb, groups = k // 32, -(-m // mr)
-    qq = np.zeros((groups * mr, k), np.int8)
-    qq[:m] = q
-    ss = np.zeros((groups * mr, nb), np.uint16)
-    ss[:m] = s_bits
+    qq, ss = padded(q, mr, np.int8), padded(s_bits, mr, np.uint16)
     data = qq.reshape(groups, mr, nb, 32 // kbl, kbl).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 32 * mr)
     sc = le_bytes(ss.reshape(groups, mr, nb).transpose(0, 2, 1))  # [groups, nb, 2mr]
     return np.concatenate([sc, data.view(np.uint8)], axis=2).reshape(-1)
