@@ -405,6 +405,11 @@ def permute(builder: ir.IRBuilder, value: ir.Value, index: ir.Value) -> ir.Value
     return _call(builder, "llvm.x86.avx512.permvar.si.512", I32X16, [value, index])
 
 
+def round_even(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """Each float32 lane rounded to the nearest integer, ties to even (rintf; vrndscaleps)."""
+    return _call(builder, "llvm.roundeven.v16f32", F32X16, [value])
+
+
 def fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     """a·b + c with one rounding, lane by lane (llvm.fma: vfmadd)."""
     return _call(builder, "llvm.fma.v16f32", F32X16, [a, b, c])

@@ -217,11 +217,7 @@ def pack_lhs(code, params, x, m, out, ith, nth):  # pragma: no cover - compiled
     dst = out[g0 * stride : g1 * stride]
     kbl = params[P_KBL]
     if code in (Q4_0_NEON, Q4_0_SME2, Q4_0_SME):
-        ties_even = params[P_TIES_EVEN] != 0
-        if params[P_LHS_LAYOUT] == q40_jit.LHS_QSI8D32P_NEON and not ties_even:  # as the packer's _jit: vectorised
-            _copy(q40_vnni._lhs_pack(_Q4_0_ISA, rows, mr, 0), dst)
-        else:
-            _copy(q40_jit.lhs_quant_pack_qsi8d32p(rows, mr, kbl, 0, params[P_LHS_LAYOUT], ties_even), dst)
+        _copy(q40_vnni._lhs_pack(_Q4_0_ISA, rows, mr, kbl, 0, params[P_LHS_LAYOUT], params[P_TIES_EVEN]), dst)
     elif code in (Q4_1, Q4_1_VNNI):
         _copy(q41_jit.lhs_quant_pack(rows, mr, kbl, 0), dst)
     elif code in (Q8_0, Q8_0_VNNI):

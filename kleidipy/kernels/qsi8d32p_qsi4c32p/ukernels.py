@@ -132,9 +132,8 @@ class _Qsi8d32pLhsPacker(LhsPacker):
 
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
         rows = _frozen(np.asarray(lhs, dtype=np.float32))
-        if self.layout == jit.LHS_QSI8D32P_NEON and not self.ties_even:  # the vectorised packer, the same bytes
-            return qsi8d32p_qsi4c32p_vnni.lhs_quant_pack_qsi8d32p_f32_neon(rows, mr, row_offset)
-        return jit.lhs_quant_pack_qsi8d32p(rows, mr, self.chunk(kr, sr), row_offset, self.layout, self.ties_even)
+        kbl = self.chunk(kr, sr)  # the vectorised packer (the same bytes as jit.lhs_quant_pack_qsi8d32p)
+        return qsi8d32p_qsi4c32p_vnni.lhs_quant_pack_qsi8d32p(rows, mr, kbl, row_offset, self.layout, self.ties_even)
 
     def _place(self, q: np.ndarray, scale_bits: np.ndarray, mr: int, kbl: int) -> np.ndarray:
         """Packed bytes of whole groups: q int8 [groups·mr, k], scale bits [groups·mr, k/32]."""

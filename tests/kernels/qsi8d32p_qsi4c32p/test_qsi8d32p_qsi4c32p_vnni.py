@@ -331,6 +331,26 @@ def test_lhs_pack_tiny_blocks_take_the_packers_bytes() -> None:
             assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, offset, isa), want), (offset, isa)
 
 
+@pytest.mark.parametrize(("layout", "kbl"), [(0, 4), (0, 8), (1, 4)], ids=["neon-kbl4", "neon-kbl8", "sme"])
+@pytest.mark.parametrize("ties_even", [False, True], ids=["away", "even"])
+def test_every_lhs_packer_is_the_portable_one(layout: int, kbl: int, ties_even: bool) -> None:
+    """The vectorised packer in each layout (``jit.LHS_QSI8D32P`` 0 with chunks of 4 or 8, the SME layout 1) and
+    rounding (roundf, or ties to even as the 4x8sb packer): the portable packer's bytes, exact ties and tiny blocks
+    included, at any row offset."""
+    from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+
+    rng = np.random.default_rng(layout * 10 + kbl + ties_even)
+    for m, k, mr, offset in ((1, 32, 1, 0), (5, 96, 4, 3), (19, 160, 16, 7), (9, 64, 8, 0)):
+        x = (rng.normal(size=(m, k)) * 10.0 ** rng.integers(-3, 4, size=(m, 1))).astype(np.float32)
+        x[rng.random((m, k)) < 0.05] = np.float32(0.5)  # exact ties where amax = 127 · 0.5 / 0.5 ...
+        x[0, :32] = 0.0
+        x[-1, -32:] *= np.float32(1e-39)  # 1/scale overflows: the portable packer's row
+        want = jit.lhs_quant_pack_qsi8d32p(x, mr, kbl, offset, layout, ties_even)
+        for isa in ISAS:
+            got = vk.lhs_quant_pack_qsi8d32p(x, mr, kbl, offset, layout, ties_even, isa)
+            assert np.array_equal(got, want), (m, k, mr, offset, isa)
+
+
 def test_lhs_pack_golden(golden_dir) -> None:  # noqa: ANN001
     gold, runs = _golden_runs(golden_dir)
     for case, run in runs:
