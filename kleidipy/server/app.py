@@ -1,12 +1,13 @@
 """The OpenAI-compatible HTTP server: a Starlette ASGI app over one loaded :class:`~kleidipy.runtime.generate.Engine`.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages
-rendered with the GGUF's chat template) and ``POST /v1/completions``, non-streamed or streamed as server-sent
-events (``data: {chunk}`` ... ``data: [DONE]``), ``POST /v1/embeddings`` (mean-pooled, normalized final hidden
-state), llama-server's ``POST /tokenize`` and ``POST /detokenize``, and ``GET /metrics`` (Prometheus).
+Routes: ``GET /`` (a chat page for the browser, :data:`CHAT_PAGE`), ``GET /health``, ``GET /v1/models``,
+``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages rendered with the GGUF's chat template) and
+``POST /v1/completions``, non-streamed or streamed as server-sent events (``data: {chunk}`` ... ``data: [DONE]``),
+``POST /v1/embeddings`` (mean-pooled, normalized final hidden state), llama-server's ``POST /tokenize`` and
+``POST /detokenize``, and ``GET /metrics`` (Prometheus).
 One model is served: a request may name any model (as with llama-server) and the reply names the real one. Bodies
-must be ``application/json`` of at most ``max_body`` bytes; with an API key every request needs
-``Authorization: Bearer KEY``. Every error is OpenAI's error object.
+must be ``application/json`` of at most ``max_body`` bytes; with an API key every request but the chat page's
+needs ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
 
 Context: ``n_ctx`` of the engine is the total, split evenly between the ``parallel`` slots (llama.cpp server's
 ``-c`` / ``-np``). A prompt longer than a slot's context, or ``max_tokens`` above it, is a 400; a generation
@@ -20,6 +21,7 @@ import asyncio
 import base64
 import contextlib
 import hmac
+import importlib.resources
 import json
 import os
 import re
@@ -36,7 +38,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -66,6 +68,13 @@ from kleidipy.target import Target
 
 MAX_BODY = 1 << 20  # bytes
 MIN_SLOT_CTX = 16  # tokens
+#: the chat page served at ``GET /`` (package data: one HTML file, its script and style inline)
+CHAT_PAGE = importlib.resources.files("kleidipy.server") / "static" / "chat.html"
+#: the page may run its own inline script and style and call this server, nothing else (no other site, no frames)
+CHAT_PAGE_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+    "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 class ServerConfigError(KleidipyError, ValueError):
@@ -77,14 +86,15 @@ def error_response(exc: APIError) -> JSONResponse:
 
 
 class APIKeyMiddleware:
-    """Answers 401 unless the request carries ``Authorization: Bearer <key>`` (the scheme in any case, RFC 7235)."""
+    """Answers 401 unless the request carries ``Authorization: Bearer <key>`` (the scheme in any case, RFC 7235);
+    the chat page itself (``GET /``) holds no secret and is served to anyone, its API calls send the key."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not (scope["path"] == "/" and scope["method"] in ("GET", "HEAD")):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             scheme, _, token = given.strip(b" ").partition(b" ")
             if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.key)):
@@ -364,6 +374,13 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return Response(metrics_text(scheduler), media_type=METRICS_TYPE)
 
+    page = CHAT_PAGE.read_bytes()
+
+    async def chat_page(request: Request) -> Response:
+        """``GET /``: the chat page, a static HTML file whose script streams replies from ``/v1/chat/completions``
+        (same origin, so the Origin rules let it in; an API key is typed into the page)."""
+        return HTMLResponse(page, headers={"Content-Security-Policy": CHAT_PAGE_CSP, "Cache-Control": "no-cache"})
+
     async def health(request: Request) -> Response:
         busy = scheduler.busy
         body = {"status": "ok", "slots_idle": parallel - busy, "slots_processing": busy, "queued": scheduler.queued}
@@ -399,6 +416,7 @@ def create_app(
 
     app = Starlette(
         routes=[
+            Route("/", chat_page, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),

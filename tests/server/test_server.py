@@ -698,6 +698,11 @@ def test_api_key(tiny: Engine) -> None:
         assert client.models.list().data[0].id == "tiny-chat.gguf"
         out = client.chat.completions.create(model="tiny-chat.gguf", messages=MESSAGES, max_tokens=3)
         assert out.usage.completion_tokens <= 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/", timeout=60) as page:  # no key needed
+            assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+            assert "connect-src 'self'" in page.headers["Content-Security-Policy"]
+            assert b"<title>kleidipy chat</title>" in page.read()
+        assert server.request("POST", "/", b"{}", {"Content-Type": "application/json"})[0] == 401
 
 
 # ---------------------------------------------------------------------------------------------------------------

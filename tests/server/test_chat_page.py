@@ -1,0 +1,152 @@
+"""The chat page (``GET /``) in a real browser: Debian's chromium, headless, driven by Playwright, against SmolLM2
+served in-process with an API key. A greedy reply streams in and equals Engine.generate's, the model's name is
+shown, the second turn sends both turns, model output is text (never HTML), nothing is fetched from elsewhere, and
+a wrong key, Stop and New chat behave. Skipped without /usr/bin/chromium (``.ci/run`` installs it with apt;
+``playwright install`` downloads a browser from the internet and is never used)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from model_files import SMOLLM2, model_file
+from test_server import HANG_TIMEOUT, Server, serving
+
+from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.sampler import SamplingParams
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    pytest.skip(
+        f"{CHROMIUM} is missing: the chat page is tested in Debian's chromium (apt-get install chromium)",
+        allow_module_level=True,
+    )
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[dev]'")
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+KEY = "s3cret"
+QUESTION = "What is the capital of France?\nAnswer in one sentence."
+MAX_TOKENS = 8
+WAIT_MS = HANG_TIMEOUT * 1000  # only catches a hang
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Engine:
+    model_file(SMOLLM2)
+    return Engine(SMOLLM2, n_ctx=1024, progress=False)
+
+
+@pytest.fixture(scope="module")
+def greedy(smollm2: Engine) -> str:
+    """Engine.generate's reply to QUESTION (temperature 0, MAX_TOKENS): run before the scheduler takes the model."""
+    prompt = smollm2.chat_prompt([{"role": "user", "content": QUESTION}])
+    return "".join(smollm2.generate(prompt, MAX_TOKENS, SamplingParams(temperature=0.0)))
+
+
+@pytest.fixture(scope="module")
+def server(smollm2: Engine, greedy: str) -> Iterator[Server]:
+    with serving(smollm2, parallel=1, api_key=KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[playwright.Browser]:
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: playwright.Browser, server: Server) -> Iterator[playwright.Page]:
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(f"http://127.0.0.1:{server.port}/")
+    yield page
+    context.close()
+
+
+def wait_turns(page: playwright.Page, n: int) -> None:
+    """Wait until the page's conversation holds ``n`` messages (the reply is finished and recorded)."""
+    page.wait_for_function("n => messages.length === n", arg=n, timeout=WAIT_MS)
+
+
+def test_chat_streams_the_reply_and_sends_the_whole_conversation(
+    page: playwright.Page, server: Server, greedy: str
+) -> None:
+    origin = f"http://127.0.0.1:{server.port}"
+    requests, csp_errors = [], []
+    page.on("request", lambda r: requests.append(r))
+    page.on("console", lambda m: csp_errors.extend([m.text] if "Content Security Policy" in m.text else []))
+    page.click("#settings summary")
+    page.fill("#key", KEY)
+    page.dispatch_event("#key", "change")  # the model's name is fetched again with the key
+    playwright.expect(page.locator("#model")).to_have_text(f"model: {SMOLLM2}", timeout=WAIT_MS)
+    page.fill("#max-tokens", str(MAX_TOKENS))
+    page.fill("#temperature", "0")
+    box = page.locator("#input")
+    first, second = QUESTION.split("\n")
+    box.press_sequentially(first)
+    box.press("Shift+Enter")  # a new line, not a send
+    box.press_sequentially(second)
+    assert box.input_value() == QUESTION
+    box.press("Enter")
+    wait_turns(page, 2)
+    replies = page.locator(".msg.assistant")
+    assert replies.count() == 1 and replies.nth(0).text_content() == greedy != ""
+    assert box.input_value() == ""
+
+    follow_up = "And of <b>Germany</b>?"
+    box.fill(follow_up)
+    box.press("Enter")
+    wait_turns(page, 4)
+    assert page.locator(".msg.user").nth(1).text_content() == follow_up
+    assert page.locator("#log b").count() == 0  # text is text, never markup
+    second_reply = replies.nth(1).text_content()
+    assert second_reply
+
+    posts = [r for r in requests if r.method == "POST" and r.url == f"{origin}/v1/chat/completions"]
+    assert len(posts) == 2
+    assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in posts)
+    bodies = [r.post_data_json for r in posts]
+    assert all(b["stream"] is True and b["max_tokens"] == MAX_TOKENS and b["temperature"] == 0 for b in bodies)
+    assert bodies[0]["messages"] == [{"role": "user", "content": QUESTION}]
+    assert bodies[1]["messages"] == [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": greedy},
+        {"role": "user", "content": follow_up},
+    ]
+    assert page.evaluate("messages")[3] == {"role": "assistant", "content": second_reply}
+    assert all(r.url.startswith(origin + "/") for r in requests if not r.url.startswith("data:"))
+    assert not csp_errors
+
+    page.click("#new")
+    assert page.locator("#log .msg").count() == 0 and page.evaluate("messages.length") == 0
+
+
+def test_a_wrong_key_is_shown_and_stop_ends_the_reply(page: playwright.Page, server: Server) -> None:
+    playwright.expect(page.locator("#model")).to_contain_text("invalid API key", timeout=WAIT_MS)
+    page.click("#settings summary")
+    page.fill("#key", "wrong")
+    box = page.locator("#input")
+    box.fill("Count from 1 to 200.")
+    box.press("Enter")
+    playwright.expect(page.locator("#error")).to_contain_text("Error: invalid API key", timeout=WAIT_MS)
+    assert box.input_value() == "Count from 1 to 200."  # the turn is taken back, to send again
+    assert page.locator("#log .msg").count() == 0 and page.evaluate("messages.length") == 0
+
+    page.fill("#key", KEY)
+    page.click("#send")
+    playwright.expect(page.locator(".msg.assistant")).not_to_have_text("", timeout=WAIT_MS)
+    page.click("#stop")
+    wait_turns(page, 2)
+    playwright.expect(page.locator(".msg.note")).to_have_text("(stopped)")
+    assert page.locator("#error").text_content() == ""
+    deadline = time.monotonic() + HANG_TIMEOUT
+    while server.request("GET", "/health", headers={"Authorization": f"Bearer {KEY}"})[1]["slots_processing"]:
+        assert time.monotonic() < deadline, "the aborted stream did not free its slot"
+        time.sleep(0.05)
