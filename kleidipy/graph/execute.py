@@ -83,10 +83,13 @@ def run_plan(
     m,
     segs,
     keep,
+    logits_buffer,
+    logits,
 ):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is kcaches/vcaches[cache index]), keeping
-    the rows ``keep`` at the KEEP node (see the module docstring). With a non-empty ``prof`` [threads, nodes, 3] the
+    the rows ``keep`` at the KEEP node (see the module docstring); the MUL_MAT into buffer ``logits_buffer`` writes
+    into ``logits`` instead (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the
     thread records per node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for
     other nodes) and of its end (each before the barrier that follows)."""
     rows = m
@@ -101,7 +104,7 @@ def run_plan(
                 continue
             kind = 0 if rows == 1 else 1
             code, prm, n, k = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1]
-            x, out = buffers[a], buffers[b]
+            x, out = buffers[a], logits if b == logits_buffer else buffers[b]
             if not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, rhs[c], out, n, k, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
                 return
@@ -288,6 +291,7 @@ class CompiledForward:
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls]
         prof = np.zeros((threads, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
+        logits = np.empty((keep.size, self.plan.widths[self.plan.logits]), np.float32)  # written by the LM head
         args = (
             self.plan.nodes,
             self.plan.fparams,
@@ -310,6 +314,8 @@ class CompiledForward:
             m,
             segs,
             keep,
+            self.plan.logits,
+            logits,
         )
         t0, mono0 = perf_counter(), clock_ns()
         if threads == 1:
@@ -327,7 +333,7 @@ class CompiledForward:
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:
                     observer.on_matmul(self._kernel_call(node))
-        return self._arrays[self.plan.logits][: keep.size].copy()
+        return logits
 
     def _node_runs(self, prof: np.ndarray, m: int, kept: int, offset: float) -> list[NodeRun]:
         """The nodes of a timed run, their monotonic ns stamps turned into perf_counter seconds (``offset`` apart)."""

@@ -218,7 +218,8 @@ class Plan:
     weights: list[MatmulWeight]
     vectors: list[np.ndarray]
     ropes: list[RoPE]
-    logits: int  #: the buffer that holds the logits of the kept rows
+    logits: int  #: the buffer of the logits of the kept rows: the last node, a MUL_MAT, writes it (the executor
+    #: has it write into the caller's array instead)
 
 
 def build_plan(lm: CausalLM) -> Plan:
@@ -234,6 +235,8 @@ def build_plan(lm: CausalLM) -> Plan:
             raise NotPlannableError(f"block {type(block).__name__} does not describe itself as a plan")
         x = describe(b, x, keep=i == last)
     logits = b.matmul(lm.lm_head, b.rms_norm(x, lm.output_norm, "out_norm"), "logits")
+    if b.nodes[-1][0] != OP_MATMUL or b.nodes[-1][2] != logits:  # (a bias on the LM head would add a node)
+        raise NotPlannableError("the LM head must be the plan's last node")
     return Plan(
         np.array(b.nodes, np.int64).reshape(-1, NODE_WIDTH),
         np.array(b.fparams, np.float64),
