@@ -269,8 +269,11 @@ class CompiledForward:
         """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens."""
         if m <= self._rows:
             return
-        # the same arrays in a Python list too: reaching a typed List's items from Python costs microseconds
-        self._arrays = [np.zeros((m, w), np.float32) for w in self.plan.widths]
+        # the same arrays in a Python list too: reaching a typed List's items from Python costs microseconds; the
+        # logits buffer has no rows (the LM head writes into the array each run returns)
+        self._arrays = [
+            np.zeros((0 if i == self.plan.logits else m, w), np.float32) for i, w in enumerate(self.plan.widths)
+        ]
         self._buffers = List(self._arrays)
         self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
         self._rows = m
