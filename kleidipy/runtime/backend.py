@@ -4,7 +4,9 @@ At load (:meth:`KleidiBackend.__call__`, a :class:`~kleidipy.runtime.weights.Lin
 turned into the RHS packer's inputs (Q4_0 blocks verbatim; Q8_0 requantized per channel as llama.cpp does;
 Q4_1 and Q4_K codes + f32 scale/offset per 32 values, exact; F16/F32 as f32 K×N) and packed with the GEMM
 kernel the target selects — one packed copy serves the GEMM and the GEMV of the pair. Other GGUF types are
-dequantized and requantized to a supported format, with a one-line notice. With a
+dequantized and requantized, with a one-line notice: those of 5 bits or more (Q5_0, Q6_K, ...) per channel to
+int8 in one rounding of their exact values (the Q8_0 family's own format: least loss, measured in README), the
+narrower ones to Q4_0. With a
 :class:`~kleidipy.runtime.repack_cache.RepackCache`, a weight packed at an earlier load for the same target is read
 back instead (bit-identical bytes) and every weight of the load is recorded for the next one. At run time
 :func:`compute_forward_mul_mat` quantizes+packs the activations with the chosen kernel's LHS packer and runs the
@@ -38,7 +40,7 @@ _DIRECT = {
     GGMLType.F16: "f16",
     GGMLType.F32: "f16",
 }
-#: Other types: the format they are requantized to (≥ 5-bit sources keep 8 bits; 4-bit and lower go to Q4_0).
+#: Other types of 5 bits or more: requantized per channel to int8 (the Q8_0 family); narrower ones go to Q4_0.
 _REQUANT_TO_Q8_0 = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K, GGMLType.BF16}
 
 
@@ -108,8 +110,8 @@ class KleidiBackend:
             pair, packed = hit
             t1 = t2 = perf_counter()
         else:
-            ggml_type, raw = self.supported(name, source_type, n, k, raw)
-            pair = select_kernels(_DIRECT[ggml_type], self.target)
+            weight_type, ggml_type, raw = self.supported(name, source_type, n, k, raw)
+            pair = select_kernels(weight_type, self.target)
             rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
             t1 = perf_counter()
             packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
@@ -134,13 +136,19 @@ class KleidiBackend:
             return None
         return pair, hit.packed
 
-    def supported(self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray) -> tuple[GGMLType, np.ndarray]:
-        """A type the kernels take: itself, or the weight dequantized and requantized (with a one-line notice)."""
+    def supported(
+        self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
+    ) -> tuple[str, GGMLType, np.ndarray]:
+        """(kernel weight type, GGML type, data) the family's adaptor takes: the weight as stored, or for a type
+        without a kernel (one-line notice) its dequantized values (the Q8_0 family quantizes them per channel) or
+        their Q4_0 blocks."""
         if ggml_type in _DIRECT:
-            return ggml_type, raw
+            return _DIRECT[ggml_type], ggml_type, raw
         self._notice_requantized(name, ggml_type)
         values = formats.dequantize(raw, ggml_type, n, k)
-        return _requantized_type(ggml_type), formats.quantize(values, _requantized_type(ggml_type))
+        if ggml_type in _REQUANT_TO_Q8_0:
+            return "q8_0", GGMLType.F32, values
+        return "q4_0", GGMLType.Q4_0, formats.quantize(values, GGMLType.Q4_0)
 
     def _notice_requantized(self, name: str, ggml_type: GGMLType) -> None:
         """Once per type without a kernel: its weights are requantized (also when read back from the cache)."""
@@ -149,13 +157,8 @@ class KleidiBackend:
         self._noticed.add(ggml_type)
         self.notice(
             f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to "
-            f"{_requantized_type(ggml_type).name} (first: {name})"
+            f"{'int8 per channel' if ggml_type in _REQUANT_TO_Q8_0 else 'Q4_0'} (first: {name})"
         )
-
-
-def _requantized_type(ggml_type: GGMLType) -> GGMLType:
-    """The format a type without a kernel is requantized to."""
-    return GGMLType.Q8_0 if ggml_type in _REQUANT_TO_Q8_0 else GGMLType.Q4_0
 
 
 def packer_inputs(

@@ -31,8 +31,9 @@ from kleidipy.errors import KleidipyError
 from kleidipy.runtime.pull import cache_dir, catalogue_sha256
 from kleidipy.target import Target
 
-#: bumped whenever the file layout or the meaning of its fields changes
-FORMAT_VERSION = 1
+#: bumped whenever the file layout, the meaning of its fields or a weight's conversion changes
+#: (2: Q5_0/Q6_K/... quantized per channel from their exact values, no longer through Q8_0 blocks)
+FORMAT_VERSION = 2
 _MAGIC = b"KLEIDIPY-REPACK\n"
 _ALIGN = 64
 

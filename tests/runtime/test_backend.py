@@ -1,5 +1,6 @@
 """The backend: weights of every GGUF type repacked once for the target, MUL_MAT = GEMV at m == 1 else GEMM."""
 
+import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -8,6 +9,7 @@ from kernel_helpers import MatmulRecorder
 
 from kleidipy import formats
 from kleidipy.errors import DTypeError, NonFiniteInputError
+from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import quantize_per_channel
 from kleidipy.runtime.architectures.llama import Llama
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.model_file import ModelFile
@@ -34,10 +36,41 @@ def test_repacked_linear_matches_float_weights(tmp_path, spec, ggml_type):
     ref = FloatLinear.from_gguf(t.name, t.ggml_type, t.shape, t.data)
     x = np.random.default_rng(1).standard_normal((5, lin.k)).astype(np.float32)
     y = lin(x)
-    tol = {T.F16: 2e-2, T.F32: 2e-2}.get(ggml_type, 6e-2)  # bf16 operands / 8-bit activations (+ Q5_0 -> Q8_0)
+    tol = {T.F16: 2e-2, T.F32: 2e-2}.get(ggml_type, 6e-2)  # bf16 operands / 8-bit activations (+ Q5_0 -> int8)
     assert np.abs(y - ref(x)).max() <= tol * np.abs(ref(x)).max()
     assert np.array_equal(lin(x[2:3]), y[2:3]) or ggml_type in (T.F16, T.F32)  # GEMV == GEMM row for int kernels
-    assert bool(notices) == (ggml_type == T.Q5_0) and (not notices or "Q5_0" in notices[0] and "Q8_0" in notices[0])
+    assert bool(notices) == (ggml_type == T.Q5_0) and (not notices or "Q5_0" in notices[0] and "int8" in notices[0])
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q5_0, T.Q6_K])
+def test_wider_types_quantized_per_channel_in_one_rounding(tmp_path, ggml_type):
+    """A type without a kernel of 5 bits or more reaches the Q8_0 family as its exact values, quantized per channel
+    once: every int8 code is the nearest to value / scale (no Q8_0 blocks in between), so the weight error is at
+    most half a step of the channel's scale — less than rounding through Q8_0 blocks first."""
+    rng = np.random.default_rng(3)
+    n, k = 64, 256
+    raw = _random_blocks(rng, ggml_type, n, k)
+    exact = formats.dequantize(raw, ggml_type, n, k)
+    lin = KleidiBackend(parse_target("i8mm"), notice=lambda _: None)("w", ggml_type, (k, n), raw)
+    assert lin.pair.weight_type == "q8_0"
+    q, scale = quantize_per_channel(exact)
+    err = np.abs(q * scale[:, None] - exact)
+    assert (err <= scale[:, None] * 0.5001).all()
+    two_step_q, two_step_scale = quantize_per_channel(formats.dequantize(formats.quantize(exact, T.Q8_0), T.Q8_0, n, k))
+    assert err.mean() < np.abs(two_step_q * two_step_scale[:, None] - exact).mean()
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    ref = FloatLinear.from_gguf("w", ggml_type, (k, n), raw)(x)
+    assert np.abs(lin(x) - ref).max() <= 3e-2 * np.abs(ref).max()
+
+
+def _random_blocks(rng: np.random.Generator, ggml_type: T, n: int, k: int) -> np.ndarray:
+    """GGML bytes of an n x k weight: gguf's Q5_0 quantizer, or random Q6_K blocks (gguf has no Q6_K quantizer)
+    whose f16 super-block scale d is set to a sane value."""
+    if ggml_type == T.Q5_0:
+        return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), T.Q5_0)
+    blocks = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
+    blocks[..., 208:] = np.full((n, k // 256), 0.01, np.float16).view(np.uint8).reshape(n, k // 256, 2)
+    return blocks.reshape(n, -1)
 
 
 def test_gemv_exactly_when_m_is_1(tmp_path):

@@ -384,7 +384,15 @@ def requantize_q8_0_per_channel(
         scale = np.empty(n, dtype=np.float32)
         jit.requantize_q8_0(blocks, F16_BITS_TO_F32, q, scale)
         return q, scale
-    v = (d[:, :, None] * blocks[:, :, 2:].view(np.int8).astype(np.float32)).reshape(n, k)
+    return quantize_per_channel((d[:, :, None] * blocks[:, :, 2:].view(np.int8).astype(np.float32)).reshape(n, k))
+
+
+def quantize_per_channel(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 rows [n, k] → per-channel int8 q [n, k] and f32 scale [n], rounded as in
+    :func:`requantize_q8_0_per_channel`: scale = f32(max|v| / 127), q = clamp(lround(f32(v·f32(1/scale))), ±127)."""
+    v = np.asarray(v, dtype=np.float32)
+    if not np.isfinite(v).all():
+        raise NonFiniteInputError("quantize_per_channel: a weight is NaN/Inf")
     amax = np.abs(v).max(axis=1)
     scale = np.where(amax > 0, amax / np.float32(127), np.float32(0)).astype(np.float32)
     with np.errstate(divide="ignore"):
