@@ -8,7 +8,12 @@ reference execution; the compiled graph calls the same functions, so both give t
   ``scale = 1/sqrtf(mean + eps)`` in f32, ``y = (x * scale) * w``.
 * RoPE (ggml_rope_ext): per position p the angle of pair i is ``theta_i = freq_scale * (p * theta_scale^i) / ff_i``
   with ``theta_scale = powf(base, -2/n_rot)`` and ``p * theta_scale^i`` built by repeated f32 multiplication, as
-  ggml's rope cache does; pairs are adjacent (NORM, llama) or halves (NEOX, qwen2); dims past n_rot pass through.
+  ggml's rope cache does, then ``cosf``/``sinf`` of each f32 angle; pairs are adjacent (NORM, llama) or halves
+  (NEOX, qwen2); dims past n_rot pass through. ``powf``, ``cosf``, ``sinf`` (and GeGLU's ``tanhf``) are glibc's in
+  llama.cpp — correctly rounded but for rare cases, the same code on every host — so kleidipy computes each in
+  float64 and rounds once to f32 (:func:`libm_f32`): the same bits on every host and llama.cpp's values, where numpy's
+  float32 ``power``/``sin``/``cos``/``tanh`` are the host build's SIMD code (on AVX-512: 1 ulp off in 11-13 % of
+  a RoPE table, and in ``powf(100000, -1/32)``).
 * Attention (KQ -> soft_max_ext -> KQV) reads the cache directly. With an F16 cache Q is rounded to F16 for KQ and
   the softmax weights to F16 for KQV (ggml converts the f32 operand to the f16 operand's vec_dot type). Both
   products are ggml_vec_dot's NEON order: 16 lanes (fused multiply-add, exact products with F16 operands) reduced
@@ -67,6 +72,15 @@ class RMSNorm:
 # RoPE
 
 
+def libm_f32(fn: Callable[..., np.ndarray], *args: np.ndarray | np.float32) -> np.ndarray:
+    """glibc's float function (powf, cosf, sinf, tanhf) of f32 arguments, as ``fn`` in float64 rounded once to f32:
+    glibc computes these in double and is nearly correctly rounded, and so is this, on every host (module
+    docstring)."""
+    wide = [np.asarray(a, np.float64) for a in args]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(fn(*wide), np.float64).astype(np.float32)
+
+
 class RoPE:
     """Rotary position embedding with cos/sin tables precomputed for positions 0..n_ctx-1."""
 
@@ -81,15 +95,15 @@ class RoPE:
     ) -> None:
         self.n_rot = n_rot
         self.neox = rope_type == RopeType.NEOX
-        theta_scale = np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot))
+        theta_scale = libm_f32(np.power, np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot))
         ff = np.ones(n_rot // 2, np.float32) if freq_factors is None else np.asarray(freq_factors, np.float32)
         theta = np.arange(n_ctx, dtype=np.float32)
         angles = np.empty((n_ctx, n_rot // 2), np.float32)
         for i in range(n_rot // 2):
             angles[:, i] = np.float32(freq_scale) * (theta / ff[i])
             theta = theta * theta_scale
-        self.cos = np.cos(angles)
-        self.sin = np.sin(angles)
+        self.cos = libm_f32(np.cos, angles)
+        self.sin = libm_f32(np.sin, angles)
 
     def __call__(self, x: np.ndarray, start: int) -> None:
         """Rotate x [m, n_heads, head_dim] (C-contiguous float32) in place for positions start..start+m-1."""
@@ -220,7 +234,7 @@ def gelu_f16_table() -> np.ndarray:
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
-        gelu = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
+        gelu = np.float32(0.5) * x * (np.float32(1.0) + libm_f32(np.tanh, inner))
         return gelu.astype(np.float16).astype(np.float32)  # (NaN entries, from NaN bit patterns, stay NaN)
 
 

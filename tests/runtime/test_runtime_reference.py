@@ -82,7 +82,8 @@ ATTENTION = (
 )
 ATTENTION_STEPS = (
     "Q4_0, one-token prompt: its logits are llama.cpp's bit for bit (BIT_EXACT), but the 31 teacher-forced steps "
-    "after it go through attention (ATTENTION): llama.cpp's step 25 has a top-1/top-2 margin of 0.11 and flips"
+    "after it go through attention (ATTENTION): at the last one (31) llama.cpp's top-1/top-2 margin is 0.377 and "
+    "ours flips"
 )
 Q4_1_KERNEL = (
     "Q4_1: KleidiAI's qsi8d32p_qai4c32p path (what llama.cpp runs on Arm: int8 activations with f32 block scales, "
@@ -107,38 +108,38 @@ GEMMA_Q8_0 = (
 #: (model key, prompt) -> (measured last-logit max |Δ|, rounded up to 0.01; reason) where the path cannot meet
 #: llama.cpp's spread for that prompt. Every other pair is held to the spread itself.
 MEASURED = {
-    ("smollm2-q4_0", "single_word"): (0.12, ATTENTION_STEPS),
-    ("smollm2-q4_0", "code_python"): (0.84, ATTENTION),
-    ("smollm2-q4_0", "chat_capital"): (1.17, ATTENTION),
-    ("smollm2-q4_0", "mixed_unicode"): (0.87, ATTENTION),
-    ("smollm2-q4_0", "long_prose"): (0.64, ATTENTION),
+    ("smollm2-q4_0", "single_word"): (0.38, ATTENTION_STEPS),
+    ("smollm2-q4_0", "code_python"): (0.87, ATTENTION),
+    ("smollm2-q4_0", "chat_capital"): (0.84, ATTENTION),
+    ("smollm2-q4_0", "mixed_unicode"): (0.79, ATTENTION),
+    ("smollm2-q4_0", "long_prose"): (0.51, ATTENTION),
     ("qwen25-q4_0", "short_fact"): (0.37, ATTENTION),
-    ("qwen25-q4_0", "code_python"): (0.29, ATTENTION),
-    ("qwen25-q4_0", "chat_capital"): (0.31, ATTENTION),
-    ("qwen25-q4_0", "mixed_unicode"): (0.23, ATTENTION),
-    ("qwen25-q4_0", "long_prose"): (0.27, ATTENTION),
+    ("qwen25-q4_0", "code_python"): (0.28, ATTENTION),
+    ("qwen25-q4_0", "chat_capital"): (0.28, ATTENTION),
+    ("qwen25-q4_0", "mixed_unicode"): (0.26, ATTENTION),
+    ("qwen25-q4_0", "long_prose"): (0.26, ATTENTION),
     ("smollm2-q4_1", "single_word"): (1.02, Q4_1_KERNEL),
-    ("smollm2-q4_1", "code_python"): (1.25, Q4_1_KERNEL),
-    ("smollm2-q4_1", "chat_capital"): (1.29, Q4_1_KERNEL),
-    ("smollm2-q4_1", "mixed_unicode"): (0.93, Q4_1_KERNEL),
-    ("smollm2-q4_1", "long_prose"): (1.39, Q4_1_KERNEL),
-    ("smollm2-q8_0", "short_fact"): (2.04, Q8_0_REQUANT),
+    ("smollm2-q4_1", "code_python"): (1.15, Q4_1_KERNEL),
+    ("smollm2-q4_1", "chat_capital"): (1.75, Q4_1_KERNEL),
+    ("smollm2-q4_1", "mixed_unicode"): (0.91, Q4_1_KERNEL),
+    ("smollm2-q4_1", "long_prose"): (0.93, Q4_1_KERNEL),
+    ("smollm2-q8_0", "short_fact"): (2.21, Q8_0_REQUANT),
     ("smollm2-q8_0", "single_word"): (1.67, Q8_0_REQUANT),
-    ("smollm2-q8_0", "code_python"): (2.64, Q8_0_REQUANT),
-    ("smollm2-q8_0", "chat_capital"): (1.63, Q8_0_REQUANT),
-    ("smollm2-q8_0", "mixed_unicode"): (2.22, Q8_0_REQUANT),
+    ("smollm2-q8_0", "code_python"): (3.06, Q8_0_REQUANT),
+    ("smollm2-q8_0", "chat_capital"): (2.23, Q8_0_REQUANT),
+    ("smollm2-q8_0", "mixed_unicode"): (2.20, Q8_0_REQUANT),
     ("smollm2-q8_0", "long_prose"): (1.50, Q8_0_REQUANT),
     ("qwen25-q4_k_m", "short_fact"): (0.99, REQUANT_AT_LOAD),
     ("qwen25-q4_k_m", "single_word"): (0.96, REQUANT_AT_LOAD),
     ("qwen25-q4_k_m", "code_python"): (0.99, REQUANT_AT_LOAD),
-    ("qwen25-q4_k_m", "chat_capital"): (0.79, REQUANT_AT_LOAD),
+    ("qwen25-q4_k_m", "chat_capital"): (0.81, REQUANT_AT_LOAD),
     ("qwen25-q4_k_m", "mixed_unicode"): (0.60, REQUANT_AT_LOAD),
-    ("qwen25-q4_k_m", "long_prose"): (0.65, REQUANT_AT_LOAD),
+    ("qwen25-q4_k_m", "long_prose"): (0.69, REQUANT_AT_LOAD),
     ("gemma3-q4_k_m", "short_fact"): (2.25, GEMMA_Q8_0),
     ("gemma3-q4_k_m", "single_word"): (2.77, GEMMA_Q8_0),
-    ("gemma3-q4_k_m", "code_python"): (2.74, GEMMA_Q8_0),
-    ("gemma3-q4_k_m", "mixed_unicode"): (1.79, GEMMA_Q8_0),
-    ("gemma3-q4_k_m", "long_prose"): (2.19, GEMMA_Q8_0),
+    ("gemma3-q4_k_m", "code_python"): (2.85, GEMMA_Q8_0),
+    ("gemma3-q4_k_m", "mixed_unicode"): (2.27, GEMMA_Q8_0),
+    ("gemma3-q4_k_m", "long_prose"): (1.64, GEMMA_Q8_0),
 }
 
 

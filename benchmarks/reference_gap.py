@@ -1,0 +1,97 @@
+"""How far kleidipy's logits are from llama.cpp's, over every position of every reference prompt.
+
+    python benchmarks/reference_gap.py [MODEL ...] [--target sme2:svl=512] [--reference ../shared/reference]
+
+MODEL keys: smollm2-q4_1, smollm2-q4_0, smollm2-q8_0, qwen25-q4_0, qwen25-q4_k_m, gemma3-q4_k_m (default: all).
+Shipped files come from the catalogue (``kleidipy pull``); the Q4_0/Q8_0 ones are made by ``kleidipy quantize
+--pure`` (byte-identical to llama-quantize's) into the model cache's ``bench/`` folder. Per model it prints the mean
+and 90th percentile over prompt positions of the largest |Δ| among llama.cpp's top-10 logits after removing the
+mean shift (robust to the rounding noise one last logit row shows), top-1 agreement, and the range over prompts of
+the last-position max |Δ| that ``tests/runtime/test_runtime_reference.py`` bounds. The reference's Qwen2.5 Q4_K_M
+files are in ``tests/data/llama_cpp``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.pull import cache_dir, pull
+from kleidipy.target import parse_target
+
+HERE = Path(__file__).resolve().parent
+SHIPPED = {
+    "smollm2-q4_1": "smollm2-135m-instruct",
+    "qwen25-q4_k_m": "qwen2.5-coder-0.5b-instruct",
+    "gemma3-q4_k_m": "gemma3-270m",
+}
+#: key -> (catalogue model, type) made with `kleidipy quantize --pure`
+REQUANTIZED = {
+    "smollm2-q4_0": ("smollm2-135m-instruct", "q4_0"),
+    "smollm2-q8_0": ("smollm2-135m-instruct", "q8_0"),
+    "qwen25-q4_0": ("qwen2.5-coder-0.5b-instruct", "q4_0"),
+}
+
+
+def model_path(key: str) -> Path:
+    if key in SHIPPED:
+        return pull(SHIPPED[key])
+    from kleidipy.tools.quantize import quantize_gguf
+
+    name, qtype = REQUANTIZED[key]
+    dst = cache_dir().parent / "bench" / f"{key}.gguf"
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        quantize_gguf(pull(name), dst, qtype, pure=True, progress=False)
+    return dst
+
+
+def logits_dir(key: str, reference: Path) -> Path:
+    if key.startswith("gemma3"):
+        return reference / "gemma3" / "logits"
+    if key == "qwen25-q4_k_m":
+        return HERE.parent / "tests" / "data" / "llama_cpp" / "logits"
+    return reference / "logits"
+
+
+def measure(engine: Engine, folder: Path, key: str) -> str:
+    gaps, agree, lasts = [], 0, []
+    for f in sorted(folder.glob(f"{key}__*__default.json")):
+        ref = json.loads(f.read_text())
+        chat = ref["prompt_kind"] == "chat"
+        ids = engine.chat_prompt(ref["messages"]) if chat else engine.prompt(ref["prompt_text"])
+        engine.lm.reset()
+        rows = engine.lm.forward(ids, all_logits=True)
+        for pos, row in zip(ref["positions"], rows, strict=False):
+            tokens = [t for t, _ in pos["top10"]]
+            d = row[tokens] - np.array([v for _, v in pos["top10"]])
+            gaps.append(float(np.abs(d - d.mean()).max()))
+            agree += int(np.argmax(row)) == tokens[0]
+        last = np.load(f.with_name(f.name.replace(".json", ".last_logits.npy")))
+        lasts.append(float(np.abs(rows[-1] - last).max()))
+    return (
+        f"| {key} | {np.mean(gaps):.4f} | {np.quantile(gaps, 0.9):.4f} | {agree}/{len(gaps)} | "
+        f"{min(lasts):.2f}–{max(lasts):.2f} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=[*SHIPPED, *REQUANTIZED], choices=[*SHIPPED, *REQUANTIZED])
+    parser.add_argument("--target", default="sme2:svl=512")
+    parser.add_argument("--reference", type=Path, default=HERE.parent.parent / "shared" / "reference")
+    args = parser.parse_args(argv)
+    print("| model | mean top-10 gap | p90 | top-1 | last-logit max \\|Δ\\| |")
+    print("|---|---|---|---|---|")
+    for key in args.models:
+        engine = Engine(model_path(key), target=parse_target(args.target), progress=False, notice=lambda _: None)
+        print(measure(engine, logits_dir(key, args.reference), key), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
