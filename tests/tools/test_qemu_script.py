@@ -1,26 +1,16 @@
 """scripts/qemu-aarch64: kleidipy on emulated aarch64 Linux (QEMU user mode).
 
 The fast tests run the script without emulation (help, argument errors, cache status, a download failure against a
-closed loopback port). One test runs `kernels` under `-cpu cortex-a76`, only where the cache is already built
-(`scripts/qemu-aarch64 --setup` builds it: a few hundred MB of downloads), else it is skipped.
+closed loopback port). One test runs `kernels` under `-cpu cortex-a76`, building the cache first when it is missing
+(`scripts/qemu-aarch64 --setup`: a few hundred MB of downloads).
 """
 
 import ast
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "qemu-aarch64"
-
-
-def qemu_script(*args, env=None, timeout=120):
-    full_env = dict(os.environ, **(env or {}))
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=full_env, timeout=timeout
-    )
+from emulator import SCRIPT, ensure_emulator, qemu_script
 
 
 def test_help():
@@ -87,15 +77,10 @@ def test_download_failure_is_one_clear_line(tmp_path):
     assert not (tmp_path / "qemu" / "qemu-aarch64").exists()
 
 
-def _cache_built() -> bool:
-    return qemu_script("--status").returncode == 0
-
-
 def test_kernels_under_cortex_a76():
     """The DotProd-only CPU: the target line names it, the quantized GEMM/GEMV picks are the dotprod tier (f16 runs
     on the NEON f32 kernel) and nothing of the i8mm/bf16/SME tiers is selected."""
-    if not _cache_built():
-        pytest.skip("the emulation cache is not built (run scripts/qemu-aarch64 --setup; KLEIDIPY_QEMU_DIR picks it)")
+    ensure_emulator()
     proc = qemu_script("--cpu", "cortex-a76", "--", "kernels", timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
