@@ -184,8 +184,10 @@ class ThreadChoice:
     """How many threads a decode run (one token) takes, chosen by measurement: all the workers, or only the calling
     thread when that is faster — as when another process holds the other cores, where every barrier can wait a time
     slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
-    being re-measured every PROBE_EVERY runs; prefill runs always take every worker (a probe would cost a whole
-    batch). The result is the same bits at either count."""
+    being re-measured every PROBE_EVERY runs, or less often by the ratio of the two costs (a probe of all workers on
+    a busy machine can cost 40 one-thread runs: waiting PROBE_EVERY x that ratio keeps the probes to about
+    1/PROBE_EVERY of the time); prefill runs always take every worker (a probe would cost a whole batch). The result
+    is the same bits at either count."""
 
     PROBE_EVERY = 16
     #: weight of a new measurement in the running cost
@@ -196,19 +198,22 @@ class ThreadChoice:
     def __init__(self, threads: int, adaptive: bool = True) -> None:
         self.threads, self.adaptive = threads, adaptive
         self._cost: dict[int, float] = {}
-        self._runs = 0
+        self._since_probe = 0
 
     def pick(self, m: int) -> int:
         """The thread count for a run of m tokens."""
         if self.threads == 1 or not self.adaptive or m != 1:
             return self.threads
-        self._runs += 1
         for count in (self.threads, 1):
             if count not in self._cost:
                 return count
         alone = self._cost[1] <= self.MARGIN * self._cost[self.threads]
         best, other = (1, self.threads) if alone else (self.threads, 1)
-        return other if self._runs % self.PROBE_EVERY == 0 else best
+        self._since_probe += 1
+        if self._since_probe < self.PROBE_EVERY * max(1.0, self._cost[other] / self._cost[best]):
+            return best
+        self._since_probe = 0
+        return other
 
     def record(self, m: int, threads: int, seconds: float) -> None:
         """A run of m tokens on ``threads`` threads took ``seconds``."""
