@@ -8,7 +8,8 @@
 Models: SmolLM2-135M (Q4_1 as shipped, and Q4_0 made by `kleidipy quantize --pure`), Qwen2.5-Coder-0.5B (as
 shipped, a Q4_K_M mix, and Q4_0), and a TinyLlama-1.1B-shaped random-weight Q4_0 model written here. kleidipy runs
 its compiled plan on persistent threads (``--eager``: op by op from Python); "host µs/token" is the Python time per
-decoded token outside the plan. llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``:
+decoded token outside the plan (the call into numba, its argument unboxing, included: the plan clocks itself).
+llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``:
 low-level ``llama_decode``, no logits read) by an interpreter with llama-cpp-python, in its own process (same
 files, same threads, same run). The decode roofline is weight bytes per token / measured memory read bandwidth.
 Prints a markdown table.

@@ -47,13 +47,15 @@ from kleidipy.graph.plan import (
     Plan,
     build_plan,
 )
+from kleidipy.graph.views import address_table, f32_1d, f32_2d, u8_1d
 from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, share
 from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
 from kleidipy.runtime.observer import KernelCall, NodeRun
 
-#: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node
-STATUS_NONFINITE, STATUS_NODE = 0, 1
+#: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node; [2], [3] thread 0's
+#: monotonic ns at the start and the end of its walk (the time inside compiled code, dispatch excluded)
+STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END = 0, 1, 2, 3
 
 
 @numba.njit(cache=True, nogil=True)
@@ -92,6 +94,8 @@ def run_plan(
     into ``logits`` instead (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the
     thread records per node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for
     other nodes) and of its end (each before the barrier that follows)."""
+    if ith == 0:
+        status[STATUS_START] = monotonic_ns()
     rows = m
     timed = prof.shape[0] > 0
     for i in range(nodes.shape[0]):
@@ -104,12 +108,12 @@ def run_plan(
                 continue
             kind = 0 if rows == 1 else 1
             code, prm, n, k = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1]
-            x, out = buffers[a], logits if b == logits_buffer else buffers[b]
-            if not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, rhs[c], out, n, k, status, prof, i):
+            x, out = f32_2d(buffers, a), logits if b == logits_buffer else f32_2d(buffers, b)
+            if not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, u8_1d(rhs, c), out, n, k, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
                 return
         elif op == OP_RMS_NORM:
-            x, out = buffers[a], buffers[b]
+            x, out = f32_2d(buffers, a), f32_2d(buffers, b)
             if d > 0:  # per head: rows of head_dim values
                 per = x.shape[1] // d
                 x = x.reshape(x.shape[0] * per, d)
@@ -117,30 +121,30 @@ def run_plan(
                 lo, hi = share(rows * per, ith, nth)
             else:
                 lo, hi = share(rows, ith, nth)
-            ops.rms_norm(x, vectors[c], np.float32(fparams[i]), out, lo, hi)
+            ops.rms_norm(x, f32_1d(vectors, c), np.float32(fparams[i]), out, lo, hi)
         elif op == OP_ADD:
             lo, hi = share(rows, ith, nth)
-            ops.add(buffers[a], buffers[b], buffers[c], lo, hi)
+            ops.add(f32_2d(buffers, a), f32_2d(buffers, b), f32_2d(buffers, c), lo, hi)
         elif op == OP_ADD_ROW:
             lo, hi = share(rows, ith, nth)
-            ops.add_row(buffers[a], vectors[b], lo, hi)
+            ops.add_row(f32_2d(buffers, a), f32_1d(vectors, b), lo, hi)
         elif op == OP_SCALE:
             lo, hi = share(rows, ith, nth)
-            ops.scale(buffers[a], np.float32(fparams[i]), lo, hi)
+            ops.scale(f32_2d(buffers, a), np.float32(fparams[i]), lo, hi)
         elif op == OP_ROPE:
-            x = buffers[a]
+            x = f32_2d(buffers, a)
             heads = x.reshape(x.shape[0], b, x.shape[1] // b)
             lo, hi = share(b, ith, nth)
             for s in range(segs.shape[0]):
-                ops.rope(heads[segs[s, 2] : segs[s, 3]], cos[c], sin[c], segs[s, 1], neox[c], lo, hi)
+                ops.rope(heads[segs[s, 2] : segs[s, 3]], f32_2d(cos, c), f32_2d(sin, c), segs[s, 1], neox[c], lo, hi)
         elif op == OP_STORE_KV:
             lo, hi = share(kcaches[0].shape[1], ith, nth)
             for s in range(segs.shape[0]):
                 seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
                 kc, vc = kcaches[seq][c], vcaches[seq][c]
-                ops.store_kv(buffers[a][r0:r1], buffers[b][r0:r1], kc, vc, start, r1 - r0, lo, hi)
+                ops.store_kv(f32_2d(buffers, a)[r0:r1], f32_2d(buffers, b)[r0:r1], kc, vc, start, r1 - r0, lo, hi)
         elif op == OP_ATTENTION:
-            q = buffers[a]
+            q = f32_2d(buffers, a)
             heads = q.reshape(q.shape[0], d, q.shape[1] // d)
             lo, hi = share(d, ith, nth)
             for s in range(segs.shape[0]):
@@ -155,22 +159,22 @@ def run_plan(
                     np.float32(fparams[i]),
                     e,
                     f16,
-                    buffers[b][r0:r1],
+                    f32_2d(buffers, b)[r0:r1],
                     scratch[ith],
                     lo,
                     hi,
                 )
         elif op == OP_SWIGLU:
             lo, hi = share(rows, ith, nth)
-            ops.swiglu(buffers[a], buffers[b], buffers[c], lo, hi)
+            ops.swiglu(f32_2d(buffers, a), f32_2d(buffers, b), f32_2d(buffers, c), lo, hi)
         elif op == OP_GEGLU:
             lo, hi = share(rows, ith, nth)
-            ops.geglu(buffers[a], buffers[b], gelu_table, buffers[c], lo, hi)
+            ops.geglu(f32_2d(buffers, a), f32_2d(buffers, b), gelu_table, f32_2d(buffers, c), lo, hi)
         elif op == OP_KEEP:
             if ith == 0:
                 for buf in (a, b):
                     if buf >= 0:
-                        x = buffers[buf]
+                        x = f32_2d(buffers, buf)
                         for r in range(keep.size):
                             if keep[r] != r:
                                 x[r, :] = x[keep[r], :]
@@ -178,6 +182,8 @@ def run_plan(
         if timed:
             prof[ith, i, 2] = monotonic_ns()
         barrier(sync, nth)
+    if ith == 0:
+        status[STATUS_END] = monotonic_ns()
 
 
 class ThreadChoice:
@@ -229,7 +235,8 @@ class CompiledForward:
         self.lm = lm
         self.plan: Plan = build_plan(lm)
         plan = self.plan
-        self._rhs = List([np.asarray(w.rhs) for w in plan.weights])
+        self._rhs_arrays = [np.asarray(w.rhs) for w in plan.weights]  # (kept alive: run_plan reads their addresses)
+        self._rhs = address_table(self._rhs_arrays, np.uint8)
         self._sizes = np.array([[w.n, w.k] for w in plan.weights], np.int64)
         self._codes = np.array([[w.gemv.code, w.gemm.code] for w in plan.weights], np.int64)
         width = max(len(k.params) for w in plan.weights for k in (w.gemv, w.gemm))
@@ -237,24 +244,25 @@ class CompiledForward:
         for i, w in enumerate(plan.weights):
             self._params[2 * i, : len(w.gemv.params)] = w.gemv.params
             self._params[2 * i + 1, : len(w.gemm.params)] = w.gemm.params
-        self._vectors = List(plan.vectors)
-        self._cos = List([r.cos for r in plan.ropes])
-        self._sin = List([r.sin for r in plan.ropes])
+        self._vectors = address_table(plan.vectors, np.float32)
+        self._cos = address_table([r.cos for r in plan.ropes], np.float32)
+        self._sin = address_table([r.sin for r in plan.ropes], np.float32)
         self._neox = np.array([r.neox for r in plan.ropes], np.bool_)
         self._gelu = gelu_f16_table()
         self._rows = 0
-        self._buffers: List | None = None
+        self._buffers = address_table([], np.float32)
         self._arrays: list[np.ndarray] = []
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
-        self._status = np.zeros(2, np.int64)
+        self._status = np.zeros(4, np.int64)
         self._kv: tuple[List, List] | None = None  # the K and V arrays of the caches of the last run
         self._kv_caches: list[KVCache] = []
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
-        #: seconds spent inside the compiled runs (the rest of a forward pass is host Python)
+        #: seconds spent inside the compiled runs, as thread 0 clocks them (the rest of a forward pass, the call into
+        #: numba included, is host Python)
         self.run_seconds = 0.0
 
     def close(self) -> None:
@@ -274,12 +282,12 @@ class CompiledForward:
         """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens."""
         if m <= self._rows:
             return
-        # the same arrays in a Python list too: reaching a typed List's items from Python costs microseconds; the
+        # the arrays in a Python list (run_plan reads them through their address table, kept alive here); the
         # logits buffer has no rows (the LM head writes into the array each run returns)
         self._arrays = [
             np.zeros((0 if i == self.plan.logits else m, w), np.float32) for i, w in enumerate(self.plan.widths)
         ]
-        self._buffers = List(self._arrays)
+        self._buffers = address_table(self._arrays, np.float32)
         self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
         self._rows = m
 
@@ -332,7 +340,8 @@ class CompiledForward:
             self.workers.run(run_plan, args)
         seconds = perf_counter() - t0
         self.choice.record(m, threads, seconds)
-        self.run_seconds += seconds
+        inside = self._status[STATUS_END] - self._status[STATUS_START]
+        self.run_seconds += inside / 1e9 if self._status[STATUS_END] else seconds
         if self._status[STATUS_NONFINITE]:
             weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")

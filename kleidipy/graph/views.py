@@ -1,0 +1,66 @@
+"""Arrays reached through a table of addresses inside compiled code: how the plan's executor gets its lists of
+arrays (activation buffers, packed weights, norm vectors, RoPE tables) at every run.
+
+Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
+:func:`f32_1d`, :func:`f32_2d` and :func:`u8_1d`, which rebuild row ``i`` of a table as an array view (no copy, no
+reference count). Hand-written because numba's typed List, the maintained way to hand a list of arrays to nopython
+code, costs ~7 µs per List argument at every call (numba types and unboxes it in Python), which the plan paid five
+times per decoded token on every thread; a table is one array argument (~0.1 µs). The caller keeps the arrays alive
+for as long as it passes their table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+
+def address_table(arrays: Sequence[np.ndarray], dtype: type) -> np.ndarray:
+    """int64 [len(arrays), 3]: each array's data address and its shape (1-D arrays: (n, 0)); every array must be a
+    C-contiguous 1-D or 2-D array of ``dtype``."""
+    table = np.zeros((len(arrays), 3), np.int64)
+    for i, a in enumerate(arrays):
+        if a.dtype != dtype or a.ndim not in (1, 2) or not a.flags.c_contiguous:
+            raise ValueError(f"address_table: array {i} is {a.dtype} {a.shape}, not a C-contiguous {np.dtype(dtype)}")
+        table[i, 0] = a.ctypes.data
+        table[i, 1 : 1 + a.ndim] = a.shape
+    return table
+
+
+def _pointer_to(dtype: types.Type):  # noqa: ANN202
+    @intrinsic
+    def to_pointer(typingctx, addr):  # noqa: ANN001, ANN202, ARG001
+        sig = types.CPointer(dtype)(types.int64)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+        return sig, codegen
+
+    return to_pointer
+
+
+_f32_pointer = _pointer_to(types.float32)
+_u8_pointer = _pointer_to(types.uint8)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def f32_2d(table, i):  # pragma: no cover - compiled
+    """Row ``i`` of an :func:`address_table` of 2-D float32 arrays, as the array."""
+    return numba.carray(_f32_pointer(table[i, 0]), (table[i, 1], table[i, 2]))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def f32_1d(table, i):  # pragma: no cover - compiled
+    """Row ``i`` of an :func:`address_table` of 1-D float32 arrays, as the array."""
+    return numba.carray(_f32_pointer(table[i, 0]), table[i, 1])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def u8_1d(table, i):  # pragma: no cover - compiled
+    """Row ``i`` of an :func:`address_table` of 1-D uint8 arrays, as the array."""
+    return numba.carray(_u8_pointer(table[i, 0]), table[i, 1])
