@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from model_files import SMOLLM2, model_file
+from model_files import SMOLLM2
 from test_server import HANG_TIMEOUT, Server, serving
 
 from kleidipy.runtime.generate import Engine
@@ -31,12 +31,6 @@ KEY = "s3cret"
 QUESTION = "What is the capital of France?\nAnswer in one sentence."
 MAX_TOKENS = 8
 WAIT_MS = HANG_TIMEOUT * 1000  # only catches a hang
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Engine:
-    model_file(SMOLLM2)
-    return Engine(SMOLLM2, n_ctx=1024, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType as T
 from gguf_writer import TINY, tiny_kv, tiny_tensors, write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_files import SMOLLM2, model_file
+from model_files import SMOLLM2
 
 from kleidipy.runtime.generate import Engine, Generation
 from kleidipy.runtime.sampler import SamplingParams
@@ -129,12 +129,6 @@ def is_openai_error(body: dict, param: str | None = None) -> bool:
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 #: seconds after which a wait is a hang (never a speed requirement: speed is measured in benchmarks/server.py)
 HANG_TIMEOUT = 120.0
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Engine:
-    model_file(SMOLLM2)
-    return Engine(SMOLLM2, n_ctx=1024, progress=False)
 
 
 @pytest.fixture(scope="module")
