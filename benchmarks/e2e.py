@@ -45,19 +45,21 @@ def bench_dir() -> Path:
     return d
 
 
+def requantized(name: str, key: str, qtype: str = "q4_0") -> Path:
+    """``kleidipy quantize --pure`` of catalogue model ``name`` to ``qtype``, made once as bench/KEY.gguf."""
+    from kleidipy.tools.quantize import quantize_gguf
+
+    dst = bench_dir() / f"{key}.gguf"
+    if not dst.exists():
+        quantize_gguf(pull(name), dst, qtype, pure=True, progress=False)
+    return dst
+
+
 def model_files() -> dict[str, Path | callable]:
     """Model key -> a function making (or finding) its GGUF file."""
 
     def quantized(name: str, key: str):  # noqa: ANN202
-        def make() -> Path:
-            from kleidipy.tools.quantize import quantize_gguf
-
-            dst = bench_dir() / f"{key}.gguf"
-            if not dst.exists():
-                quantize_gguf(pull(name), dst, "q4_0", pure=True, progress=False)
-            return dst
-
-        return make
+        return lambda: requantized(name, key)
 
     def tinyllama() -> Path:
         dst = bench_dir() / "tinyllama-1.1b-random-q4_0.gguf"

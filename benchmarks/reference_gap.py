@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from e2e import requantized  # (benchmarks/ is on the path when a script here runs)
 
 from kleidipy.runtime.generate import Engine
-from kleidipy.runtime.pull import cache_dir, pull
+from kleidipy.runtime.pull import pull
 from kleidipy.target import parse_target
 
 HERE = Path(__file__).resolve().parent
@@ -40,14 +41,8 @@ REQUANTIZED = {
 def model_path(key: str) -> Path:
     if key in SHIPPED:
         return pull(SHIPPED[key])
-    from kleidipy.tools.quantize import quantize_gguf
-
     name, qtype = REQUANTIZED[key]
-    dst = cache_dir().parent / "bench" / f"{key}.gguf"
-    if not dst.exists():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        quantize_gguf(pull(name), dst, qtype, pure=True, progress=False)
-    return dst
+    return requantized(name, key, qtype)
 
 
 def logits_dir(key: str, reference: Path) -> Path:
