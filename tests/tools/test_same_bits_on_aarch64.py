@@ -13,7 +13,6 @@ source change makes the emulated numba compile everything again, a few minutes p
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +38,6 @@ def test_greedy_text_and_logits_bits_match_emulated_aarch64(name: str) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=dict(os.environ),
         )
         for target, cpu in CPUS.items()
     }
