@@ -10,10 +10,11 @@ reference execution; the compiled graph calls the same functions, so both give t
   with ``theta_scale = powf(base, -2/n_rot)`` and ``p * theta_scale^i`` built by repeated f32 multiplication, as
   ggml's rope cache does, then ``cosf``/``sinf`` of each f32 angle; pairs are adjacent (NORM, llama) or halves
   (NEOX, qwen2); dims past n_rot pass through. ``powf``, ``cosf``, ``sinf`` (and GeGLU's ``tanhf``) are glibc's in
-  llama.cpp — correctly rounded but for rare cases, the same code on every host — so kleidipy computes each in
-  float64 and rounds once to f32 (:func:`libm_f32`): the same bits on every host and llama.cpp's values, where numpy's
-  float32 ``power``/``sin``/``cos``/``tanh`` are the host build's SIMD code (on AVX-512: 1 ulp off in 11-13 % of
-  a RoPE table, and in ``powf(100000, -1/32)``).
+  llama.cpp, so kleidipy computes each in float64 and rounds once to f32 (:func:`libm_f32`): the same bits on every
+  host, and glibc's values for ``powf`` and the F16 GELU table and for ~99 % of a RoPE table (glibc 2.36's
+  ``sinf``/``cosf`` differ from the rounded exact value in ~1 %), where numpy's float32 ``power``/``sin``/``cos``/
+  ``tanh`` are the host build's SIMD code (on AVX-512: 1 ulp off glibc in 10-13 % of a RoPE table, and in
+  ``powf(100000, -1/32)``).
 * Attention (KQ -> soft_max_ext -> KQV) reads the cache directly. With an F16 cache Q is rounded to F16 for KQ and
   the softmax weights to F16 for KQV (ggml converts the f32 operand to the f16 operand's vec_dot type). Both
   products are ggml_vec_dot's NEON order: 16 lanes (fused multiply-add, exact products with F16 operands) reduced
@@ -73,9 +74,8 @@ class RMSNorm:
 
 
 def libm_f32(fn: Callable[..., np.ndarray], *args: np.ndarray | np.float32) -> np.ndarray:
-    """glibc's float function (powf, cosf, sinf, tanhf) of f32 arguments, as ``fn`` in float64 rounded once to f32:
-    glibc computes these in double and is nearly correctly rounded, and so is this, on every host (module
-    docstring)."""
+    """glibc's float function (powf, cosf, sinf, tanhf) of f32 arguments, approximated as ``fn`` in float64 rounded
+    once to f32: the same bits on every host (module docstring says how close to glibc)."""
     wide = [np.asarray(a, np.float64) for a in args]
     with np.errstate(invalid="ignore", over="ignore"):
         return np.asarray(fn(*wide), np.float64).astype(np.float32)
