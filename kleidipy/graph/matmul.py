@@ -44,6 +44,7 @@ from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as q41_ukernels
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit as q40_jit
+from kleidipy.kernels.qsi8d32p_qsi4c32p import neon as q40_native
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as q40_ukernels
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as q40_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as q40_neon
@@ -55,8 +56,8 @@ class NotCompilableError(KleidipyError, ValueError):
 
 
 # --- codes: the compiled routine of a kernel ---------------------------------------------------------
-#: Q4_0 NEON kernels (dotprod / i8mm): the VNNI tiles ``vnni_neon._compute_neon``
-#: (``jit.matmul_qsi8d32p_qsi4c32pscalef16`` on hosts without AVX-512 VNNI)
+#: Q4_0 NEON kernels (dotprod / i8mm): the native aarch64 tiles ``neon.compute``, the VNNI tiles
+#: ``vnni_neon._compute_neon`` (``jit.matmul_qsi8d32p_qsi4c32pscalef16`` on hosts with neither)
 Q4_0_NEON = 1
 #: Q4_0 SME2 kernels: the VNNI tiles (portable IR on hosts without AVX-512 VNNI), ``vnni._compute``
 Q4_0_SME2 = 2
@@ -115,6 +116,17 @@ def _q8_0_vnni_portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, 
     raise RuntimeError("Q8_0_VNNI needs AVX-512 VNNI")
 
 
+@numba.njit(cache=True, nogil=True)
+def _q4_0_neon_numba(m, n, k, mr, nr, kr, sr, lhs, rhs):  # pragma: no cover - compiled
+    """The Q4_0 NEON kernels where the host has no native aarch64 tiles: the VNNI tiles, or the portable jit."""
+    if _Q4_0_NEON_VNNI:
+        return q40_neon._compute_neon(_Q4_0_ISA, m, n, k, mr, nr, kr, kr // sr, lhs, rhs)
+    return q40_jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, mr, nr, kr, sr, lhs, rhs)
+
+
+#: the Q4_0 NEON kernels' tiles (as ``ukernels.NEON_COMPUTE``): the native aarch64 ones where the host has them (only
+#: then is their code referenced: its symbols exist on such hosts only)
+_Q4_0_NEON_TILES = q40_native.compute if q40_native.AVAILABLE else _q4_0_neon_numba
 #: the VNNI routines where the host has them; elsewhere stand-ins, so that the dispatcher compiles on any host
 _Q4_1_VNNI = q41_vnni._matmul if q41_vnni.HAVE_VNNI else _q4_1_vnni_portable
 _Q8_0_TILES = q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
@@ -283,10 +295,7 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
     a = lhs[: (m + mr - 1) // mr * params[P_LHS_STRIDE]]
     b = rhs[n0 // nr * rstride : (n1 + nr - 1) // nr * rstride]
     if code == Q4_0_NEON:
-        if _Q4_0_NEON_VNNI:
-            res = q40_neon._compute_neon(_Q4_0_ISA, m, cnt, k, mr, nr, kr, params[P_KBL], a, b)
-        else:
-            res = q40_jit.matmul_qsi8d32p_qsi4c32pscalef16(m, cnt, k, mr, nr, kr, sr, a, b)
+        res = _Q4_0_NEON_TILES(m, cnt, k, mr, nr, kr, sr, a, b)
     elif code == Q4_0_SME2:
         res = q40_vnni._compute(_Q4_0_ISA, m, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_0_SME:

@@ -24,6 +24,7 @@ from kleidipy.core.vnni import HAS_AVX512_VNNI
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_0
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+from kleidipy.kernels.qsi8d32p_qsi4c32p import neon as qsi8d32p_qsi4c32p_neon
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as qsi8d32p_qsi4c32p_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as qsi8d32p_qsi4c32p_vnni_neon
 
@@ -475,8 +476,15 @@ def block_scaled_sum(
 SME2_COMPUTE = qsi8d32p_qsi4c32p_vnni.compute
 #: the SME1 layout (4-bit s4s0 codes): the portable jit
 SME_COMPUTE = jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
-#: the NEON layout (dotprod / i8mm): the AVX-512 VNNI tiles where the host has them, else the portable jit
-NEON_COMPUTE = qsi8d32p_qsi4c32p_vnni_neon.compute_neon if HAS_AVX512_VNNI else jit.matmul_qsi8d32p_qsi4c32pscalef16
+#: the NEON layout (dotprod / i8mm): the native sdot/smmla tiles on aarch64 with DotProd, the AVX-512 VNNI tiles
+#: where the host has them, else the portable jit
+NEON_COMPUTE = (
+    qsi8d32p_qsi4c32p_neon.compute
+    if qsi8d32p_qsi4c32p_neon.AVAILABLE
+    else qsi8d32p_qsi4c32p_vnni_neon.compute_neon
+    if HAS_AVX512_VNNI
+    else jit.matmul_qsi8d32p_qsi4c32pscalef16
+)
 
 
 class Qsi8d32pQsi4c32pKernel(MatmulKernel):

@@ -1,0 +1,141 @@
+"""Native tiles: LLVM modules built apart from numba's own code, for the instructions numba cannot emit.
+
+Owns the named instruction sets kleidipy compiles tiles for (:data:`ISAS`: an LLVM triple and feature list
+each), :func:`host_isa` (the richest of them this host runs, from the features kleidipy itself detects —
+HWCAP/HWCAP2 on Linux aarch64 — never LLVM's guess of the host CPU, which under emulation reads the x86 host,
+and never a feature the CPU lacks: LLVM aborts the whole process on an instruction it cannot select),
+:func:`assembly` (a module cross-compiled for any of them, on any host: what ``kleidipy kernels --asm``
+shows), :func:`install` (a module compiled for this host, its functions registered as LLVM symbols) and
+:func:`caller` (a numba intrinsic that calls such a symbol by name: the numba functions calling it stay
+cacheable — the symbol is resolved whenever their code is loaded).
+
+Hand-written because numba generates code for one target only, with its own guess of the CPU, and its portable
+IR never lowers to the Arm dot-product instructions (``sdot``, ``smmla``): a tile that uses them must be its own
+module, compiled for the features the host has, and called through a plain C interface (integers and pointers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from kleidipy.core import hwcaps
+
+llvm.initialize_all_targets()
+llvm.initialize_all_asmprinters()
+
+
+@dataclass(frozen=True)
+class NativeIsa:
+    """An instruction set tiles are compiled for: ``name`` (``aarch64-i8mm``, ...), the LLVM ``triple`` and the
+    LLVM ``features`` enabled (nothing else: cross-compiled code uses exactly these)."""
+
+    name: str
+    triple: str
+    features: tuple[str, ...]
+    #: the Arm features (HWCAP names) a host needs to run it
+    needs: frozenset[str] = frozenset()
+
+    def has(self, feature: str) -> bool:
+        """Whether code for this ISA may use the LLVM feature (``"+i8mm"``, ...)."""
+        return feature in self.features
+
+    def target_machine(self, jit: bool = False) -> llvm.TargetMachine:
+        target = llvm.Target.from_triple(self.triple)
+        return target.create_target_machine(cpu="generic", features=",".join(self.features), opt=3, jit=jit)
+
+
+_AARCH64 = "aarch64-unknown-linux-gnu"
+#: the instruction sets of kleidipy's native tiles, by name
+ISAS = {
+    isa.name: isa
+    for isa in (
+        NativeIsa("aarch64-dotprod", _AARCH64, ("+neon", "+dotprod"), frozenset({"asimd", "dotprod"})),
+        NativeIsa("aarch64-i8mm", _AARCH64, ("+neon", "+dotprod", "+i8mm"), frozenset({"asimd", "dotprod", "i8mm"})),
+        NativeIsa(
+            "x86-vnni",
+            "x86_64-unknown-linux-gnu",
+            ("+avx512f", "+avx512bw", "+avx512vl", "+avx512vnni", "+avx512vbmi", "+f16c", "+fma"),
+        ),
+    )
+}
+
+
+def host_isa() -> NativeIsa | None:
+    """The richest Arm ISA of :data:`ISAS` this host runs (Linux aarch64, from HWCAP), or None (other hosts: numba's
+    own code is native there, or there is nothing better than portable code)."""
+    if not hwcaps.is_linux_arm64():
+        return None
+    features = hwcaps.arm_features()[0]
+    best = None
+    for isa in ISAS.values():
+        if isa.triple == _AARCH64 and isa.needs <= features:
+            best = isa if best is None or len(isa.needs) > len(best.needs) else best
+    return best
+
+
+def _optimized(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+    mod = llvm.parse_assembly(str(module))
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def assembly(module: ir.Module, isa: NativeIsa) -> str:
+    """The assembly of a module optimised (O3) and compiled for ``isa``, on any host."""
+    tm = isa.target_machine()
+    return tm.emit_assembly(_optimized(module, tm))
+
+
+#: execution engines of the installed modules (kept alive: their code is called through the symbols)
+_ENGINES: list[llvm.ExecutionEngine] = []
+
+
+def install(module: ir.Module, isa: NativeIsa) -> None:
+    """Compile a module for this host (which must run ``isa``) and register each function it defines as an LLVM
+    symbol of its own name, for :func:`caller`."""
+    tm = isa.target_machine(jit=True)
+    engine = llvm.create_mcjit_compiler(_optimized(module, tm), tm)
+    engine.finalize_object()
+    for fn in module.functions:
+        if not fn.is_declaration:
+            llvm.add_symbol(fn.name, engine.get_function_address(fn.name))
+    _ENGINES.append(engine)
+
+
+def caller(symbol: str) -> Callable:
+    """A numba intrinsic ``call(ints, a, b, c)`` of the native function ``void symbol(i64 ×len(ints), i8* a, i8* b,
+    i8* c)``: ``ints`` a tuple of integers (passed as i64), a, b, c C-contiguous arrays (passed as pointers to their
+    first element)."""
+
+    @intrinsic
+    def call(typingctx, ints, a, b, c):  # noqa: ANN001, ANN202
+        if not isinstance(ints, types.BaseTuple) or not all(isinstance(t, types.Integer) for t in ints):
+            return None
+        if not all(isinstance(t, types.Array) and t.layout == "C" for t in (a, b, c)):
+            return None
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            i64, ptr = ir.IntType(64), ir.IntType(8).as_pointer()
+            values = [
+                context.cast(builder, builder.extract_value(args[0], i), t, types.int64) for i, t in enumerate(ints)
+            ]
+            for ty, val in zip((a, b, c), args[1:], strict=True):
+                values.append(builder.bitcast(context.make_array(ty)(context, builder, val).data, ptr))
+            fnty = ir.FunctionType(ir.VoidType(), [i64] * len(ints) + [ptr] * 3)
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, symbol), values)
+            return context.get_dummy_value()
+
+        return types.void(ints, a, b, c), codegen
+
+    return call
