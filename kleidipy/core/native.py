@@ -1,7 +1,7 @@
 """Native tiles: LLVM modules built apart from numba's own code, for the instructions numba cannot emit.
 
 Owns the named instruction sets kleidipy compiles tiles for (:data:`ISAS`: an LLVM triple and feature list
-each), :func:`host_isa` (the richest of them this host runs, from the features kleidipy itself detects —
+each), :func:`host_isa` (the first of a family's ISAs this host runs, from the features kleidipy itself detects —
 HWCAP/HWCAP2 on Linux aarch64 — never LLVM's guess of the host CPU, which under emulation reads the x86 host,
 and never a feature the CPU lacks: LLVM aborts the whole process on an instruction it cannot select),
 :func:`assembly` (a module cross-compiled for any of them, on any host: what ``kleidipy kernels --asm``
@@ -67,17 +67,18 @@ ISAS = {
 }
 
 
-def host_isa() -> NativeIsa | None:
-    """The richest Arm ISA of :data:`ISAS` this host runs (Linux aarch64, from HWCAP), or None (other hosts: numba's
-    own code is native there, or there is nothing better than portable code)."""
+def host_isa(*names: str) -> NativeIsa | None:
+    """The first of the named ISAs this host runs (Linux aarch64, from HWCAP), or None (other hosts: numba's own code
+    is native there, or there is nothing better than portable code). A family asks for the ISAs its tiles have,
+    richest first: NEON tiles ``host_isa("aarch64-i8mm", "aarch64-dotprod")``."""
     if not hwcaps.is_linux_arm64():
         return None
     features = hwcaps.arm_features()[0]
-    best = None
-    for isa in ISAS.values():
+    for name in names:
+        isa = ISAS[name]
         if isa.triple == _AARCH64 and isa.needs <= features:
-            best = isa if best is None or len(isa.needs) > len(best.needs) else best
-    return best
+            return isa
+    return None
 
 
 def _optimized(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:

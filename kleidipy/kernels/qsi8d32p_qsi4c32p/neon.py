@@ -178,7 +178,7 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
 
 
 #: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not available)
-HOST_ISA = native.host_isa()
+HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
 AVAILABLE = HOST_ISA is not None
 if AVAILABLE:
     for _mr, _kr in SHAPES:
