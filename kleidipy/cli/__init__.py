@@ -56,9 +56,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the micro-kernel catalogue, or decode a KleidiAI kernel name",
         description="List every matmul kernel (family, tier, mr/nr/kr/sr, m_step/n_step at the target's SVL) and "
         "mark the ones the target selects per weight type (SME2 -> I8MM -> DotProd, as llama.cpp). "
-        "With --explain NAME, decode a KleidiAI kernel or packer name token by token.",
+        "With --explain NAME, decode a KleidiAI kernel or packer name token by token; with --asm NAME, show the "
+        "hot loop of its machine code.",
     )
     p.add_argument("--explain", metavar="NAME", help="decode this kernel/packer name (e.g. kai_matmul_clamp_f32_...)")
+    p.add_argument(
+        "--asm",
+        metavar="NAME",
+        help="show the hot loop of the machine code the jit runs for this kernel, with a count per instruction and "
+        "per 1,024 int8 MACs beside KleidiAI's own kernel",
+    )
+    p.add_argument(
+        "--isa",
+        choices=["x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme2"],
+        help="with --asm: the code for this ISA, cross-compiled for the aarch64 ones on any host (default: this "
+        "host's)",
+    )
     _add_target_arg(p)
     p.set_defaults(func=commands.cmd_kernels)
 

@@ -10,7 +10,7 @@ import platform
 import sys
 
 from kleidipy.core import buffers
-from kleidipy.errors import KleidipyError
+from kleidipy.errors import InvalidArgumentError, KleidipyError
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
@@ -49,6 +49,14 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     from kleidipy.target import selected_uses, standing
 
     target = _target(args)
+    if args.isa and not args.asm:
+        raise InvalidArgumentError("--isa goes with --asm NAME")
+    if args.asm:
+        from kleidipy.tools.kernel_asm import default_isa, format_listing, listing
+
+        kern = get_kernel(args.asm, target.svl_bits or 512)
+        print(format_listing(listing(kern, args.isa or default_isa(kern))))
+        return 0
     if args.explain:
         from kleidipy.core.names import format_explanation
 

@@ -2,7 +2,8 @@
 
 A family (``kleidipy/kernels/<family>/``, as KleidiAI's ``kai/ukernels/matmul/<family>/``) owns its packers and
 matmul kernels (``ukernels``), their numba code (``jit``, ``vnni``), their instruction programs for the emulator
-(``isa``) and the adaptor from GGML weight bytes to its RHS packer's inputs (``ggml``). Its ``__init__`` states
+(``isa``), the adaptor from GGML weight bytes to its RHS packer's inputs (``ggml``) and its native tiles
+(``neon``, ``sme2``). Its ``__init__`` states
 all of that in one :class:`Family`; adding a family is adding one folder.
 """
 
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
+from llvmlite import ir
 
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.native import NativeIsa
 from kleidipy.core.packers import Packer, RhsPacker
 
 #: (GGML type, raw tensor bytes, n, k, RHS packer, execution) -> (rhs, packer keywords)
@@ -36,3 +40,10 @@ class Family:
     from_float: FromFloat | None = None
     #: kernel name -> instruction program (run by :mod:`kleidipy.emulator`)
     programs: Mapping[str, Callable] = field(default_factory=dict)
+    #: the family's native-tile modules (``neon``, ``sme2``): each has ``kernel_tile(kernel, isa)`` -> the LLVM
+    #: module of the kernel's tile for a :class:`~kleidipy.core.native.NativeIsa`, or None
+    native: tuple[ModuleType, ...] = ()
+
+    def native_tile(self, kernel: MatmulKernel, isa: NativeIsa) -> ir.Module | None:
+        """The LLVM module of a kernel's native tile for ``isa`` (None: the family has none)."""
+        return next((t for t in (m.kernel_tile(kernel, isa) for m in self.native) if t is not None), None)

@@ -12,10 +12,15 @@ from kleidipy.emulator import attach_programs
 
 
 def declare(
-    ukernels: ModuleType, isa: ModuleType, adaptor: ModuleType, ggml_types: tuple[GGMLType, ...] = ()
+    ukernels: ModuleType,
+    isa: ModuleType,
+    adaptor: ModuleType,
+    ggml_types: tuple[GGMLType, ...] = (),
+    native: tuple[ModuleType, ...] = (),
 ) -> Family:
     """The family of ``ukernels`` (its FAMILY_NAME, KERNELS and PACKERS), taking ``ggml_types`` through
-    ``adaptor.from_ggml`` (none: no GGML type is the family's format) and floats through ``adaptor.from_float``."""
+    ``adaptor.from_ggml`` (none: no GGML type is the family's format) and floats through ``adaptor.from_float``;
+    ``native`` its native-tile modules."""
     family = Family(
         name=ukernels.FAMILY_NAME,
         kernels=tuple(ukernels.KERNELS),
@@ -24,6 +29,7 @@ def declare(
         from_ggml=adaptor.from_ggml if ggml_types else None,
         from_float=adaptor.from_float,
         programs=isa.PROGRAMS,
+        native=native,
     )
     attach_programs(family.kernels, family.programs)
     return family

@@ -23,6 +23,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
 
 I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F16, F32 = ir.HalfType(), ir.FloatType()
@@ -175,6 +176,13 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
                                 b.store(b.extract_element(acc, _const(I32, j)), b.gep(at, [_const(I64, j)]))
     b.ret_void()
     return module
+
+
+def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
+    """The tile module of one of the family's NEON kernels for an aarch64 ISA (None for the SME kernels or x86)."""
+    if kernel.is_sme or not isa.triple.startswith("aarch64"):
+        return None
+    return tile_module(kernel.mr, kernel.kr, isa)
 
 
 #: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not available)

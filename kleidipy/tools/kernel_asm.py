@@ -1,0 +1,143 @@
+"""``kleidipy kernels --asm NAME [--isa ISA]``: the hot loop of the machine code the jit runs for a kernel, with a
+count per instruction and per 1,024 int8 MACs, beside the count of KleidiAI's own kernel for the same tile.
+
+Owns where the code comes from per ISA: the aarch64 ISAs (``aarch64-dotprod``, ``aarch64-i8mm``, ``aarch64-sme2``)
+are the family's native tiles (:meth:`~kleidipy.core.family.Family.native_tile`) cross-compiled on any host with
+exactly that ISA's features — the code an Arm host with those features compiles for itself; ``x86-vnni`` is the
+numba code of the AVX-512 VNNI tiles, compiled afresh for this host (an x86 host with VNNI: numba compiles for its
+host only) while the kernel runs once on random operands. KleidiAI's counts come from its sources
+(``kleidipy/tools/data/kleidiai_hot_loops.json``, made by ``scripts/kleidiai-hot-loops``), counted the same way
+(:mod:`kleidipy.tools.asm`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.errors import KleidipyError
+from kleidipy.tools.asm import LoopCount, hot_loop
+
+#: the ISAs ``--isa`` takes
+ISA_NAMES = ("x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme2")
+
+
+class NoTileError(KleidipyError, ValueError):
+    """A kernel has no code of its own for the ISA asked (or it cannot be compiled on this host)."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A kernel's hot loop on one ISA (``how``: where the code came from) and KleidiAI's count for the kernel."""
+
+    kernel: MatmulKernel
+    isa: str
+    how: str
+    loop: LoopCount
+    kleidiai: dict | None
+
+
+def kleidiai_counts() -> dict:
+    """KleidiAI's hot-loop counts per kernel name (``kleidiai_commit`` and ``kernels``)."""
+    return json.loads(resources.files("kleidipy.tools").joinpath("data/kleidiai_hot_loops.json").read_text())
+
+
+def default_isa(kernel: MatmulKernel) -> str:
+    """The ISA of the code the jit runs for ``kernel`` on this host: the richest Arm ISA of the host the kernel's
+    family has a tile for, else x86-vnni."""
+    from kleidipy.kernels.catalogue import family_of
+
+    for name in ISA_NAMES[1:][::-1]:
+        isa = native.host_isa(name) if name in native.ISAS else None
+        if isa is not None and family_of(kernel).native_tile(kernel, isa) is not None:
+            return name
+    return "x86-vnni"
+
+
+def listing(kernel: MatmulKernel, isa: str, svl_bits: int = 512) -> Listing:
+    """The hot loop of ``kernel`` on ``isa`` (NoTileError when it has no code of its own there)."""
+    from kleidipy.kernels.catalogue import family_of
+
+    if isa not in ISA_NAMES:
+        raise NoTileError(f"unknown ISA {isa!r}: use one of {', '.join(ISA_NAMES)}")
+    if isa == "x86-vnni":
+        text, how = _vnni_assembly(kernel), "numba code compiled for this host (AVX-512 VNNI tiles)"
+    else:
+        target = native.ISAS.get(isa)
+        module = family_of(kernel).native_tile(kernel, target) if target else None
+        if module is None:
+            raise NoTileError(f"kai_{kernel.name}: no native {isa} tile (the jit runs numba code there)")
+        text, how = native.assembly(module, target), f"native tile {module.name}, cross-compiled ({target.triple}, "
+        how += " ".join(target.features) + ")"
+    loop = hot_loop(text, svl_bits)
+    if loop is None:
+        raise NoTileError(f"kai_{kernel.name}: no int8 dot-product instruction in any loop of its {isa} code")
+    return Listing(kernel, isa, how, loop, kleidiai_counts()["kernels"].get(kernel.name))
+
+
+def _vnni_assembly(kernel: MatmulKernel) -> str:
+    """Every kleidipy numba function the kernel's jit runs, compiled afresh (no cache: numba keeps no assembly of
+    cached code), whose assembly uses vpdpbusd."""
+    from numba.core.caching import NullCache
+    from numba.core.registry import CPUDispatcher
+
+    from kleidipy.core.vnni import HAS_AVX512_VNNI
+    from kleidipy.kernels.catalogue import family_of
+
+    if not HAS_AVX512_VNNI:
+        raise NoTileError("x86-vnni: the VNNI tiles are numba code, compiled for the host only: run on an x86 host "
+                          "with AVX-512 VNNI")
+    dispatchers = [
+        obj
+        for name, mod in list(sys.modules.items())
+        if name.startswith("kleidipy.") and mod is not None
+        for obj in vars(mod).values()
+        if isinstance(obj, CPUDispatcher)
+    ]
+    for d in dispatchers:
+        d._cache = NullCache()
+    m = 1 if kernel.kind == "gemv" else max(kernel.m_step, 2)
+    n, k = 2 * kernel.n_step, 256
+    rng = np.random.default_rng(0)
+    rhs_in, kw = family_of(kernel).from_float(rng.standard_normal((n, k)).astype(np.float32), kernel.rhs_packer)
+    rhs = kernel.pack_rhs(n, k, rhs_in, execution="reference", **kw)
+    lhs = kernel.pack_lhs(rng.standard_normal((m, k)).astype(np.float32), execution="reference")
+    kernel.run(m, n, k, lhs, rhs, execution="jit")
+    texts = [d.inspect_asm(sig) for d in dispatchers for sig in d.signatures]
+    return "\n".join(t for t in texts if "vpdpbusd" in t)
+
+
+def format_listing(found: Listing) -> str:
+    """The listing as ``kleidipy kernels --asm`` prints it."""
+    loop, kai = found.loop, found.kleidiai
+    out = [
+        f"kai_{found.kernel.name} on {found.isa}: {found.how}",
+        f"hot loop: {loop.instructions} instructions, {loop.macs} int8 MACs per iteration "
+        f"({loop.dots} dot instructions) = {loop.per_1024_macs():.0f} instructions per 1,024 MACs",
+    ]
+    if kai:
+        per = kai["instructions"] * 1024 / kai["macs_at_svl512"]
+        out.append(
+            f"KleidiAI's kernel ({kai['source']}): {kai['instructions']} instructions, {kai['macs_at_svl512']} MACs "
+            f"= {per:.0f} per 1,024 MACs; ratio {loop.per_1024_macs() / per:.2f}"
+        )
+    else:
+        out.append("KleidiAI's kernel: not counted (no hot loop with int8 dot products in its sources' list)")
+    out.append("")
+    out += [line.text.rstrip() for line in loop.lines]
+    out.append("")
+    names = sorted(set(loop.counts) | set(kai["counts"] if kai else {}), key=lambda m: (-loop.counts.get(m, 0), m))
+    out.append(f"{'instruction':<14} {'count':>6} {'per 1,024 MACs':>15}" + (f" {'KleidiAI':>9}" if kai else ""))
+    for name in names:
+        ours = loop.counts.get(name, 0)
+        row = f"{name:<14} {ours:>6} {loop.per_1024_macs(ours):>15.1f}"
+        if kai:
+            row += f" {kai['counts'].get(name, 0) * 1024 / kai['macs_at_svl512']:>9.1f}"
+        out.append(row)
+    return "\n".join(out)
