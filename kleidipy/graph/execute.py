@@ -24,7 +24,6 @@ from time import perf_counter
 
 import numba
 import numpy as np
-from numba.typed import List
 
 from kleidipy.errors import NonFiniteInputError
 from kleidipy.graph import matmul as mm
@@ -47,7 +46,7 @@ from kleidipy.graph.plan import (
     Plan,
     build_plan,
 )
-from kleidipy.graph.views import address_table, f32_1d, f32_2d, u8_1d
+from kleidipy.graph.views import address_table, f32_1d, f32_2d, like_4d, u8_1d
 from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, share
 from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
@@ -77,6 +76,7 @@ def run_plan(
     gelu_table,
     kcaches,
     vcaches,
+    cell,
     f16,
     lhs,
     scratch,
@@ -89,11 +89,12 @@ def run_plan(
     logits,
 ):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
-    position, first row, last row + 1: rows of one sequence, whose KV cache is kcaches/vcaches[cache index]), keeping
-    the rows ``keep`` at the KEEP node (see the module docstring); the MUL_MAT into buffer ``logits_buffer`` writes
-    into ``logits`` instead (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the
-    thread records per node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for
-    other nodes) and of its end (each before the barrier that follows)."""
+    position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address
+    tables kcaches/vcaches, of the dtype of the 0-size array ``cell``), keeping the rows ``keep`` at the KEEP
+    node (see the module docstring); the MUL_MAT into buffer ``logits_buffer`` writes into ``logits`` instead
+    (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the thread records per
+    node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for other nodes) and
+    of its end (each before the barrier that follows)."""
     if ith == 0:
         status[STATUS_START] = monotonic_ns()
     rows = m
@@ -138,10 +139,10 @@ def run_plan(
             for s in range(segs.shape[0]):
                 ops.rope(heads[segs[s, 2] : segs[s, 3]], f32_2d(cos, c), f32_2d(sin, c), segs[s, 1], neox[c], lo, hi)
         elif op == OP_STORE_KV:
-            lo, hi = share(kcaches[0].shape[1], ith, nth)
+            lo, hi = share(kcaches[0, 2], ith, nth)
             for s in range(segs.shape[0]):
                 seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
-                kc, vc = kcaches[seq][c], vcaches[seq][c]
+                kc, vc = like_4d(kcaches, seq, cell)[c], like_4d(vcaches, seq, cell)[c]
                 ops.store_kv(f32_2d(buffers, a)[r0:r1], f32_2d(buffers, b)[r0:r1], kc, vc, start, r1 - r0, lo, hi)
         elif op == OP_ATTENTION:
             q = f32_2d(buffers, a)
@@ -151,8 +152,8 @@ def run_plan(
                 seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
                 ops.attention(
                     heads[r0:r1],
-                    kcaches[seq][c],
-                    vcaches[seq][c],
+                    like_4d(kcaches, seq, cell)[c],
+                    like_4d(vcaches, seq, cell)[c],
                     start,
                     r1 - r0,
                     start + r1 - r0,
@@ -255,7 +256,8 @@ class CompiledForward:
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
         self._status = np.zeros(4, np.int64)
-        self._kv: tuple[List, List] | None = None  # the K and V arrays of the caches of the last run
+        #: the address tables of the K and V arrays of the caches of the last run, and a 0-size array of their dtype
+        self._kv: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._kv_caches: list[KVCache] = []
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self.workers = Workers(threads)
@@ -299,8 +301,9 @@ class CompiledForward:
         self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
         caches = list(dict.fromkeys(seg.cache for seg in ubatch))
-        if caches != self._kv_caches:  # (KVCache compares by identity) a typed List costs microseconds per item
-            self._kv = (List([cells(c.k) for c in caches]), List([cells(c.v) for c in caches]))
+        if caches != self._kv_caches:  # (KVCache compares by identity)
+            k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
+            self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), np.empty((0,) * 4, k[0].dtype))
             self._kv_caches = caches
         index = {id(c): i for i, c in enumerate(caches)}
         segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)

@@ -1,12 +1,12 @@
-"""Arrays reached through a table of addresses inside compiled code: how the plan's executor gets its lists of
-arrays (activation buffers, packed weights, norm vectors, RoPE tables) at every run.
+"""Arrays reached through a table of addresses inside compiled code: how the plan's executor gets its lists of arrays
+(activation buffers, packed weights, norm vectors, RoPE tables, KV caches) at every run.
 
 Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
-:func:`f32_1d`, :func:`f32_2d` and :func:`u8_1d`, which rebuild row ``i`` of a table as an array view (no copy, no
-reference count). Hand-written because numba's typed List, the maintained way to hand a list of arrays to nopython
-code, costs ~7 µs per List argument at every call (numba types and unboxes it in Python), which the plan paid five
-times per decoded token on every thread; a table is one array argument (~0.1 µs). The caller keeps the arrays alive
-for as long as it passes their table.
+:func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a 0-size array of it), which
+rebuild row ``i`` of a table as an array view (no copy, no reference count). Hand-written because numba's typed
+List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per List argument at every call
+(numba types and unboxes it in Python), which the plan paid seven times per decoded token on every thread; a table
+is one array argument (~0.1 µs). The caller keeps the arrays alive for as long as it passes their table.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from numba.extending import intrinsic
 
 
 def address_table(arrays: Sequence[np.ndarray], dtype: type) -> np.ndarray:
-    """int64 [len(arrays), 3]: each array's data address and its shape (1-D arrays: (n, 0)); every array must be a
-    C-contiguous 1-D or 2-D array of ``dtype``."""
-    table = np.zeros((len(arrays), 3), np.int64)
+    """int64 [len(arrays), 5]: each array's data address and its shape (padded with 0s); every array must be a
+    C-contiguous array of ``dtype`` with 1 to 4 dimensions."""
+    table = np.zeros((len(arrays), 5), np.int64)
     for i, a in enumerate(arrays):
-        if a.dtype != dtype or a.ndim not in (1, 2) or not a.flags.c_contiguous:
+        if a.dtype != dtype or not 1 <= a.ndim <= 4 or not a.flags.c_contiguous:
             raise ValueError(f"address_table: array {i} is {a.dtype} {a.shape}, not a C-contiguous {np.dtype(dtype)}")
         table[i, 0] = a.ctypes.data
         table[i, 1 : 1 + a.ndim] = a.shape
@@ -42,6 +42,17 @@ def _pointer_to(dtype: types.Type):  # noqa: ANN202
         return sig, codegen
 
     return to_pointer
+
+
+@intrinsic
+def _pointer_like(typingctx, like, addr):  # noqa: ANN001, ANN202, ARG001
+    """The address as a pointer to the dtype of the array ``like``."""
+    sig = types.CPointer(like.dtype)(like, types.int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        return builder.inttoptr(args[1], context.get_value_type(signature.return_type))
+
+    return sig, codegen
 
 
 _f32_pointer = _pointer_to(types.float32)
@@ -64,3 +75,9 @@ def f32_1d(table, i):  # pragma: no cover - compiled
 def u8_1d(table, i):  # pragma: no cover - compiled
     """Row ``i`` of an :func:`address_table` of 1-D uint8 arrays, as the array."""
     return numba.carray(_u8_pointer(table[i, 0]), table[i, 1])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def like_4d(table, i, like):  # pragma: no cover - compiled
+    """Row ``i`` of an :func:`address_table` of 4-D arrays of the dtype of ``like`` (a 0-size array), as the array."""
+    return numba.carray(_pointer_like(like, table[i, 0]), (table[i, 1], table[i, 2], table[i, 3], table[i, 4]))
