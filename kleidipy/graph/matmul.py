@@ -41,6 +41,7 @@ from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
+from kleidipy.kernels.qsi8d32p_qai4c32p import neon as q41_native
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as q41_ukernels
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit as q40_jit
@@ -65,7 +66,8 @@ Q4_0_SME2 = 2
 Q4_0_SME = 3
 #: Q4_1 kernels on the portable numba loops (hosts without AVX-512 VNNI): ``jit.matmul``
 Q4_1 = 4
-#: Q4_1 kernels (NEON and SME2 layouts) on the VNNI tiles: ``vnni._matmul``
+#: Q4_1 kernels (NEON and SME2 layouts) on the VNNI tiles: ``vnni._matmul`` (on aarch64 with DotProd: the native
+#: tiles of the NEON layout, ``neon.matmul``)
 Q4_1_VNNI = 5
 #: Q8_0 kernels on the portable numba loop (hosts without AVX-512 VNNI): ``jit.matmul_qai8dxp``
 Q8_0 = 6
@@ -128,7 +130,9 @@ def _q4_0_neon_numba(m, n, k, mr, nr, kr, sr, lhs, rhs):  # pragma: no cover - c
 #: then is their code referenced: its symbols exist on such hosts only)
 _Q4_0_NEON_TILES = q40_native.compute if q40_native.AVAILABLE else _q4_0_neon_numba
 #: the VNNI routines where the host has them; elsewhere stand-ins, so that the dispatcher compiles on any host
-_Q4_1_VNNI = q41_vnni._matmul if q41_vnni.HAVE_VNNI else _q4_1_vnni_portable
+_Q4_1_VNNI = (
+    q41_vnni._matmul if q41_vnni.HAVE_VNNI else q41_native.matmul if q41_native.AVAILABLE else _q4_1_vnni_portable
+)
 _Q8_0_TILES = q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
 
 
@@ -169,7 +173,7 @@ def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
         p[P_KBL] = lhs_packer.chunk(g.kr, g.sr)
         p[P_LHS_LAYOUT], p[P_TIES_EVEN] = lhs_packer.layout, lhs_packer.ties_even
     elif isinstance(kern, q41_ukernels.Qsi8d32pQai4c32pKernel):
-        code = Q4_1_VNNI if q41_vnni.HAVE_VNNI else Q4_1
+        code = Q4_1_VNNI if q41_vnni.HAVE_VNNI or q41_native.AVAILABLE else Q4_1
         p[P_KBL] = g.kr // g.sr
         p[P_CHUNK], p[P_NEON] = rhs_packer.chunk(g.kr, g.sr), rhs_packer.neon
     elif isinstance(kern, q8_ukernels.Qai8dxpMatmulKernel) and rhs_packer is q8_ukernels.RHS_PACKER:

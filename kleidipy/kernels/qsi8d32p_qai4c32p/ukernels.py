@@ -43,6 +43,7 @@ from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_1
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
+from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as _vnni
 
 FAMILY_NAME = "qsi8d32p_qai4c32p"
@@ -51,7 +52,8 @@ FAMILY_NAME = "qsi8d32p_qai4c32p"
 #: bit-identical results).
 SME2_MOPA_COMPUTE = _vnni.best_matmul_sme2_mopa()
 SME2_DOT_COMPUTE = _vnni.best_matmul_sme2_dot()
-NEON_COMPUTE = _vnni.best_matmul_neon()
+#: the NEON layout (dotprod / i8mm): the native sdot/smmla tiles on aarch64 with DotProd, else as the SME2 ones
+NEON_COMPUTE = _neon.compute if _neon.AVAILABLE else _vnni.best_matmul_neon()
 
 BL = _jit.BL
 LHS_BLOCK_BYTES = _jit.LHS_BLOCK_BYTES

@@ -17,6 +17,7 @@ from kleidipy.core.numerics import FLT_MAX
 from kleidipy.graph import matmul as mm
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
+from kleidipy.kernels.qsi8d32p_qai4c32p import neon as q41_native
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as fam
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 
@@ -160,9 +161,11 @@ def test_padding_columns_are_ignored() -> None:
 
 @pytest.mark.parametrize("name", NEON_KERNELS)
 def test_kernel_runs_the_best_compute(name: str) -> None:
-    """The jit execution of a NEON kernel runs the VNNI tiles where the host has them, else the portable loop; the
-    public run (clamped or not) gives the reference's bits either way."""
-    assert fam.NEON_COMPUTE is (q41_vnni.matmul_neon if q41_vnni.HAVE_VNNI else q41_jit.matmul_neon)
+    """The jit execution of a NEON kernel runs the native aarch64 tiles where the host has them, else the VNNI tiles
+    where it has those, else the portable loop; the public run (clamped or not) gives the reference's bits either
+    way."""
+    best = q41_vnni.matmul_neon if q41_vnni.HAVE_VNNI else q41_jit.matmul_neon
+    assert fam.NEON_COMPUTE is (q41_native.compute if q41_native.AVAILABLE else best)
     kern = get_kernel(name)
     m, n, k = 1 if kern.kind == "gemv" else 6, 37, 160
     lhs, rhs = operands(kern, m, n, k, 11)

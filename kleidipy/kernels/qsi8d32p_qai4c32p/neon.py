@@ -1,0 +1,242 @@
+"""The Q4_1 NEON kernels (dotprod / i8mm: LHS ``lhs_quant_pack_qsi8d32pscalef32_f32_neon``, RHS
+``rhs_pack_nxk_qai4c32p_qau4c32s0s1_f32_f32_f32_neon`` with nr = 4, kr 8 or 16) as native aarch64 tiles: ``sdot``
+(DotProd) and ``smmla`` (I8MM), the instruction sequence of KleidiAI's own kernels, with their arithmetic (the
+recipe of :mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels`: the bits of ``jit.matmul_neon``).
+
+How (as KleidiAI's ``matmul_clamp_f32_qsi8d32p*_qai4c32p4x*_neon_*`` kernels): per group of mr rows and group of
+4 columns, block after block, the packed RHS bytes are split into low nibbles ``shl #4`` and high nibbles
+``and #0xf0`` (16·(u − 8), the scale is stored /16), multiplied into int32 lanes by ``sdot`` (kr 8: 4 columns ×
+4 bytes, the LHS word of each row broadcast; kr 16: 2 columns × 8 bytes, the LHS doubleword broadcast, lanes
+paired by ``addp``) or ``smmla`` (kr 16, pairs of rows × pairs of columns × 8 bytes, rows split by ``uzp1/2``),
+converted ``scvtf`` (exact), and accumulated from +0: ``fmla`` of the zeros by the row sum, then ``fmla`` of the dot
+by ``fmul(scale, recip)``; at the end the bias is added (``fadd``), unclamped.
+
+:func:`tile_module` builds a tile's LLVM module for a :class:`~kleidipy.core.native.NativeIsa` (``kleidipy
+kernels --asm`` cross-compiles it on any host, through :func:`kernel_tile`); on an aarch64 host with DotProd the
+four tiles are compiled at import for the host's own features (``smmla`` with I8MM) and :func:`compute` /
+:func:`matmul` run them. Hand-written LLVM IR for the reason of :mod:`kleidipy.core.native`: numba's code never
+uses these instructions.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils
+
+from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
+
+I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+V16I8, V4I32, V2I64, V4F32 = ir.VectorType(I8, 16), ir.VectorType(I32, 4), ir.VectorType(I64, 2), ir.VectorType(F32, 4)
+BL = _jit.BL
+#: columns of a group of the NEON RHS layout (and of a tile)
+NR = 4
+#: bytes of one block of a packed RHS group: 4 columns × 16 bytes of codes, 4 f32 zeros, 4 f32 scales
+RHS_BLOCK = NR * _jit.RHS_BLOCK_BYTES
+#: bytes of one row of one block of a packed LHS group: 32 int8 (then, per group, mr f32 row sums and mr recips)
+LHS_BLOCK = _jit.LHS_BLOCK_BYTES
+#: the (mr, kr) of the family's NEON kernels: a tile each
+SHAPES = ((1, 8), (1, 16), (4, 8), (4, 16))
+
+
+def symbol(mr: int, kr: int) -> str:
+    """The LLVM name of the tile for mr rows per LHS group and kr."""
+    return f"kleidipy_q4_1_neon_mr{mr}_kr{kr}"
+
+
+def instruction(mr: int, kr: int, isa: native.NativeIsa) -> str:
+    """The int8 dot-product instruction the tile uses on ``isa``: ``smmla`` (kr 16, pairs of rows, I8MM) or ``sdot``."""
+    return "smmla" if kr == 16 and mr % 2 == 0 and isa.has("+i8mm") else "sdot"
+
+
+def _vec(ty: ir.VectorType, values: list) -> ir.Constant:
+    return ir.Constant(ty, [ir.Constant(ty.element, v) for v in values])
+
+
+def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return b.call(cgutils.get_or_insert_function(b.module, fnty, name), args)
+
+
+def _load(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int, ty: ir.Type) -> ir.Value:
+    at = b.gep(base, [offset if isinstance(offset, ir.Value) else I64(offset)])
+    return b.load(b.bitcast(at, ty.as_pointer()), align=1)
+
+
+def _splat(b: ir.IRBuilder, vec: ir.Value, lane: int, lanes: ir.VectorType) -> ir.Value:
+    """Lane ``lane`` of ``vec`` (seen as ``lanes``) in every lane (an indexed or broadcast operand)."""
+    as_lanes = b.bitcast(vec, lanes) if vec.type != lanes else vec
+    mask = _vec(ir.VectorType(I32, lanes.count), [lane] * lanes.count)
+    return b.shuffle_vector(as_lanes, ir.Constant(lanes, ir.Undefined), mask)
+
+
+def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: list) -> list:
+    """The int32 dots of one block (16·(u − 8) by q), a <4 x i32> of the 4 columns per row: ``lb`` the block's
+    packed LHS (mr × 32 int8 in chunks of kr/2 per row), ``segs`` the RHS codes (``(lo, hi)`` nibbles per 16 bytes:
+    kr 8, 4 columns × 4 bytes; kr 16, 2 columns × 8 bytes, columns 0-1 then 2-3)."""
+    zero = ir.Constant(V4I32, None)
+    kbl = kr // 2  # LHS bytes per row per chunk (sr = 2)
+    lhs_data = [_load(b, lb, 16 * v, V16I8) for v in range(2 * mr)] if kbl == 4 or op == "smmla" else []
+
+    def chunk(c: int, r: int) -> ir.Value:  # chunk c of row r in every lane
+        if kbl == 8:  # loaded broadcast (ld1r): no indexed sdot for doublewords
+            one = b.insert_element(ir.Constant(V2I64, ir.Undefined), _load(b, lb, 8 * (c * mr + r), I64), I32(0))
+            return b.bitcast(_splat(b, one, 0, V2I64), V16I8)
+        word = c * mr + r
+        return b.bitcast(_splat(b, lhs_data[word // 4], word % 4, V4I32), V16I8)
+
+    if op == "smmla":  # rows (2p, 2p+1) of chunk c are one vector; segments 2o + h: lo ↔ chunk o, hi ↔ chunk o + 2
+        smmla = "llvm.aarch64.neon.smmla.v4i32.v16i8"
+        rows = []
+        for p in range(mr // 2):
+            acc = []
+            for h in range(2):  # columns (2h, 2h+1)
+                a = zero
+                for c in range(4):
+                    a = _call(b, smmla, V4I32, [a, lhs_data[c * mr // 2 + p], segs[2 * (c % 2) + h][c // 2]])
+                acc.append(a)
+            pairs = [b.bitcast(a, V2I64) for a in acc]
+            for half in range(2):  # uzp1 / uzp2: row 2p + half
+                rows.append(b.bitcast(b.shuffle_vector(*pairs, _vec(ir.VectorType(I32, 2), [half, 2 + half])), V4I32))
+        return rows
+    sdot = "llvm.aarch64.neon.sdot.v4i32.v16i8"
+    rows = []
+    for r in range(mr):
+        if kbl == 4:  # segment o: 4 columns × 4 bytes; lo ↔ chunk o, hi ↔ chunk o + 4
+            a = zero
+            for c in range(8):
+                a = _call(b, sdot, V4I32, [a, segs[c % 4][c // 4], chunk(c, r)])
+            rows.append(a)
+        else:  # segments 2o + h: columns (2h, 2h+1) × 8 bytes; lo ↔ chunk o, hi ↔ chunk o + 2
+            pair = []
+            for h in range(2):
+                a = zero
+                for c in range(4):
+                    a = _call(b, sdot, V4I32, [a, segs[2 * (c % 2) + h][c // 2], chunk(c, r)])
+                pair.append(a)
+            rows.append(_call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
+    return rows
+
+
+def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
+    """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)``:
+    out [m, n] (rows of n floats) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
+    nb blocks of 32 values each, plus the bias, unclamped."""
+    module = ir.Module(name=symbol(mr, kr))
+    module.triple = isa.triple
+    ptr = I8.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, ptr, ptr, ptr]), symbol(mr, kr))
+    m, n, nb, lhs, rhs, out = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    op = instruction(mr, kr, isa)
+    lstride = b.mul(nb, I64(mr * LHS_BLOCK))
+    rstride = b.add(b.mul(nb, I64(RHS_BLOCK)), I64(4 * NR))
+    accs = [cgutils.alloca_once(b, V4F32) for _ in range(mr)]
+    groups = b.udiv(b.add(m, I64(mr - 1)), I64(mr))
+    col_groups = b.udiv(b.add(n, I64(NR - 1)), I64(NR))
+    high_mask = _vec(V16I8, [0xF0] * 16)
+    fields = ir.VectorType(F32, mr)
+    with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
+        lhs0 = b.gep(lhs, [b.mul(gi.index, lstride)])
+        rhs0 = b.gep(rhs, [b.mul(gj.index, rstride)])
+        for acc in accs:
+            b.store(ir.Constant(V4F32, None), acc)
+        with cgutils.for_range(b, nb, intp=I64) as blk:
+            rb = b.gep(rhs0, [b.mul(blk.index, I64(RHS_BLOCK))])
+            lb = b.gep(lhs0, [b.mul(blk.index, I64(mr * LHS_BLOCK))])
+            segs = []
+            for s in range(4):
+                codes = _load(b, rb, 16 * s, V16I8)
+                segs.append((b.shl(codes, _vec(V16I8, [4] * 16)), b.and_(codes, high_mask)))
+            dots = _block_dots(b, mr, kr, op, lb, segs)
+            zero = _load(b, rb, 16 * NR, V4F32)
+            scale = _load(b, rb, 20 * NR, V4F32)
+            row_sum = _load(b, lb, BL * mr, fields)
+            recip = _load(b, lb, (BL + 4) * mr, fields)
+            undef = ir.Constant(fields, ir.Undefined)
+            for r in range(mr):
+                lane = _vec(V4I32, [r] * 4)
+                acc = _call(b, "llvm.fma.v4f32", V4F32, [zero, b.shuffle_vector(row_sum, undef, lane), b.load(accs[r])])
+                s = b.fmul(scale, b.shuffle_vector(recip, undef, lane))
+                b.store(_call(b, "llvm.fma.v4f32", V4F32, [b.sitofp(dots[r], V4F32), s, acc]), accs[r])
+        bias = _load(b, rhs0, b.mul(nb, I64(RHS_BLOCK)), V4F32)
+        col0 = b.mul(gj.index, I64(NR))
+        cols = b.sub(n, col0)
+        for r in range(mr):
+            row = b.add(b.mul(gi.index, I64(mr)), I64(r))
+            with b.if_then(b.icmp_signed("<", row, m)):
+                at = b.bitcast(b.gep(out, [b.mul(b.add(b.mul(row, n), col0), I64(4))]), F32.as_pointer())
+                value = b.fadd(b.load(accs[r]), bias)
+                with b.if_else(b.icmp_signed(">=", cols, I64(NR))) as (whole, part):
+                    with whole:
+                        b.store(value, b.bitcast(at, V4F32.as_pointer()), align=4)
+                    with part:
+                        for j in range(NR - 1):
+                            with b.if_then(b.icmp_signed(">", cols, I64(j))):
+                                b.store(b.extract_element(value, I32(j)), b.gep(at, [I64(j)]))
+    b.ret_void()
+    return module
+
+
+def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
+    """The tile module of one of the family's NEON kernels for an aarch64 ISA (None for the SME2 kernels or x86)."""
+    if kernel.is_sme or not isa.triple.startswith("aarch64"):
+        return None
+    return tile_module(kernel.mr, kernel.kr, isa)
+
+
+#: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not available)
+HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
+AVAILABLE = HOST_ISA is not None
+if AVAILABLE:
+    for _mr, _kr in SHAPES:
+        native.install(tile_module(_mr, _kr, HOST_ISA), HOST_ISA)
+
+_TILE_1_8, _TILE_1_16 = native.caller(symbol(1, 8)), native.caller(symbol(1, 16))
+_TILE_4_8, _TILE_4_16 = native.caller(symbol(4, 8)), native.caller(symbol(4, 16))
+
+
+@numba.njit(cache=True, nogil=True)
+def compute(  # pragma: no cover - compiled (aarch64 with DotProd)
+    m: int, n: int, k: int, mr: int, nr: int, kbl: int, lhs: np.ndarray, rhs: np.ndarray
+) -> np.ndarray:
+    """Unclamped float32 [m, n] of the NEON kernels on the native tiles (the signature and bits of
+    ``jit.matmul_neon``: ``ukernels.NEON_COMPUTE``; mr 1 or 4, nr 4, kbl = kr/sr 4 or 8)."""
+    out = np.empty((m, n), np.float32)
+    ints = (m, n, k // BL)
+    if mr == 1:
+        if kbl == 4:
+            _TILE_1_8(ints, lhs, rhs, out)
+        else:
+            _TILE_1_16(ints, lhs, rhs, out)
+    elif kbl == 4:
+        _TILE_4_8(ints, lhs, rhs, out)
+    else:
+        _TILE_4_16(ints, lhs, rhs, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul(  # pragma: no cover - compiled (aarch64 with DotProd)
+    m: int,
+    n: int,
+    k: int,
+    mr: int,
+    nr: int,
+    kbl: int,
+    lhs: np.ndarray,
+    rhs: np.ndarray,
+    neon: bool,
+    first_block_fmul: bool,
+) -> np.ndarray:
+    """Every Q4_1 kernel with the signature and bits of ``vnni._matmul`` (the graph executor's routine): the NEON
+    layout (``neon``) on the native tiles, the SME2 layouts (and a first-block FMUL, which no NEON kernel has) on
+    the portable loops."""
+    if neon and not first_block_fmul:
+        return compute(m, n, k, mr, nr, kbl, lhs, rhs)
+    chunk = kbl if neon else _jit.SME_CHUNK
+    return _jit.matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul)
