@@ -38,6 +38,7 @@ from kleidipy.kernels.bf16p_bf16p import jit as bf16_jit
 from kleidipy.kernels.bf16p_bf16p import ukernels as bf16_ukernels
 from kleidipy.kernels.f32_f32p import ukernels as f32_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
+from kleidipy.kernels.qai8dxp_qsi8cxp import neon as q8_native
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
@@ -71,7 +72,8 @@ Q4_1 = 4
 Q4_1_VNNI = 5
 #: Q8_0 kernels on the portable numba loop (hosts without AVX-512 VNNI): ``jit.matmul_qai8dxp``
 Q8_0 = 6
-#: Q8_0 kernels (SME/SME2 and NEON layouts) on the VNNI tiles: ``vnni._matmul``
+#: Q8_0 kernels (SME/SME2 and NEON layouts) on the VNNI tiles: ``vnni._matmul`` (on aarch64 with DotProd: the NEON
+#: layouts on the native tiles, ``neon.matmul``)
 Q8_0_VNNI = 7
 #: BF16 kernels (F16 weights): ``jit.matmul_bf16``
 BF16 = 8
@@ -114,8 +116,8 @@ def _q4_1_vnni_portable(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):
 
 @numba.njit(cache=True, nogil=True)
 def _q8_0_vnni_portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
-    """Never called (Q8_0_VNNI is only given out with AVX-512 VNNI): the VNNI ``_matmul``'s stand-in elsewhere."""
-    raise RuntimeError("Q8_0_VNNI needs AVX-512 VNNI")
+    """Never called (Q8_0_VNNI is only given out with AVX-512 VNNI or native tiles): the tiles' stand-in elsewhere."""
+    raise RuntimeError("Q8_0_VNNI needs AVX-512 VNNI or the native aarch64 tiles")
 
 
 @numba.njit(cache=True, nogil=True)
@@ -133,7 +135,7 @@ _Q4_0_NEON_TILES = q40_native.compute if q40_native.AVAILABLE else _q4_0_neon_nu
 _Q4_1_VNNI = (
     q41_vnni._matmul if q41_vnni.HAVE_VNNI else q41_native.matmul if q41_native.AVAILABLE else _q4_1_vnni_portable
 )
-_Q8_0_TILES = q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
+_Q8_0_TILES = q8_native.matmul if q8_native.AVAILABLE else q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,7 +182,8 @@ def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
         lay = rhs_packer.layout(k, g.nr, g.kr, g.sr)
         k_int = q8_ukernels.k_internal(k)
         args = (g.mr, k_int, g.kr // g.sr, g.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
-        code = Q8_0_VNNI if q8_vnni.HAVE_VNNI and q8_vnni._is_vnni_layout(*args) else Q8_0
+        native = q8_native.AVAILABLE and q8_native.is_native_layout(*args)
+        code = Q8_0_VNNI if native or (q8_vnni.HAVE_VNNI and q8_vnni._is_vnni_layout(*args)) else Q8_0
         p[P_KBL], p[P_RECIPE], p[P_K_INT] = g.kr // g.sr, int(kern.recipe), k_int
     elif isinstance(kern, bf16_ukernels.Bf16MatmulKernel):
         code = BF16

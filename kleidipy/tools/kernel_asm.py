@@ -45,7 +45,7 @@ class Listing:
 
 def kleidiai_counts() -> dict:
     """KleidiAI's hot-loop counts per kernel name (``kleidiai_commit`` and ``kernels``)."""
-    return json.loads(resources.files("kleidipy.tools").joinpath("data/kleidiai_hot_loops.json").read_text())
+    return json.loads(resources.files("kleidipy.tools.data").joinpath("kleidiai_hot_loops.json").read_text())
 
 
 def default_isa(kernel: MatmulKernel) -> str:

@@ -16,6 +16,7 @@ from qai8dxp_models import call_matmul
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
+from kleidipy.kernels.qai8dxp_qsi8cxp import neon as q8_native
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_fam
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
@@ -204,10 +205,12 @@ def test_q8_0_int4_layout_falls_back() -> None:
 
 
 def test_families_run_the_best_compute_for_this_host() -> None:
-    """The public kernels' jit execution uses the VNNI functions where the host has AVX-512 VNNI."""
+    """The public kernels' jit execution uses the VNNI functions where the host has AVX-512 VNNI (Q8_0: the native
+    aarch64 tiles on an Arm host with DotProd)."""
     assert q41_fam.SME2_MOPA_COMPUTE is q41_vnni.best_matmul_sme2_mopa()
     assert q41_fam.SME2_DOT_COMPUTE is q41_vnni.best_matmul_sme2_dot()
-    assert q8_fam.MATMUL_COMPUTE is q8_vnni.best_matmul_qai8dxp()
+    best = q8_native.matmul_qai8dxp if q8_native.AVAILABLE else q8_vnni.best_matmul_qai8dxp()
+    assert q8_fam.MATMUL_COMPUTE is best
 
 
 @HYP

@@ -28,6 +28,7 @@ from kleidipy.core.numerics import F16_BITS_TO_F32, f16_bits_to_f32, fma_f32, ro
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
+from kleidipy.kernels.qai8dxp_qsi8cxp import neon as qai8dxp_qsi8cxp_neon
 from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import best_matmul_qai8dxp
 
 #: K is padded to a multiple of this in every qai8dxp packed buffer (k_int = roundup(k, 32)).
@@ -38,9 +39,10 @@ LHS_PARAM_BYTES = 8
 RHS_PARAM_BYTES = 12
 
 FAMILY_NAME = "qai8dxp_qsi8cxp"
-#: jit matmul of both qai8dxp families on this host: AVX-512 VNNI tiles for the int8 layouts (SME/SME2 and NEON)
-#: where available, else (and for the int4 layouts) the portable numba loop; same arguments, bit-identical results.
-MATMUL_COMPUTE = best_matmul_qai8dxp()
+#: jit matmul of both qai8dxp families on this host: the native aarch64 tiles (sdot / smmla) for the NEON kernels' int8
+#: layouts on aarch64 with DotProd, AVX-512 VNNI tiles for the int8 layouts (SME/SME2 and NEON) where available, else
+#: (and for the int4 layouts) the portable numba loop; same arguments, bit-identical results.
+MATMUL_COMPUTE = qai8dxp_qsi8cxp_neon.matmul_qai8dxp if qai8dxp_qsi8cxp_neon.AVAILABLE else best_matmul_qai8dxp()
 
 
 def k_internal(k: int) -> int:

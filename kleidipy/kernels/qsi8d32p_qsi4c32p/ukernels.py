@@ -478,13 +478,8 @@ SME2_COMPUTE = qsi8d32p_qsi4c32p_vnni.compute
 SME_COMPUTE = jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
 #: the NEON layout (dotprod / i8mm): the native sdot/smmla tiles on aarch64 with DotProd, the AVX-512 VNNI tiles
 #: where the host has them, else the portable jit
-NEON_COMPUTE = (
-    qsi8d32p_qsi4c32p_neon.compute
-    if qsi8d32p_qsi4c32p_neon.AVAILABLE
-    else qsi8d32p_qsi4c32p_vnni_neon.compute_neon
-    if HAS_AVX512_VNNI
-    else jit.matmul_qsi8d32p_qsi4c32pscalef16
-)
+_NEON_NUMBA = qsi8d32p_qsi4c32p_vnni_neon.compute_neon if HAS_AVX512_VNNI else jit.matmul_qsi8d32p_qsi4c32pscalef16
+NEON_COMPUTE = qsi8d32p_qsi4c32p_neon.compute if qsi8d32p_qsi4c32p_neon.AVAILABLE else _NEON_NUMBA
 
 
 class Qsi8d32pQsi4c32pKernel(MatmulKernel):

@@ -1,0 +1,327 @@
+"""The Q8_0 NEON kernels (dotprod / i8mm: LHS ``lhs_quant_pack_qai8dxp_f32``, RHS ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon``
+with nr = 4, kr 4 or 8, sr 1) as native aarch64 tiles: ``sdot`` (DotProd) and ``smmla`` (I8MM), the instruction
+sequence of KleidiAI's own kernels, with their arithmetic (the bits of ``jit.matmul_qai8dxp``).
+
+How (as KleidiAI's ``matmul_clamp_f32_qai8dxp*_qsi8cxp4x*_neon_*`` kernels): per tile of rows × 4 columns, block
+after block of 32 K values (k_int = roundup(k, 32)), the int8 products are summed into int32 lanes by
+
+* kr 4 (``…qai8dxp1x4…_1x4_neon_dotprod``, ``…qai8dxp4x4…_16x4_neon_dotprod``): ``sdot`` of the 16 RHS bytes of
+  a K group of 4 (4 columns × 4 bytes) with a row's 4 LHS bytes in every lane (indexed ``sdot``);
+* kr 8, DotProd (``…qai8dxp1x8…_1x4_neon_dotprod``): ``sdot`` of 2 columns × 8 bytes with the row's 8 LHS bytes
+  loaded broadcast (``ld1r``), the pairs of lanes of a column added by ``addp`` after the K loop;
+* kr 8, I8MM (``…qai8dxp4x8…_16x4_neon_i8mm``): ``smmla`` of 2 rows × 2 columns × 8 bytes, the rows of a pair
+  taken apart by ``uzp1``/``uzp2`` after the K loop.
+
+The 16x4 kernels' tiles hold 16 rows (4 LHS groups of 4; the groups left over one at a time), the others one
+LHS group. After the K loop, KleidiAI's epilogue: ``mla`` of the RHS row sums by the row's −zp (int32, wrapping),
+F = ``scvtf``, S = f32(scale·recip) and out = f32(f32(F·S) + bias) (``fmul``, ``fadd``: ``Recipe.FMUL_FADD``),
+unclamped.
+
+:func:`tile_module` builds a tile's LLVM module for a :class:`~kleidipy.core.native.NativeIsa` (``kleidipy kernels
+--asm`` cross-compiles it on any host, through :func:`kernel_tile`); on an aarch64 host with DotProd the four tiles
+are compiled at import for the host's own features (``smmla`` with I8MM) and :func:`matmul` runs them (the graph's
+signature; :func:`matmul_qai8dxp` is the jit's). Hand-written LLVM IR for the reason of :mod:`kleidipy.core.native`:
+numba's code never uses these instructions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils
+
+from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit
+from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
+
+I32, I64 = ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+V16I8, V4I32, V2I64, V4F32 = (
+    ir.VectorType(ir.IntType(8), 16),
+    ir.VectorType(I32, 4),
+    ir.VectorType(I64, 2),
+    ir.VectorType(F32, 4),
+)
+#: columns of a group of the RHS layout (and of a tile)
+NR = 4
+#: K values of one iteration of a tile's block loop (k_int is a multiple)
+BLOCK = 32
+#: bytes of one block of a packed RHS group: 4 columns × 32 int8
+RHS_BLOCK = NR * BLOCK
+#: bytes after the data of a packed RHS group: 4 int32 row sums, 4 f32 scales, 4 f32 biases
+RHS_PARAMS = NR * 12
+#: the (mr, kr) of the family's NEON kernels: a tile each
+SHAPES = ((1, 4), (1, 8), (4, 4), (4, 8))
+#: the portable function, for the layouts the tiles do not have (the int4 per-channel family's)
+PORTABLE_MATMUL = jit.matmul_qai8dxp
+
+
+def symbol(mr: int, kr: int) -> str:
+    """The LLVM name of the tile for mr rows per LHS group and kr."""
+    return f"kleidipy_q8_0_neon_mr{mr}_kr{kr}"
+
+
+def instruction(mr: int, kr: int, isa: native.NativeIsa) -> str:
+    """The int8 dot-product instruction the tile uses on ``isa``: ``smmla`` (kr 8, groups of 4 rows, I8MM) or
+    ``sdot``."""
+    return "smmla" if (mr, kr) == (4, 8) and isa.has("+i8mm") else "sdot"
+
+
+def groups(mr: int, kr: int, isa: native.NativeIsa) -> int:
+    """The LHS groups of mr rows a tile holds: 4 (16 rows, as KleidiAI's 16x4 kernels) for the layouts of those
+    kernels, else 1 (the kr 8 layout of 4 rows on DotProd: ``sdot`` takes 2 accumulators per row)."""
+    return 4 if mr == 4 and (kr == 4 or instruction(mr, kr, isa) == "smmla") else 1
+
+
+def _const(ty: ir.Type, value: int | float) -> ir.Constant:
+    return ir.Constant(ty, value)
+
+
+def _vec(ty: ir.VectorType, values: list) -> ir.Constant:
+    return ir.Constant(ty, [ir.Constant(ty.element, v) for v in values])
+
+
+def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return b.call(cgutils.get_or_insert_function(b.module, fnty, name), args)
+
+
+def _at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int) -> ir.Value:
+    return b.gep(base, [offset if isinstance(offset, ir.Value) else _const(I64, offset)])
+
+
+def _load(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int, ty: ir.Type) -> ir.Value:
+    return b.load(b.bitcast(_at(b, base, offset), ty.as_pointer()), align=1)
+
+
+def _splat(b: ir.IRBuilder, value: ir.Value, ty: ir.VectorType) -> ir.Value:
+    """``value`` in every lane of ``ty`` (``dup``; of a load: ``ld1r``)."""
+    one = b.insert_element(ir.Constant(ty, ir.Undefined), value, _const(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(ty, ir.Undefined), _vec(ir.VectorType(I32, ty.count), [0] * ty.count))
+
+
+@contextmanager
+def _block_loop(b: ir.IRBuilder, nb: ir.Value) -> Iterator[ir.Value]:
+    """The body of a loop over blocks 0 … nb − 1 (nb ≥ 1: a loop tested at its end, as KleidiAI's ``subs``/``bgt``);
+    yields the block index."""
+    entry, body = b.basic_block, b.append_basic_block("block")
+    b.branch(body)
+    b.position_at_end(body)
+    index = b.phi(I64)
+    index.add_incoming(_const(I64, 0), entry)
+    yield index
+    after = b.add(index, _const(I64, 1))
+    index.add_incoming(after, b.basic_block)
+    done = b.append_basic_block("block.done")
+    b.cbranch(b.icmp_signed("<", after, nb), body, done)
+    b.position_at_end(done)
+
+
+def _block(b: ir.IRBuilder, op: str, mr: int, kr: int, lbs: list, rb: ir.Value, accs: list) -> list:
+    """The accumulators after one block: ``lbs`` the block's bytes of each LHS group of the tile (mr rows × 32 in
+    chunks of kr per row), ``rb`` the block's RHS bytes (4 columns × 32 in chunks of kr per column), ``accs`` as
+    :func:`_rows` reads them."""
+    sdot, smmla = "llvm.aarch64.neon.sdot.v4i32.v16i8", "llvm.aarch64.neon.smmla.v4i32.v16i8"
+    # 16 bytes v: kr 4, K group v of 4 columns; kr 8, K group v // 2 of columns 2(v % 2), 2(v % 2) + 1
+    rhs = [_load(b, rb, 16 * v, V16I8) for v in range(RHS_BLOCK // 16)]
+    out = list(accs)
+    for i, lb in enumerate(lbs):
+        if kr == 4:  # row r of K group g: int32 word g·mr + r of the block
+            lhs = [_load(b, lb, 16 * v, V16I8) for v in range(mr * BLOCK // 16)]
+            for r in range(mr):
+                for g in range(BLOCK // 4):
+                    word = g * mr + r
+                    lanes = b.bitcast(lhs[word // 4], V4I32)
+                    mask = _vec(V4I32, [word % 4] * 4)
+                    one = b.bitcast(b.shuffle_vector(lanes, ir.Constant(V4I32, ir.Undefined), mask), V16I8)
+                    out[i * mr + r] = _call(b, sdot, V4I32, [out[i * mr + r], rhs[g], one])
+        elif op == "smmla":  # rows 2p, 2p+1 of K group g: 16 bytes at g·mr·8 + 16p; accumulator (pair, column pair)
+            for g in range(BLOCK // 8):
+                for p in range(mr // 2):
+                    pair = _load(b, lb, g * mr * 8 + 16 * p, V16I8)
+                    for h in range(2):
+                        a = 2 * (i * mr // 2 + p) + h
+                        out[a] = _call(b, smmla, V4I32, [out[a], pair, rhs[2 * g + h]])
+        else:  # row r of K group g: 8 bytes at (g·mr + r)·8 in both doublewords (one row: ld1r, as KleidiAI's 1x8
+            # kernel; rows in pairs: dup of a doubleword of the pair's 16 bytes); accumulator (row, column pair)
+            for r in range(mr):
+                for g in range(BLOCK // 8):
+                    if mr == 1:
+                        one = _splat(b, _load(b, lb, g * 8, I64), V2I64)
+                    else:
+                        pair = _load(b, lb, (g * mr + r - r % 2) * 8, V2I64)
+                        one = b.shuffle_vector(pair, pair, _vec(ir.VectorType(I32, 2), [r % 2] * 2))
+                    one = b.bitcast(one, V16I8)
+                    for h in range(2):
+                        a = 2 * (i * mr + r) + h
+                        out[a] = _call(b, sdot, V4I32, [out[a], rhs[2 * g + h], one])
+    return out
+
+
+def _accumulators(op: str, mr: int, kr: int, count: int) -> int:
+    """int32 vectors a tile of ``count`` LHS groups accumulates in."""
+    return count * mr * (1 if kr == 4 or op == "smmla" else 2)
+
+
+def _rows(b: ir.IRBuilder, op: str, kr: int, accs: list) -> list:
+    """The int32 dots of the tile's rows (4 columns each) from its accumulators."""
+    if kr == 4:
+        return accs
+    if op == "smmla":  # (row pair, columns 0 1) ‖ (row pair, columns 2 3) → uzp1 / uzp2 of their doublewords
+        rows = []
+        for lo, hi in zip(accs[::2], accs[1::2], strict=True):
+            rows.append(b.shuffle_vector(lo, hi, _vec(V4I32, [0, 1, 4, 5])))
+            rows.append(b.shuffle_vector(lo, hi, _vec(V4I32, [2, 3, 6, 7])))
+        return rows
+    pairs = zip(accs[::2], accs[1::2], strict=True)  # (row, columns 0 1), (row, columns 2 3): lanes added pairwise
+    return [_call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, [lo, hi]) for lo, hi in pairs]
+
+
+def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
+    """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, i8* out)``: out
+    [m, n] (float32 rows of n) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
+    k_int = 32·nb (nb ≥ 1), f32(f32(F·S) + bias), unclamped."""
+    module = ir.Module(name=symbol(mr, kr))
+    module.triple = isa.triple
+    ptr = ir.IntType(8).as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64] * 3 + [ptr] * 3), symbol(mr, kr))
+    m, n, nb, lhs, rhs, out = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    op = instruction(mr, kr, isa)
+    per_tile = groups(mr, kr, isa)
+    k_int = b.mul(nb, _const(I64, BLOCK))
+    lstride = b.mul(b.add(k_int, _const(I64, 8)), _const(I64, mr))
+    rstride = b.add(b.mul(k_int, _const(I64, NR)), _const(I64, RHS_PARAMS))
+    lgroups = b.udiv(b.add(m, _const(I64, mr - 1)), _const(I64, mr))
+    col_groups = b.udiv(b.add(n, _const(I64, NR - 1)), _const(I64, NR))
+
+    def tile(count: int, g0: ir.Value) -> None:
+        """The rows of ``count`` LHS groups from group g0 × every group of 4 columns."""
+        lhs0 = [_at(b, lhs, b.mul(b.add(g0, _const(I64, i)), lstride)) for i in range(count)]
+        accs = [cgutils.alloca_once(b, V4I32) for _ in range(_accumulators(op, mr, kr, count))]
+        with cgutils.for_range(b, col_groups, intp=I64) as gj:
+            rhs0 = _at(b, rhs, b.mul(gj.index, rstride))
+            for acc in accs:
+                b.store(ir.Constant(V4I32, None), acc)
+            with _block_loop(b, nb) as blk:
+                lbs = [_at(b, lb, b.mul(blk, _const(I64, mr * BLOCK))) for lb in lhs0]
+                rb = _at(b, rhs0, b.mul(blk, _const(I64, RHS_BLOCK)))
+                for acc, value in zip(accs, _block(b, op, mr, kr, lbs, rb, [b.load(a) for a in accs]), strict=True):
+                    b.store(value, acc)
+            dots = _rows(b, op, kr, [b.load(a) for a in accs])
+            params = _at(b, rhs0, b.mul(k_int, _const(I64, NR)))
+            sums, scales, biases = (_load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
+            col0 = b.mul(gj.index, _const(I64, NR))
+            cols = b.sub(n, col0)
+            for i, lb in enumerate(lhs0):
+                lparams = _at(b, lb, b.mul(k_int, _const(I64, mr)))
+                for r in range(mr):
+                    row = b.add(b.mul(b.add(g0, _const(I64, i)), _const(I64, mr)), _const(I64, r))
+                    offset = _splat(b, _load(b, lparams, 4 * r, I32), V4I32)
+                    recip = _splat(b, _load(b, lparams, 4 * (mr + r), F32), V4F32)
+                    f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
+                    res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
+                    with b.if_then(b.icmp_signed("<", row, m)):
+                        at = b.bitcast(_at(b, out, b.mul(b.add(b.mul(row, n), col0), _const(I64, 4))), F32.as_pointer())
+                        with b.if_else(b.icmp_signed(">=", cols, _const(I64, NR))) as (whole, part):
+                            with whole:
+                                b.store(res, b.bitcast(at, V4F32.as_pointer()), align=4)
+                            with part:
+                                for j in range(NR - 1):
+                                    with b.if_then(b.icmp_signed(">", cols, _const(I64, j))):
+                                        b.store(b.extract_element(res, _const(I32, j)), _at(b, at, j))
+
+    full = b.udiv(lgroups, _const(I64, per_tile))
+    with cgutils.for_range(b, full, intp=I64) as t:
+        tile(per_tile, b.mul(t.index, _const(I64, per_tile)))
+    if per_tile > 1:  # the groups left over, one at a time
+        with cgutils.for_range(b, lgroups, start=b.mul(full, _const(I64, per_tile)), intp=I64) as g:
+            tile(1, g.index)
+    b.ret_void()
+    return module
+
+
+def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
+    """The tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd (None for the SME
+    kernels, or another ISA)."""
+    if kernel.is_sme or not (isa.triple.startswith("aarch64") and isa.has("+dotprod")):
+        return None
+    return tile_module(kernel.mr, kernel.kr, isa)
+
+
+#: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available)
+HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
+AVAILABLE = HOST_ISA is not None
+if AVAILABLE:
+    for _mr, _kr in SHAPES:
+        native.install(tile_module(_mr, _kr, HOST_ISA), HOST_ISA)
+
+_TILE_1_4, _TILE_1_8 = native.caller(symbol(1, 4)), native.caller(symbol(1, 8))
+_TILE_4_4, _TILE_4_8 = native.caller(symbol(4, 4)), native.caller(symbol(4, 8))
+
+
+@numba.njit(cache=True, nogil=True)
+def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+    """Whether the tiles run a layout (given as to ``vnni._is_vnni_layout``): the int8 layout of
+    ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` (probed as that function does) with nr = 4 and the (mr, kr) of a tile
+    (:data:`SHAPES`, kr = blen), the LHS in chunks of kbl = kr (any kbl for one row per group: K order)."""
+    if nr != NR or not (mr == 1 or (mr == 4 and kbl == blen)) or not (blen == 4 or blen == 8):
+        return False
+    return qai8dxp_qsi8cxp_vnni._is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (aarch64)
+    """out[m, n] (C-contiguous float32, unclamped) of a layout :func:`is_native_layout` accepts: the signature and
+    the bits of ``vnni._matmul``. On the native tiles: f32(f32(F·S) + bias), the NEON kernels' recipe; ``fma_bias``
+    (fma(S, F, bias), the SME GEMV kernels' recipe, which no NEON kernel has) runs the portable loop."""
+    if fma_bias:
+        k_lo = jit.int8_k_lo(k_int, nr, kr)
+        lhs_i32, lhs_f32 = lhs_i8.view(np.int32), lhs_i8.view(np.float32)
+        recipe = jit.RECIPE_FMA_BIAS
+        PORTABLE_MATMUL(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
+        return
+    ints = (m, n, k_int // BLOCK)
+    if mr == 1:
+        if kr == 4:
+            _TILE_1_4(ints, lhs_i8, rhs_u8, out)
+        else:
+            _TILE_1_8(ints, lhs_i8, rhs_u8, out)
+    elif kr == 4:
+        _TILE_4_4(ints, lhs_i8, rhs_u8, out)
+    else:
+        _TILE_4_8(ints, lhs_i8, rhs_u8, out)
+
+
+def matmul_qai8dxp(
+    m: int,
+    n: int,
+    k_int: int,
+    lhs_i8: np.ndarray,
+    lhs_i32: np.ndarray,
+    lhs_f32: np.ndarray,
+    rhs_u8: np.ndarray,
+    mr: int,
+    kbl: int,
+    nr: int,
+    blen: int,
+    nibble_factor: int,
+    k_lo: np.ndarray,
+    k_hi: np.ndarray,
+    recipe: int,
+    out: np.ndarray,
+) -> None:
+    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
+    the native tiles for the layouts of the family's NEON kernels with their recipe (FMUL_FADD), the portable jit
+    for everything else (the SME layouts, the int4 per-channel family's). Needs :data:`AVAILABLE`."""
+    if recipe == jit.RECIPE_FMUL_FADD and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+        matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, False, out)
+    else:
+        PORTABLE_MATMUL(
+            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
+        )
