@@ -41,9 +41,9 @@ class Family:
     #: kernel name -> instruction program (run by :mod:`kleidipy.emulator`)
     programs: Mapping[str, Callable] = field(default_factory=dict)
     #: the family's native-tile modules (``neon``, ``sme2``): each has ``kernel_tile(kernel, isa)`` -> the LLVM
-    #: module of the kernel's tile for a :class:`~kleidipy.core.native.NativeIsa`, or None
+    #: module (or its IR text) of the kernel's tile for a :class:`~kleidipy.core.native.NativeIsa`, or None
     native: tuple[ModuleType, ...] = ()
 
-    def native_tile(self, kernel: MatmulKernel, isa: NativeIsa) -> ir.Module | None:
-        """The LLVM module of a kernel's native tile for ``isa`` (None: the family has none)."""
+    def native_tile(self, kernel: MatmulKernel, isa: NativeIsa) -> ir.Module | str | None:
+        """The LLVM module (or IR text) of a kernel's native tile for ``isa`` (None: the family has none)."""
         return next((t for t in (m.kernel_tile(kernel, isa) for m in self.native) if t is not None), None)

@@ -10,8 +10,10 @@ shows), :func:`install` (a module compiled for this host, its functions register
 cacheable — the symbol is resolved whenever their code is loaded).
 
 Hand-written because numba generates code for one target only, with its own guess of the CPU, and its portable
-IR never lowers to the Arm dot-product instructions (``sdot``, ``smmla``): a tile that uses them must be its own
-module, compiled for the features the host has, and called through a plain C interface (integers and pointers).
+IR never lowers to the Arm dot-product instructions (``sdot``, ``smmla``) nor to SME (streaming mode, ZA; scalable
+vectors cannot even go through numba's backend on a host without them): a tile that uses them must be its own
+module — llvmlite IR or IR text — compiled for the features the host has, and called through a plain C interface
+(integers and pointers).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ ISAS = {
     for isa in (
         NativeIsa("aarch64-dotprod", _AARCH64, ("+neon", "+dotprod"), frozenset({"asimd", "dotprod"})),
         NativeIsa("aarch64-i8mm", _AARCH64, ("+neon", "+dotprod", "+i8mm"), frozenset({"asimd", "dotprod", "i8mm"})),
+        NativeIsa("aarch64-sme2", _AARCH64, ("+neon", "+sme", "+sme2"), frozenset({"asimd", "sme", "sme2"})),
         NativeIsa(
             "x86-vnni",
             "x86_64-unknown-linux-gnu",
@@ -81,7 +84,7 @@ def host_isa(*names: str) -> NativeIsa | None:
     return None
 
 
-def _optimized(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+def _optimized(module: ir.Module | str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     mod = llvm.parse_assembly(str(module))
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
@@ -92,8 +95,9 @@ def _optimized(module: ir.Module, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     return mod
 
 
-def assembly(module: ir.Module, isa: NativeIsa) -> str:
-    """The assembly of a module optimised (O3) and compiled for ``isa``, on any host."""
+def assembly(module: ir.Module | str, isa: NativeIsa) -> str:
+    """The assembly of a module (or its IR text: scalable vectors and SME attributes, which llvmlite's IR builder
+    lacks) optimised (O3) and compiled for ``isa``, on any host."""
     tm = isa.target_machine()
     return tm.emit_assembly(_optimized(module, tm))
 
@@ -102,15 +106,17 @@ def assembly(module: ir.Module, isa: NativeIsa) -> str:
 _ENGINES: list[llvm.ExecutionEngine] = []
 
 
-def install(module: ir.Module, isa: NativeIsa) -> None:
-    """Compile a module for this host (which must run ``isa``) and register each function it defines as an LLVM
-    symbol of its own name, for :func:`caller`."""
+def install(module: ir.Module | str, isa: NativeIsa) -> None:
+    """Compile a module (or its IR text) for this host (which must run ``isa``) and register each function it
+    defines with external linkage as an LLVM symbol of its own name, for :func:`caller`."""
     tm = isa.target_machine(jit=True)
-    engine = llvm.create_mcjit_compiler(_optimized(module, tm), tm)
+    mod = _optimized(module, tm)
+    local = (llvm.Linkage.internal, llvm.Linkage.private)
+    names = [fn.name for fn in mod.functions if not fn.is_declaration and fn.linkage not in local]
+    engine = llvm.create_mcjit_compiler(mod, tm)
     engine.finalize_object()
-    for fn in module.functions:
-        if not fn.is_declaration:
-            llvm.add_symbol(fn.name, engine.get_function_address(fn.name))
+    for name in names:
+        llvm.add_symbol(name, engine.get_function_address(name))
     _ENGINES.append(engine)
 
 

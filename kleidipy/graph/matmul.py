@@ -47,6 +47,7 @@ from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as q41_ukernels
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit as q40_jit
 from kleidipy.kernels.qsi8d32p_qsi4c32p import neon as q40_native
+from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2 as q40_sme2
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as q40_ukernels
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as q40_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as q40_neon
@@ -61,7 +62,8 @@ class NotCompilableError(KleidipyError, ValueError):
 #: Q4_0 NEON kernels (dotprod / i8mm): the native aarch64 tiles ``neon.compute``, the VNNI tiles
 #: ``vnni_neon._compute_neon`` (``jit.matmul_qsi8d32p_qsi4c32pscalef16`` on hosts with neither)
 Q4_0_NEON = 1
-#: Q4_0 SME2 kernels: the VNNI tiles (portable IR on hosts without AVX-512 VNNI), ``vnni._compute``
+#: Q4_0 SME2 kernels: the VNNI tiles (portable IR on hosts without AVX-512 VNNI), ``vnni._compute``; the native
+#: SME2 tiles ``sme2._compute`` on a host with SME2
 Q4_0_SME2 = 2
 #: Q4_0 SME1 kernels: ``jit.matmul_qsi8d32p_qsi4c32ps4s0sf16``
 Q4_0_SME = 3
@@ -128,6 +130,15 @@ def _q4_0_neon_numba(m, n, k, mr, nr, kr, sr, lhs, rhs):  # pragma: no cover - c
     return q40_jit.matmul_qsi8d32p_qsi4c32pscalef16(m, n, k, mr, nr, kr, sr, lhs, rhs)
 
 
+@numba.njit(cache=True, nogil=True)
+def _q4_0_sme2_numba(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled
+    """The Q4_0 SME2 kernels where the host has no SME2 tiles: the VNNI tiles, or their portable IR."""
+    return q40_vnni._compute(_Q4_0_ISA, m, n, k, mr, nr, lhs, rhs, first_block_fmul)
+
+
+#: the Q4_0 SME2 kernels' tiles (as ``ukernels.SME2_COMPUTE``): the native SME2 ones on a host with SME2 (which run
+#: the kernels bound to its SVL, the others on the VNNI/portable tiles)
+_Q4_0_SME2_TILES = q40_sme2._compute if q40_sme2.AVAILABLE else _q4_0_sme2_numba
 #: the Q4_0 NEON kernels' tiles (as ``ukernels.NEON_COMPUTE``): the native aarch64 ones where the host has them (only
 #: then is their code referenced: its symbols exist on such hosts only)
 _Q4_0_NEON_TILES = q40_native.compute if q40_native.AVAILABLE else _q4_0_neon_numba
@@ -304,7 +315,7 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
     if code == Q4_0_NEON:
         res = _Q4_0_NEON_TILES(m, cnt, k, mr, nr, kr, sr, a, b)
     elif code == Q4_0_SME2:
-        res = q40_vnni._compute(_Q4_0_ISA, m, cnt, k, mr, nr, a, b, fmul)
+        res = _Q4_0_SME2_TILES(m, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_0_SME:
         res = q40_jit.matmul_qsi8d32p_qsi4c32ps4s0sf16(m, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_1:

@@ -73,8 +73,8 @@ def listing(kernel: MatmulKernel, isa: str, svl_bits: int = 512) -> Listing:
         module = family_of(kernel).native_tile(kernel, target) if target else None
         if module is None:
             raise NoTileError(f"kai_{kernel.name}: no native {isa} tile (the jit runs numba code there)")
-        text, how = native.assembly(module, target), f"native tile {module.name}, cross-compiled ({target.triple}, "
-        how += " ".join(target.features) + ")"
+        text = native.assembly(module, target)
+        how = f"native tile, cross-compiled ({target.triple}, {' '.join(target.features)})"
     loop = hot_loop(text, svl_bits)
     if loop is None:
         raise NoTileError(f"kai_{kernel.name}: no int8 dot-product instruction in any loop of its {isa} code")
@@ -91,8 +91,9 @@ def _vnni_assembly(kernel: MatmulKernel) -> str:
     from kleidipy.kernels.catalogue import family_of
 
     if not HAS_AVX512_VNNI:
-        raise NoTileError("x86-vnni: the VNNI tiles are numba code, compiled for the host only: run on an x86 host "
-                          "with AVX-512 VNNI")
+        raise NoTileError(
+            "x86-vnni: the VNNI tiles are numba code, compiled for the host only: run on an x86 host with AVX-512 VNNI"
+        )
     dispatchers = [
         obj
         for name, mod in list(sys.modules.items())
@@ -129,6 +130,12 @@ def format_listing(found: Listing) -> str:
         )
     else:
         out.append("KleidiAI's kernel: not counted (no hot loop with int8 dot products in its sources' list)")
+    if found.kernel.tier in ("sme", "sme2"):
+        out.append(
+            "(SME: a loop nested in the hot loop counts once as written — KleidiAI's K-group loop runs 8 times per "
+            "block and its row loop VL/4 times, kleidipy's MOPA tile unrolls its K groups — so these per-1,024 "
+            "figures do not compare; README's *Runs on* has the executed counts per block)"
+        )
     out.append("")
     out += [line.text.rstrip() for line in loop.lines]
     out.append("")

@@ -89,6 +89,15 @@ def test_native_tiles_use_their_instruction_within_budget(kern) -> None:  # noqa
         assert listing(kern, "aarch64-dotprod").loop.counts["sdot"] > 0
 
 
+@pytest.mark.parametrize(("suffix", "needed"), [("sme2_mopa", {"smopa", "luti4"}), ("sme2_sdot", {"sdot", "luti4"})])
+def test_sme2_tiles_use_smopa_luti4_and_za_dot(suffix: str, needed: set) -> None:
+    kern = next(k for k in all_kernels() if k.family == "qsi8d32p_qsi4c32p" and k.name.endswith(suffix))
+    found = listing(kern, "aarch64-sme2")
+    assert needed <= set(found.loop.counts), found.loop.counts
+    if suffix == "sme2_sdot":  # the multi-vector dot into ZA vector groups
+        assert any(line.mnemonic == "sdot" and "za.s" in line.operands for line in found.loop.lines)
+
+
 def test_no_tile_is_a_clear_error() -> None:
     bf16 = next(k for k in all_kernels() if k.family == "bf16p_bf16p")
     with pytest.raises(NoTileError, match="no native aarch64-dotprod tile"):

@@ -3,7 +3,7 @@ SME2 (MOPA GEMM, SDOT GEMV), SME, I8MM and DotProd.
 
 ``ukernels`` holds the packers and kernels (KleidiAI's names, getters and argument orders; the numpy reference
 execution), ``jit`` their numba code, ``vnni`` the AVX-512 VNNI tiles of the SME/SME2 layouts (``vnni_neon``: of the
-NEON layout), ``neon`` the native aarch64 tiles of the NEON kernels, ``isa`` the
+NEON layout), ``neon`` and ``sme2`` the native aarch64 tiles of the NEON and SME2 kernels, ``isa`` the
 instruction programs the emulator runs and ``ggml`` the adaptor from weight bytes or floats to the RHS packer's
 inputs.
 """
@@ -11,6 +11,6 @@ inputs.
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.kernels.declare import declare
-from kleidipy.kernels.qsi8d32p_qsi4c32p import ggml, isa, neon, ukernels
+from kleidipy.kernels.qsi8d32p_qsi4c32p import ggml, isa, neon, sme2, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_0,), native=(neon,))
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_0,), native=(neon, sme2))

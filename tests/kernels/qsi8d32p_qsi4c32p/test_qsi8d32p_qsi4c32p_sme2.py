@@ -1,0 +1,134 @@
+"""The Q4_0 SME2 kernels as native SME2 tiles (``kernels/qsi8d32p_qsi4c32p/sme2.py``).
+
+On any host: both tiles cross-compile to KleidiAI's instruction sequence (4-way ``smopa`` into ZA.S tiles with
+``luti4`` for the MOPA GEMM, multi-vector ``sdot`` into ZA vector groups for the GEMV, ``mova`` out of ZA),
+without widening NEON code nor calls of the SME ABI's routines, and their block loops execute at most 1.25× the
+instructions of KleidiAI's per int8 MAC. Under QEMU (``scripts/qemu-aarch64``, SME2 at SVL 128, 256 and 512):
+both kernels bound to the host's SVL run on the tiles, bit for bit the numpy reference
+(``sme2_tiles_check.py``); the golden runs are checked by ``kleidipy golden`` under QEMU the same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from emulator import SCRIPT, ensure_emulator
+
+from kleidipy.core import native
+from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2, ukernels, vnni
+
+CHECK = Path(__file__).resolve().parent / "sme2_tiles_check.py"
+ISA = native.ISAS["aarch64-sme2"]
+#: executed instructions per block (32 K values) of KleidiAI's kernels at VL = SVL/32 lanes, counted in their
+#: inline assembly: MOPA 5 + 8 × 11 (K groups) + 5 + VL × 24 (rows out of ZA) + 3; SDOT 2 + 2 × 20 + 22
+KLEIDIAI_PER_BLOCK = {sme2.MOPA: lambda vl: 101 + 24 * vl, sme2.SDOT: lambda vl: 64}
+#: int8 MACs per block: VL rows (MOPA) or one × 4·VL columns × 32
+MACS_PER_BLOCK = {sme2.MOPA: lambda vl: 128 * vl * vl, sme2.SDOT: lambda vl: 128 * vl}
+
+
+def instructions(asm: str) -> list[str]:
+    """The instructions and labels (``"label:"``) of an assembly listing, in order."""
+    out = []
+    for line in asm.splitlines():
+        if re.match(r"^\.?[\w.]+:", line):
+            out.append(line.split(":")[0] + ":")
+        elif line.startswith("\t") and not line.lstrip().startswith("."):
+            out.append(line.strip())
+    return out
+
+
+def count(lines: list[str], pattern: str) -> int:
+    return sum(bool(re.match(pattern, line)) for line in lines)
+
+
+def loop(lines: list[str], inside: str) -> tuple[int, int]:
+    """(label index, back-branch index) of the innermost loop whose body has the last instruction matching
+    ``inside``."""
+    at = max(i for i, line in enumerate(lines) if re.match(inside, line))
+    found = []
+    for end, line in enumerate(lines):
+        target = line.split()[-1] if line.startswith("b") else ""
+        if f"{target}:" in lines[:end] and lines.index(f"{target}:") < at < end:
+            found.append((lines.index(f"{target}:"), end))
+    return max(found)
+
+
+def per_block(symbol: str, vl: int) -> int:
+    """Executed instructions of one block (after the first) of the tile at VL: its block loop, the loop over the
+    rows out of ZA (MOPA) VL times."""
+    lines = instructions(native.assembly(sme2.tile_module(symbol), ISA))
+    start, end = loop(lines, r"zero\t\{za\}")
+    total = sum(not line.endswith(":") for line in lines[start : end + 1])
+    if symbol == sme2.MOPA:
+        row_start, row_end = loop(lines, r"mov\t\{.*za0h\.b")
+        total += (vl - 1) * sum(not line.endswith(":") for line in lines[row_start : row_end + 1])
+    return total
+
+
+def test_mopa_tile_cross_compiles_to_smopa_and_luti4() -> None:
+    lines = instructions(native.assembly(sme2.tile_module(sme2.MOPA), ISA))
+    # two copies of a block (the first one: FMUL), 8 K groups each: 4 smopa (4-way, ZA0.S .. ZA3.S), 2 luti4
+    assert count(lines, r"smopa\tza[0-3]\.s, p\d+/m, p\d+/m, z\d+\.b, z\d+\.b$") == 64
+    assert count(lines, r"luti4\t\{ z\d+\.b, z\d+\.b \}, zt0, z\d+\[0\]$") == 32
+    assert count(lines, r"ldr\tzt0, ") == 1 and count(lines, r"zero\t\{za\}$") == 2
+    assert count(lines, r"mov\t\{ z\d+\.b - z\d+\.b \}, za0h\.b\[w\d+, 0:3\]$") == 2  # mova: row r of the 4 tiles
+    assert count(lines, r"scvtf\t\{") == 2 and count(lines, r"fmlal[bt]\t") == 8
+    assert count(lines, r"fmul\t") == 4 and count(lines, r"fmla\t") == 4
+
+
+def test_sdot_tile_cross_compiles_to_multi_vector_sdot() -> None:
+    lines = instructions(native.assembly(sme2.tile_module(sme2.SDOT), ISA))
+    # 8 K groups per block: 2 multi-vector sdot (indexed) per 2 K groups, 4 luti4
+    assert count(lines, r"sdot\tza\.s\[w\d+, 0, vgx4\], \{ z\d+\.b - z\d+\.b \}, z\d+\.b\[[0-3]\]$") == 8
+    assert count(lines, r"luti4\t\{ z\d+\.b, z\d+\.b \}, zt0, z\d+\[0\]$") == 16
+    assert count(lines, r"ld1rqb\t") == 2 and count(lines, r"ld1b\t\{ z\d+\.b, z\d+\.b, z\d+\.b, z\d+\.b \}") == 4
+    assert count(lines, r"mov\t\{ z\d+\.[sd] - z\d+\.[sd] \}, za\.[sd]\[w\d+, 0, vgx4\]$") == 1
+    assert count(lines, r"zero\t\{za\}$") == 1 and count(lines, r"fmla\t") == 4
+
+
+@pytest.mark.parametrize("symbol", [sme2.MOPA, sme2.SDOT])
+def test_tiles_are_sme2_code_in_streaming_mode(symbol: str) -> None:
+    lines = instructions(native.assembly(sme2.tile_module(symbol), ISA))
+    ops = collections.Counter(line.split()[0] for line in lines)
+    assert not ops["smull"] and not ops["smull2"] and not ops["sxtl"] and not ops["smlal"]  # portable int8 code
+    assert ops["smstart"] == ops["smstop"] == 2  # sm and za: the entry point enables both
+    assert not [line for line in lines if line.startswith("bl\t__arm_")]  # no SME ABI support routine
+
+
+@pytest.mark.parametrize("symbol", [sme2.MOPA, sme2.SDOT])
+@pytest.mark.parametrize("svl", [128, 256, 512])
+def test_block_loop_within_a_quarter_of_kleidiai(symbol: str, svl: int) -> None:
+    vl = svl // 32
+    ours, theirs = per_block(symbol, vl), KLEIDIAI_PER_BLOCK[symbol](vl)
+    assert ours * 1024 / MACS_PER_BLOCK[symbol](vl) <= 1.25 * theirs * 1024 / MACS_PER_BLOCK[symbol](vl)
+
+
+def test_no_tiles_without_sme2() -> None:
+    """On this host (no Arm SME2) nothing is installed and the SME2 kernels run on the VNNI/portable tiles."""
+    if sme2.AVAILABLE:
+        pytest.fail("this test runs on hosts without Arm SME2 (x86 CI)")
+    assert native.host_isa("aarch64-sme2") is None
+    assert ukernels.SME2_COMPUTE is vnni.compute
+
+
+@pytest.mark.parametrize("svl", [128, 256, 512])
+def test_tiles_bit_exact_under_qemu(svl: int) -> None:
+    ensure_emulator()
+    cpu = f"max,sme-default-vector-length={svl // 8}"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", cpu, "--python", "--", str(CHECK)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == f"native tiles: aarch64-sme2, SVL {svl}"
+    assert len(lines) == 4 and "DIFFERENT" not in proc.stdout
+    assert lines[1].endswith(f"7 calls of {sme2.MOPA}") and lines[2].endswith(f"2 calls of {sme2.SDOT}")
+    assert lines[3].endswith(" 0 tile calls")  # a kernel bound to another SVL: not the tiles
