@@ -25,3 +25,22 @@ def ensure_emulator() -> None:
         return
     proc = qemu_script("--setup", timeout=1800)
     assert proc.returncode == 0, f"scripts/qemu-aarch64 --setup failed: {proc.stderr.strip()[-500:]}"
+
+
+def start_emulated(cpu: str, *args: str, python: bool = False) -> subprocess.Popen:
+    """Start ``scripts/qemu-aarch64 --cpu CPU [--python] -- ARGS`` (kleidipy's arguments, or with ``python`` a script
+    and its arguments) with stdout and stderr piped as text: runs on several CPUs go side by side."""
+    flags = ["--python"] if python else []
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--cpu", cpu, *flags, "--", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_emulated(cpu: str, *args: str, python: bool = False, timeout: float = 3600) -> tuple[int, str, str]:
+    """:func:`start_emulated` and wait: (return code, stdout, stderr)."""
+    proc = start_emulated(cpu, *args, python=python)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err

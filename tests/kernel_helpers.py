@@ -4,6 +4,7 @@ rational models of float rounding (independent of numpy) for the scalar kernel m
 from __future__ import annotations
 
 import math
+from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.runtime.observer import KernelCall, Observer
+from kleidipy.tools import asm
 from kleidipy.tools.golden import GoldenSet, iter_runs, verify_run
 
 
@@ -145,3 +147,19 @@ def mixed_f32(
     if subnormals:
         v[rng.random(shape) < 0.03] = np.float32(1e-40)
     return v
+
+
+def mnemonics(text: str) -> Counter:
+    """Instructions per mnemonic in LLVM's assembly text."""
+    return Counter(line.mnemonic for line in asm.parse(text) if line.mnemonic)
+
+
+def portable_int8_lines(text: str) -> list[str]:
+    """The lines of aarch64 assembly that LLVM makes of portable int8 dot products (widening multiplies and adds,
+    sign extensions, vector multiplies): none in a native tile."""
+    widening = ("smull", "smull2", "smlal", "smlal2", "sxtl", "sxtl2", "saddw", "saddw2")
+    return [
+        line.text
+        for line in asm.parse(text)
+        if line.mnemonic in widening or (line.mnemonic in ("mul", "mla") and line.operands[:1] == "v")
+    ]

@@ -36,17 +36,27 @@ from numba.core import cgutils
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.neon_ir import (
+    F32,
+    I32,
+    I64,
+    SDOT,
+    SMMLA,
+    V2I64,
+    V4F32,
+    V4I32,
+    V16I8,
+    at,
+    call,
+    const,
+    load,
+    splat,
+    store_row,
+    vec,
+)
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
-I32, I64 = ir.IntType(32), ir.IntType(64)
-F32 = ir.FloatType()
-V16I8, V4I32, V2I64, V4F32 = (
-    ir.VectorType(ir.IntType(8), 16),
-    ir.VectorType(I32, 4),
-    ir.VectorType(I64, 2),
-    ir.VectorType(F32, 4),
-)
 #: columns of a group of the RHS layout (and of a tile)
 NR = 4
 #: K values of one iteration of a tile's block loop (k_int is a multiple)
@@ -78,33 +88,6 @@ def groups(mr: int, kr: int, isa: native.NativeIsa) -> int:
     return 4 if mr == 4 and (kr == 4 or instruction(mr, kr, isa) == "smmla") else 1
 
 
-def _const(ty: ir.Type, value: int | float) -> ir.Constant:
-    return ir.Constant(ty, value)
-
-
-def _vec(ty: ir.VectorType, values: list) -> ir.Constant:
-    return ir.Constant(ty, [ir.Constant(ty.element, v) for v in values])
-
-
-def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return b.call(cgutils.get_or_insert_function(b.module, fnty, name), args)
-
-
-def _at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int) -> ir.Value:
-    return b.gep(base, [offset if isinstance(offset, ir.Value) else _const(I64, offset)])
-
-
-def _load(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int, ty: ir.Type) -> ir.Value:
-    return b.load(b.bitcast(_at(b, base, offset), ty.as_pointer()), align=1)
-
-
-def _splat(b: ir.IRBuilder, value: ir.Value, ty: ir.VectorType) -> ir.Value:
-    """``value`` in every lane of ``ty`` (``dup``; of a load: ``ld1r``)."""
-    one = b.insert_element(ir.Constant(ty, ir.Undefined), value, _const(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(ty, ir.Undefined), _vec(ir.VectorType(I32, ty.count), [0] * ty.count))
-
-
 @contextmanager
 def _block_loop(b: ir.IRBuilder, nb: ir.Value) -> Iterator[ir.Value]:
     """The body of a loop over blocks 0 … nb − 1 (nb ≥ 1: a loop tested at its end, as KleidiAI's ``subs``/``bgt``);
@@ -113,9 +96,9 @@ def _block_loop(b: ir.IRBuilder, nb: ir.Value) -> Iterator[ir.Value]:
     b.branch(body)
     b.position_at_end(body)
     index = b.phi(I64)
-    index.add_incoming(_const(I64, 0), entry)
+    index.add_incoming(const(I64, 0), entry)
     yield index
-    after = b.add(index, _const(I64, 1))
+    after = b.add(index, const(I64, 1))
     index.add_incoming(after, b.basic_block)
     done = b.append_basic_block("block.done")
     b.cbranch(b.icmp_signed("<", after, nb), body, done)
@@ -126,40 +109,39 @@ def _block(b: ir.IRBuilder, op: str, mr: int, kr: int, lbs: list, rb: ir.Value, 
     """The accumulators after one block: ``lbs`` the block's bytes of each LHS group of the tile (mr rows × 32 in
     chunks of kr per row), ``rb`` the block's RHS bytes (4 columns × 32 in chunks of kr per column), ``accs`` as
     :func:`_rows` reads them."""
-    sdot, smmla = "llvm.aarch64.neon.sdot.v4i32.v16i8", "llvm.aarch64.neon.smmla.v4i32.v16i8"
     # 16 bytes v: kr 4, K group v of 4 columns; kr 8, K group v // 2 of columns 2(v % 2), 2(v % 2) + 1
-    rhs = [_load(b, rb, 16 * v, V16I8) for v in range(RHS_BLOCK // 16)]
+    rhs = [load(b, rb, 16 * v, V16I8) for v in range(RHS_BLOCK // 16)]
     out = list(accs)
     for i, lb in enumerate(lbs):
         if kr == 4:  # row r of K group g: int32 word g·mr + r of the block
-            lhs = [_load(b, lb, 16 * v, V16I8) for v in range(mr * BLOCK // 16)]
+            lhs = [load(b, lb, 16 * v, V16I8) for v in range(mr * BLOCK // 16)]
             for r in range(mr):
                 for g in range(BLOCK // 4):
                     word = g * mr + r
                     lanes = b.bitcast(lhs[word // 4], V4I32)
-                    mask = _vec(V4I32, [word % 4] * 4)
+                    mask = vec(V4I32, [word % 4] * 4)
                     one = b.bitcast(b.shuffle_vector(lanes, ir.Constant(V4I32, ir.Undefined), mask), V16I8)
-                    out[i * mr + r] = _call(b, sdot, V4I32, [out[i * mr + r], rhs[g], one])
+                    out[i * mr + r] = call(b, SDOT, V4I32, [out[i * mr + r], rhs[g], one])
         elif op == "smmla":  # rows 2p, 2p+1 of K group g: 16 bytes at g·mr·8 + 16p; accumulator (pair, column pair)
             for g in range(BLOCK // 8):
                 for p in range(mr // 2):
-                    pair = _load(b, lb, g * mr * 8 + 16 * p, V16I8)
+                    pair = load(b, lb, g * mr * 8 + 16 * p, V16I8)
                     for h in range(2):
                         a = 2 * (i * mr // 2 + p) + h
-                        out[a] = _call(b, smmla, V4I32, [out[a], pair, rhs[2 * g + h]])
+                        out[a] = call(b, SMMLA, V4I32, [out[a], pair, rhs[2 * g + h]])
         else:  # row r of K group g: 8 bytes at (g·mr + r)·8 in both doublewords (one row: ld1r, as KleidiAI's 1x8
             # kernel; rows in pairs: dup of a doubleword of the pair's 16 bytes); accumulator (row, column pair)
             for r in range(mr):
                 for g in range(BLOCK // 8):
                     if mr == 1:
-                        one = _splat(b, _load(b, lb, g * 8, I64), V2I64)
+                        one = splat(b, load(b, lb, g * 8, I64), V2I64)
                     else:
-                        pair = _load(b, lb, (g * mr + r - r % 2) * 8, V2I64)
-                        one = b.shuffle_vector(pair, pair, _vec(ir.VectorType(I32, 2), [r % 2] * 2))
+                        pair = load(b, lb, (g * mr + r - r % 2) * 8, V2I64)
+                        one = b.shuffle_vector(pair, pair, vec(ir.VectorType(I32, 2), [r % 2] * 2))
                     one = b.bitcast(one, V16I8)
                     for h in range(2):
                         a = 2 * (i * mr + r) + h
-                        out[a] = _call(b, sdot, V4I32, [out[a], rhs[2 * g + h], one])
+                        out[a] = call(b, SDOT, V4I32, [out[a], rhs[2 * g + h], one])
     return out
 
 
@@ -175,11 +157,11 @@ def _rows(b: ir.IRBuilder, op: str, kr: int, accs: list) -> list:
     if op == "smmla":  # (row pair, columns 0 1) ‖ (row pair, columns 2 3) → uzp1 / uzp2 of their doublewords
         rows = []
         for lo, hi in zip(accs[::2], accs[1::2], strict=True):
-            rows.append(b.shuffle_vector(lo, hi, _vec(V4I32, [0, 1, 4, 5])))
-            rows.append(b.shuffle_vector(lo, hi, _vec(V4I32, [2, 3, 6, 7])))
+            rows.append(b.shuffle_vector(lo, hi, vec(V4I32, [0, 1, 4, 5])))
+            rows.append(b.shuffle_vector(lo, hi, vec(V4I32, [2, 3, 6, 7])))
         return rows
     pairs = zip(accs[::2], accs[1::2], strict=True)  # (row, columns 0 1), (row, columns 2 3): lanes added pairwise
-    return [_call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, [lo, hi]) for lo, hi in pairs]
+    return [call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, [lo, hi]) for lo, hi in pairs]
 
 
 def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
@@ -194,53 +176,44 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     op = instruction(mr, kr, isa)
     per_tile = groups(mr, kr, isa)
-    k_int = b.mul(nb, _const(I64, BLOCK))
-    lstride = b.mul(b.add(k_int, _const(I64, 8)), _const(I64, mr))
-    rstride = b.add(b.mul(k_int, _const(I64, NR)), _const(I64, RHS_PARAMS))
-    lgroups = b.udiv(b.add(m, _const(I64, mr - 1)), _const(I64, mr))
-    col_groups = b.udiv(b.add(n, _const(I64, NR - 1)), _const(I64, NR))
+    k_int = b.mul(nb, const(I64, BLOCK))
+    lstride = b.mul(b.add(k_int, const(I64, 8)), const(I64, mr))
+    rstride = b.add(b.mul(k_int, const(I64, NR)), const(I64, RHS_PARAMS))
+    lgroups = b.udiv(b.add(m, const(I64, mr - 1)), const(I64, mr))
+    col_groups = b.udiv(b.add(n, const(I64, NR - 1)), const(I64, NR))
 
     def tile(count: int, g0: ir.Value) -> None:
         """The rows of ``count`` LHS groups from group g0 × every group of 4 columns."""
-        lhs0 = [_at(b, lhs, b.mul(b.add(g0, _const(I64, i)), lstride)) for i in range(count)]
+        lhs0 = [at(b, lhs, b.mul(b.add(g0, const(I64, i)), lstride)) for i in range(count)]
         accs = [cgutils.alloca_once(b, V4I32) for _ in range(_accumulators(op, mr, kr, count))]
         with cgutils.for_range(b, col_groups, intp=I64) as gj:
-            rhs0 = _at(b, rhs, b.mul(gj.index, rstride))
+            rhs0 = at(b, rhs, b.mul(gj.index, rstride))
             for acc in accs:
                 b.store(ir.Constant(V4I32, None), acc)
             with _block_loop(b, nb) as blk:
-                lbs = [_at(b, lb, b.mul(blk, _const(I64, mr * BLOCK))) for lb in lhs0]
-                rb = _at(b, rhs0, b.mul(blk, _const(I64, RHS_BLOCK)))
+                lbs = [at(b, lb, b.mul(blk, const(I64, mr * BLOCK))) for lb in lhs0]
+                rb = at(b, rhs0, b.mul(blk, const(I64, RHS_BLOCK)))
                 for acc, value in zip(accs, _block(b, op, mr, kr, lbs, rb, [b.load(a) for a in accs]), strict=True):
                     b.store(value, acc)
             dots = _rows(b, op, kr, [b.load(a) for a in accs])
-            params = _at(b, rhs0, b.mul(k_int, _const(I64, NR)))
-            sums, scales, biases = (_load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
-            col0 = b.mul(gj.index, _const(I64, NR))
-            cols = b.sub(n, col0)
+            params = at(b, rhs0, b.mul(k_int, const(I64, NR)))
+            sums, scales, biases = (load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
+            col0 = b.mul(gj.index, const(I64, NR))
             for i, lb in enumerate(lhs0):
-                lparams = _at(b, lb, b.mul(k_int, _const(I64, mr)))
+                lparams = at(b, lb, b.mul(k_int, const(I64, mr)))
                 for r in range(mr):
-                    row = b.add(b.mul(b.add(g0, _const(I64, i)), _const(I64, mr)), _const(I64, r))
-                    offset = _splat(b, _load(b, lparams, 4 * r, I32), V4I32)
-                    recip = _splat(b, _load(b, lparams, 4 * (mr + r), F32), V4F32)
+                    row = b.add(b.mul(b.add(g0, const(I64, i)), const(I64, mr)), const(I64, r))
+                    offset = splat(b, load(b, lparams, 4 * r, I32), V4I32)
+                    recip = splat(b, load(b, lparams, 4 * (mr + r), F32), V4F32)
                     f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
                     res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
-                    with b.if_then(b.icmp_signed("<", row, m)):
-                        at = b.bitcast(_at(b, out, b.mul(b.add(b.mul(row, n), col0), _const(I64, 4))), F32.as_pointer())
-                        with b.if_else(b.icmp_signed(">=", cols, _const(I64, NR))) as (whole, part):
-                            with whole:
-                                b.store(res, b.bitcast(at, V4F32.as_pointer()), align=4)
-                            with part:
-                                for j in range(NR - 1):
-                                    with b.if_then(b.icmp_signed(">", cols, _const(I64, j))):
-                                        b.store(b.extract_element(res, _const(I32, j)), _at(b, at, j))
+                    store_row(b, out, m, n, row, col0, res)
 
-    full = b.udiv(lgroups, _const(I64, per_tile))
+    full = b.udiv(lgroups, const(I64, per_tile))
     with cgutils.for_range(b, full, intp=I64) as t:
-        tile(per_tile, b.mul(t.index, _const(I64, per_tile)))
+        tile(per_tile, b.mul(t.index, const(I64, per_tile)))
     if per_tile > 1:  # the groups left over, one at a time
-        with cgutils.for_range(b, lgroups, start=b.mul(full, _const(I64, per_tile)), intp=I64) as g:
+        with cgutils.for_range(b, lgroups, start=b.mul(full, const(I64, per_tile)), intp=I64) as g:
             tile(1, g.index)
     b.ret_void()
     return module

@@ -27,11 +27,25 @@ from numba.core import cgutils
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.neon_ir import (
+    F32,
+    I8,
+    I32,
+    I64,
+    SDOT,
+    SMMLA,
+    V2I64,
+    V4F32,
+    V4I32,
+    V16I8,
+    call,
+    lane,
+    load,
+    store_row,
+    vec,
+)
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 
-I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-F32 = ir.FloatType()
-V16I8, V4I32, V2I64, V4F32 = ir.VectorType(I8, 16), ir.VectorType(I32, 4), ir.VectorType(I64, 2), ir.VectorType(F32, 4)
 BL = _jit.BL
 #: columns of a group of the NEON RHS layout (and of a tile)
 NR = 4
@@ -53,72 +67,50 @@ def instruction(mr: int, kr: int, isa: native.NativeIsa) -> str:
     return "smmla" if kr == 16 and mr % 2 == 0 and isa.has("+i8mm") else "sdot"
 
 
-def _vec(ty: ir.VectorType, values: list) -> ir.Constant:
-    return ir.Constant(ty, [ir.Constant(ty.element, v) for v in values])
-
-
-def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return b.call(cgutils.get_or_insert_function(b.module, fnty, name), args)
-
-
-def _load(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int, ty: ir.Type) -> ir.Value:
-    at = b.gep(base, [offset if isinstance(offset, ir.Value) else I64(offset)])
-    return b.load(b.bitcast(at, ty.as_pointer()), align=1)
-
-
-def _splat(b: ir.IRBuilder, vec: ir.Value, lane: int, lanes: ir.VectorType) -> ir.Value:
-    """Lane ``lane`` of ``vec`` (seen as ``lanes``) in every lane (an indexed or broadcast operand)."""
-    as_lanes = b.bitcast(vec, lanes) if vec.type != lanes else vec
-    mask = _vec(ir.VectorType(I32, lanes.count), [lane] * lanes.count)
-    return b.shuffle_vector(as_lanes, ir.Constant(lanes, ir.Undefined), mask)
-
-
 def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: list) -> list:
     """The int32 dots of one block (16·(u − 8) by q), a <4 x i32> of the 4 columns per row: ``lb`` the block's
     packed LHS (mr × 32 int8 in chunks of kr/2 per row), ``segs`` the RHS codes (``(lo, hi)`` nibbles per 16 bytes:
     kr 8, 4 columns × 4 bytes; kr 16, 2 columns × 8 bytes, columns 0-1 then 2-3)."""
     zero = ir.Constant(V4I32, None)
     kbl = kr // 2  # LHS bytes per row per chunk (sr = 2)
-    lhs_data = [_load(b, lb, 16 * v, V16I8) for v in range(2 * mr)] if kbl == 4 or op == "smmla" else []
+    lhs_data = [load(b, lb, 16 * v, V16I8) for v in range(2 * mr)] if kbl == 4 or op == "smmla" else []
 
     def chunk(c: int, r: int) -> ir.Value:  # chunk c of row r in every lane
         if kbl == 8:  # loaded broadcast (ld1r): no indexed sdot for doublewords
-            one = b.insert_element(ir.Constant(V2I64, ir.Undefined), _load(b, lb, 8 * (c * mr + r), I64), I32(0))
-            return b.bitcast(_splat(b, one, 0, V2I64), V16I8)
+            one = b.insert_element(ir.Constant(V2I64, ir.Undefined), load(b, lb, 8 * (c * mr + r), I64), I32(0))
+            return b.bitcast(lane(b, one, V2I64, 0), V16I8)
         word = c * mr + r
-        return b.bitcast(_splat(b, lhs_data[word // 4], word % 4, V4I32), V16I8)
+        return b.bitcast(lane(b, lhs_data[word // 4], V4I32, word % 4), V16I8)
 
     if op == "smmla":  # rows (2p, 2p+1) of chunk c are one vector; segments 2o + h: lo ↔ chunk o, hi ↔ chunk o + 2
-        smmla = "llvm.aarch64.neon.smmla.v4i32.v16i8"
+        smmla = SMMLA
         rows = []
         for p in range(mr // 2):
             acc = []
             for h in range(2):  # columns (2h, 2h+1)
                 a = zero
                 for c in range(4):
-                    a = _call(b, smmla, V4I32, [a, lhs_data[c * mr // 2 + p], segs[2 * (c % 2) + h][c // 2]])
+                    a = call(b, smmla, V4I32, [a, lhs_data[c * mr // 2 + p], segs[2 * (c % 2) + h][c // 2]])
                 acc.append(a)
             pairs = [b.bitcast(a, V2I64) for a in acc]
             for half in range(2):  # uzp1 / uzp2: row 2p + half
-                rows.append(b.bitcast(b.shuffle_vector(*pairs, _vec(ir.VectorType(I32, 2), [half, 2 + half])), V4I32))
+                rows.append(b.bitcast(b.shuffle_vector(*pairs, vec(ir.VectorType(I32, 2), [half, 2 + half])), V4I32))
         return rows
-    sdot = "llvm.aarch64.neon.sdot.v4i32.v16i8"
     rows = []
     for r in range(mr):
         if kbl == 4:  # segment o: 4 columns × 4 bytes; lo ↔ chunk o, hi ↔ chunk o + 4
             a = zero
             for c in range(8):
-                a = _call(b, sdot, V4I32, [a, segs[c % 4][c // 4], chunk(c, r)])
+                a = call(b, SDOT, V4I32, [a, segs[c % 4][c // 4], chunk(c, r)])
             rows.append(a)
         else:  # segments 2o + h: columns (2h, 2h+1) × 8 bytes; lo ↔ chunk o, hi ↔ chunk o + 2
             pair = []
             for h in range(2):
                 a = zero
                 for c in range(4):
-                    a = _call(b, sdot, V4I32, [a, segs[2 * (c % 2) + h][c // 2], chunk(c, r)])
+                    a = call(b, SDOT, V4I32, [a, segs[2 * (c % 2) + h][c // 2], chunk(c, r)])
                 pair.append(a)
-            rows.append(_call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
+            rows.append(call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
     return rows
 
 
@@ -138,7 +130,7 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     accs = [cgutils.alloca_once(b, V4F32) for _ in range(mr)]
     groups = b.udiv(b.add(m, I64(mr - 1)), I64(mr))
     col_groups = b.udiv(b.add(n, I64(NR - 1)), I64(NR))
-    high_mask = _vec(V16I8, [0xF0] * 16)
+    high_mask = vec(V16I8, [0xF0] * 16)
     fields = ir.VectorType(F32, mr)
     with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
         lhs0 = b.gep(lhs, [b.mul(gi.index, lstride)])
@@ -150,34 +142,24 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
             lb = b.gep(lhs0, [b.mul(blk.index, I64(mr * LHS_BLOCK))])
             segs = []
             for s in range(4):
-                codes = _load(b, rb, 16 * s, V16I8)
-                segs.append((b.shl(codes, _vec(V16I8, [4] * 16)), b.and_(codes, high_mask)))
+                codes = load(b, rb, 16 * s, V16I8)
+                segs.append((b.shl(codes, vec(V16I8, [4] * 16)), b.and_(codes, high_mask)))
             dots = _block_dots(b, mr, kr, op, lb, segs)
-            zero = _load(b, rb, 16 * NR, V4F32)
-            scale = _load(b, rb, 20 * NR, V4F32)
-            row_sum = _load(b, lb, BL * mr, fields)
-            recip = _load(b, lb, (BL + 4) * mr, fields)
+            zero = load(b, rb, 16 * NR, V4F32)
+            scale = load(b, rb, 20 * NR, V4F32)
+            row_sum = load(b, lb, BL * mr, fields)
+            recip = load(b, lb, (BL + 4) * mr, fields)
             undef = ir.Constant(fields, ir.Undefined)
             for r in range(mr):
-                lane = _vec(V4I32, [r] * 4)
-                acc = _call(b, "llvm.fma.v4f32", V4F32, [zero, b.shuffle_vector(row_sum, undef, lane), b.load(accs[r])])
-                s = b.fmul(scale, b.shuffle_vector(recip, undef, lane))
-                b.store(_call(b, "llvm.fma.v4f32", V4F32, [b.sitofp(dots[r], V4F32), s, acc]), accs[r])
-        bias = _load(b, rhs0, b.mul(nb, I64(RHS_BLOCK)), V4F32)
+                pick = vec(V4I32, [r] * 4)
+                acc = call(b, "llvm.fma.v4f32", V4F32, [zero, b.shuffle_vector(row_sum, undef, pick), b.load(accs[r])])
+                s = b.fmul(scale, b.shuffle_vector(recip, undef, pick))
+                b.store(call(b, "llvm.fma.v4f32", V4F32, [b.sitofp(dots[r], V4F32), s, acc]), accs[r])
+        bias = load(b, rhs0, b.mul(nb, I64(RHS_BLOCK)), V4F32)
         col0 = b.mul(gj.index, I64(NR))
-        cols = b.sub(n, col0)
         for r in range(mr):
             row = b.add(b.mul(gi.index, I64(mr)), I64(r))
-            with b.if_then(b.icmp_signed("<", row, m)):
-                at = b.bitcast(b.gep(out, [b.mul(b.add(b.mul(row, n), col0), I64(4))]), F32.as_pointer())
-                value = b.fadd(b.load(accs[r]), bias)
-                with b.if_else(b.icmp_signed(">=", cols, I64(NR))) as (whole, part):
-                    with whole:
-                        b.store(value, b.bitcast(at, V4F32.as_pointer()), align=4)
-                    with part:
-                        for j in range(NR - 1):
-                            with b.if_then(b.icmp_signed(">", cols, I64(j))):
-                                b.store(b.extract_element(value, I32(j)), b.gep(at, [I64(j)]))
+            store_row(b, out, m, n, row, col0, b.fadd(b.load(accs[r]), bias))
     b.ret_void()
     return module
 

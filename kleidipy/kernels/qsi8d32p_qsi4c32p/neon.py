@@ -24,10 +24,26 @@ from numba.core import cgutils
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.neon_ir import (
+    F16,
+    F32,
+    I8,
+    I32,
+    I64,
+    SDOT,
+    SMMLA,
+    V2I64,
+    V4F32,
+    V4I32,
+    V16I8,
+    call,
+    const,
+    lane,
+    load,
+    store_row,
+    vec,
+)
 
-I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-F16, F32 = ir.HalfType(), ir.FloatType()
-V16I8, V4I32, V2I64, V4F32 = ir.VectorType(I8, 16), ir.VectorType(I32, 4), ir.VectorType(I64, 2), ir.VectorType(F32, 4)
 #: columns of a group of the NEON RHS layout (and of a tile)
 NR = 4
 #: bytes of one block of a packed RHS group: 4 fp16 d, then 4 columns × 16 bytes of codes
@@ -46,47 +62,22 @@ def instruction(mr: int, kr: int, isa: native.NativeIsa) -> str:
     return "smmla" if kr == 16 and mr % 2 == 0 and isa.has("+i8mm") else "sdot"
 
 
-def _const(ty: ir.Type, value: int | float) -> ir.Constant:
-    return ir.Constant(ty, value)
-
-
-def _vec(ty: ir.VectorType, values: list) -> ir.Constant:
-    return ir.Constant(ty, [ir.Constant(ty.element, v) for v in values])
-
-
-def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return b.call(cgutils.get_or_insert_function(b.module, fnty, name), args)
-
-
-def _load(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int, ty: ir.Type) -> ir.Value:
-    at = b.gep(base, [offset if isinstance(offset, ir.Value) else _const(I64, offset)])
-    return b.load(b.bitcast(at, ty.as_pointer()), align=1)
-
-
-def _broadcast(b: ir.IRBuilder, vec: ir.Value, lanes: ir.VectorType, lane: int) -> ir.Value:
-    """The 16 bytes of ``vec`` seen as ``lanes`` with lane ``lane`` in every lane (an indexed ``sdot`` operand)."""
-    as_lanes = b.bitcast(vec, lanes)
-    mask = _vec(ir.VectorType(I32, lanes.count), [lane] * lanes.count)
-    return b.bitcast(b.shuffle_vector(as_lanes, ir.Constant(lanes, ir.Undefined), mask), V16I8)
-
-
 def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: list[ir.Value]) -> list:
     """The int32 dots ×16 of one block, a <4 x i32> of the 4 columns per row: ``lb`` the block's packed LHS (mr fp16
     scales, then mr × 32 codes in chunks of kr/2 per row), ``segs`` the RHS codes (shifted low / masked high
     nibbles: ``(lo, hi)`` per 16 bytes)."""
     zero = ir.Constant(V4I32, None)
     kbl = kr // 2  # LHS bytes per row per chunk (sr = 2)
-    lhs_data = [_load(b, lb, 2 * mr + 16 * v, V16I8) for v in range(2 * mr)]
+    lhs_data = [load(b, lb, 2 * mr + 16 * v, V16I8) for v in range(2 * mr)]
 
     def chunk(c: int, r: int, lanes: ir.VectorType) -> ir.Value:  # chunk c of row r in every lane
         word = c * mr + r
         if lanes is V2I64:  # loaded broadcast (ld1r): no indexed sdot for doublewords
             undef = ir.Constant(V2I64, ir.Undefined)
-            one = b.insert_element(undef, _load(b, lb, 2 * mr + 8 * word, I64), _const(I32, 0))
-            return b.bitcast(b.shuffle_vector(one, undef, _vec(ir.VectorType(I32, 2), [0, 0])), V16I8)
+            one = b.insert_element(undef, load(b, lb, 2 * mr + 8 * word, I64), const(I32, 0))
+            return b.bitcast(b.shuffle_vector(one, undef, vec(ir.VectorType(I32, 2), [0, 0])), V16I8)
         per = 16 // kbl
-        return _broadcast(b, lhs_data[word // per], lanes, word % per)
+        return b.bitcast(lane(b, lhs_data[word // per], lanes, word % per), V16I8)
 
     if op == "smmla":  # chunk c of rows (2p, 2p+1) is one vector; lo of segment o ↔ chunk o, hi ↔ chunk o + 2
         rows = []
@@ -96,21 +87,21 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
                 a = zero
                 for o in range(2):
                     lo, hi = segs[2 * o + h]
-                    a = _call(b, "llvm.aarch64.neon.smmla.v4i32.v16i8", V4I32, [a, lhs_data[o * mr // 2 + p], lo])
-                    a = _call(b, "llvm.aarch64.neon.smmla.v4i32.v16i8", V4I32, [a, lhs_data[(o + 2) * mr // 2 + p], hi])
+                    a = call(b, SMMLA, V4I32, [a, lhs_data[o * mr // 2 + p], lo])
+                    a = call(b, SMMLA, V4I32, [a, lhs_data[(o + 2) * mr // 2 + p], hi])
                 acc.append(a)
-            rows.append(b.shuffle_vector(acc[0], acc[1], _vec(V4I32, [0, 1, 4, 5])))
-            rows.append(b.shuffle_vector(acc[0], acc[1], _vec(V4I32, [2, 3, 6, 7])))
+            rows.append(b.shuffle_vector(acc[0], acc[1], vec(V4I32, [0, 1, 4, 5])))
+            rows.append(b.shuffle_vector(acc[0], acc[1], vec(V4I32, [2, 3, 6, 7])))
         return rows
-    sdot = "llvm.aarch64.neon.sdot.v4i32.v16i8"
+
     rows = []
     for r in range(mr):
         if kr == 8:  # segment o: 4 columns × 4 bytes; lo ↔ chunk o, hi ↔ chunk o + 4
             a = zero
             for o in range(4):
                 lo, hi = segs[o]
-                a = _call(b, sdot, V4I32, [a, lo, chunk(o, r, V4I32)])
-                a = _call(b, sdot, V4I32, [a, hi, chunk(o + 4, r, V4I32)])
+                a = call(b, SDOT, V4I32, [a, lo, chunk(o, r, V4I32)])
+                a = call(b, SDOT, V4I32, [a, hi, chunk(o + 4, r, V4I32)])
             rows.append(a)
         else:  # 16 bytes: 2 columns × 8 bytes (h: columns 2h, 2h+1); lo of segment o ↔ chunk o, hi ↔ chunk o + 2
             pair = []
@@ -118,10 +109,10 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
                 a = zero
                 for o in range(2):
                     lo, hi = segs[2 * o + h]
-                    a = _call(b, sdot, V4I32, [a, lo, chunk(o, r, V2I64)])
-                    a = _call(b, sdot, V4I32, [a, hi, chunk(o + 2, r, V2I64)])
+                    a = call(b, SDOT, V4I32, [a, lo, chunk(o, r, V2I64)])
+                    a = call(b, SDOT, V4I32, [a, hi, chunk(o + 2, r, V2I64)])
                 pair.append(a)
-            rows.append(_call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
+            rows.append(call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
     return rows
 
 
@@ -136,44 +127,33 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     m, n, nb, lhs, rhs, out = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     op = instruction(mr, kr, isa)
-    lstride = b.mul(nb, _const(I64, mr * 34))
-    rstride = b.mul(nb, _const(I64, RHS_BLOCK))
+    lstride = b.mul(nb, const(I64, mr * 34))
+    rstride = b.mul(nb, const(I64, RHS_BLOCK))
     accs = [cgutils.alloca_once(b, V4F32) for _ in range(mr)]
-    groups = b.udiv(b.add(m, _const(I64, mr - 1)), _const(I64, mr))
-    col_groups = b.udiv(b.add(n, _const(I64, NR - 1)), _const(I64, NR))
-    low_mask = _vec(V16I8, [0xF0] * 16)
+    groups = b.udiv(b.add(m, const(I64, mr - 1)), const(I64, mr))
+    col_groups = b.udiv(b.add(n, const(I64, NR - 1)), const(I64, NR))
+    low_mask = vec(V16I8, [0xF0] * 16)
     with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
         lhs0 = b.gep(lhs, [b.mul(gi.index, lstride)])
         rhs0 = b.gep(rhs, [b.mul(gj.index, rstride)])
         for acc in accs:
             b.store(ir.Constant(V4F32, None), acc)
         with cgutils.for_range(b, nb, intp=I64) as blk:
-            rb = b.gep(rhs0, [b.mul(blk.index, _const(I64, RHS_BLOCK))])
-            lb = b.gep(lhs0, [b.mul(blk.index, _const(I64, mr * 34))])
+            rb = b.gep(rhs0, [b.mul(blk.index, const(I64, RHS_BLOCK))])
+            lb = b.gep(lhs0, [b.mul(blk.index, const(I64, mr * 34))])
             segs = []
             for s in range(4):
-                codes = _load(b, rb, 2 * NR + 16 * s, V16I8)
-                segs.append((b.shl(codes, _vec(V16I8, [4] * 16)), b.and_(codes, low_mask)))
-            d_r = b.fpext(_load(b, rb, 0, ir.VectorType(F16, NR)), V4F32)
-            d_l = b.fpext(_load(b, lb, 0, ir.VectorType(F16, mr)), ir.VectorType(F32, mr))
+                codes = load(b, rb, 2 * NR + 16 * s, V16I8)
+                segs.append((b.shl(codes, vec(V16I8, [4] * 16)), b.and_(codes, low_mask)))
+            d_r = b.fpext(load(b, rb, 0, ir.VectorType(F16, NR)), V4F32)
+            d_l = b.fpext(load(b, lb, 0, ir.VectorType(F16, mr)), ir.VectorType(F32, mr))
             for r, dots in enumerate(_block_dots(b, mr, kr, op, lb, segs)):
-                value = _call(b, "llvm.aarch64.neon.vcvtfxs2fp.v4f32.v4i32", V4F32, [dots, _const(I32, 4)])  # 16·a → a
-                scale = b.fmul(d_r, b.shuffle_vector(d_l, ir.Constant(d_l.type, ir.Undefined), _vec(V4I32, [r] * 4)))
-                b.store(_call(b, "llvm.fma.v4f32", V4F32, [value, scale, b.load(accs[r])]), accs[r])
-        col0 = b.mul(gj.index, _const(I64, NR))
-        cols = b.sub(n, col0)
+                value = call(b, "llvm.aarch64.neon.vcvtfxs2fp.v4f32.v4i32", V4F32, [dots, const(I32, 4)])  # 16·a → a
+                scale = b.fmul(d_r, b.shuffle_vector(d_l, ir.Constant(d_l.type, ir.Undefined), vec(V4I32, [r] * 4)))
+                b.store(call(b, "llvm.fma.v4f32", V4F32, [value, scale, b.load(accs[r])]), accs[r])
+        col0 = b.mul(gj.index, const(I64, NR))
         for r in range(mr):
-            row = b.add(b.mul(gi.index, _const(I64, mr)), _const(I64, r))
-            with b.if_then(b.icmp_signed("<", row, m)):
-                at = b.bitcast(b.gep(out, [b.mul(b.add(b.mul(row, n), col0), _const(I64, 4))]), F32.as_pointer())
-                acc = b.load(accs[r])
-                with b.if_else(b.icmp_signed(">=", cols, _const(I64, NR))) as (whole, part):
-                    with whole:
-                        b.store(acc, b.bitcast(at, V4F32.as_pointer()), align=4)
-                    with part:
-                        for j in range(NR - 1):
-                            with b.if_then(b.icmp_signed(">", cols, _const(I64, j))):
-                                b.store(b.extract_element(acc, _const(I32, j)), b.gep(at, [_const(I64, j)]))
+            store_row(b, out, m, n, b.add(b.mul(gi.index, const(I64, mr)), const(I64, r)), col0, b.load(accs[r]))
     b.ret_void()
     return module
 

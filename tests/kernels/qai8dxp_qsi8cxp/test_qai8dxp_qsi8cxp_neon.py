@@ -10,13 +10,12 @@ point ``neon.matmul`` the portable jit with either float epilogue (``native_tile
 from __future__ import annotations
 
 import collections
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from emulator import SCRIPT, ensure_emulator
+from emulator import ensure_emulator, run_emulated
+from kernel_helpers import mnemonics, portable_int8_lines
 
 from kleidipy.core import native
 from kleidipy.kernels.catalogue import get_kernel
@@ -57,7 +56,7 @@ def block_loops(text: str) -> list[asm.LoopCount]:
 def test_tiles_cross_compile_to_their_instruction(isa: str, mr: int, kr: int) -> None:
     target = native.ISAS[isa]
     text = native.assembly(neon.tile_module(mr, kr, target), target)
-    ops = collections.Counter(line.mnemonic for line in asm.parse(text) if line.mnemonic)
+    ops = mnemonics(text)
     used = neon.instruction(mr, kr, target)
     assert used == ("smmla" if (isa, mr, kr) == ("aarch64-i8mm", 4, 8) else "sdot")
     rows = neon.groups(mr, kr, target) * mr
@@ -66,10 +65,8 @@ def test_tiles_cross_compile_to_their_instruction(isa: str, mr: int, kr: int) ->
     assert [loop.macs for loop in loops] == [r * neon.NR * neon.BLOCK for r in tiles]  # a block: rows × 4 × 32 K
     assert ops[used] == sum(loop.counts[used] for loop in loops) and ops[used] == sum(loop.dots for loop in loops)
     assert ops["scvtf"] == ops["fadd"] == sum(tiles)  # one conversion and one bias add per row of a tile
-    widening = [m for m in ("smull", "smull2", "smlal", "smlal2", "sxtl", "sxtl2", "saddw", "saddw2") if ops[m]]
-    assert not widening  # what LLVM makes of portable int8 code
-    vector_mul = [line for line in asm.parse(text) if line.mnemonic in ("mul", "mla") and line.operands[:1] == "v"]
-    assert len(vector_mul) == sum(tiles)  # only the zero-point correction: one MLA per row (as KleidiAI's)
+    portable = portable_int8_lines(text)  # only the zero-point correction: one vector MLA per row (as KleidiAI's)
+    assert len(portable) == sum(tiles) and all(line.split()[0] == "mla" for line in portable)
 
 
 @pytest.mark.parametrize("kern", NEON_KERNELS, ids=lambda k: k.name)
@@ -126,14 +123,9 @@ def test_no_tiles_without_dotprod() -> None:
 @pytest.mark.parametrize("cpu", ["cortex-a76", "max,sme=off"], ids=["dotprod", "i8mm"])
 def test_tiles_bit_exact_under_qemu(cpu: str) -> None:
     ensure_emulator()
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cpu", cpu, "--python", "--", str(CHECK)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stdout.strip().splitlines()
+    code, out, err = run_emulated(cpu, str(CHECK), python=True)
+    assert code == 0, out[-2000:] + err[-2000:]
+    lines = out.strip().splitlines()
     assert lines[0] == f"native tiles: {'aarch64-dotprod' if cpu == 'cortex-a76' else 'aarch64-i8mm'}"
-    assert len(lines) == 6 and "DIFFERENT" not in proc.stdout and "NOT NATIVE" not in proc.stdout
+    assert len(lines) == 6 and "DIFFERENT" not in out and "NOT NATIVE" not in out
     assert sum(line.endswith("smmla") for line in lines) == (0 if cpu == "cortex-a76" else 1)  # the I8MM GEMM

@@ -8,24 +8,16 @@ native tiles is bit for bit the numpy reference (``native_tiles_check.py``); the
 
 from __future__ import annotations
 
-import collections
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from emulator import SCRIPT, ensure_emulator
+from emulator import ensure_emulator, run_emulated
+from kernel_helpers import mnemonics, portable_int8_lines
 
 from kleidipy.core import native
 from kleidipy.kernels.qsi8d32p_qsi4c32p import neon
 
 CHECK = Path(__file__).resolve().parent / "native_tiles_check.py"
-
-
-def mnemonics(asm: str) -> collections.Counter:
-    return collections.Counter(
-        line.split()[0] for line in asm.splitlines() if line.startswith("\t") and not line.lstrip().startswith(".")
-    )
 
 
 @pytest.mark.parametrize("isa", ["aarch64-dotprod", "aarch64-i8mm"])
@@ -39,9 +31,7 @@ def test_tiles_cross_compile_to_their_instruction(isa: str, mr: int, kr: int) ->
     macs = mr * 4 * 32  # one block of a tile: smmla 32 MACs, sdot 16
     assert ops[used] * (32 if used == "smmla" else 16) == macs
     assert ops["scvtf"] == ops["fmla"] == mr  # one conversion and one fused accumulate per row and block
-    widening = [line for line in asm.splitlines() if line.split()[:1] in (["smull"], ["smull2"], ["smlal"], ["sxtl"])]
-    vector_mul = [line for line in asm.splitlines() if line.split()[:1] in (["mul"], ["mla"]) and "\tv" in line]
-    assert not widening and not vector_mul  # what LLVM makes of portable int8 code
+    assert not portable_int8_lines(asm)
 
 
 def test_no_tiles_without_dotprod() -> None:
@@ -54,15 +44,10 @@ def test_no_tiles_without_dotprod() -> None:
 @pytest.mark.parametrize("cpu", ["cortex-a76", "max,sme=off"], ids=["dotprod", "i8mm"])
 def test_tiles_bit_exact_under_qemu(cpu: str) -> None:
     ensure_emulator()
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cpu", cpu, "--python", "--", str(CHECK)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stdout.strip().splitlines()
+    code, out, err = run_emulated(cpu, str(CHECK), python=True)
+    assert code == 0, out[-2000:] + err[-2000:]
+    lines = out.strip().splitlines()
     assert lines[0] == f"native tiles: {'aarch64-dotprod' if cpu == 'cortex-a76' else 'aarch64-i8mm'}"
-    assert len(lines) == 6 and "DIFFERENT" not in proc.stdout
+    assert len(lines) == 6 and "DIFFERENT" not in out
     if cpu != "cortex-a76":
         assert sum(line.endswith("smmla") for line in lines) == 2  # the two I8MM GEMMs

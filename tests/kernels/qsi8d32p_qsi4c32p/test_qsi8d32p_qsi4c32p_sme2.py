@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import collections
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from emulator import SCRIPT, ensure_emulator
+from emulator import ensure_emulator, run_emulated
 
 from kleidipy.core import native
 from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2, ukernels, vnni
@@ -120,15 +118,10 @@ def test_no_tiles_without_sme2() -> None:
 def test_tiles_bit_exact_under_qemu(svl: int) -> None:
     ensure_emulator()
     cpu = f"max,sme-default-vector-length={svl // 8}"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cpu", cpu, "--python", "--", str(CHECK)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stdout.strip().splitlines()
+    code, out, err = run_emulated(cpu, str(CHECK), python=True)
+    assert code == 0, out[-2000:] + err[-2000:]
+    lines = out.strip().splitlines()
     assert lines[0] == f"native tiles: aarch64-sme2, SVL {svl}"
-    assert len(lines) == 4 and "DIFFERENT" not in proc.stdout
+    assert len(lines) == 4 and "DIFFERENT" not in out
     assert lines[1].endswith(f"7 calls of {sme2.MOPA}") and lines[2].endswith(f"2 calls of {sme2.SDOT}")
     assert lines[3].endswith(" 0 tile calls")  # a kernel bound to another SVL: not the tiles

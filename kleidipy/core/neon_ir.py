@@ -1,0 +1,76 @@
+"""llvmlite IR building blocks of the native aarch64 NEON tiles (``kleidipy/kernels/<family>/neon.py``): the 128-bit
+vector types, constants, calls of LLVM intrinsics, unaligned loads at byte offsets, lane broadcasts (the operands
+of an indexed ``sdot`` or of ``ld1r``) and the store of one tile row of 4 float32 columns with its row and column
+tails.
+
+Hand-written for the reason of :mod:`kleidipy.core.native` (numba's own code never uses these instructions); the
+VNNI tiles' helpers (:mod:`kleidipy.core.vnni`) are 512-bit and x86-only.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F16, F32 = ir.HalfType(), ir.FloatType()
+V16I8, V4I32, V2I64, V4F32 = ir.VectorType(I8, 16), ir.VectorType(I32, 4), ir.VectorType(I64, 2), ir.VectorType(F32, 4)
+#: the intrinsics of the int8 dot products (exact int32 sums of 4 or 8 byte products per lane)
+SDOT, SMMLA = "llvm.aarch64.neon.sdot.v4i32.v16i8", "llvm.aarch64.neon.smmla.v4i32.v16i8"
+#: columns of a tile row (one <4 x float>)
+COLS = 4
+
+
+def const(ty: ir.Type, value: int | float) -> ir.Constant:
+    return ir.Constant(ty, value)
+
+
+def vec(ty: ir.VectorType, values: list) -> ir.Constant:
+    """A constant vector of ``values``."""
+    return ir.Constant(ty, [ir.Constant(ty.element, v) for v in values])
+
+
+def call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+    """A call of the function (an LLVM intrinsic) ``name``, declared on first use."""
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return b.call(cgutils.get_or_insert_function(b.module, fnty, name), args)
+
+
+def at(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int) -> ir.Value:
+    """base (i8*) + offset bytes."""
+    return b.gep(base, [offset if isinstance(offset, ir.Value) else const(I64, offset)])
+
+
+def load(b: ir.IRBuilder, base: ir.Value, offset: ir.Value | int, ty: ir.Type) -> ir.Value:
+    """An unaligned load of a ``ty`` at base (i8*) + offset bytes."""
+    return b.load(b.bitcast(at(b, base, offset), ty.as_pointer()), align=1)
+
+
+def splat(b: ir.IRBuilder, value: ir.Value, ty: ir.VectorType) -> ir.Value:
+    """``value`` in every lane of ``ty`` (``dup``; of a load: ``ld1r``)."""
+    one = b.insert_element(ir.Constant(ty, ir.Undefined), value, const(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(ty, ir.Undefined), vec(ir.VectorType(I32, ty.count), [0] * ty.count))
+
+
+def lane(b: ir.IRBuilder, value: ir.Value, lanes: ir.VectorType, index: int) -> ir.Value:
+    """Lane ``index`` of ``value`` seen as ``lanes``, in every lane (an indexed ``sdot``/``fmul`` operand)."""
+    as_lanes = b.bitcast(value, lanes) if value.type != lanes else value
+    mask = vec(ir.VectorType(I32, lanes.count), [index] * lanes.count)
+    return b.shuffle_vector(as_lanes, ir.Constant(lanes, ir.Undefined), mask)
+
+
+def store_row(
+    b: ir.IRBuilder, out: ir.Value, m: ir.Value, n: ir.Value, row: ir.Value, col0: ir.Value, value: ir.Value
+) -> None:
+    """out[row, col0 : col0 + 4] = value (a <4 x float>; out: float32 rows of n, as i8*) when row < m — only its
+    first n − col0 lanes when fewer columns are left."""
+    cols = b.sub(n, col0)
+    with b.if_then(b.icmp_signed("<", row, m)):
+        first = b.bitcast(at(b, out, b.mul(b.add(b.mul(row, n), col0), const(I64, 4))), F32.as_pointer())
+        with b.if_else(b.icmp_signed(">=", cols, const(I64, COLS))) as (whole, part):
+            with whole:
+                b.store(value, b.bitcast(first, V4F32.as_pointer()), align=4)
+            with part:
+                for j in range(COLS - 1):
+                    with b.if_then(b.icmp_signed(">", cols, const(I64, j))):
+                        b.store(b.extract_element(value, const(I32, j)), b.gep(first, [const(I64, j)]))
