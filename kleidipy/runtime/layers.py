@@ -43,6 +43,7 @@ from functools import cache
 
 import numpy as np
 
+from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.graph import ops
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, cells, check_cache_dtype
@@ -231,7 +232,7 @@ class SwiGLU:
 @cache
 def gelu_f16_table() -> np.ndarray:
     """ggml's GELU table: for every F16 bit pattern, the tanh-approximated GELU in f32 rounded to F16 (as f32)."""
-    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = F16_BITS_TO_F32  # (from the bits: no float conversion, so no warning and the same NaNs on every host)
     with np.errstate(invalid="ignore", over="ignore"):
         inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
         gelu = np.float32(0.5) * x * (np.float32(1.0) + libm_f32(np.tanh, inner))
