@@ -39,6 +39,7 @@ from kleidipy.kernels.bf16p_bf16p import ukernels as bf16_ukernels
 from kleidipy.kernels.f32_f32p import ukernels as f32_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as q8_native
+from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as q8_sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
@@ -147,6 +148,7 @@ _Q4_1_VNNI = (
     q41_vnni._matmul if q41_vnni.HAVE_VNNI else q41_native.matmul if q41_native.AVAILABLE else _q4_1_vnni_portable
 )
 _Q8_0_TILES = q8_native.matmul if q8_native.AVAILABLE else q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
+_Q8_0_TILES = q8_sme2.matmul if q8_sme2.AVAILABLE else _Q8_0_TILES  # (SME2 layouts on its tiles, the rest as above)
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,6 +196,7 @@ def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
         k_int = q8_ukernels.k_internal(k)
         args = (g.mr, k_int, g.kr // g.sr, g.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
         native = q8_native.AVAILABLE and q8_native.is_native_layout(*args)
+        native = native or (q8_sme2.AVAILABLE and q8_sme2.is_native_layout(*args))
         code = Q8_0_VNNI if native or (q8_vnni.HAVE_VNNI and q8_vnni._is_vnni_layout(*args)) else Q8_0
         p[P_KBL], p[P_RECIPE], p[P_K_INT] = g.kr // g.sr, int(kern.recipe), k_int
     elif isinstance(kern, bf16_ukernels.Bf16MatmulKernel):

@@ -17,6 +17,7 @@ from kleidipy.core.numerics import FLT_MAX
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as q8_native
+from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as q8_sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_fam
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
@@ -210,7 +211,7 @@ def test_families_run_the_best_compute_for_this_host() -> None:
     assert q41_fam.SME2_MOPA_COMPUTE is q41_vnni.best_matmul_sme2_mopa()
     assert q41_fam.SME2_DOT_COMPUTE is q41_vnni.best_matmul_sme2_dot()
     best = q8_native.matmul_qai8dxp if q8_native.AVAILABLE else q8_vnni.best_matmul_qai8dxp()
-    assert q8_fam.MATMUL_COMPUTE is best
+    assert q8_fam.MATMUL_COMPUTE is (q8_sme2.matmul_qai8dxp if q8_sme2.AVAILABLE else best)
 
 
 @HYP

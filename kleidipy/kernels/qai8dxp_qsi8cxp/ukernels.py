@@ -29,6 +29,7 @@ from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as qai8dxp_qsi8cxp_neon
+from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as qai8dxp_qsi8cxp_sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import best_matmul_qai8dxp
 
 #: K is padded to a multiple of this in every qai8dxp packed buffer (k_int = roundup(k, 32)).
@@ -39,10 +40,12 @@ LHS_PARAM_BYTES = 8
 RHS_PARAM_BYTES = 12
 
 FAMILY_NAME = "qai8dxp_qsi8cxp"
-#: jit matmul of both qai8dxp families on this host: the native aarch64 tiles (sdot / smmla) for the NEON kernels' int8
-#: layouts on aarch64 with DotProd, AVX-512 VNNI tiles for the int8 layouts (SME/SME2 and NEON) where available, else
-#: (and for the int4 layouts) the portable numba loop; same arguments, bit-identical results.
+#: jit matmul of both qai8dxp families on this host: the native aarch64 tiles (sdot / smmla) for the NEON kernels'
+#: int8 layouts on aarch64 with DotProd (and SME2's smopa / ZA sdot for the SME layouts bound to the host's SVL),
+#: AVX-512 VNNI tiles for the int8 layouts (SME/SME2 and NEON) where available, else (and for the int4 layouts) the
+#: portable numba loop; same arguments, bit-identical results.
 MATMUL_COMPUTE = qai8dxp_qsi8cxp_neon.matmul_qai8dxp if qai8dxp_qsi8cxp_neon.AVAILABLE else best_matmul_qai8dxp()
+MATMUL_COMPUTE = qai8dxp_qsi8cxp_sme2.matmul_qai8dxp if qai8dxp_qsi8cxp_sme2.AVAILABLE else MATMUL_COMPUTE
 
 
 def k_internal(k: int) -> int:

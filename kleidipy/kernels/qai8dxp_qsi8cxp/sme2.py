@@ -1,0 +1,425 @@
+"""The Q8_0 SME2 kernels (``matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa``, the GEMM, and
+``matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot``, the GEMV: LHS ``lhs_quant_pack_qai8dxp_f32``, RHS
+``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` with nr = 4·VL, kr = 4) as native SME2 tiles in streaming mode, with the
+instruction sequence of KleidiAI's own kernels and their arithmetic (the bits of ``jit.matmul_qai8dxp``).
+
+How (as KleidiAI's kernels), per group of 4·VL columns (VL = SVL/32) and after ``zero {za}``, over the whole K
+(k_int = 32·nb; per-channel scales: the int32 sums of all of K stay in ZA):
+
+* MOPA (mr = VL rows): per K group of 4, the VL rows × 4 LHS bytes (one vector), the 4·VL columns × 4 RHS bytes
+  (4 vectors, one ``ld1b``) and 4 ``smopa`` (4-way, into ZA0.S–ZA3.S: columns t·VL … t·VL + VL − 1 in tile t),
+  8 K groups per iteration of the block loop. Then per row i: ``mova`` ZA0H.B[4i, 0:3] (row i of the four
+  tiles), ``mla`` of the RHS row sums by the row's −zp (int32, wrapping), ``scvtf``, S = f32(scale·recip) and
+  out = f32(f32(F·S) + bias) (``fmul``, ``fadd``: ``Recipe.FMUL_FADD``).
+* SDOT (one row): per 16 K values ``ld1rqb`` of the row's 16 LHS bytes, 4 × ``ld1b`` of 4 vectors of RHS bytes
+  (a K group each) and 4 multi-vector ``sdot za.s[w8, 0, vgx4]`` indexed by the K group, twice per block; then
+  ``mova`` of the 4 ZA vectors, ``mla`` by −zp, ``scvtf`` and out = fma(S, F, bias) (``fmla`` into the bias:
+  ``Recipe.FMA_BIAS``).
+
+Both unclamped (the caller clamps). :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has
+no scalable vectors and no SME attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64
+host with SME2 the tiles are compiled at import (:data:`AVAILABLE`) and run whenever the kernel is bound to the
+host's own SVL (the tiles' geometry is the streaming vector length they run at): :func:`matmul` (the graph's
+signature, that of ``neon.matmul``) and :func:`matmul_qai8dxp` (the jit's). As the Q4_0 family's SME2 tiles, they
+need none of the SME ABI's support routines: each entry point is a locally streaming function that enables ZA
+itself and calls the body, a streaming function sharing ZA.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
+from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
+
+#: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes
+MOPA = "kleidipy_q8_0_sme2_mopa"
+SDOT = "kleidipy_q8_0_sme2_sdot"
+VL = "kleidipy_q8_0_sme2_vl"
+#: the kernel of each tile
+KERNELS = {
+    MOPA: "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa",
+    SDOT: "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot",
+}
+#: K values of one iteration of a tile's block loop (k_int is a multiple)
+BLOCK = 32
+#: kr of the SME layouts (and the LHS chunk kbl of the MOPA one)
+KR = 4
+
+# scalable vector types (one vector register each), the predicate and the SME2 predicate-as-counter
+_B, _W, _F = "<vscale x 16 x i8>", "<vscale x 4 x i32>", "<vscale x 4 x float>"
+_P, _PN = "<vscale x 16 x i1>", 'target("aarch64.svcount")'
+#: a tile's body runs in streaming mode and shares ZA with its caller (the entry point, which enables ZA)
+_STREAMING = '"aarch64_pstate_sm_enabled"'
+_SHARED_ZA = '"aarch64_inout_za"'
+_ARGS = "i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out"
+
+
+def _tuple(ty: str, count: int) -> str:
+    """The aggregate type of ``count`` values of ``ty`` (the multi-vector intrinsics' operands and results)."""
+    return "{" + ", ".join([ty] * count) + "}"
+
+
+class _Ir:
+    """The lines of a function body and the declarations of the intrinsics it calls."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.declarations: dict[str, str] = {}
+        self.count = 0
+
+    def __call__(self, text: str, name: str | None = None) -> str:
+        """Emit ``%name = text`` (a fresh ``%vN`` without a name); the value's name."""
+        if name is None:
+            name = f"v{self.count}"
+            self.count += 1
+        self.lines.append(f"  %{name} = {text}")
+        return f"%{name}"
+
+    def do(self, text: str) -> None:
+        self.lines.append(f"  {text}")
+
+    def label(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+
+    def call(self, ret: str, intrinsic: str, *args: tuple[str, str], name: str | None = None) -> str:
+        """Call ``ret intrinsic(args)`` (``args``: (type, value) pairs); the result's name ("" if void)."""
+        self.declarations[intrinsic] = f"declare {ret} @{intrinsic}({', '.join(ty for ty, _ in args)})"
+        text = f"call {ret} @{intrinsic}({', '.join(f'{ty} {value}' for ty, value in args)})"
+        if ret == "void":
+            self.do(text)
+            return ""
+        return self(text, name)
+
+    def parts(self, value: str, ty: str, count: int) -> list[str]:
+        """The ``count`` members of an aggregate of ``ty``."""
+        return [self(f"extractvalue {_tuple(ty, count)} {value}, {i}") for i in range(count)]
+
+    def at(self, base: str, offset: str | int, ty: str = "i8") -> str:
+        """``base`` + ``offset`` elements of ``ty`` (a scalable vector type: whole vectors)."""
+        return self(f"getelementptr {ty}, ptr {base}, i64 {offset}")
+
+    def load(self, at: str, ty: str, count: int, pn: str) -> list[str]:
+        """``ld1`` of ``count`` consecutive vectors of ``ty`` at ``at`` under the predicate-as-counter ``pn``."""
+        kind = {_B: "nxv16i8", _W: "nxv4i32", _F: "nxv4f32"}[ty]
+        agg = self.call(_tuple(ty, count), f"llvm.aarch64.sve.ld1.pn.x{count}.{kind}", (_PN, pn), ("ptr", at))
+        return self.parts(agg, ty, count)
+
+    def store(self, values: list[str], at: str) -> None:
+        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicate ``%pn``."""
+        self.call("void", "llvm.aarch64.sve.st1.pn.x4.nxv4f32", *[(_F, x) for x in values], (_PN, "%pn"), ("ptr", at))
+
+    def splat(self, scalar: str, ty: str, elem: str) -> str:
+        """``scalar`` (of type ``elem``) in every lane of ``ty`` (of a load: ``ld1rw``)."""
+        one = self(f"insertelement {ty} poison, {elem} {scalar}, i64 0")
+        return self(f"shufflevector {ty} {one}, {ty} poison, <vscale x 4 x i32> zeroinitializer")
+
+    def column_params(self, params: str) -> tuple[list[str], list[str], list[str]]:
+        """The column group's 4·VL int32 row sums, f32 scales and f32 biases (4 vectors each) at ``params``."""
+        sums = self.load(params, _W, 4, "%pn32")
+        scales = self.load(self.at(params, 4, _W), _F, 4, "%pn32")
+        biases = self.load(self.at(params, 8, _W), _F, 4, "%pn32")
+        return sums, scales, biases
+
+    def epilogue(self, za: list[str], params: tuple, lparams: str, row: str, fma_bias: bool) -> list[str]:
+        """The 4 float32 vectors of a row's 4·VL columns from its int32 dots ``za``: ``params`` the column group's
+        :meth:`column_params`; ``lparams`` points to the LHS group's mr int32 −zp then mr f32 recip, ``row`` the
+        row's index in the group (an i64 value)."""
+        off = self(f"load i32, ptr {self.at(lparams, row, 'i32')}, align 4")
+        recip_at = self.at(self.at(lparams, "%mr", "i32"), row, "float")
+        recip = self(f"load float, ptr {recip_at}, align 4")
+        sums, scales, biases = params
+        offs, recips = self.splat(off, _W, "i32"), self.splat(recip, _F, "float")
+        acc = [self(f"add {_W} {x}, {self(f'mul {_W} {s}, {offs}')}") for x, s in zip(za, sums, strict=True)]
+        floats = self.call(_tuple(_F, 4), "llvm.aarch64.sve.scvtf.x4.nxv4f32.nxv4i32", *[(_W, x) for x in acc])
+        f = self.parts(floats, _F, 4)
+        s = [self(f"fmul {_F} {x}, {recips}") for x in scales]  # S = f32(scale·recip)
+        if fma_bias:  # fma(S, F, bias): one rounding
+            return [
+                self.call(_F, "llvm.fma.nxv4f32", (_F, sv), (_F, fv), (_F, b))
+                for sv, fv, b in zip(s, f, biases, strict=True)
+            ]
+        return [self(f"fadd {_F} {self(f'fmul {_F} {fv}, {sv}')}, {b}") for fv, sv, b in zip(f, s, biases, strict=True)]
+
+
+def _prologue(ir: _Ir, mr: str) -> None:
+    """The entry block's common part: the group sizes (``%mr`` rows, ``%nr`` = 4·VL columns; their data and
+    strides), ``%rowbytes`` of dst and the all-true predicates."""
+    ir.label("entry")
+    ir.call("i64", "llvm.vscale.i64", name="vscale")
+    ir(mr, "mr")
+    ir("shl i64 %vscale, 4", "nr")
+    ir("shl i64 %nb, 5", "kint")
+    ir("mul i64 %mr, %kint", "ldata")
+    ir(f"add i64 %ldata, {ir('shl i64 %mr, 3')}", "lstride")
+    ir("mul i64 %nr, %kint", "rdata")
+    ir(f"add i64 %rdata, {ir('mul i64 %nr, 12')}", "rstride")
+    ir("shl i64 %n, 2", "rowbytes")
+    ir.call(_P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
+    ir.call(_PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
+    ir.call(_PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+
+
+def _column_group(ir: _Ir) -> None:
+    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
+    dst stores; ``%rparams``: the group's sums, scales, biases; ``%dstcol``: its first dst column). It ends in
+    :func:`_end`."""
+    ir.do("br label %n_loop")
+    ir.label("n_loop")
+    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
+    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
+    ir.call(_PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
+    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
+
+
+def _end(ir: _Ir) -> None:
+    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
+    ir.label("m_end")
+    ir("add i64 %j0, %nr", "j0.next")
+    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
+    ir.label("exit")
+    ir.do("ret void")
+
+
+def _block_loop(ir: _Ir, pred: str, lhs: str) -> tuple[str, str]:
+    """Start the block loop (block ``k_loop``, entered from ``pred``): the LHS pointer from ``lhs`` and the RHS
+    pointer from the column group's, both advanced by :func:`_block_end`; returns them."""
+    ir.do("br label %k_loop")
+    ir.label("k_loop")
+    ir("phi i64 [0, %" + pred + "], [%blk.next, %k_loop]", "blk")
+    lp = ir(f"phi ptr [{lhs}, %{pred}], [%lp.next, %k_loop]", "lp")
+    rp = ir(f"phi ptr [%rgroup, %{pred}], [%rp.next, %k_loop]", "rp")
+    return lp, rp
+
+
+def _block_end(ir: _Ir, lhs_bytes: str | int) -> None:
+    """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, 32 vectors of RHS) and loop."""
+    ir(f"getelementptr i8, ptr %lp, i64 {lhs_bytes}", "lp.next")
+    ir(f"getelementptr {_B}, ptr %rp, i64 32", "rp.next")
+    ir("add i64 %blk, 1", "blk.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
+    ir.label("k_end")
+
+
+def _mopa_body(ir: _Ir) -> None:
+    """The MOPA tile: out [m, n] from LHS groups of VL rows (4 bytes each per K group: one vector) and RHS groups
+    of 4·VL columns (4 bytes each per K group: 4 vectors)."""
+    _prologue(ir, "shl i64 %vscale, 2")
+    _column_group(ir)
+    ir.do("br label %m_loop")
+    ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
+    ir("phi i64 [0, %n_loop], [%i0.next, %rows_end]", "i0")
+    ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %rows_end]", "lgroup")
+    left = ir("sub i64 %m, %i0")
+    ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
+    ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
+    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+    lp, rp = _block_loop(ir, "m_loop", "%lgroup")
+    for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 int8 (4 vectors)
+        lhs = ir(f"load {_B}, ptr {ir.at(lp, t, _B)}, align 1")
+        for tile, values in enumerate(ir.load(ir.at(rp, 4 * t, _B), _B, 4, "%pn8")):
+            predicates = ((_P, "%ptrue"), (_P, "%ptrue"))
+            ir.call(
+                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (_B, lhs), (_B, values)
+            )
+    _block_end(ir, ir("shl i64 %mr, 5"))
+    ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lparams")
+    params = ir.column_params("%rparams")  # loaded once for the rows of the group
+    ir.do("br label %rows_loop")
+    ir.label("rows_loop")  # row r: ZA array vectors 4r .. 4r + 3, row r of ZA0.S .. ZA3.S
+    ir("phi i64 [0, %k_end], [%r.next, %rows_loop]", "r")
+    ir("phi ptr [%dst0, %k_end], [%dst.next, %rows_loop]", "dst")
+    slice_ = ir(f"trunc i64 {ir('shl i64 %r, 2')} to i32")
+    za = ir.call(_tuple(_B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+    dots = [ir(f"bitcast {_B} {x} to {_W}") for x in ir.parts(za, _B, 4)]
+    ir.store(ir.epilogue(dots, params, "%lparams", "%r", fma_bias=False), "%dst")
+    ir("add i64 %r, 1", "r.next")
+    ir("getelementptr i8, ptr %dst, i64 %rowbytes", "dst.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %r.next, %rows')}, label %rows_loop, label %rows_end")
+    ir.label("rows_end")
+    ir("add i64 %i0, %mr", "i0.next")
+    ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
+    _end(ir)
+
+
+def _sdot_body(ir: _Ir) -> None:
+    """The SDOT tile: out [m, n] from LHS rows (k_int bytes in K order, −zp, recip) and RHS groups of 4·VL columns
+    (4 bytes each per K group: 4 vectors), row after row."""
+    _prologue(ir, "add i64 0, 1")
+    _column_group(ir)
+    ir.do("br label %m_loop")
+    ir.label("m_loop")
+    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
+    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
+    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+    lp, rp = _block_loop(ir, "m_loop", "%lrow")
+    for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
+        lhs = ir.call(_B, "llvm.aarch64.sve.ld1rq.nxv16i8", (_P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
+        for g in range(4):  # K group 4h + g: 4 vectors of RHS bytes
+            values = [(_B, x) for x in ir.load(ir.at(rp, 4 * (4 * h + g), _B), _B, 4, "%pn8")]
+            intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
+            ir.call("void", intrinsic, ("i32", "0"), *values, (_B, lhs), ("i32", str(g)))
+    _block_end(ir, BLOCK)
+    dots = ir.parts(ir.call(_tuple(_W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), _W, 4)
+    lparams = ir("getelementptr i8, ptr %lrow, i64 %kint")
+    dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
+    ir.store(ir.epilogue(dots, ir.column_params("%rparams"), lparams, "0", fma_bias=True), dst)
+    ir("add i64 %i, 1", "i.next")
+    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
+    _end(ir)
+
+
+def tile_module(symbol: str) -> str:
+    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
+    float* out)`` (:data:`MOPA`, :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int =
+    32·nb; m, n, nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one,
+    4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
+    body = _Ir()
+    if symbol == VL:
+        body.label("entry")
+        doublewords = body.call("i64", "llvm.aarch64.sme.cntsd")
+        body.do(f"ret i64 {body(f'shl i64 {doublewords}, 1')}")
+        functions = [f"define i64 @{VL}() {{", *body.lines, "}"]
+    else:
+        {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
+        entry = _Ir()  # locally streaming; ZA on for the body
+        entry.call("void", "llvm.aarch64.sme.za.enable")
+        entry.do(f"call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out) {_SHARED_ZA}")
+        entry.call("void", "llvm.aarch64.sme.za.disable")
+        entry.do("ret void")
+        body.declarations.update(entry.declarations)
+        functions = [
+            f'define void @{symbol}({_ARGS}) "aarch64_pstate_sm_body" {{',
+            *entry.lines,
+            "}",
+            f"define internal void @{symbol}.body({_ARGS}) noinline {_STREAMING} {_SHARED_ZA} {{",
+            *body.lines,
+            "}",
+        ]
+    return "\n".join([*functions, *body.declarations.values()]) + "\n"
+
+
+def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
+    """The tile module (IR text) of one of the family's SME2 kernels for ``aarch64-sme2`` (None otherwise)."""
+    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
+    return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
+
+
+#: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
+HOST_ISA = native.host_isa("aarch64-sme2")
+AVAILABLE = HOST_ISA is not None
+if AVAILABLE:
+    for _symbol in (MOPA, SDOT, VL):
+        native.install(tile_module(_symbol), HOST_ISA)
+
+_MOPA, _SDOT = native.caller(MOPA), native.caller(SDOT)
+
+
+@intrinsic
+def _host_vl(typingctx):  # noqa: ANN001, ANN202
+    """The streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        fnty = ir.FunctionType(ir.IntType(64), [])
+        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, VL), [])
+
+    return types.int64(), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
+    """The portable jit loop on an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout (``neon.matmul``'s signature)."""
+    k_lo = jit.int8_k_lo(k_int, nr, kr)
+    lhs_i32, lhs_f32 = lhs_i8.view(np.int32), lhs_i8.view(np.float32)
+    recipe = jit.RECIPE_FMA_BIAS if fma_bias else jit.RECIPE_FMUL_FADD
+    jit.matmul_qai8dxp(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
+
+
+#: the NEON layouts' code: the native NEON tiles (with DotProd, which every SME2 CPU has), else the portable loop
+_NEON_MATMUL = neon.matmul if neon.AVAILABLE else _portable
+
+
+@numba.njit(cache=True, nogil=True)
+def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):  # pragma: no cover - compiled (SME2)
+    """Whether the tiles run a layout (given as to ``vnni._is_vnni_layout``): the int8 layout of
+    ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` (probed as that function does) of the SME kernels bound to this host's SVL:
+    nr = 4·VL, kr = kbl = 4 and VL rows (MOPA) or one (SDOT) per LHS group. Needs :data:`AVAILABLE`. The tile also
+    needs the kernel's own recipe (:func:`tile_runs`); :func:`matmul` falls back to the portable loop otherwise."""
+    vl = _host_vl()
+    if nr != 4 * vl or kbl != KR or blen != KR or not (mr == vl or mr == 1):
+        return False
+    return qai8dxp_qsi8cxp_vnni._is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
+
+
+@numba.njit(cache=True, nogil=True)
+def tile_runs(mr, nr, kbl, kr, fma_bias):  # pragma: no cover - compiled (aarch64 with SME2)
+    """Whether :func:`matmul` runs a tile for this geometry and recipe (of the int8 SME layout): the MOPA tile for
+    VL rows with f32(f32(F·S) + bias), the SDOT tile for one row with fma(S, F, bias), at the host's VL."""
+    vl = _host_vl()
+    if nr != 4 * vl or kbl != KR or kr != KR:
+        return False
+    return (mr == vl and not fma_bias) or (mr == 1 and fma_bias)
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (SME2)
+    """out[m, n] (C-contiguous float32, unclamped) of an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout: the
+    signature and the bits of ``neon.matmul`` / ``vnni._matmul``. The SME2 tiles when :func:`tile_runs` (the SME
+    kernels bound to this host's SVL, with their own recipe; m, n ≥ 1); the NEON layouts :func:`neon.is_native_layout`
+    accepts on ``neon.matmul``; anything else on the portable loop. Needs :data:`AVAILABLE`."""
+    if m > 0 and n > 0 and k_int >= BLOCK and tile_runs(mr, nr, kbl, kr, fma_bias):
+        ints = (m, n, k_int // BLOCK)
+        if fma_bias:
+            _SDOT(ints, lhs_i8, rhs_u8, out)
+        else:
+            _MOPA(ints, lhs_i8, rhs_u8, out)
+    elif nr == neon.NR and (kr == 4 or kr == 8) and (mr == 1 or (mr == 4 and kbl == kr)):
+        _NEON_MATMUL(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
+    else:
+        _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
+
+
+def matmul_qai8dxp(
+    m: int,
+    n: int,
+    k_int: int,
+    lhs_i8: np.ndarray,
+    lhs_i32: np.ndarray,
+    lhs_f32: np.ndarray,
+    rhs_u8: np.ndarray,
+    mr: int,
+    kbl: int,
+    nr: int,
+    blen: int,
+    nibble_factor: int,
+    k_lo: np.ndarray,
+    k_hi: np.ndarray,
+    recipe: int,
+    out: np.ndarray,
+) -> None:
+    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
+    the SME2 tiles for the SME layouts bound to this host's SVL with the kernel's recipe (the SME2 and SME kernels:
+    the same layouts and arithmetic), ``neon.matmul_qai8dxp`` for everything else (the NEON tiles, else the portable
+    jit). Needs :data:`AVAILABLE`."""
+    fma_bias = recipe == jit.RECIPE_FMA_BIAS
+    if tile_runs(mr, nr, kbl, blen, fma_bias) and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+        matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, fma_bias, out)
+    elif neon.AVAILABLE:
+        neon.matmul_qai8dxp(
+            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
+        )
+    else:
+        neon.PORTABLE_MATMUL(
+            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
+        )
