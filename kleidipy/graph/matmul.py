@@ -44,6 +44,7 @@ from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon as q41_native
+from kleidipy.kernels.qsi8d32p_qai4c32p import sme2 as q41_sme2
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as q41_ukernels
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit as q40_jit
@@ -147,6 +148,7 @@ _Q4_0_NEON_TILES = q40_native.compute if q40_native.AVAILABLE else _q4_0_neon_nu
 _Q4_1_VNNI = (
     q41_vnni._matmul if q41_vnni.HAVE_VNNI else q41_native.matmul if q41_native.AVAILABLE else _q4_1_vnni_portable
 )
+_Q4_1_VNNI = q41_sme2.matmul if q41_sme2.AVAILABLE else _Q4_1_VNNI  # (SME2 layouts on its tiles, the rest as above)
 _Q8_0_TILES = q8_native.matmul if q8_native.AVAILABLE else q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
 _Q8_0_TILES = q8_sme2.matmul if q8_sme2.AVAILABLE else _Q8_0_TILES  # (SME2 layouts on its tiles, the rest as above)
 
@@ -188,7 +190,7 @@ def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
         p[P_KBL] = lhs_packer.chunk(g.kr, g.sr)
         p[P_LHS_LAYOUT], p[P_TIES_EVEN] = lhs_packer.layout, lhs_packer.ties_even
     elif isinstance(kern, q41_ukernels.Qsi8d32pQai4c32pKernel):
-        code = Q4_1_VNNI if q41_vnni.HAVE_VNNI or q41_native.AVAILABLE else Q4_1
+        code = Q4_1_VNNI if q41_vnni.HAVE_VNNI or q41_native.AVAILABLE or q41_sme2.AVAILABLE else Q4_1
         p[P_KBL] = g.kr // g.sr
         p[P_CHUNK], p[P_NEON] = rhs_packer.chunk(g.kr, g.sr), rhs_packer.neon
     elif isinstance(kern, q8_ukernels.Qai8dxpMatmulKernel) and rhs_packer is q8_ukernels.RHS_PACKER:

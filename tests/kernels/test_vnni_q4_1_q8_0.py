@@ -21,6 +21,7 @@ from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as q8_sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_fam
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
+from kleidipy.kernels.qsi8d32p_qai4c32p import sme2 as q41_sme2
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as q41_fam
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as q41_vnni
 
@@ -208,8 +209,9 @@ def test_q8_0_int4_layout_falls_back() -> None:
 def test_families_run_the_best_compute_for_this_host() -> None:
     """The public kernels' jit execution uses the VNNI functions where the host has AVX-512 VNNI (Q8_0: the native
     aarch64 tiles on an Arm host with DotProd)."""
-    assert q41_fam.SME2_MOPA_COMPUTE is q41_vnni.best_matmul_sme2_mopa()
-    assert q41_fam.SME2_DOT_COMPUTE is q41_vnni.best_matmul_sme2_dot()
+    sme2 = q41_sme2.AVAILABLE  # (an Arm host with SME2: the native tiles)
+    assert q41_fam.SME2_MOPA_COMPUTE is (q41_sme2.compute_mopa if sme2 else q41_vnni.best_matmul_sme2_mopa())
+    assert q41_fam.SME2_DOT_COMPUTE is (q41_sme2.compute_dot if sme2 else q41_vnni.best_matmul_sme2_dot())
     best = q8_native.matmul_qai8dxp if q8_native.AVAILABLE else q8_vnni.best_matmul_qai8dxp()
     assert q8_fam.MATMUL_COMPUTE is (q8_sme2.matmul_qai8dxp if q8_sme2.AVAILABLE else best)
 

@@ -44,14 +44,15 @@ from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_1
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
+from kleidipy.kernels.qsi8d32p_qai4c32p import sme2 as _sme2
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as _vnni
 
 FAMILY_NAME = "qsi8d32p_qai4c32p"
 #: jit compute of the kernels on this host: AVX-512 VNNI where available, else the portable numba loops
 #: (same signature ``(m, n, k, mr, nr, lhs_u8, rhs_u8) -> float32 [m, n]``, for NEON with kbl after nr, and
 #: bit-identical results).
-SME2_MOPA_COMPUTE = _vnni.best_matmul_sme2_mopa()
-SME2_DOT_COMPUTE = _vnni.best_matmul_sme2_dot()
+SME2_MOPA_COMPUTE = _sme2.compute_mopa if _sme2.AVAILABLE else _vnni.best_matmul_sme2_mopa()
+SME2_DOT_COMPUTE = _sme2.compute_dot if _sme2.AVAILABLE else _vnni.best_matmul_sme2_dot()
 #: the NEON layout (dotprod / i8mm): the native sdot/smmla tiles on aarch64 with DotProd, else as the SME2 ones
 NEON_COMPUTE = _neon.compute if _neon.AVAILABLE else _vnni.best_matmul_neon()
 

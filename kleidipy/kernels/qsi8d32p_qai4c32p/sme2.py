@@ -1,0 +1,439 @@
+"""The Q4_1 SME2 kernels (``matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa``, the GEMM, and
+``matmul_clamp_f32_qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot``, the GEMV: LHS
+``lhs_quant_pack_qsi8d32pscalef32_f32_neon`` with kr/sr = 4, RHS ``qai4c32ps1s0nrx4``) as native SME2 tiles in
+streaming mode, with the instruction sequence of KleidiAI's own kernels and the recipe of
+:mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels` (the bits of ``jit.matmul``), as the Q4_0 tiles
+(:mod:`kleidipy.kernels.qsi8d32p_qsi4c32p.sme2`).
+
+How (as KleidiAI's kernels): ZT0 holds the 16 int32 {−8, …, 7}; ``luti4`` turns the uint16 of 4 unsigned codes
+per (K group, column) into int8 u − 8, column j at bytes 4j..4j+3 of its vector. A block (32 K values) of an LHS
+group of mr rows is mr·32 int8 (K group t: 4 bytes per row, one vector when mr = VL), mr f32 row sums rs and mr
+f32 recips rc; of an RHS group of nr = 4·VL columns: 8 K groups × 2 vectors of codes, 4 vectors of f32 zeros and
+4 of f32 scales; the group's 4 vectors of f32 biases follow its last block. Per block, after ``zero {za}``:
+
+* MOPA (VL rows × 4·VL columns): for each of the 8 K groups, load the LHS vector, ``ld1b`` the 2 vectors of RHS
+  codes, 2 ``luti4`` (2 registers each), 4 ``smopa`` (4-way, into ZA0.S–ZA3.S: columns t·VL … t·VL + VL − 1 in
+  tile t). Then per row i: ``mova`` ZA0H.B[4i, 0:3] (row i of the four tiles), ``scvtf``, S = ``fmul``(scale,
+  rc[i]) and into the dst row (``ld1w``/``st1w`` under the column predicate): the first block
+  acc = fma(S, dot, fmul(zero, rs[i])) (KleidiAI's first-block FMUL), the others acc = fma(S, dot, fma(zero,
+  rs[i], dst)). After the last block dst += bias, row by row.
+* DOT (one row × 4·VL columns): twice ``ld1rqb`` 16 LHS bytes (4 K groups), each time twice ``ld1b`` 4 vectors of
+  RHS codes (2 K groups), 4 ``luti4``, 2 multi-vector ``sdot za.s[w8, 0, vgx4]`` indexed by the K group; then
+  ``mova`` the 4 ZA vectors out, ``scvtf``, and into 4 float accumulators (from +0): acc = fma(zero, rs, acc),
+  acc = fma(fmul(scale, rc), dot, acc); after the last block acc + bias is stored.
+
+:func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has no scalable vectors and no SME
+attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64 host with SME2 it is compiled at
+import for the host (:data:`AVAILABLE`), and :func:`compute_mopa`, :func:`compute_dot` (``ukernels``'
+``SME2_MOPA_COMPUTE`` / ``SME2_DOT_COMPUTE``) and :func:`matmul` (the graph executor's routine) run the tiles
+whenever the kernel is bound to the host's own SVL (the tiles' geometry is the streaming vector length they run
+at), else today's routines. Each entry point is a locally streaming function that enables ZA itself and calls the
+body, a streaming function sharing ZA and ZT0: no SME ABI support routine is needed.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
+from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
+
+#: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes
+MOPA = "kleidipy_q4_1_sme2_mopa"
+DOT = "kleidipy_q4_1_sme2_dot"
+VL = "kleidipy_q4_1_sme2_vl"
+#: the kernel of each tile
+KERNELS = {
+    MOPA: "matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa",
+    DOT: "matmul_clamp_f32_qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot",
+}
+BL = _jit.BL
+LHS_BLOCK = _jit.LHS_BLOCK_BYTES  # per row: 32 int8, f32 row sum, f32 recip
+RHS_BLOCK = _jit.RHS_BLOCK_BYTES  # per column: 16 bytes of codes, f32 zero, f32 scale
+
+# scalable vector types (one vector register each), the predicate and the SME2 predicate-as-counter
+_B, _W, _F = "<vscale x 16 x i8>", "<vscale x 4 x i32>", "<vscale x 4 x float>"
+_P, _PN = "<vscale x 16 x i1>", 'target("aarch64.svcount")'
+_LUT = "@kleidipy_q4_1_sme2_lut"
+#: ZT0's table: entry u is u − 8 (the kernel weight of code u), int32
+_LUT_DEFINITION = f"{_LUT} = internal constant [16 x i32] [{', '.join(f'i32 {u - 8}' for u in range(16))}], align 64"
+#: a tile's body runs in streaming mode and shares ZA and ZT0 with its caller (the entry point, which enables ZA)
+_STREAMING = '"aarch64_pstate_sm_enabled"'
+_SHARED_ZA = '"aarch64_inout_za" "aarch64_inout_zt0"'
+_ARGS = "i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out"
+
+
+def _tuple(ty: str, count: int) -> str:
+    """The aggregate type of ``count`` values of ``ty`` (the multi-vector intrinsics' operands and results)."""
+    return "{" + ", ".join([ty] * count) + "}"
+
+
+class _Ir:
+    """The lines of a function body and the declarations of the intrinsics it calls."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.declarations: dict[str, str] = {}
+        self.count = 0
+
+    def __call__(self, text: str, name: str | None = None) -> str:
+        """Emit ``%name = text`` (a fresh ``%vN`` without a name); the value's name."""
+        if name is None:
+            name = f"v{self.count}"
+            self.count += 1
+        self.lines.append(f"  %{name} = {text}")
+        return f"%{name}"
+
+    def do(self, text: str) -> None:
+        self.lines.append(f"  {text}")
+
+    def label(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+
+    def call(self, ret: str, intrinsic: str, *args: tuple[str, str], name: str | None = None) -> str:
+        """Call ``ret intrinsic(args)`` (``args``: (type, value) pairs); the result's name ("" if void)."""
+        self.declarations[intrinsic] = f"declare {ret} @{intrinsic}({', '.join(ty for ty, _ in args)})"
+        text = f"call {ret} @{intrinsic}({', '.join(f'{ty} {value}' for ty, value in args)})"
+        if ret == "void":
+            self.do(text)
+            return ""
+        return self(text, name)
+
+    def parts(self, value: str, ty: str, count: int) -> list[str]:
+        """The ``count`` members of an aggregate of ``ty``."""
+        return [self(f"extractvalue {_tuple(ty, count)} {value}, {i}") for i in range(count)]
+
+    def at(self, base: str, offset: str | int, ty: str = "i8") -> str:
+        """``base`` + ``offset`` elements of ``ty`` (a scalable vector type: whole vectors)."""
+        return self(f"getelementptr {ty}, ptr {base}, i64 {offset}")
+
+    def load(self, at: str, ty: str, count: int, pn: str) -> list[str]:
+        """``ld1`` of ``count`` consecutive vectors of ``ty`` at ``at`` under the predicate-as-counter ``pn``."""
+        kind = {_B: "nxv16i8", _F: "nxv4f32"}[ty]
+        agg = self.call(_tuple(ty, count), f"llvm.aarch64.sve.ld1.pn.x{count}.{kind}", (_PN, pn), ("ptr", at))
+        return self.parts(agg, ty, count)
+
+    def store(self, values: list[str], at: str) -> None:
+        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicate ``%pn``."""
+        self.call("void", "llvm.aarch64.sve.st1.pn.x4.nxv4f32", *[(_F, x) for x in values], (_PN, "%pn"), ("ptr", at))
+
+    def splat(self, at: str) -> str:
+        """The float32 at ``at`` in every lane (``ld1rw``)."""
+        one = self(f"insertelement {_F} poison, float {self(f'load float, ptr {at}, align 4')}, i64 0")
+        return self(f"shufflevector {_F} {one}, {_F} poison, <vscale x 4 x i32> zeroinitializer")
+
+    def luti4(self, codes: str) -> list[str]:
+        """``luti4 {2 vectors}, zt0, codes[0]``: the int8 u − 8 of the SVL/4 codes of a vector, in order."""
+        intrinsic = "llvm.aarch64.sme.luti4.lane.zt.x2.nxv16i8"
+        return self.parts(self.call(_tuple(_B, 2), intrinsic, ("i32", "0"), (_B, codes), ("i32", "0")), _B, 2)
+
+    def scvtf(self, ints: list[str]) -> list[str]:
+        """float32 of 4 vectors of int32 (exact: |dot| < 2^24), one multi-vector ``scvtf``."""
+        floats = self.call(_tuple(_F, 4), "llvm.aarch64.sve.scvtf.x4.nxv4f32.nxv4i32", *[(_W, x) for x in ints])
+        return self.parts(floats, _F, 4)
+
+    def fma(self, a: str, b: str, c: str, name: str | None = None) -> str:
+        """a·b + c rounded once (``fmla``)."""
+        return self.call(_F, "llvm.fma.nxv4f32", (_F, a), (_F, b), (_F, c), name=name)
+
+    def params(self, rp: str) -> tuple[list[str], list[str]]:
+        """The f32 zeros and scales of the RHS block at ``rp`` (4 vectors each: the 4·VL columns)."""
+        return self.load(self.at(rp, "%zoff"), _F, 4, "%pn32"), self.load(self.at(rp, "%soff"), _F, 4, "%pn32")
+
+
+def _prologue(ir: _Ir) -> None:
+    """The entry block's common part: ZT0 ← the table, the RHS group sizes (``%nr`` = 4·VL columns: per block
+    ``%rblock`` bytes, the zeros at ``%zoff``, the scales at ``%soff``; the biases at ``%rdata``), ``%rowbytes`` of
+    dst and the all-true predicates."""
+    ir.label("entry")
+    ir.call("void", "llvm.aarch64.sme.ldr.zt", ("i32", "0"), ("ptr", _LUT))
+    ir.call("i64", "llvm.vscale.i64", name="vscale")
+    ir("shl i64 %vscale, 4", "nr")
+    ir("shl i64 %nr, 4", "zoff")  # code bytes of a block: 8 K groups × 2 bytes per column
+    ir("mul i64 %nr, 20", "soff")
+    ir(f"mul i64 %nr, {RHS_BLOCK}", "rblock")
+    ir("mul i64 %rblock, %nb", "rdata")
+    ir(f"add i64 %rdata, {ir('shl i64 %nr, 2')}", "rstride")
+    ir("shl i64 %n, 2", "rowbytes")
+    ir.call(_P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
+    ir.call(_PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
+    ir.call(_PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+
+
+def _column_group(ir: _Ir) -> None:
+    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for dst;
+    ``%bias``: the group's 4 vectors of biases; ``%dstcol``: its first dst column). It ends in :func:`_epilogue`."""
+    ir.do("br label %n_loop")
+    ir.label("n_loop")
+    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
+    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
+    ir.call(_PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
+
+
+def _bias(ir: _Ir) -> list[str]:
+    """The 4 vectors of f32 biases of the column group (after its last block)."""
+    return ir.load(ir.at("%rgroup", "%rdata"), _F, 4, "%pn32")
+
+
+def _epilogue(ir: _Ir) -> None:
+    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
+    ir.label("m_end")
+    ir("add i64 %j0, %nr", "j0.next")
+    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
+    ir.label("exit")
+    ir.do("ret void")
+
+
+def _mopa_block(ir: _Ir, prefix: str, pred: str, lp: str, rp: str) -> None:
+    """One block of the MOPA tile (``lp``, ``rp``: the block's LHS and RHS; the code starts in block ``pred``) into
+    the dst rows of the row group: the first-block FMUL of the zero term for ``prefix`` "first", else FMLA onto the
+    stored partial sums. Ends in block ``{prefix}.end``."""
+    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+    for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
+        lhs = ir(f"load {_B}, ptr {ir.at(lp, t, _B)}, align 1")
+        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, _B), _B, 2, "%pn8") for x in ir.luti4(codes)]
+        for tile, values in enumerate(rhs):
+            predicates = ((_P, "%ptrue"), (_P, "%ptrue"))
+            ir.call(
+                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (_B, lhs), (_B, values)
+            )
+    zero, scale = ir.params(rp)
+    sums = ir.at(lp, "%lsum")
+    rows = f"{prefix}.rows"
+    ir.do(f"br label %{rows}")
+    ir.label(rows)  # row r: ZA array vectors 4r .. 4r + 3, row r of ZA0.S .. ZA3.S
+    ir(f"phi i64 [0, %{pred}], [%{prefix}.r.next, %{rows}]", f"{prefix}.r")
+    ir(f"phi ptr [%dst0, %{pred}], [%{prefix}.dst.next, %{rows}]", f"{prefix}.dst")
+    ir(f"phi ptr [{sums}, %{pred}], [%{prefix}.rs.next, %{rows}]", f"{prefix}.rs")
+    rs = ir.splat(f"%{prefix}.rs")
+    rc = ir.splat(ir.at(f"%{prefix}.rs", "%lfield"))
+    slice_ = ir(f"trunc i64 {ir(f'shl i64 %{prefix}.r, 2')} to i32")
+    za = ir.call(_tuple(_B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+    dots = ir.scvtf([ir(f"bitcast {_B} {x} to {_W}") for x in ir.parts(za, _B, 4)])
+    s = [ir(f"fmul {_F} {x}, {rc}") for x in scale]
+    if prefix == "first":  # FMUL of the zero term: a −0 product stays −0
+        acc = [ir(f"fmul {_F} {z}, {rs}") for z in zero]
+    else:
+        partial = ir.load(f"%{prefix}.dst", _F, 4, "%pn")
+        acc = [ir.fma(z, rs, old) for z, old in zip(zero, partial, strict=True)]
+    ir.store([ir.fma(x, d, a) for x, d, a in zip(s, dots, acc, strict=True)], f"%{prefix}.dst")
+    ir(f"add i64 %{prefix}.r, 1", f"{prefix}.r.next")
+    ir(f"getelementptr i8, ptr %{prefix}.dst, i64 %rowbytes", f"{prefix}.dst.next")
+    ir(f"getelementptr i8, ptr %{prefix}.rs, i64 4", f"{prefix}.rs.next")
+    ir.do(f"br i1 {ir(f'icmp ult i64 %{prefix}.r.next, %rows')}, label %{rows}, label %{prefix}.end")
+    ir.label(f"{prefix}.end")
+
+
+def _mopa_body(ir: _Ir) -> None:
+    """The MOPA tile: out [m, n] from LHS groups of VL rows (``%mr``) and RHS groups of 4·VL columns, nb blocks:
+    the first one, then blocks 1 .. nb − 1, then the biases."""
+    _prologue(ir)
+    ir("shl i64 %vscale, 2", "mr")
+    ir(f"mul i64 %mr, {LHS_BLOCK}", "lblock")
+    ir(f"mul i64 %mr, {BL}", "lsum")  # the row sums after the int8, the recips after them
+    ir("shl i64 %mr, 2", "lfield")
+    ir("mul i64 %lblock, %nb", "lstride")
+    _column_group(ir)
+    bias = _bias(ir)
+    ir.do("br label %m_loop")
+    ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
+    ir("phi i64 [0, %n_loop], [%i0.next, %bias.end]", "i0")
+    ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %bias.end]", "lgroup")
+    left = ir("sub i64 %m, %i0")
+    ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
+    ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
+    _mopa_block(ir, "first", "m_loop", "%lgroup", "%rgroup")
+    ir.do(f"br i1 {ir('icmp ugt i64 %nb, 1')}, label %k_loop, label %k_end")
+    ir.label("k_loop")
+    ir("phi i64 [1, %first.end], [%blk.next, %next.end]", "blk")
+    lp = ir.at("%lgroup", ir("mul i64 %blk, %lblock"))
+    rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
+    _mopa_block(ir, "next", "k_loop", lp, rp)
+    ir("add i64 %blk, 1", "blk.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
+    ir.label("k_end")
+    ir.do("br label %bias")
+    ir.label("bias")  # dst += bias, row by row
+    ir("phi i64 [0, %k_end], [%b.r.next, %bias]", "b.r")
+    ir("phi ptr [%dst0, %k_end], [%b.dst.next, %bias]", "b.dst")
+    partial = ir.load("%b.dst", _F, 4, "%pn")
+    ir.store([ir(f"fadd {_F} {x}, {y}") for x, y in zip(partial, bias, strict=True)], "%b.dst")
+    ir("add i64 %b.r, 1", "b.r.next")
+    ir("getelementptr i8, ptr %b.dst, i64 %rowbytes", "b.dst.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %b.r.next, %rows')}, label %bias, label %bias.end")
+    ir.label("bias.end")
+    ir("add i64 %i0, %mr", "i0.next")
+    ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
+    _epilogue(ir)
+
+
+def _dot_body(ir: _Ir) -> None:
+    """The DOT tile: out [m, n] from LHS groups of one row (40 bytes per block) and RHS groups of 4·VL columns,
+    nb blocks, row after row."""
+    _prologue(ir)
+    ir(f"mul i64 %nb, {LHS_BLOCK}", "lstride")
+    _column_group(ir)
+    bias = _bias(ir)
+    ir.do("br label %m_loop")
+    ir.label("m_loop")
+    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
+    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
+    ir.do("br label %k_loop")
+    ir.label("k_loop")
+    ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
+    for v in range(4):  # the float accumulators of the 4 column ranges, from +0
+        ir(f"phi {_F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+    lp = ir.at("%lrow", ir(f"mul i64 %blk, {LHS_BLOCK}"))
+    rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
+    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+    for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
+        lhs = ir.call(_B, "llvm.aarch64.sve.ld1rq.nxv16i8", (_P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
+        for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
+            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), _B), _B, 4, "%pn8") for x in ir.luti4(codes)]
+            for i in range(2):
+                values = [(_B, x) for x in rhs[4 * i : 4 * i + 4]]
+                intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
+                ir.call("void", intrinsic, ("i32", "0"), *values, (_B, lhs), ("i32", str(g + i)))
+    dots = ir.scvtf(ir.parts(ir.call(_tuple(_W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), _W, 4))
+    zero, scale = ir.params(rp)
+    rs, rc = ir.splat(ir.at(lp, BL)), ir.splat(ir.at(lp, BL + 4))
+    for v in range(4):  # the zero term, then the scale term, both fused
+        acc = ir.fma(zero[v], rs, f"%acc{v}")
+        ir.fma(ir(f"fmul {_F} {scale[v]}, {rc}"), dots[v], acc, name=f"acc{v}.next")
+    ir("add i64 %blk, 1", "blk.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
+    ir.label("k_end")
+    dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
+    ir.store([ir(f"fadd {_F} %acc{v}.next, {bias[v]}") for v in range(4)], dst)
+    ir("add i64 %i, 1", "i.next")
+    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
+    _epilogue(ir)
+
+
+def tile_module(symbol: str) -> str:
+    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
+    float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS + bias; m, n,
+    nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL
+    columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
+    body = _Ir()
+    if symbol == VL:
+        body.label("entry")
+        doublewords = body.call("i64", "llvm.aarch64.sme.cntsd")
+        body.do(f"ret i64 {body(f'shl i64 {doublewords}, 1')}")
+        functions = [f"define i64 @{VL}() {{", *body.lines, "}"]
+    else:
+        {MOPA: _mopa_body, DOT: _dot_body}[symbol](body)
+        entry = _Ir()  # locally streaming; ZA (and ZT0) on for the body
+        entry.call("void", "llvm.aarch64.sme.za.enable")
+        entry.do(f"call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out) {_SHARED_ZA}")
+        entry.call("void", "llvm.aarch64.sme.za.disable")
+        entry.do("ret void")
+        body.declarations.update(entry.declarations)
+        functions = [
+            _LUT_DEFINITION,
+            f'define void @{symbol}({_ARGS}) "aarch64_pstate_sm_body" {{',
+            *entry.lines,
+            "}",
+            f"define internal void @{symbol}.body({_ARGS}) noinline {_STREAMING} {_SHARED_ZA} {{",
+            *body.lines,
+            "}",
+        ]
+    return "\n".join([*functions, *body.declarations.values()]) + "\n"
+
+
+def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
+    """The tile module (IR text) of one of the family's SME2 kernels for ``aarch64-sme2`` (None otherwise)."""
+    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
+    return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
+
+
+#: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
+HOST_ISA = native.host_isa("aarch64-sme2")
+AVAILABLE = HOST_ISA is not None
+if AVAILABLE:
+    for _symbol in (MOPA, DOT, VL):
+        native.install(tile_module(_symbol), HOST_ISA)
+
+_MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
+
+
+@intrinsic
+def _host_vl(typingctx):  # noqa: ANN001, ANN202
+    """The streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        fnty = ir.FunctionType(ir.IntType(64), [])
+        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, VL), [])
+
+    return types.int64(), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def _portable(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):  # pragma: no cover - compiled
+    """Every Q4_1 kernel on the portable loops (where the host has no native NEON tiles): ``neon.matmul``'s
+    signature and bits."""
+    chunk = kbl if neon else _jit.SME_CHUNK
+    return _jit.matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul)
+
+
+#: what :func:`matmul` chains to (only then is the NEON tiles' code referenced: its symbols exist on such hosts only)
+_CHAIN = _neon.matmul if _neon.AVAILABLE else _portable
+
+
+@numba.njit(cache=True, nogil=True)
+def _bound(mr, nr, kbl, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
+    """Whether the MOPA (``first_block_fmul``) or DOT kernel is bound to this host's SVL (mr = VL or 1,
+    nr = 4·VL, LHS chunks of 4): only then do its tiles run it."""
+    vl = _host_vl()
+    return kbl == _jit.SME_LHS_KBL and nr == 4 * vl and mr == (vl if first_block_fmul else 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _tiles(m, n, k, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
+    """float32 [m, n] = unclamped dst of the MOPA (``first_block_fmul``) or DOT kernel on its tile."""
+    out = np.empty((m, n), np.float32)
+    ints = (m, n, k // BL)
+    if first_block_fmul:
+        _MOPA(ints, lhs, rhs, out)
+    else:
+        _DOT(ints, lhs, rhs, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def compute_mopa(m, n, k, mr, nr, lhs, rhs):  # pragma: no cover - compiled (aarch64 with SME2)
+    """``…1vlx4vl_sme2_mopa`` (``ukernels.SME2_MOPA_COMPUTE``'s signature and bits, ``jit.matmul_sme2_mopa``'s
+    result): the MOPA tile when bound to this host's SVL (mr = VL, nr = 4·VL), else the portable loops."""
+    if _bound(mr, nr, _jit.SME_LHS_KBL, True):
+        return _tiles(m, n, k, lhs, rhs, True)
+    return _jit.matmul(m, n, k, mr, nr, _jit.SME_LHS_KBL, _jit.SME_CHUNK, lhs, rhs, False, True)
+
+
+@numba.njit(cache=True, nogil=True)
+def compute_dot(m, n, k, mr, nr, lhs, rhs):  # pragma: no cover - compiled (aarch64 with SME2)
+    """``…1x4vl_sme2_dot`` (``ukernels.SME2_DOT_COMPUTE``'s signature and bits): the DOT tile when bound to this
+    host's SVL (mr = 1, nr = 4·VL), else the portable loops."""
+    if _bound(mr, nr, _jit.SME_LHS_KBL, False):
+        return _tiles(m, n, k, lhs, rhs, False)
+    return _jit.matmul(m, n, k, mr, nr, _jit.SME_LHS_KBL, _jit.SME_CHUNK, lhs, rhs, False, False)
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):  # pragma: no cover - compiled (SME2 hosts)
+    """Every Q4_1 kernel with the signature and bits of ``neon.matmul`` (the graph executor's routine): the SME2
+    layouts (not ``neon``) on the tiles when the kernel is bound to this host's SVL, everything else as
+    ``neon.matmul`` (the native NEON tiles, or the portable loops on a host without them)."""
+    if not neon and _bound(mr, nr, kbl, first_block_fmul):
+        return _tiles(m, n, k, lhs, rhs, first_block_fmul)
+    return _CHAIN(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul)
