@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, tuple_type, vl_module, vl_reader
+from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
@@ -53,68 +51,9 @@ BLOCK = 32
 #: kr of the SME layouts (and the LHS chunk kbl of the MOPA one)
 KR = 4
 
-# scalable vector types (one vector register each), the predicate and the SME2 predicate-as-counter
-_B, _W, _F = "<vscale x 16 x i8>", "<vscale x 4 x i32>", "<vscale x 4 x float>"
-_P, _PN = "<vscale x 16 x i1>", 'target("aarch64.svcount")'
-#: a tile's body runs in streaming mode and shares ZA with its caller (the entry point, which enables ZA)
-_STREAMING = '"aarch64_pstate_sm_enabled"'
-_SHARED_ZA = '"aarch64_inout_za"'
-_ARGS = "i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out"
 
-
-def _tuple(ty: str, count: int) -> str:
-    """The aggregate type of ``count`` values of ``ty`` (the multi-vector intrinsics' operands and results)."""
-    return "{" + ", ".join([ty] * count) + "}"
-
-
-class _Ir:
+class _Ir(IrText):
     """The lines of a function body and the declarations of the intrinsics it calls."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.declarations: dict[str, str] = {}
-        self.count = 0
-
-    def __call__(self, text: str, name: str | None = None) -> str:
-        """Emit ``%name = text`` (a fresh ``%vN`` without a name); the value's name."""
-        if name is None:
-            name = f"v{self.count}"
-            self.count += 1
-        self.lines.append(f"  %{name} = {text}")
-        return f"%{name}"
-
-    def do(self, text: str) -> None:
-        self.lines.append(f"  {text}")
-
-    def label(self, name: str) -> None:
-        self.lines.append(f"{name}:")
-
-    def call(self, ret: str, intrinsic: str, *args: tuple[str, str], name: str | None = None) -> str:
-        """Call ``ret intrinsic(args)`` (``args``: (type, value) pairs); the result's name ("" if void)."""
-        self.declarations[intrinsic] = f"declare {ret} @{intrinsic}({', '.join(ty for ty, _ in args)})"
-        text = f"call {ret} @{intrinsic}({', '.join(f'{ty} {value}' for ty, value in args)})"
-        if ret == "void":
-            self.do(text)
-            return ""
-        return self(text, name)
-
-    def parts(self, value: str, ty: str, count: int) -> list[str]:
-        """The ``count`` members of an aggregate of ``ty``."""
-        return [self(f"extractvalue {_tuple(ty, count)} {value}, {i}") for i in range(count)]
-
-    def at(self, base: str, offset: str | int, ty: str = "i8") -> str:
-        """``base`` + ``offset`` elements of ``ty`` (a scalable vector type: whole vectors)."""
-        return self(f"getelementptr {ty}, ptr {base}, i64 {offset}")
-
-    def load(self, at: str, ty: str, count: int, pn: str) -> list[str]:
-        """``ld1`` of ``count`` consecutive vectors of ``ty`` at ``at`` under the predicate-as-counter ``pn``."""
-        kind = {_B: "nxv16i8", _W: "nxv4i32", _F: "nxv4f32"}[ty]
-        agg = self.call(_tuple(ty, count), f"llvm.aarch64.sve.ld1.pn.x{count}.{kind}", (_PN, pn), ("ptr", at))
-        return self.parts(agg, ty, count)
-
-    def store(self, values: list[str], at: str) -> None:
-        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicate ``%pn``."""
-        self.call("void", "llvm.aarch64.sve.st1.pn.x4.nxv4f32", *[(_F, x) for x in values], (_PN, "%pn"), ("ptr", at))
 
     def splat(self, scalar: str, ty: str, elem: str) -> str:
         """``scalar`` (of type ``elem``) in every lane of ``ty`` (of a load: ``ld1rw``)."""
@@ -123,9 +62,9 @@ class _Ir:
 
     def column_params(self, params: str) -> tuple[list[str], list[str], list[str]]:
         """The column group's 4·VL int32 row sums, f32 scales and f32 biases (4 vectors each) at ``params``."""
-        sums = self.load(params, _W, 4, "%pn32")
-        scales = self.load(self.at(params, 4, _W), _F, 4, "%pn32")
-        biases = self.load(self.at(params, 8, _W), _F, 4, "%pn32")
+        sums = self.load(params, W, 4, "%pn32")
+        scales = self.load(self.at(params, 4, W), F, 4, "%pn32")
+        biases = self.load(self.at(params, 8, W), F, 4, "%pn32")
         return sums, scales, biases
 
     def epilogue(self, za: list[str], params: tuple, lparams: str, row: str, fma_bias: bool) -> list[str]:
@@ -136,17 +75,17 @@ class _Ir:
         recip_at = self.at(self.at(lparams, "%mr", "i32"), row, "float")
         recip = self(f"load float, ptr {recip_at}, align 4")
         sums, scales, biases = params
-        offs, recips = self.splat(off, _W, "i32"), self.splat(recip, _F, "float")
-        acc = [self(f"add {_W} {x}, {self(f'mul {_W} {s}, {offs}')}") for x, s in zip(za, sums, strict=True)]
-        floats = self.call(_tuple(_F, 4), "llvm.aarch64.sve.scvtf.x4.nxv4f32.nxv4i32", *[(_W, x) for x in acc])
-        f = self.parts(floats, _F, 4)
-        s = [self(f"fmul {_F} {x}, {recips}") for x in scales]  # S = f32(scale·recip)
+        offs, recips = self.splat(off, W, "i32"), self.splat(recip, F, "float")
+        acc = [self(f"add {W} {x}, {self(f'mul {W} {s}, {offs}')}") for x, s in zip(za, sums, strict=True)]
+        floats = self.call(tuple_type(F, 4), "llvm.aarch64.sve.scvtf.x4.nxv4f32.nxv4i32", *[(W, x) for x in acc])
+        f = self.parts(floats, F, 4)
+        s = [self(f"fmul {F} {x}, {recips}") for x in scales]  # S = f32(scale·recip)
         if fma_bias:  # fma(S, F, bias): one rounding
             return [
-                self.call(_F, "llvm.fma.nxv4f32", (_F, sv), (_F, fv), (_F, b))
+                self.call(F, "llvm.fma.nxv4f32", (F, sv), (F, fv), (F, b))
                 for sv, fv, b in zip(s, f, biases, strict=True)
             ]
-        return [self(f"fadd {_F} {self(f'fmul {_F} {fv}, {sv}')}, {b}") for fv, sv, b in zip(f, s, biases, strict=True)]
+        return [self(f"fadd {F} {self(f'fmul {F} {fv}, {sv}')}, {b}") for fv, sv, b in zip(f, s, biases, strict=True)]
 
 
 def _prologue(ir: _Ir, mr: str) -> None:
@@ -162,9 +101,9 @@ def _prologue(ir: _Ir, mr: str) -> None:
     ir("mul i64 %nr, %kint", "rdata")
     ir(f"add i64 %rdata, {ir('mul i64 %nr, 12')}", "rstride")
     ir("shl i64 %n, 2", "rowbytes")
-    ir.call(_P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
-    ir.call(_PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
-    ir.call(_PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+    ir.call(P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
+    ir.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
+    ir.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
 
 
 def _column_group(ir: _Ir) -> None:
@@ -175,7 +114,7 @@ def _column_group(ir: _Ir) -> None:
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
     ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(_PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
@@ -204,7 +143,7 @@ def _block_loop(ir: _Ir, pred: str, lhs: str) -> tuple[str, str]:
 def _block_end(ir: _Ir, lhs_bytes: str | int) -> None:
     """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, 32 vectors of RHS) and loop."""
     ir(f"getelementptr i8, ptr %lp, i64 {lhs_bytes}", "lp.next")
-    ir(f"getelementptr {_B}, ptr %rp, i64 32", "rp.next")
+    ir(f"getelementptr {B}, ptr %rp, i64 32", "rp.next")
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
@@ -225,11 +164,11 @@ def _mopa_body(ir: _Ir) -> None:
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     lp, rp = _block_loop(ir, "m_loop", "%lgroup")
     for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 int8 (4 vectors)
-        lhs = ir(f"load {_B}, ptr {ir.at(lp, t, _B)}, align 1")
-        for tile, values in enumerate(ir.load(ir.at(rp, 4 * t, _B), _B, 4, "%pn8")):
-            predicates = ((_P, "%ptrue"), (_P, "%ptrue"))
+        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
+        for tile, values in enumerate(ir.load(ir.at(rp, 4 * t, B), B, 4, "%pn8")):
+            predicates = ((P, "%ptrue"), (P, "%ptrue"))
             ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (_B, lhs), (_B, values)
+                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
             )
     _block_end(ir, ir("shl i64 %mr, 5"))
     ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lparams")
@@ -239,8 +178,8 @@ def _mopa_body(ir: _Ir) -> None:
     ir("phi i64 [0, %k_end], [%r.next, %rows_loop]", "r")
     ir("phi ptr [%dst0, %k_end], [%dst.next, %rows_loop]", "dst")
     slice_ = ir(f"trunc i64 {ir('shl i64 %r, 2')} to i32")
-    za = ir.call(_tuple(_B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
-    dots = [ir(f"bitcast {_B} {x} to {_W}") for x in ir.parts(za, _B, 4)]
+    za = ir.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+    dots = [ir(f"bitcast {B} {x} to {W}") for x in ir.parts(za, B, 4)]
     ir.store(ir.epilogue(dots, params, "%lparams", "%r", fma_bias=False), "%dst")
     ir("add i64 %r, 1", "r.next")
     ir("getelementptr i8, ptr %dst, i64 %rowbytes", "dst.next")
@@ -264,13 +203,13 @@ def _sdot_body(ir: _Ir) -> None:
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     lp, rp = _block_loop(ir, "m_loop", "%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(_B, "llvm.aarch64.sve.ld1rq.nxv16i8", (_P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
+        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
         for g in range(4):  # K group 4h + g: 4 vectors of RHS bytes
-            values = [(_B, x) for x in ir.load(ir.at(rp, 4 * (4 * h + g), _B), _B, 4, "%pn8")]
+            values = [(B, x) for x in ir.load(ir.at(rp, 4 * (4 * h + g), B), B, 4, "%pn8")]
             intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-            ir.call("void", intrinsic, ("i32", "0"), *values, (_B, lhs), ("i32", str(g)))
+            ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g)))
     _block_end(ir, BLOCK)
-    dots = ir.parts(ir.call(_tuple(_W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), _W, 4)
+    dots = ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4)
     lparams = ir("getelementptr i8, ptr %lrow, i64 %kint")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     ir.store(ir.epilogue(dots, ir.column_params("%rparams"), lparams, "0", fma_bias=True), dst)
@@ -285,29 +224,11 @@ def tile_module(symbol: str) -> str:
     float* out)`` (:data:`MOPA`, :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int =
     32·nb; m, n, nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one,
     4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    body = _Ir()
     if symbol == VL:
-        body.label("entry")
-        doublewords = body.call("i64", "llvm.aarch64.sme.cntsd")
-        body.do(f"ret i64 {body(f'shl i64 {doublewords}, 1')}")
-        functions = [f"define i64 @{VL}() {{", *body.lines, "}"]
-    else:
-        {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
-        entry = _Ir()  # locally streaming; ZA on for the body
-        entry.call("void", "llvm.aarch64.sme.za.enable")
-        entry.do(f"call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out) {_SHARED_ZA}")
-        entry.call("void", "llvm.aarch64.sme.za.disable")
-        entry.do("ret void")
-        body.declarations.update(entry.declarations)
-        functions = [
-            f'define void @{symbol}({_ARGS}) "aarch64_pstate_sm_body" {{',
-            *entry.lines,
-            "}",
-            f"define internal void @{symbol}.body({_ARGS}) noinline {_STREAMING} {_SHARED_ZA} {{",
-            *body.lines,
-            "}",
-        ]
-    return "\n".join([*functions, *body.declarations.values()]) + "\n"
+        return vl_module(VL)
+    body = _Ir()
+    {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
+    return sme2_tile_module(symbol, body, None)
 
 
 def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
@@ -324,17 +245,8 @@ if AVAILABLE:
         native.install(tile_module(_symbol), HOST_ISA)
 
 _MOPA, _SDOT = native.caller(MOPA), native.caller(SDOT)
-
-
-@intrinsic
-def _host_vl(typingctx):  # noqa: ANN001, ANN202
-    """The streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        fnty = ir.FunctionType(ir.IntType(64), [])
-        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, VL), [])
-
-    return types.int64(), codegen
+#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
+_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, tuple_type, vl_module, vl_reader
+from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
 
@@ -58,94 +56,21 @@ BL = _jit.BL
 LHS_BLOCK = _jit.LHS_BLOCK_BYTES  # per row: 32 int8, f32 row sum, f32 recip
 RHS_BLOCK = _jit.RHS_BLOCK_BYTES  # per column: 16 bytes of codes, f32 zero, f32 scale
 
-# scalable vector types (one vector register each), the predicate and the SME2 predicate-as-counter
-_B, _W, _F = "<vscale x 16 x i8>", "<vscale x 4 x i32>", "<vscale x 4 x float>"
-_P, _PN = "<vscale x 16 x i1>", 'target("aarch64.svcount")'
 _LUT = "@kleidipy_q4_1_sme2_lut"
-#: ZT0's table: entry u is u − 8 (the kernel weight of code u), int32
-_LUT_DEFINITION = f"{_LUT} = internal constant [16 x i32] [{', '.join(f'i32 {u - 8}' for u in range(16))}], align 64"
-#: a tile's body runs in streaming mode and shares ZA and ZT0 with its caller (the entry point, which enables ZA)
-_STREAMING = '"aarch64_pstate_sm_enabled"'
-_SHARED_ZA = '"aarch64_inout_za" "aarch64_inout_zt0"'
-_ARGS = "i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out"
+#: the global holding ZT0's table (:func:`~kleidipy.core.sme2_ir.lut_definition`)
 
 
-def _tuple(ty: str, count: int) -> str:
-    """The aggregate type of ``count`` values of ``ty`` (the multi-vector intrinsics' operands and results)."""
-    return "{" + ", ".join([ty] * count) + "}"
-
-
-class _Ir:
+class _Ir(IrText):
     """The lines of a function body and the declarations of the intrinsics it calls."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.declarations: dict[str, str] = {}
-        self.count = 0
-
-    def __call__(self, text: str, name: str | None = None) -> str:
-        """Emit ``%name = text`` (a fresh ``%vN`` without a name); the value's name."""
-        if name is None:
-            name = f"v{self.count}"
-            self.count += 1
-        self.lines.append(f"  %{name} = {text}")
-        return f"%{name}"
-
-    def do(self, text: str) -> None:
-        self.lines.append(f"  {text}")
-
-    def label(self, name: str) -> None:
-        self.lines.append(f"{name}:")
-
-    def call(self, ret: str, intrinsic: str, *args: tuple[str, str], name: str | None = None) -> str:
-        """Call ``ret intrinsic(args)`` (``args``: (type, value) pairs); the result's name ("" if void)."""
-        self.declarations[intrinsic] = f"declare {ret} @{intrinsic}({', '.join(ty for ty, _ in args)})"
-        text = f"call {ret} @{intrinsic}({', '.join(f'{ty} {value}' for ty, value in args)})"
-        if ret == "void":
-            self.do(text)
-            return ""
-        return self(text, name)
-
-    def parts(self, value: str, ty: str, count: int) -> list[str]:
-        """The ``count`` members of an aggregate of ``ty``."""
-        return [self(f"extractvalue {_tuple(ty, count)} {value}, {i}") for i in range(count)]
-
-    def at(self, base: str, offset: str | int, ty: str = "i8") -> str:
-        """``base`` + ``offset`` elements of ``ty`` (a scalable vector type: whole vectors)."""
-        return self(f"getelementptr {ty}, ptr {base}, i64 {offset}")
-
-    def load(self, at: str, ty: str, count: int, pn: str) -> list[str]:
-        """``ld1`` of ``count`` consecutive vectors of ``ty`` at ``at`` under the predicate-as-counter ``pn``."""
-        kind = {_B: "nxv16i8", _F: "nxv4f32"}[ty]
-        agg = self.call(_tuple(ty, count), f"llvm.aarch64.sve.ld1.pn.x{count}.{kind}", (_PN, pn), ("ptr", at))
-        return self.parts(agg, ty, count)
-
-    def store(self, values: list[str], at: str) -> None:
-        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicate ``%pn``."""
-        self.call("void", "llvm.aarch64.sve.st1.pn.x4.nxv4f32", *[(_F, x) for x in values], (_PN, "%pn"), ("ptr", at))
 
     def splat(self, at: str) -> str:
         """The float32 at ``at`` in every lane (``ld1rw``)."""
-        one = self(f"insertelement {_F} poison, float {self(f'load float, ptr {at}, align 4')}, i64 0")
-        return self(f"shufflevector {_F} {one}, {_F} poison, <vscale x 4 x i32> zeroinitializer")
-
-    def luti4(self, codes: str) -> list[str]:
-        """``luti4 {2 vectors}, zt0, codes[0]``: the int8 u − 8 of the SVL/4 codes of a vector, in order."""
-        intrinsic = "llvm.aarch64.sme.luti4.lane.zt.x2.nxv16i8"
-        return self.parts(self.call(_tuple(_B, 2), intrinsic, ("i32", "0"), (_B, codes), ("i32", "0")), _B, 2)
-
-    def scvtf(self, ints: list[str]) -> list[str]:
-        """float32 of 4 vectors of int32 (exact: |dot| < 2^24), one multi-vector ``scvtf``."""
-        floats = self.call(_tuple(_F, 4), "llvm.aarch64.sve.scvtf.x4.nxv4f32.nxv4i32", *[(_W, x) for x in ints])
-        return self.parts(floats, _F, 4)
-
-    def fma(self, a: str, b: str, c: str, name: str | None = None) -> str:
-        """a·b + c rounded once (``fmla``)."""
-        return self.call(_F, "llvm.fma.nxv4f32", (_F, a), (_F, b), (_F, c), name=name)
+        one = self(f"insertelement {F} poison, float {self(f'load float, ptr {at}, align 4')}, i64 0")
+        return self(f"shufflevector {F} {one}, {F} poison, <vscale x 4 x i32> zeroinitializer")
 
     def params(self, rp: str) -> tuple[list[str], list[str]]:
         """The f32 zeros and scales of the RHS block at ``rp`` (4 vectors each: the 4·VL columns)."""
-        return self.load(self.at(rp, "%zoff"), _F, 4, "%pn32"), self.load(self.at(rp, "%soff"), _F, 4, "%pn32")
+        return self.load(self.at(rp, "%zoff"), F, 4, "%pn32"), self.load(self.at(rp, "%soff"), F, 4, "%pn32")
 
 
 def _prologue(ir: _Ir) -> None:
@@ -162,9 +87,9 @@ def _prologue(ir: _Ir) -> None:
     ir("mul i64 %rblock, %nb", "rdata")
     ir(f"add i64 %rdata, {ir('shl i64 %nr, 2')}", "rstride")
     ir("shl i64 %n, 2", "rowbytes")
-    ir.call(_P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
-    ir.call(_PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
-    ir.call(_PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+    ir.call(P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
+    ir.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
+    ir.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
 
 
 def _column_group(ir: _Ir) -> None:
@@ -174,13 +99,13 @@ def _column_group(ir: _Ir) -> None:
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
     ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(_PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
 
 def _bias(ir: _Ir) -> list[str]:
     """The 4 vectors of f32 biases of the column group (after its last block)."""
-    return ir.load(ir.at("%rgroup", "%rdata"), _F, 4, "%pn32")
+    return ir.load(ir.at("%rgroup", "%rdata"), F, 4, "%pn32")
 
 
 def _epilogue(ir: _Ir) -> None:
@@ -199,12 +124,12 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, lp: str, rp: str) -> None:
     stored partial sums. Ends in block ``{prefix}.end``."""
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
-        lhs = ir(f"load {_B}, ptr {ir.at(lp, t, _B)}, align 1")
-        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, _B), _B, 2, "%pn8") for x in ir.luti4(codes)]
+        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
+        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
         for tile, values in enumerate(rhs):
-            predicates = ((_P, "%ptrue"), (_P, "%ptrue"))
+            predicates = ((P, "%ptrue"), (P, "%ptrue"))
             ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (_B, lhs), (_B, values)
+                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
             )
     zero, scale = ir.params(rp)
     sums = ir.at(lp, "%lsum")
@@ -217,13 +142,13 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, lp: str, rp: str) -> None:
     rs = ir.splat(f"%{prefix}.rs")
     rc = ir.splat(ir.at(f"%{prefix}.rs", "%lfield"))
     slice_ = ir(f"trunc i64 {ir(f'shl i64 %{prefix}.r, 2')} to i32")
-    za = ir.call(_tuple(_B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
-    dots = ir.scvtf([ir(f"bitcast {_B} {x} to {_W}") for x in ir.parts(za, _B, 4)])
-    s = [ir(f"fmul {_F} {x}, {rc}") for x in scale]
+    za = ir.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+    dots = ir.scvtf([ir(f"bitcast {B} {x} to {W}") for x in ir.parts(za, B, 4)])
+    s = [ir(f"fmul {F} {x}, {rc}") for x in scale]
     if prefix == "first":  # FMUL of the zero term: a −0 product stays −0
-        acc = [ir(f"fmul {_F} {z}, {rs}") for z in zero]
+        acc = [ir(f"fmul {F} {z}, {rs}") for z in zero]
     else:
-        partial = ir.load(f"%{prefix}.dst", _F, 4, "%pn")
+        partial = ir.load(f"%{prefix}.dst", F, 4, "%pn")
         acc = [ir.fma(z, rs, old) for z, old in zip(zero, partial, strict=True)]
     ir.store([ir.fma(x, d, a) for x, d, a in zip(s, dots, acc, strict=True)], f"%{prefix}.dst")
     ir(f"add i64 %{prefix}.r, 1", f"{prefix}.r.next")
@@ -265,8 +190,8 @@ def _mopa_body(ir: _Ir) -> None:
     ir.label("bias")  # dst += bias, row by row
     ir("phi i64 [0, %k_end], [%b.r.next, %bias]", "b.r")
     ir("phi ptr [%dst0, %k_end], [%b.dst.next, %bias]", "b.dst")
-    partial = ir.load("%b.dst", _F, 4, "%pn")
-    ir.store([ir(f"fadd {_F} {x}, {y}") for x, y in zip(partial, bias, strict=True)], "%b.dst")
+    partial = ir.load("%b.dst", F, 4, "%pn")
+    ir.store([ir(f"fadd {F} {x}, {y}") for x, y in zip(partial, bias, strict=True)], "%b.dst")
     ir("add i64 %b.r, 1", "b.r.next")
     ir("getelementptr i8, ptr %b.dst, i64 %rowbytes", "b.dst.next")
     ir.do(f"br i1 {ir('icmp ult i64 %b.r.next, %rows')}, label %bias, label %bias.end")
@@ -292,29 +217,29 @@ def _dot_body(ir: _Ir) -> None:
     ir.label("k_loop")
     ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
     for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {_F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
     lp = ir.at("%lrow", ir(f"mul i64 %blk, {LHS_BLOCK}"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(_B, "llvm.aarch64.sve.ld1rq.nxv16i8", (_P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
+        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
         for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
-            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), _B), _B, 4, "%pn8") for x in ir.luti4(codes)]
+            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in ir.luti4(codes)]
             for i in range(2):
-                values = [(_B, x) for x in rhs[4 * i : 4 * i + 4]]
+                values = [(B, x) for x in rhs[4 * i : 4 * i + 4]]
                 intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-                ir.call("void", intrinsic, ("i32", "0"), *values, (_B, lhs), ("i32", str(g + i)))
-    dots = ir.scvtf(ir.parts(ir.call(_tuple(_W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), _W, 4))
+                ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g + i)))
+    dots = ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
     zero, scale = ir.params(rp)
     rs, rc = ir.splat(ir.at(lp, BL)), ir.splat(ir.at(lp, BL + 4))
     for v in range(4):  # the zero term, then the scale term, both fused
         acc = ir.fma(zero[v], rs, f"%acc{v}")
-        ir.fma(ir(f"fmul {_F} {scale[v]}, {rc}"), dots[v], acc, name=f"acc{v}.next")
+        ir.fma(ir(f"fmul {F} {scale[v]}, {rc}"), dots[v], acc, name=f"acc{v}.next")
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
-    ir.store([ir(f"fadd {_F} %acc{v}.next, {bias[v]}") for v in range(4)], dst)
+    ir.store([ir(f"fadd {F} %acc{v}.next, {bias[v]}") for v in range(4)], dst)
     ir("add i64 %i, 1", "i.next")
     ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
@@ -326,30 +251,11 @@ def tile_module(symbol: str) -> str:
     float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS + bias; m, n,
     nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL
     columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    body = _Ir()
     if symbol == VL:
-        body.label("entry")
-        doublewords = body.call("i64", "llvm.aarch64.sme.cntsd")
-        body.do(f"ret i64 {body(f'shl i64 {doublewords}, 1')}")
-        functions = [f"define i64 @{VL}() {{", *body.lines, "}"]
-    else:
-        {MOPA: _mopa_body, DOT: _dot_body}[symbol](body)
-        entry = _Ir()  # locally streaming; ZA (and ZT0) on for the body
-        entry.call("void", "llvm.aarch64.sme.za.enable")
-        entry.do(f"call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out) {_SHARED_ZA}")
-        entry.call("void", "llvm.aarch64.sme.za.disable")
-        entry.do("ret void")
-        body.declarations.update(entry.declarations)
-        functions = [
-            _LUT_DEFINITION,
-            f'define void @{symbol}({_ARGS}) "aarch64_pstate_sm_body" {{',
-            *entry.lines,
-            "}",
-            f"define internal void @{symbol}.body({_ARGS}) noinline {_STREAMING} {_SHARED_ZA} {{",
-            *body.lines,
-            "}",
-        ]
-    return "\n".join([*functions, *body.declarations.values()]) + "\n"
+        return vl_module(VL)
+    body = _Ir()
+    {MOPA: _mopa_body, DOT: _dot_body}[symbol](body)
+    return sme2_tile_module(symbol, body, _LUT)
 
 
 def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
@@ -366,17 +272,8 @@ if AVAILABLE:
         native.install(tile_module(_symbol), HOST_ISA)
 
 _MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
-
-
-@intrinsic
-def _host_vl(typingctx):  # noqa: ANN001, ANN202
-    """The streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        fnty = ir.FunctionType(ir.IntType(64), [])
-        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, VL), [])
-
-    return types.int64(), codegen
+#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
+_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

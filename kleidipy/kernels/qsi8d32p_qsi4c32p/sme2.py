@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, tuple_type, vl_module, vl_reader
+from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.core.vnni import HOST_ISA as VNNI_ISA
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni
@@ -53,103 +51,30 @@ KERNELS = {
     SDOT: "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot",
 }
 
-# scalable vector types (one vector register each), the predicate and the SME2 predicate-as-counter
-_B, _W, _F, _H = "<vscale x 16 x i8>", "<vscale x 4 x i32>", "<vscale x 4 x float>", "<vscale x 8 x half>"
-_P, _PN = "<vscale x 16 x i1>", 'target("aarch64.svcount")'
 _LUT = "@kleidipy_q4_0_sme2_lut"
-#: ZT0's table: entry u is u − 8 (the signed value of code u), int32
-_LUT_DEFINITION = f"{_LUT} = internal constant [16 x i32] [{', '.join(f'i32 {u - 8}' for u in range(16))}], align 64"
-#: a tile's body runs in streaming mode and shares ZA and ZT0 with its caller (the entry point, which enables ZA)
-_STREAMING = '"aarch64_pstate_sm_enabled"'
-_SHARED_ZA = '"aarch64_inout_za" "aarch64_inout_zt0"'
-_ARGS = "i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out"
+#: the global holding ZT0's table (:func:`~kleidipy.core.sme2_ir.lut_definition`)
 
 
-def _tuple(ty: str, count: int) -> str:
-    """The aggregate type of ``count`` values of ``ty`` (the multi-vector intrinsics' operands and results)."""
-    return "{" + ", ".join([ty] * count) + "}"
-
-
-class _Ir:
+class _Ir(IrText):
     """The lines of a function body and the declarations of the intrinsics it calls."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.declarations: dict[str, str] = {}
-        self.count = 0
-
-    def __call__(self, text: str, name: str | None = None) -> str:
-        """Emit ``%name = text`` (a fresh ``%vN`` without a name); the value's name."""
-        if name is None:
-            name = f"v{self.count}"
-            self.count += 1
-        self.lines.append(f"  %{name} = {text}")
-        return f"%{name}"
-
-    def do(self, text: str) -> None:
-        self.lines.append(f"  {text}")
-
-    def label(self, name: str) -> None:
-        self.lines.append(f"{name}:")
-
-    def call(self, ret: str, intrinsic: str, *args: tuple[str, str], name: str | None = None) -> str:
-        """Call ``ret intrinsic(args)`` (``args``: (type, value) pairs); the result's name ("" if void)."""
-        self.declarations[intrinsic] = f"declare {ret} @{intrinsic}({', '.join(ty for ty, _ in args)})"
-        text = f"call {ret} @{intrinsic}({', '.join(f'{ty} {value}' for ty, value in args)})"
-        if ret == "void":
-            self.do(text)
-            return ""
-        return self(text, name)
-
-    def parts(self, value: str, ty: str, count: int) -> list[str]:
-        """The ``count`` members of an aggregate of ``ty``."""
-        return [self(f"extractvalue {_tuple(ty, count)} {value}, {i}") for i in range(count)]
-
-    def at(self, base: str, offset: str | int, ty: str = "i8") -> str:
-        """``base`` + ``offset`` elements of ``ty`` (a scalable vector type: whole vectors)."""
-        return self(f"getelementptr {ty}, ptr {base}, i64 {offset}")
-
-    def load(self, at: str, ty: str, count: int, pn: str) -> list[str]:
-        """``ld1`` of ``count`` consecutive vectors of ``ty`` at ``at`` under the predicate-as-counter ``pn``."""
-        kind = {_B: "nxv16i8", _H: "nxv8f16", _F: "nxv4f32"}[ty]
-        agg = self.call(_tuple(ty, count), f"llvm.aarch64.sve.ld1.pn.x{count}.{kind}", (_PN, pn), ("ptr", at))
-        return self.parts(agg, ty, count)
-
-    def store(self, values: list[str], at: str) -> None:
-        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicate ``%pn``."""
-        self.call("void", "llvm.aarch64.sve.st1.pn.x4.nxv4f32", *[(_F, x) for x in values], (_PN, "%pn"), ("ptr", at))
-
-    def luti4(self, codes: str) -> list[str]:
-        """``luti4 {2 vectors}, zt0, codes[0]``: the int8 u − 8 of the SVL/4 codes of a vector, in order."""
-        intrinsic = "llvm.aarch64.sme.luti4.lane.zt.x2.nxv16i8"
-        return self.parts(self.call(_tuple(_B, 2), intrinsic, ("i32", "0"), (_B, codes), ("i32", "0")), _B, 2)
-
-    def scvtf(self, ints: list[str]) -> list[str]:
-        """float32 of 4 vectors of int32 (exact: |dot| < 2^24), one multi-vector ``scvtf``."""
-        floats = self.call(_tuple(_F, 4), "llvm.aarch64.sve.scvtf.x4.nxv4f32.nxv4i32", *[(_W, x) for x in ints])
-        return self.parts(floats, _F, 4)
 
     def rhs_scales(self, at: str) -> list[str]:
         """The 4·VL fp16 s_R of a block (2 vectors at ``at``) zipped: the even halves of the two results pair with
         columns [0, VL) and [VL, 2·VL), the odd halves with [2·VL, 3·VL) and [3·VL, 4·VL)."""
-        s_r = self.load(at, _H, 2, "%pn16")
+        s_r = self.load(at, H, 2, "%pn16")
         return self.parts(
-            self.call(_tuple(_H, 2), "llvm.aarch64.sve.zip.x2.nxv8f16", (_H, s_r[0]), (_H, s_r[1])), _H, 2
+            self.call(tuple_type(H, 2), "llvm.aarch64.sve.zip.x2.nxv8f16", (H, s_r[0]), (H, s_r[1])), H, 2
         )
 
     def scales(self, s_l_at: str, s_r: list[str]) -> list[str]:
         """S = s_L · s_R + 0 (FMLALB/FMLALT from +0: exact, a −0 product becomes +0) of the 4 column ranges:
         ``s_l_at`` points to the row's fp16 s_L, ``s_r`` from :meth:`rhs_scales`."""
-        one = self(f"insertelement {_H} poison, half {self(f'load half, ptr {s_l_at}, align 2')}, i64 0")
-        s_l = self(f"shufflevector {_H} {one}, {_H} poison, <vscale x 8 x i32> zeroinitializer")
+        one = self(f"insertelement {H} poison, half {self(f'load half, ptr {s_l_at}, align 2')}, i64 0")
+        s_l = self(f"shufflevector {H} {one}, {H} poison, <vscale x 8 x i32> zeroinitializer")
         return [
-            self.call(_F, f"llvm.aarch64.sve.fmlal{half}", (_F, "zeroinitializer"), (_H, s_l), (_H, s_r[v]))
+            self.call(F, f"llvm.aarch64.sve.fmlal{half}", (F, "zeroinitializer"), (H, s_l), (H, s_r[v]))
             for half, v in (("b", 0), ("b", 1), ("t", 0), ("t", 1))
         ]
-
-    def fma(self, a: str, b: str, c: str, name: str | None = None) -> str:
-        """a·b + c rounded once (``fmla``)."""
-        return self.call(_F, "llvm.fma.nxv4f32", (_F, a), (_F, b), (_F, c), name=name)
 
 
 def _prologue(ir: _Ir) -> None:
@@ -164,9 +89,9 @@ def _prologue(ir: _Ir) -> None:
     ir("mul i64 %rblock, %nb", "rdata")
     ir(f"add i64 %rdata, {ir('mul i64 %rscale, %nb')}", "rstride")
     ir("shl i64 %n, 2", "rowbytes")
-    ir.call(_P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
-    ir.call(_PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
-    ir.call(_PN, "llvm.aarch64.sve.ptrue.c16", name="pn16")
+    ir.call(P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
+    ir.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
+    ir.call(PN, "llvm.aarch64.sve.ptrue.c16", name="pn16")
 
 
 def _column_group(ir: _Ir) -> None:
@@ -176,7 +101,7 @@ def _column_group(ir: _Ir) -> None:
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
     ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(_PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
@@ -198,12 +123,12 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     lp, rp, ls, rs = at
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
-        lhs = ir(f"load {_B}, ptr {ir.at(lp, t, _B)}, align 1")
-        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, _B), _B, 2, "%pn8") for x in ir.luti4(codes)]
+        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
+        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
         for tile, values in enumerate(rhs):
-            predicates = ((_P, "%ptrue"), (_P, "%ptrue"))
+            predicates = ((P, "%ptrue"), (P, "%ptrue"))
             ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (_B, lhs), (_B, values)
+                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
             )
     s_r = ir.rhs_scales(rs)
     rows = f"{prefix}.rows"
@@ -213,13 +138,13 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     ir(f"phi ptr [%dst0, %{pred}], [%{prefix}.dst.next, %{rows}]", f"{prefix}.dst")
     ir(f"phi ptr [{ls}, %{pred}], [%{prefix}.sl.next, %{rows}]", f"{prefix}.sl")
     slice_ = ir(f"trunc i64 {ir(f'shl i64 %{prefix}.r, 2')} to i32")
-    za = ir.call(_tuple(_B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
-    dots = ir.scvtf([ir(f"bitcast {_B} {x} to {_W}") for x in ir.parts(za, _B, 4)])
+    za = ir.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+    dots = ir.scvtf([ir(f"bitcast {B} {x} to {W}") for x in ir.parts(za, B, 4)])
     scale = ir.scales(f"%{prefix}.sl", s_r)
     if prefix == "first":  # FMUL: a −0 product stays −0
-        acc = [ir(f"fmul {_F} {s}, {a}") for s, a in zip(scale, dots, strict=True)]
+        acc = [ir(f"fmul {F} {s}, {a}") for s, a in zip(scale, dots, strict=True)]
     else:
-        partial = ir.load(f"%{prefix}.dst", _F, 4, "%pn")
+        partial = ir.load(f"%{prefix}.dst", F, 4, "%pn")
         acc = [ir.fma(a, s, old) for a, s, old in zip(dots, scale, partial, strict=True)]
     ir.store(acc, f"%{prefix}.dst")
     ir(f"add i64 %{prefix}.r, 1", f"{prefix}.r.next")
@@ -279,19 +204,19 @@ def _sdot_body(ir: _Ir) -> None:
     ir.label("k_loop")
     ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
     for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {_F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
     lp = ir.at("%lrow", ir("shl i64 %blk, 5"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(_B, "llvm.aarch64.sve.ld1rq.nxv16i8", (_P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
+        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
         for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
-            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), _B), _B, 4, "%pn8") for x in ir.luti4(codes)]
+            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in ir.luti4(codes)]
             for i in range(2):
-                values = [(_B, x) for x in rhs[4 * i : 4 * i + 4]]
+                values = [(B, x) for x in rhs[4 * i : 4 * i + 4]]
                 intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-                ir.call("void", intrinsic, ("i32", "0"), *values, (_B, lhs), ("i32", str(g + i)))
-    dots = ir.scvtf(ir.parts(ir.call(_tuple(_W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), _W, 4))
+                ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g + i)))
+    dots = ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
     s_r = ir.rhs_scales(ir.at("%rscales", ir("mul i64 %blk, %rscale")))
     scale = ir.scales(ir.at("%lscales", ir("shl i64 %blk, 1")), s_r)
     for v in range(4):
@@ -313,30 +238,11 @@ def tile_module(symbol: str) -> str:
     float* out)`` (:data:`MOPA`, :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb
     at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL
     columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    body = _Ir()
     if symbol == VL:
-        body.label("entry")
-        doublewords = body.call("i64", "llvm.aarch64.sme.cntsd")
-        body.do(f"ret i64 {body(f'shl i64 {doublewords}, 1')}")
-        functions = [f"define i64 @{VL}() {{", *body.lines, "}"]
-    else:
-        {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
-        entry = _Ir()  # locally streaming; ZA (and ZT0) on for the body
-        entry.call("void", "llvm.aarch64.sme.za.enable")
-        entry.do(f"call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out) {_SHARED_ZA}")
-        entry.call("void", "llvm.aarch64.sme.za.disable")
-        entry.do("ret void")
-        body.declarations.update(entry.declarations)
-        functions = [
-            _LUT_DEFINITION,
-            f'define void @{symbol}({_ARGS}) "aarch64_pstate_sm_body" {{',
-            *entry.lines,
-            "}",
-            f"define internal void @{symbol}.body({_ARGS}) noinline {_STREAMING} {_SHARED_ZA} {{",
-            *body.lines,
-            "}",
-        ]
-    return "\n".join([*functions, *body.declarations.values()]) + "\n"
+        return vl_module(VL)
+    body = _Ir()
+    {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
+    return sme2_tile_module(symbol, body, _LUT)
 
 
 def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
@@ -353,17 +259,8 @@ if AVAILABLE:
         native.install(tile_module(_symbol), HOST_ISA)
 
 _MOPA, _SDOT = native.caller(MOPA), native.caller(SDOT)
-
-
-@intrinsic
-def _host_vl(typingctx):  # noqa: ANN001, ANN202
-    """The streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)."""
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        fnty = ir.FunctionType(ir.IntType(64), [])
-        return builder.call(cgutils.get_or_insert_function(builder.module, fnty, VL), [])
-
-    return types.int64(), codegen
+#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
+_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,0 +1,148 @@
+"""LLVM IR text of the native SME2 tiles (``kleidipy/kernels/<family>/sme2.py``): the scalable vector types, an
+emitter of function bodies (:class:`IrText`: values, labels, intrinsic calls with their declarations, predicated
+multi-vector loads and stores, ``luti4`` through ZT0, multi-vector ``scvtf``, ``fma``), the module of a tile
+(:func:`tile_module`: a locally streaming entry point that turns ZA, and ZT0, on and off itself around the body —
+so no SME ABI support routine is called, which Debian bookworm's libgcc lacks) and the streaming vector length
+(:func:`vl_module`, read from numba code by :func:`vl_reader`).
+
+Hand-written as text because llvmlite's IR builder has no scalable vector types and no SME function attributes;
+for the reason of native tiles at all, see :mod:`kleidipy.core.native`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# scalable vector types (one vector register each), the predicate and the SME2 predicate-as-counter
+B, W, F, H = "<vscale x 16 x i8>", "<vscale x 4 x i32>", "<vscale x 4 x float>", "<vscale x 8 x half>"
+P, PN = "<vscale x 16 x i1>", 'target("aarch64.svcount")'
+#: a tile's arguments (the interface of :func:`kleidipy.core.native.caller`)
+ARGS = "i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out"
+_KINDS = {B: "nxv16i8", W: "nxv4i32", F: "nxv4f32", H: "nxv8f16"}
+#: a tile's body runs in streaming mode and shares ZA (and ZT0) with its entry point
+_STREAMING = '"aarch64_pstate_sm_enabled"'
+
+
+def tuple_type(ty: str, count: int) -> str:
+    """The aggregate type of ``count`` values of ``ty`` (the multi-vector intrinsics' operands and results)."""
+    return "{" + ", ".join([ty] * count) + "}"
+
+
+def lut_definition(name: str) -> str:
+    """The global ``name`` holding ZT0's table for ``luti4``: entry u is u − 8 (the signed value of code u), int32."""
+    return f"{name} = internal constant [16 x i32] [{', '.join(f'i32 {u - 8}' for u in range(16))}], align 64"
+
+
+class IrText:
+    """The lines of a function body and the declarations of the intrinsics it calls."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.declarations: dict[str, str] = {}
+        self.count = 0
+
+    def __call__(self, text: str, name: str | None = None) -> str:
+        """Emit ``%name = text`` (a fresh ``%vN`` without a name); the value's name."""
+        if name is None:
+            name = f"v{self.count}"
+            self.count += 1
+        self.lines.append(f"  %{name} = {text}")
+        return f"%{name}"
+
+    def do(self, text: str) -> None:
+        self.lines.append(f"  {text}")
+
+    def label(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+
+    def call(self, ret: str, intrinsic: str, *args: tuple[str, str], name: str | None = None) -> str:
+        """Call ``ret intrinsic(args)`` (``args``: (type, value) pairs); the result's name ("" if void)."""
+        self.declarations[intrinsic] = f"declare {ret} @{intrinsic}({', '.join(ty for ty, _ in args)})"
+        text = f"call {ret} @{intrinsic}({', '.join(f'{ty} {value}' for ty, value in args)})"
+        if ret == "void":
+            self.do(text)
+            return ""
+        return self(text, name)
+
+    def parts(self, value: str, ty: str, count: int) -> list[str]:
+        """The ``count`` members of an aggregate of ``ty``."""
+        return [self(f"extractvalue {tuple_type(ty, count)} {value}, {i}") for i in range(count)]
+
+    def at(self, base: str, offset: str | int, ty: str = "i8") -> str:
+        """``base`` + ``offset`` elements of ``ty`` (a scalable vector type: whole vectors)."""
+        return self(f"getelementptr {ty}, ptr {base}, i64 {offset}")
+
+    def load(self, at: str, ty: str, count: int, pn: str) -> list[str]:
+        """``ld1`` of ``count`` consecutive vectors of ``ty`` at ``at`` under the predicate-as-counter ``pn``."""
+        intrinsic = f"llvm.aarch64.sve.ld1.pn.x{count}.{_KINDS[ty]}"
+        return self.parts(self.call(tuple_type(ty, count), intrinsic, (PN, pn), ("ptr", at)), ty, count)
+
+    def store(self, values: list[str], at: str) -> None:
+        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicate ``%pn``."""
+        self.call("void", "llvm.aarch64.sve.st1.pn.x4.nxv4f32", *[(F, x) for x in values], (PN, "%pn"), ("ptr", at))
+
+    def luti4(self, codes: str) -> list[str]:
+        """``luti4 {2 vectors}, zt0, codes[0]``: the int8 u − 8 of the SVL/4 codes of a vector, in order."""
+        intrinsic = "llvm.aarch64.sme.luti4.lane.zt.x2.nxv16i8"
+        return self.parts(self.call(tuple_type(B, 2), intrinsic, ("i32", "0"), (B, codes), ("i32", "0")), B, 2)
+
+    def scvtf(self, ints: list[str]) -> list[str]:
+        """float32 of 4 vectors of int32 (exact: |dot| < 2^24), one multi-vector ``scvtf``."""
+        floats = self.call(tuple_type(F, 4), "llvm.aarch64.sve.scvtf.x4.nxv4f32.nxv4i32", *[(W, x) for x in ints])
+        return self.parts(floats, F, 4)
+
+    def fma(self, a: str, b: str, c: str, name: str | None = None) -> str:
+        """a·b + c rounded once (``fmla``)."""
+        return self.call(F, "llvm.fma.nxv4f32", (F, a), (F, b), (F, c), name=name)
+
+
+def tile_module(symbol: str, body: IrText, lut: str | None = None) -> str:
+    """The module (IR text) of a tile ``void symbol(ARGS)`` whose body ``body`` emitted: the entry point, locally
+    streaming (``smstart sm``), turns ZA on (and with it ZT0, which holds ``lut``'s table when the tile uses
+    ``luti4``), calls the body — a streaming function sharing ZA (and ZT0) — and turns ZA off."""
+    shared = '"aarch64_inout_za" "aarch64_inout_zt0"' if lut else '"aarch64_inout_za"'
+    entry = IrText()
+    entry.call("void", "llvm.aarch64.sme.za.enable")
+    entry.do(f"call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out) {shared}")
+    entry.call("void", "llvm.aarch64.sme.za.disable")
+    entry.do("ret void")
+    declarations = {**body.declarations, **entry.declarations}
+    functions = [
+        *([lut_definition(lut)] if lut else []),
+        f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
+        *entry.lines,
+        "}",
+        f"define internal void @{symbol}.body({ARGS}) noinline {_STREAMING} {shared} {{",
+        *body.lines,
+        "}",
+    ]
+    return "\n".join([*functions, *declarations.values()]) + "\n"
+
+
+def vl_module(symbol: str) -> str:
+    """The module of ``i64 symbol()``: the streaming vector length in 32-bit lanes (``rdsvl``)."""
+    body = IrText()
+    body.label("entry")
+    doublewords = body.call("i64", "llvm.aarch64.sme.cntsd")
+    body.do(f"ret i64 {body(f'shl i64 {doublewords}, 1')}")
+    return "\n".join([f"define i64 @{symbol}() {{", *body.lines, "}", *body.declarations.values()]) + "\n"
+
+
+def vl_reader(symbol: str) -> Callable:
+    """A numba intrinsic ``vl()``: the streaming vector length the tiles run at, in 32-bit lanes, from the installed
+    :func:`vl_module` ``symbol`` (read at each call: it is the thread's)."""
+
+    @intrinsic
+    def vl(typingctx):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            fnty = ir.FunctionType(ir.IntType(64), [])
+            return builder.call(cgutils.get_or_insert_function(builder.module, fnty, symbol), [])
+
+        return types.int64(), codegen
+
+    return vl
