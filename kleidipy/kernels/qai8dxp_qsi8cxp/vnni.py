@@ -22,8 +22,9 @@ the recipe's ``fma(S, F, bias)`` or ``f32(F·S) + bias``.
   columns, lane L holding column ``(4L // kr) % 4`` and the K group of 4 ``(L // kr)·(kr/4) + L % (kr/4)``. A
   row's LHS vector for the block is the block's mr·16 LHS bytes (every row of its group) put in that order by
   one ``vpermd``; one accumulator per (row, group) sums each column in 4 lanes, added up by lane shuffles after
-  the K loop. Register tiles: 4 rows × 4 groups (16 columns) or, for a lone row, 1 row × 16 groups (64
-  columns), swept over panels of columns whose packed RHS stays in L2.
+  the K loop. Register tiles: 4 rows × 4 groups (16 columns), for a lone row too (1 × 4: with 16 groups, as the
+  SME tile's 64 columns, the accumulators and RHS vectors spill, and the 16 RHS streams run ~25 % slower from
+  memory), swept over panels of columns whose packed RHS stays in L2.
 """
 
 from __future__ import annotations
@@ -305,8 +306,8 @@ def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: A
     return tile
 
 
-#: NEON tiles per kr: 1 row × 64 columns (a lone row: the GEMV), GEMM_ROWS rows × 16 columns
-_NEON_GEMV = {kr: _make_neon_tile(1, TILE_COLS // NEON_NR, kr, True) for kr in NEON_KRS}
+#: NEON tiles per kr: 1 row × 16 columns (a lone row: the GEMV), GEMM_ROWS rows × 16 columns
+_NEON_GEMV = {kr: _make_neon_tile(1, VEC_COLS // NEON_NR, kr, True) for kr in NEON_KRS}
 _NEON_GEMM = {kr: _make_neon_tile(GEMM_ROWS, VEC_COLS // NEON_NR, kr, False) for kr in NEON_KRS}
 _neon_gemv_kr4, _neon_gemv_kr8 = _NEON_GEMV[4], _NEON_GEMV[8]
 _neon_gemm_kr4, _neon_gemm_kr8 = _NEON_GEMM[4], _NEON_GEMM[8]
@@ -366,7 +367,7 @@ def _matmul_neon(m, n, k_int, mr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
         j1 = min(n, j0 + panel)
         for i0 in range(0, m, GEMM_ROWS):
             if m - i0 == 1:
-                for jj in range(j0, j1, TILE_COLS):
+                for jj in range(j0, j1, VEC_COLS):
                     if kr == 4:
                         _neon_gemv_kr4(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
                     else:
