@@ -84,7 +84,7 @@ def parse_target(spec: str, source: str = "--target") -> Target:
 
 def detect_target() -> Target:
     """The host as a target; a virtual SME2 CPU with SVL 512 when the host has no Arm matmul features."""
-    if hwcaps.is_linux_arm64():
+    if hwcaps.is_arm64_host():
         feats, svl = hwcaps.arm_features()
         feats &= _MATMUL_FEATURES
         for name in ("sme2", "sme", "i8mm", "dotprod"):

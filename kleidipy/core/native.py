@@ -2,8 +2,9 @@
 
 Owns the named instruction sets kleidipy compiles tiles for (:data:`ISAS`: an LLVM triple and feature list
 each), :func:`host_isa` (the first of a family's ISAs this host runs, from the features kleidipy itself detects —
-HWCAP/HWCAP2 on Linux aarch64 — never LLVM's guess of the host CPU, which under emulation reads the x86 host,
-and never a feature the CPU lacks: LLVM aborts the whole process on an instruction it cannot select),
+HWCAP/HWCAP2 on Linux aarch64, sysctl on macOS arm64 — never LLVM's guess of the host CPU, which under emulation
+reads the x86 host, and never a feature the CPU lacks: LLVM aborts the whole process on an instruction it cannot
+select),
 :func:`assembly` (a module cross-compiled for any of them, on any host: what ``kleidipy kernels --asm``
 shows), :func:`install` (a module compiled for this host, its functions registered as LLVM symbols) and
 :func:`caller` (a numba intrinsic that calls such a symbol by name: the numba functions calling it stay
@@ -49,7 +50,9 @@ class NativeIsa:
         return feature in self.features
 
     def target_machine(self, jit: bool = False) -> llvm.TargetMachine:
-        target = llvm.Target.from_triple(self.triple)
+        """LLVM's target machine for this ISA; with ``jit``, code for this host (its own triple: Linux or macOS)."""
+        triple = llvm.get_process_triple() if jit else self.triple
+        target = llvm.Target.from_triple(triple)
         return target.create_target_machine(cpu="generic", features=",".join(self.features), opt=3, jit=jit)
 
 
@@ -71,10 +74,10 @@ ISAS = {
 
 
 def host_isa(*names: str) -> NativeIsa | None:
-    """The first of the named ISAs this host runs (Linux aarch64, from HWCAP), or None (other hosts: numba's own code
-    is native there, or there is nothing better than portable code). A family asks for the ISAs its tiles have,
-    richest first: NEON tiles ``host_isa("aarch64-i8mm", "aarch64-dotprod")``."""
-    if not hwcaps.is_linux_arm64():
+    """The first of the named ISAs this host runs (Linux aarch64 from HWCAP, macOS arm64 from sysctl), or None
+    (other hosts: numba's own code is native there, or there is nothing better than portable code). A family asks
+    for the ISAs its tiles have, richest first: NEON tiles ``host_isa("aarch64-i8mm", "aarch64-dotprod")``."""
+    if not hwcaps.is_arm64_host():
         return None
     features = hwcaps.arm_features()[0]
     for name in names:
