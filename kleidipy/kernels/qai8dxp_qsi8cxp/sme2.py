@@ -46,6 +46,11 @@ KERNELS = {
     MOPA: "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa",
     SDOT: "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot",
 }
+#: the SME kernels of the same layouts and recipes, which the tiles also run on an SME2 host
+SME_KERNELS = {
+    MOPA: "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa",
+    SDOT: "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot",
+}
 #: K values of one iteration of a tile's block loop (k_int is a multiple)
 BLOCK = 32
 #: kr of the SME layouts (and the LHS chunk kbl of the MOPA one)
@@ -232,8 +237,9 @@ def tile_module(symbol: str) -> str:
 
 
 def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME2 kernels for ``aarch64-sme2`` (None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
+    """The tile module (IR text) of one of the family's SME2 kernels — or of the SME kernels it runs too — for
+    ``aarch64-sme2`` (None otherwise)."""
+    symbol = next((s for table in (KERNELS, SME_KERNELS) for s, name in table.items() if name == kernel.name), None)
     return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
 
 
