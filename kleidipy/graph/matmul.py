@@ -67,7 +67,8 @@ Q4_0_NEON = 1
 #: Q4_0 SME2 kernels: the VNNI tiles (portable IR on hosts without AVX-512 VNNI), ``vnni._compute``; the native
 #: SME2 tiles ``sme2._compute`` on a host with SME2
 Q4_0_SME2 = 2
-#: Q4_0 SME1 kernels: ``jit.matmul_qsi8d32p_qsi4c32ps4s0sf16``
+#: Q4_0 SME1 kernels: the family's ``ukernels.SME_COMPUTE`` (the VNNI tiles ``vnni_s4s0.compute_s4s0`` where the
+#: host has AVX-512 VNNI, else ``jit.matmul_qsi8d32p_qsi4c32ps4s0sf16``)
 Q4_0_SME = 3
 #: Q4_1 kernels on the portable numba loops (hosts without AVX-512 VNNI): ``jit.matmul``
 Q4_1 = 4
@@ -141,6 +142,7 @@ def _q4_0_sme2_numba(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no
 #: the Q4_0 SME2 kernels' tiles (as ``ukernels.SME2_COMPUTE``): the native SME2 ones on a host with SME2 (which run
 #: the kernels bound to its SVL, the others on the VNNI/portable tiles)
 _Q4_0_SME2_TILES = q40_sme2._compute if q40_sme2.AVAILABLE else _q4_0_sme2_numba
+_Q4_0_SME_TILES = q40_ukernels.SME_COMPUTE
 #: the Q4_0 NEON kernels' tiles (as ``ukernels.NEON_COMPUTE``): the native aarch64 ones where the host has them (only
 #: then is their code referenced: its symbols exist on such hosts only)
 _Q4_0_NEON_TILES = q40_native.compute if q40_native.AVAILABLE else _q4_0_neon_numba
@@ -322,7 +324,7 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
     elif code == Q4_0_SME2:
         res = _Q4_0_SME2_TILES(m, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_0_SME:
-        res = q40_jit.matmul_qsi8d32p_qsi4c32ps4s0sf16(m, cnt, k, mr, nr, a, b, fmul)
+        res = _Q4_0_SME_TILES(m, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_1:
         kbl = params[P_KBL]
         res = q41_jit.matmul(m, cnt, k, mr, nr, kbl, params[P_CHUNK], a, b, params[P_NEON] != 0, fmul)
