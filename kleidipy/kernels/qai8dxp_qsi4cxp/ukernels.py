@@ -1,7 +1,8 @@
 """The ``qai8dxp × qsi4cxp`` family: per-channel int4 weights (unsigned codes, zero point 8, f32 scale per row).
 
 Owns the two RHS packers (NEON ``rhs_pack_nxk_qsi4cxp_qs4cxs1s0`` and SME2
-``rhs_pack_nxk_qsi4cxps1s0_qsu4cxs1s0_neon``) and the five kernels. The LHS packer, the per-channel RHS
+``rhs_pack_nxk_qsi4cxps1s0_qsu4cxs1s0_neon``) and the five kernels, whose jit runs on the family's own tiles
+(``sme2``, ``neon``, ``vnni``). The LHS packer, the per-channel RHS
 base and the kernel arithmetic are shared with the Q8_0 family (:mod:`kleidipy.kernels.qai8dxp_qsi8cxp.ukernels`).
 """
 
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.kernels.qai8dxp_qsi4cxp import neon, sme2, vnni
 from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import (
     LHS_PACKER,
     PerChannelRhsPacker,
+    Qai8dxpMatmulKernel,
     Recipe,
     RhsDataLayout,
     k_internal,
@@ -79,11 +82,29 @@ class RhsPackNxkQsi4cxps1s0Qsu4cxs1s0Neon(Qsi4cxpRhsPacker):
         return RhsDataLayout(blen, 1, (e // blen) % nr, k_lo, k_lo + 1)
 
 
+class Qsi4cxpMatmulKernel(Qai8dxpMatmulKernel):
+    """A kernel of this family: its jit runs on this family's tiles — SME2 (an SME2 host: its SME2 layouts at the
+    host's SVL, the rest to the NEON tiles), NEON (a host with DotProd), AVX-512 VNNI (an x86 host with it) — and
+    everything else on the Q8_0 family's code (the portable loop for these layouts)."""
+
+    compute = staticmethod(
+        sme2.matmul_qai8dxp if sme2.AVAILABLE else neon.matmul_qai8dxp if neon.AVAILABLE else vnni.matmul_qai8dxp
+    )
+
+
 RHS_PACKER_NEON = RhsPackNxkQsi4cxpQs4cxs1s0()
 RHS_PACKER_SME2 = RhsPackNxkQsi4cxps1s0Qsu4cxs1s0Neon()
 
 KERNELS = [
-    make_kernel(f"matmul_clamp_f32_qai8dxp{lhs}_qsi4cxp{rhs}_{tile}", FAMILY_NAME, tier, packer, geo, recipe)
+    make_kernel(
+        f"matmul_clamp_f32_qai8dxp{lhs}_qsi4cxp{rhs}_{tile}",
+        FAMILY_NAME,
+        tier,
+        packer,
+        geo,
+        recipe,
+        Qsi4cxpMatmulKernel,
+    )
     for lhs, rhs, tile, tier, packer, geo, recipe in (
         ("1vlx8", "4vlx8", "1vlx4vl_sme2_mopa", "sme2", RHS_PACKER_SME2, sme_geometry(True), Recipe.FMUL_FADD),
         ("1x4", "4vlx4", "1x4vl_sme2_sdot", "sme2", RHS_PACKER_SME2, sme_geometry(False), Recipe.FMA_BIAS),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
+from typing import ClassVar
 
 import numpy as np
 
@@ -428,6 +429,9 @@ class Recipe(IntEnum):
 class Qai8dxpMatmulKernel(MatmulKernel):
     """A ``matmul_clamp_f32_qai8dxp…`` kernel: qai8dxp LHS × a per-channel RHS (``flags["recipe"]``)."""
 
+    #: the jit execution's code (``jit.matmul_qai8dxp``'s signature): a family with tiles of its own sets its own
+    compute: ClassVar[Callable[..., None]] = staticmethod(MATMUL_COMPUTE)
+
     @property
     def recipe(self) -> Recipe:
         return self.flags["recipe"]
@@ -448,7 +452,7 @@ class Qai8dxpMatmulKernel(MatmulKernel):
         lhs = lhs[: self.lhs_packed_size(m, k)]
         rhs = np.ascontiguousarray(rhs[: self.rhs_packed_size(n, k)])
         out = np.empty((m, n), dtype=np.float32)
-        MATMUL_COMPUTE(
+        self.compute(
             m,
             n,
             k_internal(k),
@@ -487,12 +491,11 @@ def make_kernel(
     rhs_packer: PerChannelRhsPacker,
     geometry: Callable[[int], Geometry],
     recipe: Recipe,
+    kernel_class: type[Qai8dxpMatmulKernel] = Qai8dxpMatmulKernel,
 ) -> Qai8dxpMatmulKernel:
     """A qai8dxp kernel (GEMV when mr = 1) reading the qai8dxp LHS and ``rhs_packer``'s layout."""
     kind = "gemv" if geometry(4).mr == 1 else "gemm"
-    return Qai8dxpMatmulKernel(
-        name, family, tier, kind, LHS_PACKER, rhs_packer, geometry, bl=None, flags={"recipe": recipe}
-    )
+    return kernel_class(name, family, tier, kind, LHS_PACKER, rhs_packer, geometry, bl=None, flags={"recipe": recipe})
 
 
 KERNELS = [
