@@ -63,6 +63,8 @@ ISAS = {
     for isa in (
         NativeIsa("aarch64-dotprod", _AARCH64, ("+neon", "+dotprod"), frozenset({"asimd", "dotprod"})),
         NativeIsa("aarch64-i8mm", _AARCH64, ("+neon", "+dotprod", "+i8mm"), frozenset({"asimd", "dotprod", "i8mm"})),
+        NativeIsa("aarch64-bf16", _AARCH64, ("+neon", "+bf16"), frozenset({"asimd", "bf16"})),
+        NativeIsa("aarch64-sme", _AARCH64, ("+neon", "+sme"), frozenset({"asimd", "sme"})),
         NativeIsa("aarch64-sme2", _AARCH64, ("+neon", "+sme", "+sme2"), frozenset({"asimd", "sme", "sme2"})),
         NativeIsa(
             "x86-vnni",

@@ -142,16 +142,19 @@ class LoopCount:
         return (self.instructions if count is None else count) * 1024 / self.macs
 
 
-def hot_loop(text: str, svl_bits: int = 512) -> LoopCount | None:
+def hot_loop(text: str, svl_bits: int = 512, block_loops: bool = True) -> LoopCount | None:
     """The hot loop of an int8 matmul listing (module docstring), or None without one: of the loops holding dot
-    instructions and a float multiply-add with no such loop inside them (failing those, loops holding dot
-    instructions), the one with the most MACs (the main tile, not a tail), then the shortest."""
+    instructions and a float multiply-add with no such loop inside them (failing those, or without
+    ``block_loops``: loops holding dot instructions), the one with the most MACs (the main tile, not a tail), then
+    the shortest. ``block_loops=False`` suits code whose float epilogue runs after the whole K loop (kleidipy's
+    VNNI tiles): a loop around it holding both would be a loop over tiles."""
     lines = parse(text)
     spans = {True: [], False: []}
     for first, last in loops(lines):
         body = [line for line in lines[first : last + 1] if line.mnemonic]
         if any(line.mnemonic in DOT_MNEMONICS for line in body):
-            spans[any(_FMA.match(line.mnemonic) for line in body)].append((first, last, body))
+            fma = block_loops and any(_FMA.match(line.mnemonic) for line in body)
+            spans[fma].append((first, last, body))
     found = spans[True] or spans[False]
     if not found:
         return None

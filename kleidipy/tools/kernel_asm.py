@@ -75,7 +75,7 @@ def listing(kernel: MatmulKernel, isa: str, svl_bits: int = 512) -> Listing:
             raise NoTileError(f"kai_{kernel.name}: no native {isa} tile (the jit runs numba code there)")
         text = native.assembly(module, target)
         how = f"native tile, cross-compiled ({target.triple}, {' '.join(target.features)})"
-    loop = hot_loop(text, svl_bits)
+    loop = hot_loop(text, svl_bits, block_loops=isa != "x86-vnni")
     if loop is None:
         raise NoTileError(f"kai_{kernel.name}: no int8 dot-product instruction in any loop of its {isa} code")
     return Listing(kernel, isa, how, loop, kleidiai_counts()["kernels"].get(kernel.name))

@@ -96,7 +96,7 @@ def groups(mr: int, m_step: int, isa: native.NativeIsa) -> int:
 
 def _block(b: ir.IRBuilder, op: str, mr: int, lbs: list, rb: ir.Value, accs: list) -> list:
     """The accumulators after one block: ``lbs`` the block's bytes of each LHS group of the tile (4 K chunks of mr
-    rows × 8), ``rb`` the block's RHS bytes, ``accs`` as ``qai8dxp_qsi8cxp.neon._rows`` reads them (kr 8)."""
+    rows × 8), ``rb`` the block's RHS bytes, ``accs`` as ``qai8dxp_qsi8cxp.neon.tile_rows`` reads them (kr 8)."""
     low_mask = vec(V16I8, [0xF0] * 16)
     # 16 bytes s: columns 2(s % 2), 2(s % 2) + 1 of K chunk s // 2 (low nibbles) and s // 2 + 2 (high nibbles)
     codes = [load(b, rb, 16 * s, V16I8) for s in range(RHS_BLOCK // 16)]
@@ -157,12 +157,12 @@ def tile_module(mr: int, m_step: int, isa: native.NativeIsa) -> ir.Module:
             rhs0 = at(b, rhs, b.mul(gj.index, rstride))
             for acc in accs:
                 b.store(ir.Constant(V4I32, None), acc)
-            with qai8dxp_qsi8cxp_neon._block_loop(b, nb) as blk:
+            with qai8dxp_qsi8cxp_neon.block_loop(b, nb) as blk:
                 lbs = [at(b, lb, b.mul(blk, const(I64, mr * BLOCK))) for lb in lhs0]
                 rb = at(b, rhs0, b.mul(blk, const(I64, RHS_BLOCK)))
                 for acc, value in zip(accs, _block(b, op, mr, lbs, rb, [b.load(a) for a in accs]), strict=True):
                     b.store(value, acc)
-            dots = qai8dxp_qsi8cxp_neon._rows(b, op, KBL, [b.load(a) for a in accs])
+            dots = qai8dxp_qsi8cxp_neon.tile_rows(b, op, KBL, [b.load(a) for a in accs])
             params = at(b, rhs0, data)
             sums, scales, biases = (load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
             col0 = b.mul(gj.index, const(I64, NR))

@@ -42,7 +42,7 @@ from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.kernels.qai8dxp_qsi4cxp import neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as qai8dxp_qsi8cxp
-from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import _block_loop, _column_group, _end, _Ir
+from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import Ir, block_loop, column_group, end_column_groups
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes
 MOPA = "kleidipy_qsi4cx_sme2_mopa"
@@ -66,7 +66,7 @@ _LUT = "@kleidipy_qsi4cx_sme2_lut"
 _SIGNED_LUT = f"{_LUT} = internal constant [16 x i32] [{', '.join(f'i32 {v - 16 * (v >> 3)}' for v in range(16))}]"
 
 
-def _prologue(ir: _Ir, mr: str) -> None:
+def _prologue(ir: Ir, mr: str) -> None:
     """The entry block's common part: ZT0 ← the table, the group sizes (``%mr`` rows, ``%nr`` = 4·VL columns;
     their data and strides: the RHS data is nr·k_int/2 bytes), ``%rowbytes`` of dst and the all-true predicates."""
     ir.label("entry")
@@ -85,7 +85,7 @@ def _prologue(ir: _Ir, mr: str) -> None:
     ir.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
 
 
-def _block_end(ir: _Ir, lhs_bytes: str | int) -> None:
+def _block_end(ir: Ir, lhs_bytes: str | int) -> None:
     """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, 16 vectors of RHS codes) and loop."""
     ir(f"getelementptr i8, ptr %lp, i64 {lhs_bytes}", "lp.next")
     ir(f"getelementptr {B}, ptr %rp, i64 16", "rp.next")
@@ -94,11 +94,11 @@ def _block_end(ir: _Ir, lhs_bytes: str | int) -> None:
     ir.label("k_end")
 
 
-def _mopa_body(ir: _Ir) -> None:
+def _mopa_body(ir: Ir) -> None:
     """The MOPA tile: out [m, n] from LHS groups of VL rows (4 bytes each per K group: one vector) and RHS groups
     of 4·VL columns (2 bytes of codes each per K group: 2 vectors)."""
     _prologue(ir, "shl i64 %vscale, 2")
-    _column_group(ir)
+    column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
     ir("phi i64 [0, %n_loop], [%i0.next, %rows_end]", "i0")
@@ -107,7 +107,7 @@ def _mopa_body(ir: _Ir) -> None:
     ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
     ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    lp, rp = _block_loop(ir, "m_loop", "%lgroup")
+    lp, rp = block_loop(ir, "m_loop", "%lgroup")
     for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
         lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
         rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
@@ -134,20 +134,20 @@ def _mopa_body(ir: _Ir) -> None:
     ir("add i64 %i0, %mr", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    _end(ir)
+    end_column_groups(ir)
 
 
-def _sdot_body(ir: _Ir) -> None:
+def _sdot_body(ir: Ir) -> None:
     """The SDOT tile: out [m, n] from LHS rows (k_int bytes in K order, −zp, recip) and RHS groups of 4·VL columns
     (2 bytes of codes each per K group: 2 vectors), row after row."""
     _prologue(ir, "add i64 0, 1")
-    _column_group(ir)
+    column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")
     ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
     ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    lp, rp = _block_loop(ir, "m_loop", "%lrow")
+    lp, rp = block_loop(ir, "m_loop", "%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
         for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
@@ -164,7 +164,7 @@ def _sdot_body(ir: _Ir) -> None:
     ir("add i64 %i, 1", "i.next")
     ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _end(ir)
+    end_column_groups(ir)
 
 
 def tile_module(symbol: str) -> str:
@@ -174,7 +174,7 @@ def tile_module(symbol: str) -> str:
     4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
     if symbol == VL:
         return vl_module(VL)
-    body = _Ir()
+    body = Ir()
     {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
     # the shared wrapper defines ZT0's table as the unsigned codes' u − 8; this layout's nibbles are signed
     return sme2_tile_module(symbol, body, _LUT).replace(lut_definition(_LUT), f"{_SIGNED_LUT}, align 64")

@@ -49,11 +49,11 @@ from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
     TILE_COLS,
     TILE_VECS,
     VEC_COLS,
-    _group_params,
-    _lhs_block,
-    _lhs_rows,
-    _neon_rows,
-    _sum_columns,
+    group_params,
+    lhs_block,
+    lhs_rows,
+    neon_rows,
+    sum_columns,
 )
 
 #: the host runs these tiles (else :func:`matmul_qai8dxp` hands every call to FALLBACK).
@@ -173,9 +173,9 @@ def _matmul_sme(m, n, k_int, mr, nr, lhs_i8, fma_bias, rhs_u8, out):
 
 def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
     """Intrinsic ``tile(geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias)``: rows i0 … i0 + rows − 1 (rows
-    past m, as :func:`_neon_rows` gives them, are computed and not stored) × the NEON_NR·groups columns from j0
+    past m, as :func:`neon_rows` gives them, are computed and not stored) × the NEON_NR·groups columns from j0
     (groups past n re-read the first). geo = (m, n, k_int, mr); table, index and corr (−128·Σq) are
-    :func:`_neon_rows`'s for kr = 8. ``prefetch``: software prefetch of the RHS streams (the one-row tile reads
+    :func:`neon_rows`'s for kr = 8. ``prefetch``: software prefetch of the RHS streams (the one-row tile reads
     them from memory)."""
 
     @intrinsic
@@ -196,7 +196,7 @@ def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
                 inside = b.icmp_signed("<", b.add(j0_v, i64(NEON_NR * g)), n)
                 group = b.select(inside, b.add(first, i64(g)), first)
                 gptrs.append(vnni.byte_ptr(b, rhs_p, b.mul(group, b.add(data_bytes, i64(NEON_NR * 12)))))
-            lrows = _lhs_rows(b, rows, lhs_p, table_p, index_p, i0_v)
+            lrows = lhs_rows(b, rows, lhs_p, table_p, index_p, i0_v)
             zero = vnni.const_splat(I32X16, 0)
             iacc = [[cgutils.alloca_once_value(b, zero) for _ in range(groups)] for _ in range(rows)]
             low_shift, high_mask = vnni.const_splat(I8X64, 4), vnni.const_splat(I8X64, 0xF0)
@@ -215,15 +215,15 @@ def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
                     halves.append((b.bitcast(lo, I32X16), b.bitcast(hi, I32X16)))
                 blk = b.mul(loop.index, i64(2))
                 for r, row in enumerate(lrows):
-                    q_lo = _lhs_block(b, row, mr, blk)
-                    q_hi = _lhs_block(b, row, mr, b.add(blk, i64(1)))
+                    q_lo = lhs_block(b, row, mr, blk)
+                    q_hi = lhs_block(b, row, mr, b.add(blk, i64(1)))
                     for g, (lo, hi) in enumerate(halves):
                         acc = vnni.dpbusd(b, b.load(iacc[r][g]), lo, q_lo, True)
                         b.store(vnni.dpbusd(b, acc, hi, q_hi, True), iacc[r][g])
             quads = []
             for v in range(groups // NEON_NR):
                 four = gptrs[NEON_NR * v : NEON_NR * (v + 1)]
-                quads.append([_group_params(b, four, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))])
+                quads.append([group_params(b, four, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))])
             for r, (ptr, _, param) in enumerate(lrows):
                 i = b.add(i0_v, i64(r))
                 zp = vnni.byte_ptr(b, ptr, b.add(b.mul(mr, k_int), param))
@@ -231,7 +231,7 @@ def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
                 rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
                 for v, (sums, scale, bias) in enumerate(quads):
-                    dot = _sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], NEON_BLEN)
+                    dot = sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], NEON_BLEN)
                     f = b.sitofp(b.add(b.add(dot, c), b.mul(o, sums)), F32X16)
                     s = b.fmul(scale, rc)
                     res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
@@ -253,7 +253,7 @@ _neon_gemm = _make_neon_tile(GEMM_ROWS, VEC_COLS // NEON_NR, False)
 
 @numba.njit(cache=True, nogil=True)
 def _matmul_neon(m, n, k_int, mr, kbl, lhs_i8, fma_bias, rhs_u8, out):
-    table, index, corr = _neon_rows(m, k_int, mr, kbl, NEON_BLEN, lhs_i8)
+    table, index, corr = neon_rows(m, k_int, mr, kbl, NEON_BLEN, lhs_i8)
     geo = (np.int64(m), np.int64(n), np.int64(k_int), np.int64(mr))
     panel = max(1, PANEL_BYTES // (TILE_COLS * k_int // 2)) * TILE_COLS
     for j0 in range(0, n, panel):  # a panel of columns whose RHS stays in L2 across the row tiles

@@ -89,7 +89,7 @@ def groups(mr: int, kr: int, isa: native.NativeIsa) -> int:
 
 
 @contextmanager
-def _block_loop(b: ir.IRBuilder, nb: ir.Value) -> Iterator[ir.Value]:
+def block_loop(b: ir.IRBuilder, nb: ir.Value) -> Iterator[ir.Value]:
     """The body of a loop over blocks 0 … nb − 1 (nb ≥ 1: a loop tested at its end, as KleidiAI's ``subs``/``bgt``);
     yields the block index."""
     entry, body = b.basic_block, b.append_basic_block("block")
@@ -108,7 +108,7 @@ def _block_loop(b: ir.IRBuilder, nb: ir.Value) -> Iterator[ir.Value]:
 def _block(b: ir.IRBuilder, op: str, mr: int, kr: int, lbs: list, rb: ir.Value, accs: list) -> list:
     """The accumulators after one block: ``lbs`` the block's bytes of each LHS group of the tile (mr rows × 32 in
     chunks of kr per row), ``rb`` the block's RHS bytes (4 columns × 32 in chunks of kr per column), ``accs`` as
-    :func:`_rows` reads them."""
+    :func:`tile_rows` reads them."""
     # 16 bytes v: kr 4, K group v of 4 columns; kr 8, K group v // 2 of columns 2(v % 2), 2(v % 2) + 1
     rhs = [load(b, rb, 16 * v, V16I8) for v in range(RHS_BLOCK // 16)]
     out = list(accs)
@@ -150,7 +150,7 @@ def _accumulators(op: str, mr: int, kr: int, count: int) -> int:
     return count * mr * (1 if kr == 4 or op == "smmla" else 2)
 
 
-def _rows(b: ir.IRBuilder, op: str, kr: int, accs: list) -> list:
+def tile_rows(b: ir.IRBuilder, op: str, kr: int, accs: list) -> list:
     """The int32 dots of the tile's rows (4 columns each) from its accumulators."""
     if kr == 4:
         return accs
@@ -190,12 +190,12 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
             rhs0 = at(b, rhs, b.mul(gj.index, rstride))
             for acc in accs:
                 b.store(ir.Constant(V4I32, None), acc)
-            with _block_loop(b, nb) as blk:
+            with block_loop(b, nb) as blk:
                 lbs = [at(b, lb, b.mul(blk, const(I64, mr * BLOCK))) for lb in lhs0]
                 rb = at(b, rhs0, b.mul(blk, const(I64, RHS_BLOCK)))
                 for acc, value in zip(accs, _block(b, op, mr, kr, lbs, rb, [b.load(a) for a in accs]), strict=True):
                     b.store(value, acc)
-            dots = _rows(b, op, kr, [b.load(a) for a in accs])
+            dots = tile_rows(b, op, kr, [b.load(a) for a in accs])
             params = at(b, rhs0, b.mul(k_int, const(I64, NR)))
             sums, scales, biases = (load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
             col0 = b.mul(gj.index, const(I64, NR))

@@ -57,7 +57,7 @@ BLOCK = 32
 KR = 4
 
 
-class _Ir(IrText):
+class Ir(IrText):
     """The lines of a function body and the declarations of the intrinsics it calls."""
 
     def splat(self, scalar: str, ty: str, elem: str) -> str:
@@ -93,7 +93,7 @@ class _Ir(IrText):
         return [self(f"fadd {F} {self(f'fmul {F} {fv}, {sv}')}, {b}") for fv, sv, b in zip(f, s, biases, strict=True)]
 
 
-def _prologue(ir: _Ir, mr: str) -> None:
+def _prologue(ir: Ir, mr: str) -> None:
     """The entry block's common part: the group sizes (``%mr`` rows, ``%nr`` = 4·VL columns; their data and
     strides), ``%rowbytes`` of dst and the all-true predicates."""
     ir.label("entry")
@@ -111,10 +111,10 @@ def _prologue(ir: _Ir, mr: str) -> None:
     ir.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
 
 
-def _column_group(ir: _Ir) -> None:
+def column_group(ir: Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
     dst stores; ``%rparams``: the group's sums, scales, biases; ``%dstcol``: its first dst column). It ends in
-    :func:`_end`."""
+    :func:`end_column_groups`."""
     ir.do("br label %n_loop")
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
@@ -124,7 +124,7 @@ def _column_group(ir: _Ir) -> None:
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
 
-def _end(ir: _Ir) -> None:
+def end_column_groups(ir: Ir) -> None:
     """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
     ir.label("m_end")
     ir("add i64 %j0, %nr", "j0.next")
@@ -134,7 +134,7 @@ def _end(ir: _Ir) -> None:
     ir.do("ret void")
 
 
-def _block_loop(ir: _Ir, pred: str, lhs: str) -> tuple[str, str]:
+def block_loop(ir: Ir, pred: str, lhs: str) -> tuple[str, str]:
     """Start the block loop (block ``k_loop``, entered from ``pred``): the LHS pointer from ``lhs`` and the RHS
     pointer from the column group's, both advanced by :func:`_block_end`; returns them."""
     ir.do("br label %k_loop")
@@ -145,7 +145,7 @@ def _block_loop(ir: _Ir, pred: str, lhs: str) -> tuple[str, str]:
     return lp, rp
 
 
-def _block_end(ir: _Ir, lhs_bytes: str | int) -> None:
+def _block_end(ir: Ir, lhs_bytes: str | int) -> None:
     """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, 32 vectors of RHS) and loop."""
     ir(f"getelementptr i8, ptr %lp, i64 {lhs_bytes}", "lp.next")
     ir(f"getelementptr {B}, ptr %rp, i64 32", "rp.next")
@@ -154,11 +154,11 @@ def _block_end(ir: _Ir, lhs_bytes: str | int) -> None:
     ir.label("k_end")
 
 
-def _mopa_body(ir: _Ir) -> None:
+def _mopa_body(ir: Ir) -> None:
     """The MOPA tile: out [m, n] from LHS groups of VL rows (4 bytes each per K group: one vector) and RHS groups
     of 4·VL columns (4 bytes each per K group: 4 vectors)."""
     _prologue(ir, "shl i64 %vscale, 2")
-    _column_group(ir)
+    column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
     ir("phi i64 [0, %n_loop], [%i0.next, %rows_end]", "i0")
@@ -167,7 +167,7 @@ def _mopa_body(ir: _Ir) -> None:
     ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
     ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    lp, rp = _block_loop(ir, "m_loop", "%lgroup")
+    lp, rp = block_loop(ir, "m_loop", "%lgroup")
     for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 int8 (4 vectors)
         lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
         for tile, values in enumerate(ir.load(ir.at(rp, 4 * t, B), B, 4, "%pn8")):
@@ -193,20 +193,20 @@ def _mopa_body(ir: _Ir) -> None:
     ir("add i64 %i0, %mr", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    _end(ir)
+    end_column_groups(ir)
 
 
-def _sdot_body(ir: _Ir) -> None:
+def _sdot_body(ir: Ir) -> None:
     """The SDOT tile: out [m, n] from LHS rows (k_int bytes in K order, −zp, recip) and RHS groups of 4·VL columns
     (4 bytes each per K group: 4 vectors), row after row."""
     _prologue(ir, "add i64 0, 1")
-    _column_group(ir)
+    column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")
     ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
     ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    lp, rp = _block_loop(ir, "m_loop", "%lrow")
+    lp, rp = block_loop(ir, "m_loop", "%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
         for g in range(4):  # K group 4h + g: 4 vectors of RHS bytes
@@ -221,7 +221,7 @@ def _sdot_body(ir: _Ir) -> None:
     ir("add i64 %i, 1", "i.next")
     ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _end(ir)
+    end_column_groups(ir)
 
 
 def tile_module(symbol: str) -> str:
@@ -231,7 +231,7 @@ def tile_module(symbol: str) -> str:
     4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
     if symbol == VL:
         return vl_module(VL)
-    body = _Ir()
+    body = Ir()
     {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
     return sme2_tile_module(symbol, body, None)
 

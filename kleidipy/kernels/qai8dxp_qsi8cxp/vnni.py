@@ -170,7 +170,7 @@ def _lane_k_group(lane, kr):
     return (lane // kr) * (kr // KR) + lane % (kr // KR)
 
 
-#: _sum_columns's two rounds per kr: the lanes (of x ‖ y, 32 lanes) of the two addends of each combine of two
+#: sum_columns's two rounds per kr: the lanes (of x ‖ y, 32 lanes) of the two addends of each combine of two
 #: vectors x, y; the lists taking lane j from x[j] or y[j] compile to a blend, the others to one lane shuffle.
 _FOLDS = {
     # kr = 4: 128-bit lane t of a group's vector holds its 4 columns (column c in lane 4t + c). Round 1 adds
@@ -196,7 +196,7 @@ _FOLDS = {
 }
 
 
-def _sum_columns(builder, accs: list, kr: int):  # noqa: ANN001, ANN202
+def sum_columns(builder, accs: list, kr: int):  # noqa: ANN001, ANN202
     """i32x16 whose lane 4g + c is the sum of the 4 lanes of accs[g] (4 accumulators of NEON groups) that hold
     column c: two rounds of adds of lane-shuffled pairs (_FOLDS)."""
     first, second = _FOLDS[kr]
@@ -208,7 +208,7 @@ def _sum_columns(builder, accs: list, kr: int):  # noqa: ANN001, ANN202
     return fold(fold(order[0], order[1], first), fold(order[2], order[3], first), second)
 
 
-def _group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):  # noqa: ANN001, ANN202
+def group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):  # noqa: ANN001, ANN202
     """The 16 values (4 per group, NEON_NR-wide fields after a group's data) of parameter ``field`` (0 row sums,
     1 scales, 2 biases) of 4 groups, as one 16-lane vector."""
     quarter = ir.VectorType(ty, NEON_NR)
@@ -219,8 +219,8 @@ def _group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):  
     return vnni.concat(builder, parts)
 
 
-def _lhs_rows(b, rows: int, lhs_p, table_p, index_p, i0):  # noqa: ANN001, ANN202
-    """Per row i0 + r of a tile, from the row table of :func:`_neon_rows`: (pointer to its group in the packed
+def lhs_rows(b, rows: int, lhs_p, table_p, index_p, i0):  # noqa: ANN001, ANN202
+    """Per row i0 + r of a tile, from the row table of :func:`neon_rows`: (pointer to its group in the packed
     LHS, the vpermd index of its lanes, its byte offset among the group's mr int32/f32 parameters)."""
     out = []
     for r in range(rows):
@@ -231,7 +231,7 @@ def _lhs_rows(b, rows: int, lhs_p, table_p, index_p, i0):  # noqa: ANN001, ANN20
     return out
 
 
-def _lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
+def lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
     """A row's LHS vector for K block ``block``: lane L holds the 4 int8 of K group 4·block + _lane_k_group(L, kr),
     the block's mr·16 bytes (every row of the group) permuted by the row's index."""
     ptr, index, _ = row
@@ -241,7 +241,7 @@ def _lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
 
 def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: ANN202
     """Intrinsic ``tile(geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias)``: rows i0 … i0 + rows − 1 (rows
-    past m, as :func:`_neon_rows` gives them, are computed and not stored) × the NEON_NR·groups columns from j0
+    past m, as :func:`neon_rows` gives them, are computed and not stored) × the NEON_NR·groups columns from j0
     (groups past n re-read the first) of the packed LHS and RHS. geo = (m, n, k_int, mr). ``prefetch``:
     software prefetch of the RHS streams (the one-row tile reads them from memory)."""
 
@@ -263,7 +263,7 @@ def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: A
                 inside = b.icmp_signed("<", b.add(j0_v, i64(NEON_NR * g)), n)
                 group = b.select(inside, b.add(first, i64(g)), first)
                 gptrs.append(vnni.byte_ptr(b, rhs_p, b.mul(group, b.add(data_bytes, i64(NEON_NR * 12)))))
-            lrows = _lhs_rows(b, rows, lhs_p, table_p, index_p, i0_v)
+            lrows = lhs_rows(b, rows, lhs_p, table_p, index_p, i0_v)
             zero = vnni.const_splat(I32X16, 0)
             iacc = [[cgutils.alloca_once_value(b, zero) for _ in range(groups)] for _ in range(rows)]
             flip = vnni.const_splat(I8X64, 0x80)
@@ -277,13 +277,13 @@ def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: A
                         vnni.prefetch(b, vnni.byte_ptr(b, src, ahead))
                     w.append(b.bitcast(b.xor(vnni.load(b, src, I8X64), flip), I32X16))
                 for r, row in enumerate(lrows):
-                    q = _lhs_block(b, row, mr, loop.index)
+                    q = lhs_block(b, row, mr, loop.index)
                     for g in range(groups):
                         b.store(vnni.dpbusd(b, b.load(iacc[r][g]), w[g], q, True), iacc[r][g])
             quads = []
             for v in range(groups // NEON_NR):
                 four = gptrs[NEON_NR * v : NEON_NR * (v + 1)]
-                quads.append([_group_params(b, four, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))])
+                quads.append([group_params(b, four, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))])
             for r, (ptr, _, param) in enumerate(lrows):
                 i = b.add(i0_v, i64(r))
                 zp = vnni.byte_ptr(b, ptr, b.add(b.mul(mr, k_int), param))
@@ -291,7 +291,7 @@ def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: A
                 rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
                 for v, (sums, scale, bias) in enumerate(quads):
-                    dot = _sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], kr)
+                    dot = sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], kr)
                     f = b.sitofp(b.add(b.add(dot, c), b.mul(o, sums)), F32X16)
                     s = b.fmul(scale, rc)
                     res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
@@ -325,10 +325,10 @@ def _neon_row_sums(typingctx, geo, lhs, table, index, corr):
         b = builder
         ones = vnni.const_splat(I32X16, 0x01010101)
         with cgutils.for_range(b, rows) as loop:
-            (row,) = _lhs_rows(b, 1, lhs_p, table_p, index_p, loop.index)
+            (row,) = lhs_rows(b, 1, lhs_p, table_p, index_p, loop.index)
             total = cgutils.alloca_once_value(b, vnni.const_splat(I32X16, 0))
             with cgutils.for_range(b, b.udiv(k_int, i64(BLOCK_K))) as blocks:
-                b.store(vnni.dpbusd(b, b.load(total), ones, _lhs_block(b, row, mr, blocks.index), True), total)
+                b.store(vnni.dpbusd(b, b.load(total), ones, lhs_block(b, row, mr, blocks.index), True), total)
             s = b.mul(vnni.reduce_add(b, b.load(total)), ir.Constant(I32, -32))
             vnni.store(b, s, vnni.byte_ptr(b, corr_p, b.mul(loop.index, i64(4))))
         return context.get_dummy_value()
@@ -337,7 +337,7 @@ def _neon_row_sums(typingctx, geo, lhs, table, index, corr):
 
 
 @numba.njit(cache=True, nogil=True)
-def _neon_rows(m, k_int, mr, kbl, kr, lhs_i8):
+def neon_rows(m, k_int, mr, kbl, kr, lhs_i8):
     """What the NEON tiles read per LHS row, for rows padded to a multiple of GEMM_ROWS (the padding rows repeat
     row m − 1): the row table (byte offset of its group, byte offset of its vpermd index), the vpermd index of
     each row of a group — lane L of row r's vector for a K block is word index[r, L] of the block's mr·16 bytes
@@ -360,7 +360,7 @@ def _neon_rows(m, k_int, mr, kbl, kr, lhs_i8):
 
 @numba.njit(cache=True, nogil=True)
 def _matmul_neon(m, n, k_int, mr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
-    table, index, corr = _neon_rows(m, k_int, mr, kbl, kr, lhs_i8)
+    table, index, corr = neon_rows(m, k_int, mr, kbl, kr, lhs_i8)
     geo = (np.int64(m), np.int64(n), np.int64(k_int), np.int64(mr))
     panel = max(1, PANEL_BYTES // (TILE_COLS * k_int)) * TILE_COLS
     for j0 in range(0, n, panel):  # a panel of columns whose RHS stays in L2 across the row tiles

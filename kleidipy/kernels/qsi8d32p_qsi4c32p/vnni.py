@@ -356,7 +356,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, lay, sf, sf_off, sf_step):
 
 
 @numba.njit(cache=True, nogil=True)
-def _lhs_terms(isa, m, k, mr, lhs):
+def lhs_terms(isa, m, k, mr, lhs):
     """Per row and block of a packed LHS, laid out [group][block][mr]: −8·Σ q_L (int32) and s_L (float32)."""
     nb = k // 32
     groups = (m + mr - 1) // mr
@@ -382,7 +382,7 @@ def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, PREFETCH_GROUPS], np.int64)  # PARAMS
     out = np.empty((m, ldo), np.float32)
     flat = out.reshape(-1)
-    corr, sl = _lhs_terms(isa, m, k, mr, lhs)
+    corr, sl = lhs_terms(isa, m, k, mr, lhs)
     init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
     acc = np.empty(TILE_ROWS * PANEL_COLS, np.float32)
     for j0 in range(0, n, PANEL_COLS):  # the first row tile streams the panel from memory, the others from L2

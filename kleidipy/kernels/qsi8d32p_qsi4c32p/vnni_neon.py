@@ -29,7 +29,7 @@ from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import (
     VEC_COLS,
     Tile,
     _check_buffers,
-    _lhs_terms,
+    lhs_terms,
     make_tile,
 )
 
@@ -194,7 +194,7 @@ def _compute_neon(isa, m, n, k, mr, nr, kr, kbl, lhs, rhs):
     out = np.empty((m, ldo), np.float32)
     flat = out.reshape(-1)
     moved = _lhs_from_neon(m, k, mr, kbl, lhs)
-    corr, sl = _lhs_terms(isa, m, k, mr, moved)
+    corr, sl = lhs_terms(isa, m, k, mr, moved)
     init = np.float32(0.0)
     acc = np.empty(TILE_ROWS * PANEL_COLS, np.float32)
     panel = np.empty(nb * SPREAD_BLOCK if m > 1 else 0, np.uint8)

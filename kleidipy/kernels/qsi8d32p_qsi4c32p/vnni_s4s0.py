@@ -33,7 +33,7 @@ from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import (
     TILE_ROWS,
     VEC_COLS,
     Tile,
-    _lhs_terms,
+    lhs_terms,
     make_tile,
 )
 
@@ -122,7 +122,7 @@ def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, PREFETCH_PACKETS], np.int64)  # vnni.PARAMS
     out = np.empty((m, ldo), np.float32)
     flat = out.reshape(-1)
-    corr, sl = _lhs_terms(isa, m, k, mr, lhs)
+    corr, sl = lhs_terms(isa, m, k, mr, lhs)
     for x in range(corr.size):  # −8·Σq → −128·Σq: the codes are 16·u
         corr[x] *= 16
     init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)

@@ -144,7 +144,7 @@ def lane_column(lane: int, kr: int) -> int:
 @pytest.mark.parametrize("kr", [4, 8])
 def test_lane_maps(kr: int) -> None:
     """Lane L of a group's block load holds column lane_column(L) and K group _lane_k_group(L) (each (column,
-    K group) once), and the two fold rounds of _sum_columns turn 4 such accumulators g into lane 4g + c = the
+    K group) once), and the two fold rounds of sum_columns turn 4 such accumulators g into lane 4g + c = the
     sum of the 4 lanes of g that hold column c."""
     lanes = {(lane_column(lane, kr), vnni._lane_k_group(lane, kr)) for lane in range(16)}
     assert lanes == {(c, t) for c in range(4) for t in range(4)}
@@ -152,7 +152,7 @@ def test_lane_maps(kr: int) -> None:
         assert vnni._lane_k_group(lane, kr) == ((4 * lane) // (4 * kr) * kr + (4 * lane) % kr) // 4
     accs = [[{(g, lane_column(lane, kr), lane)} for lane in range(16)] for g in range(4)]
     first, second = vnni._FOLDS[kr]
-    order = (accs[0], accs[2], accs[1], accs[3]) if kr == 4 else tuple(accs)  # as _sum_columns feeds them
+    order = (accs[0], accs[2], accs[1], accs[3]) if kr == 4 else tuple(accs)  # as sum_columns feeds them
 
     def fold(x: list, y: list, lanes: tuple) -> list:
         return [(x + y)[lanes[0][j]] | (x + y)[lanes[1][j]] for j in range(16)]
@@ -173,7 +173,7 @@ def test_lhs_rows(name: str) -> None:
         k = 100
         lhs, _ = operands(kern, m, 4, k, m)
         k_int = fam.k_internal(k)
-        table, index, corr = vnni._neon_rows(m, k_int, mr, kbl, kern.kr, lhs.view(np.int8))
+        table, index, corr = vnni.neon_rows(m, k_int, mr, kbl, kern.kr, lhs.view(np.int8))
         q, _, _ = fam.unpack_lhs(lhs, m, k, mr, kbl)
         rows = -(-m // vnni.GEMM_ROWS) * vnni.GEMM_ROWS
         assert table.shape == (rows, 2) and corr.shape == (rows,)
