@@ -45,13 +45,12 @@ from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
     NEON_NR,
     PANEL_BYTES,
     PREFETCH_BLOCKS,
-    PREFETCH_GROUPS,
     TILE_COLS,
-    TILE_VECS,
     VEC_COLS,
     group_params,
     lhs_block,
     lhs_rows,
+    make_sme_tile,
     neon_rows,
     sum_columns,
 )
@@ -73,86 +72,14 @@ SME_BLEN = KR // 2
 # --------------------------------------------------------------------------------------------- SME2 layouts
 
 
-def _make_sme_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
-    """Intrinsic ``tile(geo, lhs, corr, rhs, out, i0, rows, j0, fma_bias)``: rows i0 … i0 + rows − 1 (at most
-    ``rows_max``; the tile computes repeats of the last row for the others) × the 64 columns from j0.
-    geo = (mr, nr, n, k_int); corr[i] = −8·Σq of row i. ``prefetch``: software prefetch of the RHS stream
-    (the GEMV reads it from memory; a GEMM re-reads it from cache)."""
-
-    @intrinsic
-    def tile(typingctx, geo, lhs, corr, rhs, out, i0, rows, j0, fma_bias):
-        sig = types.void(geo, lhs, corr, rhs, out, types.int64, types.int64, types.int64, types.boolean)
-
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            vnni.require_vnni()
-            (mr, nr, n, k_int), lhs_p, corr_p, rhs_p, out_p, i0_v, rows_v, j0_v, fma_v = vnni.intrinsic_args(
-                context, builder, signature, args
-            )
-            b = builder
-            lhs_params = b.mul(mr, k_int)
-            data_bytes = b.mul(nr, b.udiv(k_int, i64(2)))
-            row_ptrs = []
-            for r in range(rows_max):
-                i = b.add(i0_v, b.select(b.icmp_signed("<", i64(r), rows_v), i64(r), b.sub(rows_v, i64(1))))
-                g, ri = b.udiv(i, mr), b.urem(i, mr)
-                base = b.add(b.mul(g, b.mul(mr, b.add(k_int, i64(8)))), b.mul(ri, i64(KR)))
-                row_ptrs.append((vnni.byte_ptr(b, lhs_p, base), i))
-            col_ptrs = []
-            for v in range(TILE_VECS):
-                col = b.add(j0_v, i64(VEC_COLS * v))
-                col = b.select(b.icmp_signed("<", col, n), col, j0_v)  # vectors past n re-read the first
-                group = vnni.byte_ptr(b, rhs_p, b.mul(b.udiv(col, nr), b.add(data_bytes, b.mul(nr, i64(12)))))
-                c = b.urem(col, nr)
-                params = vnni.byte_ptr(b, group, b.add(data_bytes, b.mul(c, i64(4))))
-                col_ptrs.append((vnni.byte_ptr(b, group, b.mul(c, i64(SME_BLEN))), params))
-            iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(TILE_VECS)] for _ in row_ptrs]
-            for r, (_, i) in enumerate(row_ptrs):
-                c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
-                for v in range(TILE_VECS):
-                    b.store(c, iacc[r][v])
-            lstep, rstep = b.mul(mr, i64(KR)), b.mul(nr, i64(SME_BLEN))
-            ahead = b.mul(rstep, i64(PREFETCH_GROUPS))
-            flip = vnni.const_splat(I32X16, 0x08080808)
-            with cgutils.for_range(b, b.udiv(k_int, i64(KR))) as loop:
-                roff, loff = b.mul(loop.index, rstep), b.mul(loop.index, lstep)
-                w = []
-                for ptr, _ in col_ptrs:
-                    src = vnni.byte_ptr(b, ptr, roff)
-                    if prefetch:
-                        vnni.prefetch(b, vnni.byte_ptr(b, src, ahead))
-                    w.append(b.xor(vnni.spread_nibbles(b, src, True), flip))
-                for r, (ptr, _) in enumerate(row_ptrs):
-                    q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, loff), I32), I32X16)
-                    for v in range(TILE_VECS):
-                        b.store(vnni.dpbusd(b, b.load(iacc[r][v]), w[v], q, True), iacc[r][v])
-            cols = [
-                [
-                    vnni.load(b, vnni.byte_ptr(b, par, b.mul(nr, i64(4 * f))), ty)
-                    for f, ty in enumerate((I32X16, F32X16, F32X16))
-                ]
-                for _, par in col_ptrs
-            ]
-            for r, (ptr, _) in enumerate(row_ptrs):
-                par = vnni.byte_ptr(b, ptr, lhs_params)
-                off = vnni.splat(b, vnni.load(b, par, I32), I32X16)
-                recip = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, par, b.mul(mr, i64(4))), F32), F32X16)
-                for v, (sums, scale, bias) in enumerate(cols):
-                    f = b.sitofp(b.add(b.load(iacc[r][v]), b.mul(off, sums)), F32X16)
-                    s = b.fmul(scale, recip)
-                    res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
-                    col = b.add(j0_v, i64(VEC_COLS * v))
-                    with b.if_then(b.and_(b.icmp_signed("<", i64(r), rows_v), b.icmp_signed("<", col, n))):
-                        dst = b.mul(b.add(b.mul(b.add(i0_v, i64(r)), n), col), i64(4))
-                        vnni.masked_store(b, res, vnni.byte_ptr(b, out_p, dst), b.sub(n, col))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile
+def _nibble_weights(b, src):  # noqa: ANN001, ANN202
+    """The 32 bytes of nibble codes at src (16 columns × a K group of 4, a uint16 each) as the unsigned bytes
+    w + 8 (the codes' signed nibbles with their top bit flipped)."""
+    return b.xor(vnni.spread_nibbles(b, src, True), vnni.const_splat(I32X16, 0x08080808))
 
 
-_sme_gemv = _make_sme_tile(1, True)
-_sme_gemm = _make_sme_tile(GEMM_ROWS, False)
+_sme_gemv = make_sme_tile(1, True, SME_BLEN, _nibble_weights)
+_sme_gemm = make_sme_tile(GEMM_ROWS, False, SME_BLEN, _nibble_weights)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -66,10 +66,17 @@ PREFETCH_BLOCKS = 8
 PANEL_BYTES = 1 << 19
 
 
-def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
+def int8_weights(b: ir.IRBuilder, src: ir.Value) -> ir.Value:
+    """The 64 int8 RHS bytes at src (16 columns × a K group of 4) as the unsigned bytes w + 128 of an i32x16."""
+    return b.bitcast(b.xor(vnni.load(b, src, I8X64), vnni.const_splat(I8X64, 0x80)), I32X16)
+
+
+def make_sme_tile(rows_max: int, prefetch: bool, group_bytes: int = KR, weights: Callable = int8_weights):  # noqa: ANN201
     """Intrinsic ``tile(geo, lhs, corr, rhs, out, i0, rows, j0, fma_bias)``: rows i0 … i0 + rows − 1 (at most
-    ``rows_max``; the tile computes repeats of the last row for the others) × the 64 columns from j0.
-    geo = (mr, nr, n, k_int); corr[i] = −128·Σq of row i. ``prefetch``: software prefetch of the RHS stream
+    ``rows_max``; the tile computes repeats of the last row for the others) × the 64 columns from j0 of an SME
+    layout whose column holds ``group_bytes`` bytes per K group of 4 (4: int8; 2: the int4 family's nibbles), read
+    by ``weights(builder, ptr)`` as the unsigned bytes w + z of 16 columns (z = 128 for int8).
+    geo = (mr, nr, n, k_int); corr[i] = −z·Σq of row i. ``prefetch``: software prefetch of the RHS stream
     (the GEMV reads it from memory; a GEMM re-reads it from cache)."""
 
     @intrinsic
@@ -83,48 +90,47 @@ def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
             )
             b = builder
             lhs_params = b.mul(mr, k_int)
-            rhs_params = b.mul(nr, k_int)
+            data_bytes = b.udiv(b.mul(nr, b.mul(k_int, i64(group_bytes))), i64(KR))
             row_ptrs = []
             for r in range(rows_max):
                 i = b.add(i0_v, b.select(b.icmp_signed("<", i64(r), rows_v), i64(r), b.sub(rows_v, i64(1))))
                 g, ri = b.udiv(i, mr), b.urem(i, mr)
-                base = b.add(b.mul(g, b.mul(mr, b.add(k_int, i64(8)))), b.mul(ri, i64(4)))
+                base = b.add(b.mul(g, b.mul(mr, b.add(k_int, i64(8)))), b.mul(ri, i64(KR)))
                 row_ptrs.append((vnni.byte_ptr(b, lhs_p, base), i))
             col_ptrs = []
             for v in range(TILE_VECS):
                 col = b.add(j0_v, i64(VEC_COLS * v))
                 col = b.select(b.icmp_signed("<", col, n), col, j0_v)  # vectors past n re-read the first
-                base = b.add(b.mul(b.udiv(col, nr), b.mul(nr, b.add(k_int, i64(12)))), b.mul(b.urem(col, nr), i64(4)))
-                col_ptrs.append(vnni.byte_ptr(b, rhs_p, base))
+                group = vnni.byte_ptr(b, rhs_p, b.mul(b.udiv(col, nr), b.add(data_bytes, b.mul(nr, i64(12)))))
+                c = b.urem(col, nr)
+                params = vnni.byte_ptr(b, group, b.add(data_bytes, b.mul(c, i64(4))))
+                col_ptrs.append((vnni.byte_ptr(b, group, b.mul(c, i64(group_bytes))), params))
             iacc = [[cgutils.alloca_once(b, I32X16) for _ in range(TILE_VECS)] for _ in row_ptrs]
             for r, (_, i) in enumerate(row_ptrs):
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
                 for v in range(TILE_VECS):
                     b.store(c, iacc[r][v])
-            lstep, rstep = b.mul(mr, i64(KR)), b.mul(nr, i64(KR))
+            lstep, rstep = b.mul(mr, i64(KR)), b.mul(nr, i64(group_bytes))
             ahead = b.mul(rstep, i64(PREFETCH_GROUPS))
-            flip = vnni.const_splat(I8X64, 0x80)
             with cgutils.for_range(b, b.udiv(k_int, i64(KR))) as loop:
                 roff, loff = b.mul(loop.index, rstep), b.mul(loop.index, lstep)
                 w = []
-                for ptr in col_ptrs:
+                for ptr, _ in col_ptrs:
                     src = vnni.byte_ptr(b, ptr, roff)
                     if prefetch:
                         vnni.prefetch(b, vnni.byte_ptr(b, src, ahead))
-                    w.append(b.bitcast(b.xor(vnni.load(b, src, I8X64), flip), I32X16))
+                    w.append(weights(b, src))
                 for r, (ptr, _) in enumerate(row_ptrs):
                     q = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, loff), I32), I32X16)
                     for v in range(TILE_VECS):
                         b.store(vnni.dpbusd(b, b.load(iacc[r][v]), w[v], q, True), iacc[r][v])
-            cols = []
-            for ptr in col_ptrs:
-                par = vnni.byte_ptr(b, ptr, rhs_params)
-                cols.append(
-                    [
-                        vnni.load(b, vnni.byte_ptr(b, par, b.mul(nr, i64(4 * f))), ty)
-                        for f, ty in enumerate((I32X16, F32X16, F32X16))
-                    ]
-                )
+            cols = [
+                [
+                    vnni.load(b, vnni.byte_ptr(b, par, b.mul(nr, i64(4 * f))), ty)
+                    for f, ty in enumerate((I32X16, F32X16, F32X16))
+                ]
+                for _, par in col_ptrs
+            ]
             for r, (ptr, _) in enumerate(row_ptrs):
                 par = vnni.byte_ptr(b, ptr, lhs_params)
                 off = vnni.splat(b, vnni.load(b, par, I32), I32X16)
@@ -144,8 +150,8 @@ def _make_tile(rows_max: int, prefetch: bool):  # noqa: ANN202
     return tile
 
 
-_tile_gemv = _make_tile(1, True)
-_tile_gemm = _make_tile(GEMM_ROWS, False)
+_tile_gemv = make_sme_tile(1, True)
+_tile_gemm = make_sme_tile(GEMM_ROWS, False)
 
 
 @numba.njit(cache=True, nogil=True)
