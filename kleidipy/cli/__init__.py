@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--isa",
-        choices=["x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme2"],
+        choices=["x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme", "aarch64-sme2"],
         help="with --asm: the code for this ISA, cross-compiled for the aarch64 ones on any host (default: this "
         "host's)",
     )

@@ -35,10 +35,12 @@ from kleidipy.errors import KleidipyError
 from kleidipy.graph.atomics import monotonic_ns
 from kleidipy.graph.workers import barrier, share
 from kleidipy.kernels.bf16p_bf16p import jit as bf16_jit
+from kleidipy.kernels.bf16p_bf16p import native as bf16_native
 from kleidipy.kernels.bf16p_bf16p import ukernels as bf16_ukernels
 from kleidipy.kernels.f32_f32p import ukernels as f32_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as q8_native
+from kleidipy.kernels.qai8dxp_qsi8cxp import sme as q8_sme
 from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as q8_sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_ukernels
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
@@ -67,8 +69,8 @@ Q4_0_NEON = 1
 #: Q4_0 SME2 kernels: the VNNI tiles (portable IR on hosts without AVX-512 VNNI), ``vnni._compute``; the native
 #: SME2 tiles ``sme2._compute`` on a host with SME2
 Q4_0_SME2 = 2
-#: Q4_0 SME1 kernels: the family's ``ukernels.SME_COMPUTE`` (the VNNI tiles ``vnni_s4s0.compute_s4s0`` where the
-#: host has AVX-512 VNNI, else ``jit.matmul_qsi8d32p_qsi4c32ps4s0sf16``)
+#: Q4_0 SME1 kernels: the family's ``ukernels.SME_COMPUTE`` (the native SME tiles ``sme.compute_s4s0`` on aarch64
+#: with SME, the VNNI tiles ``vnni_s4s0.compute_s4s0`` where the host has AVX-512 VNNI, else the portable jit)
 Q4_0_SME = 3
 #: Q4_1 kernels on the portable numba loops (hosts without AVX-512 VNNI): ``jit.matmul``
 Q4_1 = 4
@@ -153,6 +155,7 @@ _Q4_1_VNNI = (
 _Q4_1_VNNI = q41_sme2.matmul if q41_sme2.AVAILABLE else _Q4_1_VNNI  # (SME2 layouts on its tiles, the rest as above)
 _Q8_0_TILES = q8_native.matmul if q8_native.AVAILABLE else q8_vnni._matmul if q8_vnni.HAVE_VNNI else _q8_0_vnni_portable
 _Q8_0_TILES = q8_sme2.matmul if q8_sme2.AVAILABLE else _Q8_0_TILES  # (SME2 layouts on its tiles, the rest as above)
+_Q8_0_TILES = q8_sme.matmul if q8_sme.AVAILABLE else _Q8_0_TILES  # (an SME1-only host: the SME layouts likewise)
 
 
 @dataclass(frozen=True, eq=False)
@@ -346,7 +349,7 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
             _store_clamped(dst, out, m, n0, n1)
             return
     elif code == BF16:
-        res = bf16_jit.matmul_bf16(m, cnt, k, a, b, mr, nr, kr, params[P_TWO_ACCUMULATORS] != 0)
+        res = bf16_native.matmul_bf16_native(m, cnt, k, a, b, mr, nr, kr, params[P_TWO_ACCUMULATORS] != 0)
     else:  # F32
         res = bf16_jit.matmul_f32_fma(m, cnt, k, lhs[: m * k * 4].view(np.float32), b, nr)
     _store_clamped(res, out, m, n0, n1)

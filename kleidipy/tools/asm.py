@@ -23,7 +23,7 @@ DOT_MNEMONICS = frozenset(
     {"sdot", "udot", "usdot", "sudot", "smmla", "ummla", "usmmla", "smopa", "umopa", "usmopa", "sumopa"}
     | {"vpdpbusd", "vpdpbusds"}
 )
-_FMA = re.compile(r"^(fmla|fmadd|fmopa|bfmopa|vfmadd\d{3}[ps]s)$")
+_FMA = re.compile(r"^(fmla|fmad|fmadd|fmopa|bfmopa|vfmadd\d{3}[ps]s)$")
 _LABEL = re.compile(r"^([.\w$]+):")
 _KAI_LABEL = re.compile(r"KAI_ASM_LABEL\((\w+)\)")
 _KAI_INST = re.compile(r"KAI_ASM_INST\(0x[0-9a-fA-F]+\)\s*//\s*(.*)")

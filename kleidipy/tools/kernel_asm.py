@@ -1,11 +1,11 @@
 """``kleidipy kernels --asm NAME [--isa ISA]``: the hot loop of the machine code the jit runs for a kernel, with a
 count per instruction and per 1,024 int8 MACs, beside the count of KleidiAI's own kernel for the same tile.
 
-Owns where the code comes from per ISA: the aarch64 ISAs (``aarch64-dotprod``, ``aarch64-i8mm``, ``aarch64-sme2``)
-are the family's native tiles (:meth:`~kleidipy.core.family.Family.native_tile`) cross-compiled on any host with
-exactly that ISA's features — the code an Arm host with those features compiles for itself; ``x86-vnni`` is the
-numba code of the AVX-512 VNNI tiles, compiled afresh for this host (an x86 host with VNNI: numba compiles for its
-host only) while the kernel runs once on random operands. KleidiAI's counts come from its sources
+Owns where the code comes from per ISA: the aarch64 ISAs (``aarch64-dotprod``, ``aarch64-i8mm``, ``aarch64-sme``,
+``aarch64-sme2``) are the family's native tiles (:meth:`~kleidipy.core.family.Family.native_tile`) cross-compiled on
+any host with exactly that ISA's features — the code an Arm host with those features compiles for itself;
+``x86-vnni`` is the numba code of the AVX-512 VNNI tiles, compiled afresh for this host (an x86 host with VNNI: numba
+compiles for its host only) while the kernel runs once on random operands. KleidiAI's counts come from its sources
 (``kleidipy/tools/data/kleidiai_hot_loops.json``, made by ``scripts/kleidiai-hot-loops``), counted the same way
 (:mod:`kleidipy.tools.asm`).
 """
@@ -25,7 +25,7 @@ from kleidipy.errors import KleidipyError
 from kleidipy.tools.asm import LoopCount, hot_loop
 
 #: the ISAs ``--isa`` takes
-ISA_NAMES = ("x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme2")
+ISA_NAMES = ("x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme", "aarch64-sme2")
 
 
 class NoTileError(KleidipyError, ValueError):
@@ -54,7 +54,7 @@ def default_isa(kernel: MatmulKernel) -> str:
     from kleidipy.kernels.catalogue import family_of
 
     for name in ISA_NAMES[1:][::-1]:
-        isa = native.host_isa(name) if name in native.ISAS else None
+        isa = native.host_isa(name)
         if isa is not None and family_of(kernel).native_tile(kernel, isa) is not None:
             return name
     return "x86-vnni"

@@ -14,7 +14,21 @@ from kleidipy.tools import asm
 from kleidipy.tools.kernel_asm import NoTileError, kleidiai_counts, listing
 
 #: the int8 families and the instruction of each aarch64 ISA in their NEON kernels' hot loops
-INT8_FAMILIES = ("qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp", "qsi8d32p_qai4c32p")
+INT8_FAMILIES = ("qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp", "qsi8d32p_qai4c32p", "qai8dxp_qsi4cxp")
+#: the aarch64 ISAs each tier's kernels run natively on (an I8MM kernel gets an sdot tile on a DotProd-only CPU,
+#: an SME kernel runs on an SME2 CPU too) and the dot instructions their hot loops may use there
+TIER_ISAS = {
+    "dotprod": ("aarch64-dotprod",),
+    "i8mm": ("aarch64-i8mm", "aarch64-dotprod"),
+    "sme": ("aarch64-sme", "aarch64-sme2"),
+    "sme2": ("aarch64-sme2",),
+}
+ISA_DOTS = {
+    "aarch64-dotprod": {"sdot"},
+    "aarch64-i8mm": {"smmla"},
+    "aarch64-sme": {"smopa", "sdot"},
+    "aarch64-sme2": {"smopa", "sdot"},
+}
 NEON = {"dotprod": ("aarch64-dotprod", "sdot"), "i8mm": ("aarch64-i8mm", "smmla")}
 #: how many instructions per 1,024 MACs a native tile may take against KleidiAI's own kernel (issue 17)
 MAX_RATIO = 1.25
@@ -89,6 +103,23 @@ def test_native_tiles_use_their_instruction_within_budget(kern) -> None:  # noqa
         assert listing(kern, "aarch64-dotprod").loop.counts["sdot"] > 0
 
 
+def int8_kernels() -> list:
+    return [k for k in all_kernels() if k.family in INT8_FAMILIES]
+
+
+@pytest.mark.parametrize("kern", int8_kernels(), ids=lambda k: k.name)
+def test_every_int8_kernel_is_native_on_each_of_its_isas(kern) -> None:  # noqa: ANN001
+    """Issue 17: every int8 kernel's hot loop holds its dot instruction on each aarch64 ISA that runs its tier
+    (cross-compiled here); on an SME1-only ISA no SME2 instruction (luti4, ZT0, multi-vector forms) appears."""
+    for isa in TIER_ISAS[kern.tier]:
+        found = listing(kern, isa)
+        used = set(found.loop.counts) & asm.DOT_MNEMONICS
+        assert used and used <= ISA_DOTS[isa] | ({"sdot"} if kern.tier == "i8mm" else set()), (isa, used)
+        if isa == "aarch64-sme":
+            text = " ".join(f"{line.mnemonic} {line.operands}" for line in found.loop.lines)
+            assert "luti4" not in text and "zt0" not in text and "vgx" not in text.lower(), isa
+
+
 @pytest.mark.parametrize(("suffix", "needed"), [("sme2_mopa", {"smopa", "luti4"}), ("sme2_sdot", {"sdot", "luti4"})])
 def test_sme2_tiles_use_smopa_luti4_and_za_dot(suffix: str, needed: set) -> None:
     kern = next(k for k in all_kernels() if k.family == "qsi8d32p_qsi4c32p" and k.name.endswith(suffix))
@@ -127,14 +158,14 @@ def test_cli_shows_the_hot_loop_and_says_no_clearly() -> None:
 
 @pytest.mark.parametrize("family", INT8_FAMILIES)
 def test_x86_vnni_hot_loops_use_vpdpbusd(family: str) -> None:
-    """On this host (x86 with AVX-512 VNNI, as CI): each layout of each int8 family that llama.cpp selects (SME2,
-    I8MM, DotProd) runs vpdpbusd in its hot loop."""
+    """On this host (x86 with AVX-512 VNNI, as CI): each layout of each int8 family (every tier: SME2, SME, I8MM,
+    DotProd) runs vpdpbusd in its hot loop."""
     if not HAS_AVX512_VNNI:
         pytest.fail("the x86-vnni listing needs an x86 host with AVX-512 VNNI (this project's CI machine has it)")
     seen = set()
     for kern in all_kernels():
         layout = (kern.family, kern.rhs_packer.name, kern.kind)
-        if kern.family != family or kern.tier not in ("sme2", "i8mm", "dotprod") or layout in seen:
+        if kern.family != family or layout in seen:
             continue
         seen.add(layout)
         proc = kleidipy("kernels", "--asm", kern.name, "--isa", "x86-vnni")

@@ -40,7 +40,7 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
-from kleidipy.kernels.bf16p_bf16p import jit
+from kleidipy.kernels.bf16p_bf16p import jit, native
 
 FAMILY_NAME = "bf16p_bf16p"
 #: mr / nr of the SME packers: 2·VL for every supported SVL.
@@ -337,7 +337,7 @@ class Bf16MatmulKernel(MatmulKernel):
 
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         g, lhs, rhs = self._operands(m, n, k, lhs, rhs)
-        return jit.matmul_bf16(m, n, k, lhs, rhs, g.mr, g.nr, g.kr, self.flags.get("two_accumulators", False))
+        return native.matmul_bf16_native(m, n, k, lhs, rhs, g.mr, g.nr, g.kr, self.flags.get("two_accumulators", False))
 
 
 def sme_geometry(vl: int) -> Geometry:

@@ -30,6 +30,7 @@ from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as qai8dxp_qsi8cxp_neon
+from kleidipy.kernels.qai8dxp_qsi8cxp import sme as qai8dxp_qsi8cxp_sme
 from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as qai8dxp_qsi8cxp_sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import best_matmul_qai8dxp
 
@@ -47,6 +48,7 @@ FAMILY_NAME = "qai8dxp_qsi8cxp"
 #: portable numba loop; same arguments, bit-identical results.
 MATMUL_COMPUTE = qai8dxp_qsi8cxp_neon.matmul_qai8dxp if qai8dxp_qsi8cxp_neon.AVAILABLE else best_matmul_qai8dxp()
 MATMUL_COMPUTE = qai8dxp_qsi8cxp_sme2.matmul_qai8dxp if qai8dxp_qsi8cxp_sme2.AVAILABLE else MATMUL_COMPUTE
+MATMUL_COMPUTE = qai8dxp_qsi8cxp_sme.matmul_qai8dxp if qai8dxp_qsi8cxp_sme.AVAILABLE else MATMUL_COMPUTE
 
 
 def k_internal(k: int) -> int:

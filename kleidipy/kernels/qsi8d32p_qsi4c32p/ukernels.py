@@ -25,6 +25,7 @@ from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_0
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 from kleidipy.kernels.qsi8d32p_qsi4c32p import neon as qsi8d32p_qsi4c32p_neon
+from kleidipy.kernels.qsi8d32p_qsi4c32p import sme as qsi8d32p_qsi4c32p_sme
 from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2 as qsi8d32p_qsi4c32p_sme2
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as qsi8d32p_qsi4c32p_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as qsi8d32p_qsi4c32p_vnni_neon
@@ -476,9 +477,12 @@ def block_scaled_sum(
 #: the SME2 layout's tiles: the native SME2 tiles on aarch64 with SME2 (kernels bound to the host's SVL; others
 #: take the next tiles), AVX-512 VNNI where the host has them, portable IR elsewhere (bit-identical either way)
 SME2_COMPUTE = qsi8d32p_qsi4c32p_sme2.compute if qsi8d32p_qsi4c32p_sme2.AVAILABLE else qsi8d32p_qsi4c32p_vnni.compute
-#: the SME1 layout (4-bit s4s0 codes): the AVX-512 VNNI tiles where the host has them, else the portable jit
+#: the SME1 layout (4-bit s4s0 codes): the native SME tiles on aarch64 with SME (kernels bound to the host's SVL;
+#: others the portable jit), the AVX-512 VNNI tiles where the host has them, else the portable jit
 SME_COMPUTE = (
-    qsi8d32p_qsi4c32p_vnni_s4s0.compute_s4s0
+    qsi8d32p_qsi4c32p_sme.compute_s4s0
+    if qsi8d32p_qsi4c32p_sme.AVAILABLE
+    else qsi8d32p_qsi4c32p_vnni_s4s0.compute_s4s0
     if qsi8d32p_qsi4c32p_vnni_s4s0.HAVE_VNNI
     else jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
 )
