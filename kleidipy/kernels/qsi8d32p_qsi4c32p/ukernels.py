@@ -23,13 +23,12 @@ from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.core.vnni import HAS_AVX512_VNNI
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.formats import q4_0
-from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+from kleidipy.kernels.qsi8d32p_qsi4c32p import jit, vnni_s4s0
 from kleidipy.kernels.qsi8d32p_qsi4c32p import neon as qsi8d32p_qsi4c32p_neon
 from kleidipy.kernels.qsi8d32p_qsi4c32p import sme as qsi8d32p_qsi4c32p_sme
 from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2 as qsi8d32p_qsi4c32p_sme2
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as qsi8d32p_qsi4c32p_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as qsi8d32p_qsi4c32p_vnni_neon
-from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_s4s0 as qsi8d32p_qsi4c32p_vnni_s4s0
 
 FAMILY_NAME = "qsi8d32p_qsi4c32p"
 BL = 32
@@ -472,20 +471,12 @@ def block_scaled_sum(
     return acc
 
 
-#: jit compute of the SME/SME2 kernels, per layout:
-#: ``(m, n, k, mr, nr, lhs_u8, rhs_u8, first_block_fmul) -> float32 [m, n]`` (every implementation the same bits).
-#: the SME2 layout's tiles: the native SME2 tiles on aarch64 with SME2 (kernels bound to the host's SVL; others
-#: take the next tiles), AVX-512 VNNI where the host has them, portable IR elsewhere (bit-identical either way)
+#: jit compute per layout, ``(m, n, k, mr, nr, lhs_u8, rhs_u8, first_block_fmul) -> f32 [m, n]``, the same bits
+#: every way. SME2 layout: native SME2 tiles (bound to the host's SVL), else VNNI tiles (portable IR without)
 SME2_COMPUTE = qsi8d32p_qsi4c32p_sme2.compute if qsi8d32p_qsi4c32p_sme2.AVAILABLE else qsi8d32p_qsi4c32p_vnni.compute
-#: the SME1 layout (4-bit s4s0 codes): the native SME tiles on aarch64 with SME (kernels bound to the host's SVL;
-#: others the portable jit), the AVX-512 VNNI tiles where the host has them, else the portable jit
-SME_COMPUTE = (
-    qsi8d32p_qsi4c32p_sme.compute_s4s0
-    if qsi8d32p_qsi4c32p_sme.AVAILABLE
-    else qsi8d32p_qsi4c32p_vnni_s4s0.compute_s4s0
-    if qsi8d32p_qsi4c32p_vnni_s4s0.HAVE_VNNI
-    else jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
-)
+#: SME1 layout (s4s0 codes): native SME tiles on aarch64 with SME (bound to its SVL), AVX-512 VNNI tiles, the jit
+SME_COMPUTE = vnni_s4s0.compute_s4s0 if vnni_s4s0.HAVE_VNNI else jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
+SME_COMPUTE = qsi8d32p_qsi4c32p_sme.compute_s4s0 if qsi8d32p_qsi4c32p_sme.AVAILABLE else SME_COMPUTE
 #: the NEON layout (dotprod / i8mm): the native sdot/smmla tiles on aarch64 with DotProd, the AVX-512 VNNI tiles
 #: where the host has them, else the portable jit
 _NEON_NUMBA = qsi8d32p_qsi4c32p_vnni_neon.compute_neon if HAS_AVX512_VNNI else jit.matmul_qsi8d32p_qsi4c32pscalef16
