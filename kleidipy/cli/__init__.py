@@ -68,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--isa",
-        choices=["x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme", "aarch64-sme2"],
-        help="with --asm: the code for this ISA, cross-compiled for the aarch64 ones on any host (default: this "
-        "host's)",
+        choices=["x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme", "aarch64-sme2", "portable"],
+        help="with --asm: the code for this ISA, cross-compiled for the aarch64 ones on any host; portable: the code "
+        "a CPU with none of them runs (numba's, compiled for a generic CPU of this host's architecture) (default: "
+        "this host's)",
     )
     _add_target_arg(p)
     p.set_defaults(func=commands.cmd_kernels)

@@ -26,6 +26,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core import config as numba_config
 from numba.extending import intrinsic
 
 from kleidipy.core import hwcaps
@@ -77,9 +78,10 @@ ISAS = {
 
 def host_isa(*names: str) -> NativeIsa | None:
     """The first of the named ISAs this host runs (Linux aarch64 from HWCAP, macOS arm64 from sysctl), or None
-    (other hosts: numba's own code is native there, or there is nothing better than portable code). A family asks
+    (other hosts: numba's own code is native there, or there is nothing better than portable code; and wherever
+    numba is told to compile for a generic CPU, ``NUMBA_CPU_NAME=generic``: portable code only). A family asks
     for the ISAs its tiles have, richest first: NEON tiles ``host_isa("aarch64-i8mm", "aarch64-dotprod")``."""
-    if not hwcaps.is_arm64_host():
+    if not hwcaps.is_arm64_host() or str(numba_config.CPU_NAME).lower() == "generic":
         return None
     features = hwcaps.arm_features()[0]
     for name in names:

@@ -6,8 +6,8 @@ Kernels written with these helpers are compiled per :class:`Isa` (an argument or
 function, so the numba cache holds one version per ISA): ``VNNI512`` emits ``vpdpbusd``, ``vpmultishiftqb``
 (with AVX-512 VBMI) and ``vcvtph2ps``/``vcvtps2ph`` (F16C); ``PORTABLE`` emits plain LLVM vector IR
 (zext/sext/mul/shuffle, integer fp16 conversions) that any LLVM target compiles. Both give the same bits: the
-integer dot products and the fp16 conversions are exact. ``HOST_ISA`` is ``VNNI512`` when llvmlite reports
-AVX-512 F/BW/VNNI on the host CPU, else ``PORTABLE``.
+integer dot products and the fp16 conversions are exact. ``HOST_ISA`` is ``VNNI512`` when numba compiles for
+AVX-512 F/BW/VNNI (the host CPU's features, or ``NUMBA_CPU_FEATURES`` when set), else ``PORTABLE``.
 
 Vectors are 512 bits: ``I32X16`` (4 bytes per 32-bit lane for the dot products), ``F32X16``.
 """
@@ -20,14 +20,25 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core import config as numba_config
 from numba.core.extending import NativeValue
 from numba.core.imputils import lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl, unbox
 
-try:
-    _FEATURES = {name for name, on in llvm.get_host_cpu_features().items() if on}
-except RuntimeError:  # llvmlite cannot read the features on some hosts: use the portable code
-    _FEATURES = set()
+
+def _codegen_features() -> set[str]:
+    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` when set (its ``+name`` entries; with
+    ``NUMBA_CPU_NAME=generic`` numba's default is none), else the host's as llvmlite reads them — so that no tile
+    emits an instruction the code is not compiled for (LLVM would abort the process)."""
+    if numba_config.CPU_FEATURES is not None:
+        return {f.strip()[1:] for f in numba_config.CPU_FEATURES.split(",") if f.strip().startswith("+")}
+    try:
+        return {name for name, on in llvm.get_host_cpu_features().items() if on}
+    except RuntimeError:  # llvmlite cannot read the features on some hosts: use the portable code
+        return set()
+
+
+_FEATURES = _codegen_features()
 #: the host can run vpdpbusd on zmm registers.
 HAS_AVX512_VNNI = {"avx512f", "avx512bw", "avx512vnni"} <= _FEATURES
 #: the host has vpmultishiftqb (AVX-512 VBMI) and vcvtph2ps (F16C).

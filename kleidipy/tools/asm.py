@@ -6,7 +6,8 @@ instructions (:func:`parse`), the loops in it (a backward branch to a label: :fu
 int8 matmul (:func:`hot_loop`: the innermost loop holding both int8 dot-product instructions and a float
 multiply-add, i.e. one K block of a tile with its scaling; nested loops inside it count once), and its
 :class:`LoopCount`: instructions per mnemonic and per 1,024 int8 multiply-accumulates (each dot instruction's MACs
-from its operands: ``sdot`` 16, ``smmla`` 32, ``vpdpbusd`` on zmm 64, SME ``smopa``/``sdot`` from the SVL).
+from its operands: ``sdot`` 16, ``smmla`` 32, ``vpdpbusd`` on zmm 64, SME ``smopa``/``sdot`` from the SVL; in
+portable code, which has none, each integer multiply's lanes: ``vpmaddwd`` on zmm 32, ``smull`` into ``.8h`` 8).
 
 Hand-written: no maintained library reads both LLVM's and KleidiAI's assembly into loops, and what counts as one
 block of work is this project's definition.
@@ -121,6 +122,28 @@ def dot_macs(line: Line, svl_bits: int) -> int:
     return 16  # NEON dot: 4 lanes of 4 bytes
 
 
+#: integer multiplies of portable code (no dot-product instruction): x86 (SSE/AVX, with the bits of a product lane)
+#: and aarch64 NEON mnemonics
+_X86_MULS = {"pmaddwd": 16, "pmaddubsw": 8, "pmulld": 32, "pmullw": 16, "pmuludq": 64, "pmuldq": 64}
+_ARM_MULS = frozenset({"mul", "mla", "mls", "smull", "smull2", "umull", "umull2", "smlal", "smlal2", "umlal", "umlal2"})
+MUL_MNEMONICS = frozenset(_X86_MULS) | frozenset(f"v{m}" for m in _X86_MULS) | _ARM_MULS | {"imul", "imulq", "imull"}
+_ARRANGEMENT = re.compile(r"\.(\d+)[bhsd]\b")
+
+
+def mul_macs(line: Line) -> int:
+    """Integer multiplies (lanes) of one multiply instruction of portable code (0 for others): an x86 vector
+    multiply's lanes from its register width and element size, a NEON one's from its destination's arrangement
+    (``smull v0.8h`` 8), a scalar multiply 1."""
+    m, ops = line.mnemonic or "", line.operands
+    if m not in MUL_MNEMONICS:
+        return 0
+    if (bits := _X86_MULS.get(m.removeprefix("v"))) is not None:
+        width = 512 if "%zmm" in ops else 256 if "%ymm" in ops else 128
+        return width // bits
+    lanes = _ARRANGEMENT.search(ops.split(",")[0])
+    return int(lanes.group(1)) if lanes else 1
+
+
 @dataclass(frozen=True)
 class LoopCount:
     """One loop's instructions: ``lines``, ``counts`` per mnemonic, the int8 ``macs`` of its dot instructions."""
@@ -137,28 +160,35 @@ class LoopCount:
     def dots(self) -> int:
         return sum(n for m, n in self.counts.items() if m in DOT_MNEMONICS)
 
+    @property
+    def multiplies(self) -> int:
+        """Integer multiply instructions (portable code's stand-in for dot instructions)."""
+        return sum(n for m, n in self.counts.items() if m in MUL_MNEMONICS)
+
     def per_1024_macs(self, count: int | None = None) -> float:
         """Instructions (or ``count`` of them) per 1,024 int8 MACs."""
         return (self.instructions if count is None else count) * 1024 / self.macs
 
 
-def hot_loop(text: str, svl_bits: int = 512, block_loops: bool = True) -> LoopCount | None:
+def hot_loop(text: str, svl_bits: int = 512, block_loops: bool = True, portable: bool = False) -> LoopCount | None:
     """The hot loop of an int8 matmul listing (module docstring), or None without one: of the loops holding dot
     instructions and a float multiply-add with no such loop inside them (failing those, or without
     ``block_loops``: loops holding dot instructions), the one with the most MACs (the main tile, not a tail), then
     the shortest. ``block_loops=False`` suits code whose float epilogue runs after the whole K loop (kleidipy's
-    VNNI tiles): a loop around it holding both would be a loop over tiles."""
+    VNNI tiles): a loop around it holding both would be a loop over tiles. With ``portable`` (code without dot
+    instructions) the integer multiplies stand in for them (:func:`mul_macs`)."""
+    macs_of = mul_macs if portable else lambda line: dot_macs(line, svl_bits)
     lines = parse(text)
     spans = {True: [], False: []}
     for first, last in loops(lines):
         body = [line for line in lines[first : last + 1] if line.mnemonic]
-        if any(line.mnemonic in DOT_MNEMONICS for line in body):
+        if any(macs_of(line) for line in body):
             fma = block_loops and any(_FMA.match(line.mnemonic) for line in body)
             spans[fma].append((first, last, body))
     found = spans[True] or spans[False]
     if not found:
         return None
     inner = [s for s in found if not any(o is not s and s[0] <= o[0] and o[1] <= s[1] for o in found)]
-    counted = [(sum(dot_macs(line, svl_bits) for line in body), body) for _, _, body in inner]
+    counted = [(sum(macs_of(line) for line in body), body) for _, _, body in inner]
     macs, body = max(counted, key=lambda c: (c[0], -len(c[1])))
     return LoopCount(tuple(body), Counter(line.mnemonic for line in body), macs)

@@ -5,7 +5,10 @@ Owns where the code comes from per ISA: the aarch64 ISAs (``aarch64-dotprod``, `
 ``aarch64-sme2``) are the family's native tiles (:meth:`~kleidipy.core.family.Family.native_tile`) cross-compiled on
 any host with exactly that ISA's features — the code an Arm host with those features compiles for itself;
 ``x86-vnni`` is the numba code of the AVX-512 VNNI tiles, compiled afresh for this host (an x86 host with VNNI: numba
-compiles for its host only) while the kernel runs once on random operands. KleidiAI's counts come from its sources
+compiles for its host only) while the kernel runs once on random operands; ``portable`` is the code a host with none
+of these runs — numba's code compiled the same way in a subprocess told to compile for a generic CPU of this host's
+architecture (``NUMBA_CPU_NAME=generic``: no VNNI tile, no native tile), its hot loop found by its integer
+multiplies instead of dot instructions. KleidiAI's counts come from its sources
 (``kleidipy/tools/data/kleidiai_hot_loops.json``, made by ``scripts/kleidiai-hot-loops``), counted the same way
 (:mod:`kleidipy.tools.asm`).
 """
@@ -13,6 +16,9 @@ compiles for its host only) while the kernel runs once on random operands. Kleid
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -25,7 +31,9 @@ from kleidipy.errors import KleidipyError
 from kleidipy.tools.asm import LoopCount, hot_loop
 
 #: the ISAs ``--isa`` takes
-ISA_NAMES = ("x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme", "aarch64-sme2")
+ISA_NAMES = ("x86-vnni", "aarch64-dotprod", "aarch64-i8mm", "aarch64-sme", "aarch64-sme2", "portable")
+#: the ISAs of native tiles, poorest first
+_ARM_ISAS = tuple(name for name in ISA_NAMES if name.startswith("aarch64-"))
 
 
 class NoTileError(KleidipyError, ValueError):
@@ -53,7 +61,7 @@ def default_isa(kernel: MatmulKernel) -> str:
     family has a tile for, else x86-vnni."""
     from kleidipy.kernels.catalogue import family_of
 
-    for name in ISA_NAMES[1:][::-1]:
+    for name in _ARM_ISAS[::-1]:
         isa = native.host_isa(name)
         if isa is not None and family_of(kernel).native_tile(kernel, isa) is not None:
             return name
@@ -68,6 +76,9 @@ def listing(kernel: MatmulKernel, isa: str, svl_bits: int = 512) -> Listing:
         raise NoTileError(f"unknown ISA {isa!r}: use one of {', '.join(ISA_NAMES)}")
     if isa == "x86-vnni":
         text, how = _vnni_assembly(kernel), "numba code compiled for this host (AVX-512 VNNI tiles)"
+    elif isa == "portable":
+        text = _portable_assembly(kernel, svl_bits)
+        how = f"numba code compiled for a generic {platform.machine()} CPU (no VNNI tile, no native tile)"
     else:
         target = native.ISAS.get(isa)
         module = family_of(kernel).native_tile(kernel, target) if target else None
@@ -75,25 +86,50 @@ def listing(kernel: MatmulKernel, isa: str, svl_bits: int = 512) -> Listing:
             raise NoTileError(f"kai_{kernel.name}: no native {isa} tile (the jit runs numba code there)")
         text = native.assembly(module, target)
         how = f"native tile, cross-compiled ({target.triple}, {' '.join(target.features)})"
-    loop = hot_loop(text, svl_bits, block_loops=isa != "x86-vnni")
+    portable = isa == "portable"
+    loop = hot_loop(text, svl_bits, block_loops=isa not in ("x86-vnni", "portable"), portable=portable)
     if loop is None:
-        raise NoTileError(f"kai_{kernel.name}: no int8 dot-product instruction in any loop of its {isa} code")
+        what = "integer multiply" if portable else "int8 dot-product instruction"
+        raise NoTileError(f"kai_{kernel.name}: no {what} in any loop of its {isa} code")
     return Listing(kernel, isa, how, loop, kleidiai_counts()["kernels"].get(kernel.name))
 
 
 def _vnni_assembly(kernel: MatmulKernel) -> str:
-    """Every kleidipy numba function the kernel's jit runs, compiled afresh (no cache: numba keeps no assembly of
-    cached code), whose assembly uses vpdpbusd."""
-    from numba.core.caching import NullCache
-    from numba.core.registry import CPUDispatcher
-
+    """Every kleidipy numba function the kernel's jit runs on this host whose assembly uses vpdpbusd."""
     from kleidipy.core.vnni import HAS_AVX512_VNNI
-    from kleidipy.kernels.catalogue import family_of
 
     if not HAS_AVX512_VNNI:
         raise NoTileError(
             "x86-vnni: the VNNI tiles are numba code, compiled for the host only: run on an x86 host with AVX-512 VNNI"
         )
+    return "\n".join(t for t in jit_assembly(kernel) if "vpdpbusd" in t)
+
+
+def _portable_assembly(kernel: MatmulKernel, svl_bits: int) -> str:
+    """The assembly of every kleidipy numba function the kernel's jit runs on a generic CPU of this host's
+    architecture (compiled in a subprocess: numba reads its target CPU at import)."""
+    code = (
+        "import sys\n"
+        "from kleidipy.kernels.catalogue import get_kernel\n"
+        "from kleidipy.tools.kernel_asm import jit_assembly\n"
+        f"sys.stdout.write('\\n'.join(jit_assembly(get_kernel({kernel.name!r}, {svl_bits}))))\n"
+    )
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES="")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise NoTileError(f"portable: compiling kai_{kernel.name} for a generic CPU failed: {last}")
+    return done.stdout
+
+
+def jit_assembly(kernel: MatmulKernel) -> list[str]:
+    """The assembly of every kleidipy numba function compiled in this process once the kernel's jit has run on
+    random operands, compiled afresh (no cache: numba keeps no assembly of cached code)."""
+    from numba.core.caching import NullCache
+    from numba.core.registry import CPUDispatcher
+
+    from kleidipy.kernels.catalogue import family_of
+
     dispatchers = [
         obj
         for name, mod in list(sys.modules.items())
@@ -110,8 +146,7 @@ def _vnni_assembly(kernel: MatmulKernel) -> str:
     rhs = kernel.pack_rhs(n, k, rhs_in, execution="reference", **kw)
     lhs = kernel.pack_lhs(rng.standard_normal((m, k)).astype(np.float32), execution="reference")
     kernel.run(m, n, k, lhs, rhs, execution="jit")
-    texts = [d.inspect_asm(sig) for d in dispatchers for sig in d.signatures]
-    return "\n".join(t for t in texts if "vpdpbusd" in t)
+    return [d.inspect_asm(sig) for d in dispatchers for sig in d.signatures]
 
 
 def format_listing(found: Listing) -> str:
@@ -120,7 +155,8 @@ def format_listing(found: Listing) -> str:
     out = [
         f"kai_{found.kernel.name} on {found.isa}: {found.how}",
         f"hot loop: {loop.instructions} instructions, {loop.macs} int8 MACs per iteration "
-        f"({loop.dots} dot instructions) = {loop.per_1024_macs():.0f} instructions per 1,024 MACs",
+        + (f"({loop.dots} dot instructions)" if loop.dots else f"({loop.multiplies} integer multiplies)")
+        + f" = {loop.per_1024_macs():.0f} instructions per 1,024 MACs",
     ]
     if kai:
         per = kai["instructions"] * 1024 / kai["macs_at_svl512"]

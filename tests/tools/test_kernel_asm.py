@@ -171,3 +171,28 @@ def test_x86_vnni_hot_loops_use_vpdpbusd(family: str) -> None:
         proc = kleidipy("kernels", "--asm", kern.name, "--isa", "x86-vnni")
         assert proc.returncode == 0, proc.stderr
         assert "vpdpbusd" in proc.stdout.split("hot loop:")[1], kern.name
+
+
+def test_portable_code_counts_integer_multiplies() -> None:
+    """Portable code has no dot instruction: its hot loop is the loop of integer multiplies, counted per lane."""
+    x86 = "f:\n.LBB0_1:\n\tvpmaddwd\t%zmm1, %zmm2, %zmm0\n\tvpaddd\t%zmm0, %zmm3, %zmm3\n\tjne\t.LBB0_1\n\tretq\n"
+    loop = asm.hot_loop(x86, portable=True)
+    assert loop is not None and loop.macs == 32 and loop.multiplies == 1 and loop.dots == 0
+    assert asm.hot_loop(x86) is None  # no dot instruction
+    arm = "f:\n.LBB0_1:\n\tsmull\tv0.8h, v1.8b, v2.8b\n\tsmlal2\tv3.4s, v4.8h, v5.8h\n\tb.ne\t.LBB0_1\n"
+    assert asm.hot_loop(arm, portable=True).macs == 8 + 4
+    assert asm.mul_macs(asm.Line("", mnemonic="pmuludq", operands="%xmm0, %xmm4")) == 2
+    assert asm.mul_macs(asm.Line("", mnemonic="imulq", operands="%rax, %rbx")) == 1
+
+
+@pytest.mark.parametrize("tier", ["dotprod", "sme2"])
+def test_portable_listing_is_the_generic_cpus_code(tier: str) -> None:
+    """``--isa portable``: numba's code for a generic CPU of this host's architecture (no VNNI, no native tile)
+    — integer multiplies, no dot instruction, and many more instructions per 1,024 MACs than KleidiAI's kernel."""
+    kern = next(k for k in all_kernels() if k.family == "qsi8d32p_qsi4c32p" and k.tier == tier and k.kind == "gemv")
+    found = listing(kern, "portable")
+    assert found.loop.dots == 0 and found.loop.multiplies > 0, found.loop.counts
+    assert not set(found.loop.counts) & asm.DOT_MNEMONICS
+    kai = found.kleidiai["instructions"] * 1024 / found.kleidiai["macs_at_svl512"]
+    assert found.loop.per_1024_macs() > 2 * kai
+    assert "generic" in found.how
