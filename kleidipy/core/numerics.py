@@ -269,13 +269,12 @@ def bfdotadd(acc, a0, b0, a1, b1):
 @numba.njit(cache=True, nogil=True, inline="always")
 def round_f16_scalar(x):
     """The F16 value of a float32 as a float32 (F32->F16 nearest even, as ggml's operand conversion; overflow to
-    inf, NaN kept), without branches on the common path so that loops of it vectorize."""
+    inf, NaN kept), every case computed and the result selected — no branch — so that loops of it vectorize."""
     x = np.float32(x)
     u = np.int64(f32_bits(x))
     a = u & 0x7FFFFFFF
-    if a < 0x38800000:  # below 2^-14: F16 subnormals, spaced 2^-24
-        return np.float32(np.rint(x * np.float32(16777216.0)) * np.float32(5.9604645e-08))
-    if a >= 0x477FF000:  # >= 65520 rounds to inf; inf and NaN stay
-        return bits_f32(np.uint32((u & 0x80000000) | 0x7F800000)) if a <= 0x7F800000 else x
-    a = (a + 0xFFF + ((a >> 13) & 1)) & 0xFFFFE000  # keep 10 of the 23 mantissa bits, ties to even
-    return bits_f32(np.uint32((u & 0x80000000) | a))
+    sub = np.float32(np.rint(x * np.float32(16777216.0)) * np.float32(5.9604645e-08))  # F16 subnormals: 2^-24 apart
+    big = bits_f32(np.uint32((u & 0x80000000) | 0x7F800000)) if a <= 0x7F800000 else x  # inf; NaN stays
+    kept = (a + 0xFFF + ((a >> 13) & 1)) & 0xFFFFE000  # keep 10 of the 23 mantissa bits, ties to even
+    normal = bits_f32(np.uint32((u & 0x80000000) | kept))
+    return sub if a < 0x38800000 else big if a >= 0x477FF000 else normal  # below 2^-14; >= 65520

@@ -61,7 +61,8 @@ def expf(x):
     """exp(x) in float32 as one lane of ggml_v_expf (NEON): ``n = round(x / ln 2)``, ``b = x - n ln 2`` (two fused
     steps), a degree-5 polynomial ``j`` of b (fused), result ``k + k*j`` with ``k = 2^n``; when ``|n| > 126`` the
     scale is split in two factors (``(s2 + s2*j) * s1``), and when ``|n| > 192`` the result is ``s1*s1`` (0 or inf).
-    Max error 1.45 + 0.5 ulp; below -103.97 it flushes to 0, above 88.38 to inf."""
+    Max error 1.45 + 0.5 ulp; below -103.97 it flushes to 0, above 88.38 to inf. Every case is computed and the
+    result selected, as the vector code does: no branch, so that loops of it vectorize."""
     x = np.float32(x)
     z = fma32(x, _LOG2E, _SHIFT)
     n = z - _SHIFT
@@ -71,14 +72,13 @@ def expf(x):
     u = b * b
     j = fma32(fma32(fma32(_C5, b, _C4), u, fma32(_C3, b, _C2)), u, _C1 * b)
     an = abs(n)
-    if an > np.float32(126.0):
-        d = 0x82000000 if n <= np.float32(0.0) else 0
-        s1 = bits_f32(np.uint32((d + 0x7F000000) & _U32))
-        if an > np.float32(192.0):
-            return s1 * s1
-        s2 = bits_f32(np.uint32((e - d) & _U32))
-        return fma32(s2, j, s2) * s1
-    return fma32(k, j, k)
+    d = 0x82000000 if n <= np.float32(0.0) else 0
+    s1 = bits_f32(np.uint32((d + 0x7F000000) & _U32))
+    s2 = bits_f32(np.uint32((e - d) & _U32))
+    split = fma32(s2, j, s2) * s1
+    flush = s1 * s1
+    near = fma32(k, j, k)
+    return flush if an > np.float32(192.0) else split if an > np.float32(126.0) else near
 
 
 @numba.njit(cache=True, nogil=True)
@@ -121,16 +121,17 @@ def scale(x, s, r0, r1):
             x[r, i] *= s32
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")  # no ZeroDivisionError branch: the loop vectorizes
 def swiglu(gate, up, out, r0, r1):
     """Rows r0..r1-1 of out = silu(gate) * up (all [m, n]), ``silu(g) = g / (1 + expf(0 - g))`` in f32 with
     :func:`expf` for every element (ggml takes libm's expf for the n % 4 last ones); out may alias gate or up."""
     one = np.float32(1.0)
     zero = np.float32(0.0)
     for r in range(r0, r1):
-        for i in range(gate.shape[1]):
-            g = gate[r, i]
-            out[r, i] = (g / (one + expf(zero - g))) * up[r, i]
+        g_row, u_row, o_row = gate[r], up[r], out[r]
+        for i in range(g_row.shape[0]):
+            g = g_row[i]
+            o_row[i] = (g / (one + expf(zero - g))) * u_row[i]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -220,17 +221,23 @@ def store_kv(k, v, kc, vc, start, m, h0, h1):
     a uint16 array of F16 bits (the F16 cache, rounded to nearest even as numpy's astype) or float32."""
     d = vc.shape[2]
     for h in range(h0, h1):
+        for c in range(d):  # K's cells are contiguous: written in order
+            krow = kc[h, c]
+            for t in range(m):
+                krow[start + t] = _store_cell(kc, k[t, h * d + c])
         for t in range(m):
+            vrow = vc[h, start + t]
             for c in range(d):
-                kc[h, c, start + t] = _store_cell(kc, k[t, h * d + c])
-                vc[h, start + t, c] = _store_cell(vc, v[t, h * d + c])
+                vrow[c] = _store_cell(vc, v[t, h * d + c])
 
 
 def attention_scratch_size(n_ctx: int, head_dim: int) -> int:
-    """float32 elements of :func:`attention`'s scratch for one thread, for any n_kv <= n_ctx: V of one head as f32
-    (n_ctx * head_dim), the KQ lanes of one row (16 * n_ctx), its scores (n_ctx), the KQV lanes (16 * head_dim)
-    and the query (head_dim)."""
-    return n_ctx * head_dim + (LANES + 1) * n_ctx + (LANES + 1) * head_dim
+    """float32 elements of :func:`attention`'s scratch for one thread, for any n_kv <= n_ctx, with n16 = n_ctx
+    rounded up to 16: V of one KV head as f32 in blocks (n16 * head_dim), K of one KV head as f32 in blocks or the
+    KQ lanes of one row (the larger of n16 * head_dim and 16 * n_ctx), the scores of one row (n16), the KQV lanes
+    (16 * head_dim) and the query (head_dim)."""
+    n16 = -(-n_ctx // LANES) * LANES
+    return n16 * head_dim + max(n16 * head_dim, LANES * n_ctx) + n16 + (LANES + 1) * head_dim
 
 
 @numba.njit(cache=True, nogil=True)
@@ -250,30 +257,33 @@ def _reduce_lanes(p, a, b, out):
 
 
 @intrinsic
-def _kq_tiles(typingctx, qv, kt, row, j0, blocks, out):  # pragma: no cover - compile time
-    """out[j0 : j0 + 16·blocks] = the 16-lane dot (lanes c % 16 over the first d - d % 16 elements, fused
-    multiply-adds in increasing c, reduced as :func:`_reduce_lanes`) of qv [d] (C-contiguous) with the cells of K
-    transposed kt [d, n] (F16 bits or float32; rows ``row`` elements apart, cells contiguous): 16 cells per 512-bit
-    vector, the 16 lanes in 16 registers, each K element loaded (and widened) once per query row."""
-    sig = types.void(qv, kt, types.int64, types.int64, types.int64, out)
+def _kq_tiles(typingctx, qv, kt, row, bstride, k0, blocks, out, o0):  # pragma: no cover - compile time
+    """out[o0 : o0 + 16·blocks] = the 16-lane dot (lanes c % 16 over the first d - d % 16 elements, fused
+    multiply-adds in increasing c, reduced as :func:`_reduce_lanes`) of qv [d] (C-contiguous) with blocks of 16
+    cells of K (F16 bits or float32): block ``blk``'s 16 cells of dimension c start at element
+    ``k0 + blk·bstride + c·row`` of kt — the cache's K transposed (row = its row stride, bstride 16) or K of one
+    head as f32 blocks (:func:`_load_blocks`: row 16, bstride 16·d). 16 cells per 512-bit vector, the 16 lanes in
+    16 registers, each K element loaded (and widened) once per query row."""
+    sig = types.void(qv, kt, types.int64, types.int64, types.int64, types.int64, out, types.int64)
     f16 = kt.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         b = builder
-        q_p, kt_p, out_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
-        n, j0_v, blocks_v = args[2], args[3], args[4]
+        q_p, kt_p, out_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 6))
+        row, bstride, k0, blocks_v, o0 = args[2], args[3], args[4], args[5], args[7]
         d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 0)
         esize = 2 if f16 else 4
         cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
         acc = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
         with cgutils.for_range(b, blocks_v) as blk:
-            j = b.add(j0_v, b.mul(blk.index, vnni.i64(16)))
+            j = b.add(o0, b.mul(blk.index, vnni.i64(16)))
+            kblk = b.add(k0, b.mul(blk.index, bstride))
             for a in acc:
                 b.store(vnni.const_splat(F32X16, 0.0), a)
             with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
                 for lane in range(LANES):
                     c = b.add(b.mul(cb.index, vnni.i64(LANES)), vnni.i64(lane))
-                    at = b.mul(b.add(b.mul(c, n), j), vnni.i64(esize))
+                    at = b.mul(b.add(b.mul(c, row), kblk), vnni.i64(esize))
                     k = vnni.load(b, vnni.byte_ptr(b, kt_p, at), cells)
                     k = vnni.f16_bits_to_f32(b, k, True) if f16 else k
                     qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, b.mul(c, vnni.i64(4))), F32), F32X16)
@@ -297,7 +307,7 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
     d16 = d - d % LANES
     size = kt.itemsize
     tiles = (jhi - jlo) // 16 if d16 > 0 and kt.strides[1] == size and kt.strides[0] % size == 0 else 0
-    _kq_tiles(qv, kt, kt.strides[0] // size, jlo, tiles, s)
+    _kq_tiles(qv, kt, kt.strides[0] // size, LANES, jlo, tiles, s, jlo)
     rest = jlo + 16 * tiles
     kq[:, rest:jhi] = np.float32(0.0)
     for j0 in range(rest, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
@@ -318,11 +328,9 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
             sr[j] = np.float32(dot)
 
 
-@numba.njit(cache=True, nogil=True)
-def _softmax_kqv(vh, jlo, jhi, sc, f16, s, acc, out):
-    """Scores s[jlo:jhi] (KQ) -> scaled, softmax weights (rounded to F16 with ``f16``) -> out [d] = KQV over the V
-    rows vh [n_ctx, d] of the cache; acc [16, d] is work space."""
-    d = out.shape[0]
+@numba.njit(cache=True, nogil=True, error_model="numpy")  # no ZeroDivisionError branch: loops vectorize
+def _softmax(jlo, jhi, sc, f16, s):
+    """Scores s[jlo:jhi] (KQ) -> scaled, softmax weights (rounded to F16 with ``f16``), in place."""
     n = jhi - jlo
     sr = s[jlo:jhi]
     mx = np.float32(-np.inf)
@@ -347,6 +355,13 @@ def _softmax_kqv(vh, jlo, jhi, sc, f16, s, acc, out):
     else:
         for j in range(n):
             sr[j] = sr[j] * inv
+
+
+@numba.njit(cache=True, nogil=True)
+def _kqv(vh, jlo, jhi, s, acc, out):
+    """out [d] = KQV of the weights s[jlo:jhi] over the V rows vh [n_ctx, d] of the cache; acc [16, d] is work
+    space."""
+    d = out.shape[0]
     # KQV: ggml_vec_dot over the cells of each output column: lane j % 16 accumulates w[j] * V[j, c] in increasing j
     # (masked cells' weights are 0: skipped), reduced by _reduce_lanes; the whole blocks of 16 cells between the first
     # and the last partial ones by _kqv_tiles (the same order per lane and column)
@@ -357,10 +372,33 @@ def _softmax_kqv(vh, jlo, jhi, sc, f16, s, acc, out):
     blocks = (jhi - a0) // LANES
     for j in range(jlo, a0):
         _kqv_cell(s[j], vh[j], acc[j % LANES])
-    _kqv_tiles(s, vh, vh.strides[0] // size, a0, blocks, acc)
+    _kqv_tiles(s, vh, vh.strides[0] // size, LANES, a0, blocks, acc, 0)
     for j in range(a0 + LANES * blocks, jhi):
         _kqv_cell(s[j], vh[j], acc[j % LANES])
     _reduce_lanes(acc, 0, d, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _kqv_blocks(vb, origin, jlo, jhi, s, acc, out):
+    """:func:`_kqv` over V of one head as f32 blocks vb [d/16, n, 16] (:func:`_load_blocks`; cell j at
+    ``j - origin``): the same lanes and order."""
+    acc[:] = np.float32(0.0)
+    a0 = min(jhi, (jlo + LANES - 1) // LANES * LANES)
+    blocks = (jhi - a0) // LANES
+    for j in range(jlo, a0):
+        _kqv_cell_blocks(s[j], vb, j - origin, acc[j % LANES])
+    _kqv_tiles(s, vb, LANES, vb.shape[1] * LANES, a0, blocks, acc, origin)
+    for j in range(a0 + LANES * blocks, jhi):
+        _kqv_cell_blocks(s[j], vb, j - origin, acc[j % LANES])
+    _reduce_lanes(acc, 0, out.shape[0], out)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _kqv_cell_blocks(wj, vb, cell, a):
+    """:func:`_kqv_cell` with V as f32 blocks: a[c] = fma(w_j, V[j, c], a[c]) for every column c."""
+    for cb in range(vb.shape[0]):
+        for lane in range(LANES):
+            a[cb * LANES + lane] = fma32(wj, vb[cb, cell, lane], a[cb * LANES + lane])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -371,18 +409,20 @@ def _kqv_cell(wj, vrow, a):
 
 
 @intrinsic
-def _kqv_tiles(typingctx, w, vh, row, j0, blocks, acc):  # pragma: no cover - compile time
+def _kqv_tiles(typingctx, w, vh, row, cstride, j0, blocks, acc, v0):  # pragma: no cover - compile time
     """KQV over cells j0 .. j0 + 16·blocks (j0 a multiple of 16): acc[l, c] = fma(w[j], V[j, c], acc[l, c]) for the
-    cells j = l (mod 16) in increasing j, V's rows ``row`` elements apart in vh (F16 bits or float32, cells' columns
-    contiguous; d a multiple of 16). Per 16 columns the 16 lanes stay in 16 registers over all the blocks."""
-    sig = types.void(w, vh, types.int64, types.int64, types.int64, acc)
+    cells j = l (mod 16) in increasing j; the 16 columns from c = 16·cb of cell j start at element
+    ``(j - v0)·row + cb·cstride`` of vh (F16 bits or float32) — the cache's V rows (row = its row stride,
+    cstride 16, v0 0) or V of one head as f32 blocks (:func:`_load_blocks`: row 16, cstride 16·n, v0 its first
+    cell); d a multiple of 16. Per 16 columns the 16 lanes stay in 16 registers over all the blocks."""
+    sig = types.void(w, vh, types.int64, types.int64, types.int64, types.int64, acc, types.int64)
     f16 = vh.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         b = builder
-        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
-        row_v, j0_v, blocks_v = args[2], args[3], args[4]
-        d = b.extract_value(context.make_array(signature.args[5])(context, b, args[5]).shape, 1)
+        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 6))
+        row_v, cstride, j0_v, blocks_v, v0 = args[2], args[3], args[4], args[5], args[7]
+        d = b.extract_value(context.make_array(signature.args[6])(context, b, args[6]).shape, 1)
         esize = 2 if f16 else 4
         cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
         lanes = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
@@ -396,7 +436,7 @@ def _kqv_tiles(typingctx, w, vh, row, j0, blocks, acc):  # pragma: no cover - co
                 for lane, p in enumerate(lanes):
                     j = b.add(base, vnni.i64(lane))
                     wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, b.mul(j, vnni.i64(4))), F32), F32X16)
-                    at = b.mul(b.add(b.mul(j, row_v), col), vnni.i64(esize))
+                    at = b.mul(b.add(b.mul(b.sub(j, v0), row_v), b.mul(cb.index, cstride)), vnni.i64(esize))
                     v = vnni.load(b, vnni.byte_ptr(b, v_p, at), cells)
                     v = vnni.f16_bits_to_f32(b, v, True) if f16 else v
                     b.store(vnni.fma(b, wj, v, b.load(p)), p)
@@ -409,12 +449,24 @@ def _kqv_tiles(typingctx, w, vh, row, j0, blocks, acc):  # pragma: no cover - co
 
 
 @numba.njit(cache=True, nogil=True)
-def _load_values(vh, lo, hi, vf):
-    """Cells lo..hi-1 of one KV head's V (vh [n_ctx, d]) as float32 rows vf [>= hi, d], for many rows to share."""
-    for j in range(lo, hi):
-        src, dst = vh[j], vf[j]
-        for c in range(dst.shape[0]):
-            dst[c] = _load_cell(src[c])
+def _load_blocks(kt, vh, origin, hi, kb, vb):
+    """Cells origin..hi-1 (origin a multiple of 16) of one KV head as float32 blocks, for the rows of a batch to
+    share: K (kt [d, n_ctx]) as kb [n/16, d, 16] (block b: dimension c of cells origin + 16·b + 0..15, contiguous;
+    cells from hi on 0) and V (vh [n_ctx, d]) as vb [d/16, n, 16] (cell j's columns 16·cb.. at vb[cb, j - origin]):
+    the tiles then read 4 KB of K per block of cells and each 16 columns of V as one stream."""
+    d = kt.shape[0]
+    for blk in range((hi - origin + LANES - 1) // LANES):
+        for c in range(d):
+            src, dst = kt[c], kb[blk, c]
+            for lane in range(LANES):
+                j = origin + blk * LANES + lane
+                dst[lane] = _load_cell(src[j]) if j < hi else np.float32(0.0)
+    for j in range(origin, hi):
+        src = vh[j]
+        for cb in range(d // LANES):
+            dst = vb[cb, j - origin]
+            for lane in range(LANES):
+                dst[lane] = _load_cell(src[cb * LANES + lane])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -441,23 +493,29 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     d = q.shape[2]
     group = n_head // kc.shape[0]
     sc = np.float32(scale)
-    vf = scratch[: d * n_kv].reshape(n_kv, d)
-    at = d * n_kv
+    # scratch (attention_scratch_size): V blocks, K blocks or the KQ lanes, scores, KQV lanes, query
+    n16 = -(-n_kv // LANES) * LANES
+    vb = scratch[: (d // LANES) * n16 * LANES].reshape(d // LANES, n16, LANES)
+    at = d * n16
+    kb = scratch[at : at + n16 * d].reshape(n16 // LANES, d, LANES)
     kq = scratch[at : at + LANES * n_kv].reshape(LANES, n_kv)
-    at += LANES * n_kv
-    s = scratch[at : at + n_kv]
-    at += n_kv
+    at += max(n16 * d, LANES * n_kv)
+    s = scratch[at : at + n16]
+    at += n16
     acc = scratch[at : at + LANES * d].reshape(LANES, d)
     at += LANES * d
     qv = scratch[at : at + d]
-    # cells any row reads: from the first row's window start to the last row's position
+    # cells any row reads: from the first row's window start to the last row's position; a batch of rows reads
+    # them from f32 blocks made once per KV head (from the 16-aligned origin), one row from the cache itself
     lo = max(0, start - window + 1) if window > 0 else 0
     hi = min(start + m, n_kv)
+    origin = lo - lo % LANES
+    blocked = m > 1 and d % LANES == 0
     loaded = -1
     for h in range(h0, h1):
         kvh = h // group
-        if m > 1 and kvh != loaded:  # rows share V: converted once per KV head
-            _load_values(vc[kvh], lo, hi, vf)
+        if blocked and kvh != loaded:
+            _load_blocks(kc[kvh], vc[kvh], origin, hi, kb, vb)
             loaded = kvh
         for i in range(m):
             p = start + i
@@ -465,9 +523,13 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
                 qv[c] = round_f16_scalar(q[i, h, c]) if f16 else q[i, h, c]
             jlo = max(0, p - window + 1) if window > 0 else 0
             jhi = min(p + 1, n_kv)
-            _kq_transposed(qv, kc[kvh], jlo, jhi, kq, s)
             o = out[i, h * d : (h + 1) * d]
-            if m > 1:
-                _softmax_kqv(vf, jlo, jhi, sc, f16, s, acc, o)
+            if blocked:  # whole blocks of cells (those outside jlo..jhi-1 are computed and not read)
+                b0, b1 = (jlo - origin) // LANES, (jhi - origin + LANES - 1) // LANES
+                _kq_tiles(qv, kb, LANES, LANES * d, b0 * LANES * d, b1 - b0, s, origin + b0 * LANES)
+                _softmax(jlo, jhi, sc, f16, s)
+                _kqv_blocks(vb, origin, jlo, jhi, s, acc, o)
             else:
-                _softmax_kqv(vc[kvh], jlo, jhi, sc, f16, s, acc, o)
+                _kq_transposed(qv, kc[kvh], jlo, jhi, kq, s)
+                _softmax(jlo, jhi, sc, f16, s)
+                _kqv(vc[kvh], jlo, jhi, s, acc, o)

@@ -9,6 +9,7 @@ import pytest
 
 from kleidipy.core.numerics import fma_f32
 from kleidipy.graph import ops
+from kleidipy.runtime.kv_cache import k_row_cells
 from kleidipy.runtime.layers import gelu_f16_table
 
 F32 = np.float32
@@ -278,6 +279,10 @@ def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16):
         (4, 3, 3, 1, 40, 0, True),  # d % 16 != 0: ggml's f64 leftovers
         (3, 140, 4, 2, 32, 0, True),  # several blocks of cells
         (5, 140, 2, 1, 32, 100, False),
+        (9, 140, 4, 2, 64, 37, True),  # a batch over f32 blocks from an unaligned window start
+        (33, 0, 2, 1, 64, 0, False),
+        (20, 5, 3, 1, 32, 0, True),
+        (2, 15, 2, 2, 16, 0, True),
     ],
 )
 def test_attention(
@@ -290,7 +295,8 @@ def test_attention(
     kc, vc = rng.standard_normal((2, n_head_kv, n_ctx, d)).astype(dtype)
     scale = 1 / np.sqrt(d)
     want = attention_numpy(q, kc.astype(np.float32), vc.astype(np.float32), start, n_kv, scale, window, f16)
-    kt = np.ascontiguousarray(kc.transpose(0, 2, 1))  # the cache's K layout: [n_head_kv, d, n_ctx]
+    kt = np.zeros((n_head_kv, d, k_row_cells(n_ctx, kc.itemsize)), dtype)  # the cache's K: [n_head_kv, d, cells]
+    kt[..., :n_ctx] = kc.transpose(0, 2, 1)
     ops_k, ops_v = (kt.view(np.uint16), vc.view(np.uint16)) if f16 else (kt, vc)
     for pieces in _splits(n_head):
         out = np.full((m, n_head * d), np.nan, np.float32)
