@@ -29,6 +29,7 @@ from kleidipy.errors import NonFiniteInputError
 from kleidipy.graph import matmul as mm
 from kleidipy.graph import ops
 from kleidipy.graph.atomics import monotonic_ns
+from kleidipy.graph.contention import free_cores
 from kleidipy.graph.plan import (
     OP_ADD,
     OP_ADD_ROW,
@@ -193,8 +194,9 @@ class ThreadChoice:
     slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
     being re-measured every PROBE_EVERY runs, or less often by the ratio of the two costs (a probe of all workers on
     a busy machine can cost 40 one-thread runs: waiting PROBE_EVERY x that ratio keeps the probes to about
-    1/PROBE_EVERY of the time); prefill runs always take every worker (a probe would cost a whole batch). The result
-    is the same bits at either count."""
+    1/PROBE_EVERY of the time). A prefill run (a probe would cost a whole batch) takes as many workers as there are
+    cores no other process wants at its start (:func:`~kleidipy.graph.contention.free_cores`; every worker where
+    that cannot be read). The result is the same bits at any count."""
 
     PROBE_EVERY = 16
     #: weight of a new measurement in the running cost
@@ -209,8 +211,11 @@ class ThreadChoice:
 
     def pick(self, m: int) -> int:
         """The thread count for a run of m tokens."""
-        if self.threads == 1 or not self.adaptive or m != 1:
+        if self.threads == 1 or not self.adaptive:
             return self.threads
+        if m != 1:
+            free = free_cores()
+            return self.threads if free is None else max(1, min(self.threads, free))
         for count in (self.threads, 1):
             if count not in self._cost:
                 return count

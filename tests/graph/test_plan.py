@@ -4,6 +4,7 @@ weight type and target, and the real SmolLM2, Qwen2.5 Q4_K_M and Gemma 3 as ship
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
 from tiny_models import write_model
 
 from kleidipy.errors import NonFiniteInputError
+from kleidipy.graph import contention, execute
 from kleidipy.graph.execute import ThreadChoice, compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
 from kleidipy.runtime.backend import KleidiBackend
@@ -103,9 +105,31 @@ def test_thread_choice_follows_the_measured_cost() -> None:
     for _ in range(20):
         choice.record(1, 2, 0.002)  # the core is free again
     assert choice.pick(1) == 2
-    choice.record(1, 2, 1.0)
-    assert choice.pick(64) == 2  # prefill always takes every worker
     assert ThreadChoice(2, adaptive=False).pick(1) == 2 and ThreadChoice(1).pick(1) == 1
+
+
+@pytest.mark.parametrize(("free", "picked"), [(2, 2), (3, 2), (1, 1), (0, 1), (None, 2)])
+def test_prefill_takes_the_free_cores(monkeypatch: pytest.MonkeyPatch, free: int | None, picked: int) -> None:
+    """A prefill run takes as many workers as no other process wants cores (every worker where that is unknown),
+    whatever decode measured; not adaptive, every worker."""
+    monkeypatch.setattr(execute, "free_cores", lambda: free)
+    choice = ThreadChoice(2)
+    choice.record(1, 2, 1.0)
+    assert choice.pick(64) == picked
+    assert ThreadChoice(2, adaptive=False).pick(64) == 2
+
+
+def test_free_cores_reads_the_run_queue(tmp_path: Path) -> None:
+    """Runnable tasks machine-wide (/proc/loadavg) less this process's running threads (/proc/self/task/*/stat)."""
+    (tmp_path / "loadavg").write_text("0.50 0.40 0.30 4/120 999\n")
+    for tid, state in ((10, "R"), (11, "S"), (12, "R")):
+        (tmp_path / "self" / "task" / str(tid)).mkdir(parents=True)
+        (tmp_path / "self" / "task" / str(tid) / "stat").write_text(f"{tid} (py (x) t) {state} 1 2 3\n")
+    cores = len(os.sched_getaffinity(0))
+    assert contention.free_cores(tmp_path) == max(0, cores - 2)  # 4 running, 2 of them ours
+    (tmp_path / "loadavg").write_text("garbled")
+    assert contention.free_cores(tmp_path) is None
+    assert contention.free_cores(tmp_path / "missing") is None
 
 
 def test_float_weights_stay_eager(tmp_path: Path) -> None:
