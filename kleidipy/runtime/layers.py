@@ -341,7 +341,8 @@ class CausalLM:
         cache = self.cache if cache is None else cache
         ids = self._check_ids(token_ids)
         start = cache.n_past if positions is None else _first_position(positions, ids.size)
-        return self.forward_batch([(cache, ids, start)], all_logits=all_logits)[0]
+        cache.check(start, ids.size)
+        return self._forward_checked([(cache, ids, start)], all_logits)[0]
 
     def forward_batch(
         self, parts: Sequence[tuple[KVCache, Sequence[int] | np.ndarray, int]], *, all_logits: bool = False
@@ -361,6 +362,10 @@ class CausalLM:
             raise ValueError("each part of a batch needs a KV cache of its own")
         for kv, ids, start in seqs:
             kv.check(start, ids.size)
+        return self._forward_checked(seqs, all_logits)
+
+    def _forward_checked(self, seqs: list[tuple[KVCache, np.ndarray, int]], all_logits: bool) -> list[np.ndarray]:
+        """:meth:`forward_batch` of parts whose ids and positions are checked."""
         m = sum(ids.size for _, ids, _ in seqs)
         for observer in self.observers:
             observer.on_forward_start(m, seqs[0][2])
@@ -427,8 +432,9 @@ class CausalLM:
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
             raise InvalidTokenError(f"token ids must be a non-empty 1-D integer sequence, got {ids.dtype} {ids.shape}")
-        if ids.min() < 0 or ids.max() >= self.hparams.n_vocab:
-            raise InvalidTokenError(f"token ids must be in [0, {self.hparams.n_vocab}), got {ids.min()}..{ids.max()}")
+        lo, hi = (int(ids[0]),) * 2 if ids.size == 1 else (ids.min(), ids.max())  # (a decoded token: no reductions)
+        if lo < 0 or hi >= self.hparams.n_vocab:
+            raise InvalidTokenError(f"token ids must be in [0, {self.hparams.n_vocab}), got {lo}..{hi}")
         return ids
 
     def _hidden(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice) -> np.ndarray:
