@@ -10,9 +10,10 @@ same bits at every thread count — and the same bits as the eager path (:mod:`k
 same op functions (:mod:`kleidipy.graph.ops`) and the same kernels node by node from Python.
 
 :class:`CompiledForward` owns a model's plan, its buffers (grown to the largest ubatch seen) and the persistent
-workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only embeds the tokens, starts
-the run and copies the logits out. Hand-written because the executor must call the kernels and ops from compiled
-code on persistent threads; no maintained library runs a numba graph that way.
+workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only starts the run (which embeds
+the tokens itself when the embedding has a compiled GET_ROWS) and reads the logits. Hand-written because the executor
+must call the kernels and ops from compiled code on persistent threads; no maintained library runs a numba graph that
+way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numba
 import numpy as np
 
 from kleidipy.errors import NonFiniteInputError
+from kleidipy.formats.rows import get_rows
 from kleidipy.graph import matmul as mm
 from kleidipy.graph import ops
 from kleidipy.graph.atomics import monotonic_ns
@@ -52,10 +54,12 @@ from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barr
 from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
 from kleidipy.runtime.observer import KernelCall, NodeRun
+from kleidipy.runtime.weights import InvalidTokenError
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node; [2], [3] thread 0's
-#: monotonic ns at the start and the end of its walk (the time inside compiled code, dispatch excluded)
-STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END = 0, 1, 2, 3
+#: monotonic ns at the start and the end of its walk (the time inside compiled code, dispatch excluded); [4] 1 when a
+#: token id was out of the embedding's range (nothing ran)
+STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END, STATUS_BAD_TOKEN = 0, 1, 2, 3, 4
 
 
 @numba.njit(cache=True, nogil=True)
@@ -88,6 +92,10 @@ def run_plan(
     keep,
     logits_buffer,
     logits,
+    ids,
+    embd_code,
+    embd_rows,
+    embd_scale,
 ):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address
@@ -95,9 +103,24 @@ def run_plan(
     node (see the module docstring); the MUL_MAT into buffer ``logits_buffer`` writes into ``logits`` instead
     (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the thread records per
     node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for other nodes) and
-    of its end (each before the barrier that follows)."""
+    of its end (each before the barrier that follows). With ``embd_code`` >= 0 the run first embeds the tokens ``ids``
+    into buffer 0 (GET_ROWS of the embedding's bytes ``embd_rows``, :func:`kleidipy.formats.rows.get_rows`, times
+    ``embd_scale`` in f32 unless it is 0), each thread its share of the rows."""
     if ith == 0:
         status[STATUS_START] = monotonic_ns()
+    if embd_code >= 0:
+        lo, hi = share(m, ith, nth)
+        for r in range(lo, hi):
+            if ids[r] < 0 or ids[r] >= embd_rows.shape[0]:
+                status[STATUS_BAD_TOKEN] = 1
+        if status[STATUS_BAD_TOKEN] == 0 and lo < hi:
+            x = f32_2d(buffers, 0)
+            get_rows(embd_code, embd_rows, ids[lo:hi], x[lo:hi])
+            if embd_scale != 0:
+                ops.scale(x, embd_scale, lo, hi)
+        barrier(sync, nth)
+        if status[STATUS_BAD_TOKEN] != 0:
+            return
     rows = m
     timed = prof.shape[0] > 0
     for i in range(nodes.shape[0]):
@@ -260,7 +283,10 @@ class CompiledForward:
         self._arrays: list[np.ndarray] = []
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
-        self._status = np.zeros(4, np.int64)
+        self._status = np.zeros(5, np.int64)
+        #: the embedding as the run does it (GET_ROWS of its bytes, code >= 0), or -1: the caller embeds in Python
+        embd = getattr(lm.embedding, "compiled_rows", lambda: None)()
+        self._embd = (-1, np.zeros((0, 0), np.uint8), np.float32(0.0)) if embd is None else embd
         #: the address tables of the K and V arrays of the caches of the last run, and a 0-size array of their dtype
         self._kv: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._kv_caches: list[KVCache] = []
@@ -303,7 +329,8 @@ class CompiledForward:
         increasing) [keep.size, n_vocab] (stored K/V in each segment's cache; the caller advances them)."""
         m = ids.size
         self._ensure_rows(m)
-        self._arrays[0][:m] = self.lm.embedding(ids)
+        if self._embd[0] < 0:
+            self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
         caches = list(dict.fromkeys(seg.cache for seg in ubatch))
         if caches != self._kv_caches:  # (KVCache compares by identity)
@@ -340,6 +367,8 @@ class CompiledForward:
             keep,
             self.plan.logits,
             logits,
+            ids.astype(np.int64, copy=False),
+            *self._embd,
         )
         t0, mono0 = perf_counter(), clock_ns()
         if threads == 1:
@@ -350,6 +379,8 @@ class CompiledForward:
         self.choice.record(m, threads, seconds)
         inside = self._status[STATUS_END] - self._status[STATUS_START]
         self.run_seconds += inside / 1e9 if self._status[STATUS_END] else seconds
+        if self._status[STATUS_BAD_TOKEN]:
+            raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {ids.tolist()[:8]}")
         if self._status[STATUS_NONFINITE]:
             weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")

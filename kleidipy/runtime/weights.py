@@ -104,6 +104,11 @@ class RowEmbedding:
         """An EmbeddingFactory."""
         return cls(ggml_type, raw, shape[0])
 
+    def compiled_rows(self) -> tuple[int, np.ndarray, np.float32] | None:
+        """How compiled code gets these rows: (the :func:`kleidipy.formats.rows.get_rows` code, the tensor bytes,
+        0 = no scale), or None when the type has no compiled GET_ROWS."""
+        return None if self._rows_code < 0 else (self._rows_code, self.raw, np.float32(0.0))
+
     def __call__(self, token_ids: np.ndarray | Sequence[int]) -> np.ndarray:
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":

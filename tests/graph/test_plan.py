@@ -18,8 +18,9 @@ from kleidipy.graph import contention, execute
 from kleidipy.graph.execute import ThreadChoice, compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
 from kleidipy.runtime.backend import KleidiBackend
-from kleidipy.runtime.layers import CausalLM
+from kleidipy.runtime.layers import CausalLM, Segment
 from kleidipy.runtime.model_file import ModelFile
+from kleidipy.runtime.weights import InvalidTokenError
 from kleidipy.target import parse_target
 
 
@@ -136,3 +137,16 @@ def test_float_weights_stay_eager(tmp_path: Path) -> None:
     model = ModelFile(write_model(tmp_path / "m.gguf", "llama", T.Q4_0))
     lm = model.arch.build(model, n_ctx=32)  # FloatLinear: not a KleidiAI matmul
     assert not compile_model(lm, 2) and lm.compiled is None
+
+
+def test_the_plan_embeds_the_tokens_and_refuses_bad_ids(tmp_path: Path) -> None:
+    """With a compiled GET_ROWS the run embeds the tokens itself; an id out of range (a caller that skipped the
+    forward pass's check) is an InvalidTokenError and nothing runs, not a read out of bounds."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q8_0), "sme2:svl=512")
+    assert compile_model(lm, 2, adaptive=False)
+    assert lm.compiled._embd[0] >= 0
+    cache = lm.new_cache()
+    with pytest.raises(InvalidTokenError):
+        lm.compiled(np.array([1, lm.hparams.n_vocab]), [Segment(cache, 0, 0, 2)], np.array([1]))
+    assert np.isfinite(lm.forward([1, 2], cache=lm.new_cache())).all()
+    lm.compiled.close()

@@ -78,6 +78,11 @@ class ScaledEmbedding:
     def __call__(self, token_ids: np.ndarray) -> np.ndarray:
         return self.inner(token_ids) * self.scale
 
+    def compiled_rows(self) -> tuple[int, np.ndarray, np.float32] | None:
+        """The inner embedding's compiled GET_ROWS with this scale (RowEmbedding.compiled_rows), or None."""
+        inner = getattr(self.inner, "compiled_rows", lambda: None)()
+        return None if inner is None else (inner[0], inner[1], self.scale)
+
 
 class Gemma3Block:
     """One sandwich-norm decoder block: pre- and post-norm around attention and around the GeGLU feed-forward."""
