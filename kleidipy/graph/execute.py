@@ -291,6 +291,8 @@ class CompiledForward:
         self._kv: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._kv_caches: list[KVCache] = []
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
+        self._one_segment = np.array([[0, 0, 0, 1]], np.int64)
+        self._first_row = np.zeros(1, np.int64)
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
@@ -327,18 +329,30 @@ class CompiledForward:
     def __call__(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
         """One ubatch of tokens ``ids``, in segments of one sequence each: the logits of the rows ``keep`` (int64,
         increasing) [keep.size, n_vocab] (stored K/V in each segment's cache; the caller advances them)."""
+        caches = list(dict.fromkeys(seg.cache for seg in ubatch))
+        index = {id(c): i for i, c in enumerate(caches)}
+        segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)
+        return self._run(ids, caches, segs, keep)
+
+    def decode(self, token: np.ndarray, cache: KVCache, position: int) -> np.ndarray:
+        """One token (an int array of one id) of the sequence of ``cache`` at ``position``: what ``self(token,
+        [Segment(cache, position, 0, 1)], [0])`` gives, without building the segment and row lists (a decoded
+        token's Python time is mostly such steps, each run cold after the plan)."""
+        self._one_segment[0, 1] = position
+        return self._run(token, [cache], self._one_segment, self._first_row)
+
+    def _run(self, ids: np.ndarray, caches: list[KVCache], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """:meth:`__call__` with the segments as the int64 table run_plan reads (cache index in ``caches``, first
+        position, first row, last row + 1)."""
         m = ids.size
         self._ensure_rows(m)
         if self._embd[0] < 0:
             self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
-        caches = list(dict.fromkeys(seg.cache for seg in ubatch))
         if caches != self._kv_caches:  # (KVCache compares by identity)
             k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
             self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), np.empty((0,) * 4, k[0].dtype))
             self._kv_caches = caches
-        index = {id(c): i for i, c in enumerate(caches)}
-        segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls]
         prof = np.zeros((threads, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed

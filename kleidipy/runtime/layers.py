@@ -366,6 +366,11 @@ class CausalLM:
 
     def _forward_checked(self, seqs: list[tuple[KVCache, np.ndarray, int]], all_logits: bool) -> list[np.ndarray]:
         """:meth:`forward_batch` of parts whose ids and positions are checked."""
+        if len(seqs) == 1 and seqs[0][1].size == 1 and self.compiled is not None and not self.observers:
+            cache, ids, start = seqs[0]  # a decoded token on the compiled plan: the short way
+            logits = self.compiled.decode(ids, cache, start)
+            cache.advance(start, ids)
+            return [logits if all_logits else logits[0]]
         m = sum(ids.size for _, ids, _ in seqs)
         for observer in self.observers:
             observer.on_forward_start(m, seqs[0][2])
