@@ -313,10 +313,8 @@ class CompiledForward:
             self(np.zeros(1, np.int64), [Segment(self.lm.new_cache(1), 0, 0, 1)], np.zeros(1, np.int64))
         self.choice = ThreadChoice(self.choice.threads, self.choice.adaptive)
 
-    def _ensure_rows(self, m: int) -> None:
-        """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens."""
-        if m <= self._rows:
-            return
+    def _grow_rows(self, m: int) -> None:
+        """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens (more than now)."""
         # the arrays in a Python list (run_plan reads them through their address table, kept alive here); the
         # logits buffer has no rows (the LM head writes into the array each run returns)
         self._arrays = [
@@ -345,7 +343,8 @@ class CompiledForward:
         """:meth:`__call__` with the segments as the int64 table run_plan reads (cache index in ``caches``, first
         position, first row, last row + 1)."""
         m = ids.size
-        self._ensure_rows(m)
+        if m > self._rows:
+            self._grow_rows(m)
         if self._embd[0] < 0:
             self._arrays[0][:m] = self.lm.embedding(ids)
         self._status[:] = 0
@@ -354,7 +353,7 @@ class CompiledForward:
             self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), np.empty((0,) * 4, k[0].dtype))
             self._kv_caches = caches
         threads = self.choice.pick(m)
-        watchers = [o for o in self.lm.observers if o.wants_matmuls]
+        watchers = [o for o in self.lm.observers if o.wants_matmuls] if self.lm.observers else ()
         prof = np.zeros((threads, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
         logits = np.empty((keep.size, self.plan.widths[self.plan.logits]), np.float32)  # written by the LM head
         args = (
@@ -391,12 +390,13 @@ class CompiledForward:
             self.workers.run(run_plan, args)
         seconds = perf_counter() - t0
         self.choice.record(m, threads, seconds)
-        inside = self._status[STATUS_END] - self._status[STATUS_START]
-        self.run_seconds += inside / 1e9 if self._status[STATUS_END] else seconds
-        if self._status[STATUS_BAD_TOKEN]:
+        status = self._status.tolist()  # (one read of the slots: each numpy index is a Python step)
+        inside = status[STATUS_END] - status[STATUS_START]
+        self.run_seconds += inside / 1e9 if status[STATUS_END] else seconds
+        if status[STATUS_BAD_TOKEN]:
             raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {ids.tolist()[:8]}")
-        if self._status[STATUS_NONFINITE]:
-            weight = self.plan.weights[int(self.plan.nodes[self._status[STATUS_NODE], 3])]
+        if status[STATUS_NONFINITE]:
+            weight = self.plan.weights[int(self.plan.nodes[status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
         for node in self._node_runs(prof, m, keep.size, t0 - mono0 / 1e9) if watchers else ():
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
