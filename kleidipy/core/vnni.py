@@ -27,15 +27,23 @@ from numba.extending import intrinsic, models, register_model, typeof_impl, unbo
 
 
 def _codegen_features() -> set[str]:
-    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` when set (its ``+name`` entries; with
-    ``NUMBA_CPU_NAME=generic`` numba's default is none), else the host's as llvmlite reads them — so that no tile
-    emits an instruction the code is not compiled for (LLVM would abort the process)."""
-    if numba_config.CPU_FEATURES is not None:
-        return {f.strip()[1:] for f in numba_config.CPU_FEATURES.split(",") if f.strip().startswith("+")}
-    try:
-        return {name for name, on in llvm.get_host_cpu_features().items() if on}
-    except RuntimeError:  # llvmlite cannot read the features on some hosts: use the portable code
-        return set()
+    """The CPU features numba compiles for, so that no tile emits an instruction the code is not compiled for (LLVM
+    would abort the process): those of its CPU — the host's as llvmlite reads them, none for
+    ``NUMBA_CPU_NAME=generic`` — with ``NUMBA_CPU_FEATURES``'s ``+name`` / ``-name`` entries applied, as LLVM
+    applies them to the CPU's own."""
+    features: set[str] = set()
+    if str(numba_config.CPU_NAME).lower() != "generic":
+        try:
+            features = {name for name, on in llvm.get_host_cpu_features().items() if on}
+        except RuntimeError:  # llvmlite cannot read the features on some hosts: use the portable code
+            features = set()
+    for entry in (numba_config.CPU_FEATURES or "").split(","):
+        entry = entry.strip()
+        if entry[:1] == "+":
+            features.add(entry[1:])
+        elif entry[:1] == "-":
+            features.discard(entry[1:])
+    return features
 
 
 _FEATURES = _codegen_features()

@@ -3,8 +3,9 @@ the KleidiAI micro-kernels that ran, with calls, time and bytes per kernel and p
 
 The frames are the real Python frames of kleidipy code between the stage's entry point and the kernel call
 (``Engine.__init__ → … → KleidiBackend.__call__`` at load; at run time ``Engine.generate → CausalLM.forward →
-CausalLM.forward_batch → CausalLM._run_ubatch → CausalLM._decode → CompiledForward.__call__`` when the forward pass runs
-as a compiled plan — the default —, or ``… → compute_forward_mul_mat`` op by op with ``--no-graph``); the leaves are
+CausalLM._forward_checked → CausalLM._run_ubatch → CausalLM._decode → CompiledForward.__call__ → CompiledForward._run``
+when the forward pass runs as a compiled plan — the default —, or ``… → compute_forward_mul_mat`` op by op with
+``--no-graph``); the leaves are
 the ``kai_run_…`` packers and kernels that ran:
 
 * model load: one repack per matmul weight — ``KleidiBackend.__call__`` (GGUF → packer-input conversion + pack, as

@@ -19,7 +19,10 @@ def test_features_without_sve_or_sme() -> None:
 
 
 def test_pinned_only_on_linux_arm64_with_sve(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
+    # (set, then deleted: monkeypatch then restores the variable as it was before the test, whatever
+    # pin_numba_features writes to os.environ itself — a value left here would reach every later subprocess)
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "")
+    monkeypatch.delenv("NUMBA_CPU_FEATURES")
     monkeypatch.setattr(hwcaps, "is_linux_arm64", lambda: True)
     monkeypatch.setattr(hwcaps, "arm_features", lambda: (frozenset({"asimd", "sve", "dotprod"}), None))
     hwcaps.pin_numba_features()

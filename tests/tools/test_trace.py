@@ -118,7 +118,7 @@ def test_prefill_gemm_and_counts(trace) -> None:
         "Engine.generate",
         "Generation.step",
         "CausalLM.forward",
-        "CausalLM.forward_batch",
+        "CausalLM._forward_checked",
         "CausalLM._run_ubatch",
         "CausalLM._decode",
         "CausalLM._hidden",
@@ -144,7 +144,7 @@ def test_decode_gemv_and_counts(trace) -> None:
     assert (step.frame, step.calls) == ("Generation.step", len(decode.passes))
     (forward,) = step.children.values()
     assert (forward.frame, forward.calls) == ("CausalLM.forward", len(decode.passes))
-    ubatch = forward.children["CausalLM.forward_batch"].children["CausalLM._run_ubatch"]
+    ubatch = forward.children["CausalLM._forward_checked"].children["CausalLM._run_ubatch"]
     (hidden, head) = ubatch.children["CausalLM._decode"].children.values()
     assert (hidden.frame, hidden.calls) == ("CausalLM._hidden", len(decode.passes))  # the blocks, then the LM head
     (layers,) = hidden.children.values()
@@ -246,12 +246,16 @@ def test_plan_trace_shows_the_plan_that_ran(trace, plan_trace) -> None:
         eager, plan = trace.stage(name), plan_trace.stage(name)
         assert [(op.weight, op.m) for op in plan.ops] == [(op.weight, op.m) for op in eager.ops]
         assert [[c.name for c in op.calls] for op in plan.ops] == [[c.name for c in op.calls] for op in eager.ops]
-        assert all(op.frames[-2:] == ("CausalLM._decode", "CompiledForward.__call__") for op in plan.ops)
+        frames = ("CausalLM._decode", "CompiledForward.__call__", "CompiledForward._run")
+        assert all(op.frames[-3:] == frames for op in plan.ops)
         assert not eager.nodes and plan.nodes
         matmuls = [n for n in plan.nodes if n.op == "MUL_MAT"]
         assert [n.label for n in matmuls] == [op.weight for op in plan.ops]
-        for node in plan.nodes:  # prefill runs on every worker; a decode run may take the caller alone
-            assert len(node.threads) == 2 if name == "prefill" else len(node.threads) in (1, 2)
+        # a run takes every worker or the caller alone (prefill: the cores no other process wants; decode: by
+        # measurement, its first run on every worker)
+        assert max(len(node.threads) for node in plan.nodes) == 2 or name == "prefill"
+        for node in plan.nodes:
+            assert len(node.threads) in (1, 2)
             for start, packed, end in node.threads:
                 assert start <= end and (packed is None) == (node.op != "MUL_MAT")
                 assert packed is None or start <= packed <= end
