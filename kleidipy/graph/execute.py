@@ -217,9 +217,9 @@ class ThreadChoice:
     slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
     being re-measured every PROBE_EVERY runs, or less often by the ratio of the two costs (a probe of all workers on
     a busy machine can cost 40 one-thread runs: waiting PROBE_EVERY x that ratio keeps the probes to about
-    1/PROBE_EVERY of the time). A prefill run (a probe would cost a whole batch) takes as many workers as there are
-    cores no other process wants at its start (:func:`~kleidipy.graph.contention.free_cores`; every worker where
-    that cannot be read). The result is the same bits at any count."""
+    1/PROBE_EVERY of the time). A prefill run (a probe would cost a whole batch) takes every worker when there are
+    as many cores that no other process wants at its start (:func:`~kleidipy.graph.contention.free_cores`; also where
+    that cannot be read), else the calling thread alone. The result is the same bits at either count."""
 
     PROBE_EVERY = 16
     #: weight of a new measurement in the running cost
@@ -236,9 +236,9 @@ class ThreadChoice:
         """The thread count for a run of m tokens."""
         if self.threads == 1 or not self.adaptive:
             return self.threads
-        if m != 1:
+        if m != 1:  # (the plan runs on every worker or on the caller alone)
             free = free_cores()
-            return self.threads if free is None else max(1, min(self.threads, free))
+            return self.threads if free is None or free >= self.threads else 1
         for count in (self.threads, 1):
             if count not in self._cost:
                 return count
@@ -354,7 +354,8 @@ class CompiledForward:
             self._kv_caches = caches
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls] if self.lm.observers else ()
-        prof = np.zeros((threads, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
+        nth = 1 if threads == 1 else self.workers.n_threads  # (a run takes the caller alone or every worker)
+        prof = np.zeros((nth, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
         logits = np.empty((keep.size, self.plan.widths[self.plan.logits]), np.float32)  # written by the LM head
         args = (
             self.plan.nodes,

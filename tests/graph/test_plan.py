@@ -109,15 +109,19 @@ def test_thread_choice_follows_the_measured_cost() -> None:
     assert ThreadChoice(2, adaptive=False).pick(1) == 2 and ThreadChoice(1).pick(1) == 1
 
 
-@pytest.mark.parametrize(("free", "picked"), [(2, 2), (3, 2), (1, 1), (0, 1), (None, 2)])
-def test_prefill_takes_the_free_cores(monkeypatch: pytest.MonkeyPatch, free: int | None, picked: int) -> None:
-    """A prefill run takes as many workers as no other process wants cores (every worker where that is unknown),
-    whatever decode measured; not adaptive, every worker."""
+@pytest.mark.parametrize(
+    ("threads", "free", "picked"), [(2, 2, 2), (2, 3, 2), (2, 1, 1), (2, 0, 1), (2, None, 2), (3, 2, 1), (3, 3, 3)]
+)
+def test_prefill_takes_the_free_cores(
+    monkeypatch: pytest.MonkeyPatch, threads: int, free: int | None, picked: int
+) -> None:
+    """A prefill run takes every worker when no other process wants their cores (or that is unknown), else the caller
+    alone (a run takes one or all), whatever decode measured; not adaptive, every worker."""
     monkeypatch.setattr(execute, "free_cores", lambda: free)
-    choice = ThreadChoice(2)
-    choice.record(1, 2, 1.0)
+    choice = ThreadChoice(threads)
+    choice.record(1, threads, 1.0)
     assert choice.pick(64) == picked
-    assert ThreadChoice(2, adaptive=False).pick(64) == 2
+    assert ThreadChoice(threads, adaptive=False).pick(64) == threads
 
 
 def test_free_cores_reads_the_run_queue(tmp_path: Path) -> None:
