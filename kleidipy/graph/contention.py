@@ -39,7 +39,8 @@ def _own_running_threads(proc: Path) -> int:
         except OSError:  # the thread ended meanwhile
             continue
         # pid (comm) state ...: comm may hold spaces and parentheses, the state follows its last ')'
-        if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"R":
+        at = stat.rfind(b")") + 2
+        if stat[at : at + 1] == b"R":
             count += 1
     return max(count, 1)  # the caller itself runs
 
