@@ -44,7 +44,6 @@ from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
     KR,
     NEON_NR,
     PANEL_BYTES,
-    PREFETCH_BLOCKS,
     TILE_COLS,
     VEC_COLS,
     group_params,
@@ -55,6 +54,8 @@ from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
     sum_columns,
 )
 
+#: software prefetch distance of the RHS streams of a one-row NEON tile, in 64-byte blocks
+PREFETCH_BLOCKS = 8
 #: the host runs these tiles (else :func:`matmul_qai8dxp` hands every call to FALLBACK).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
 #: what :func:`matmul_qai8dxp` runs for the layouts and hosts the tiles do not take (bound at import).

@@ -60,8 +60,10 @@ PREFETCH_GROUPS = 24
 NEON_NR = 4
 NEON_KRS = (4, 8)
 BLOCK_K = 64 // NEON_NR
-#: software prefetch distance of the 16 RHS streams of a one-row NEON tile, in blocks
-PREFETCH_BLOCKS = 8
+#: RHS groups of a NEON tile (16 columns)
+NEON_GROUPS = VEC_COLS // NEON_NR
+#: accumulators of a one-row NEON tile's K loop per group (vpdpbusd's latency)
+GEMV_CHAINS = 4
 #: bytes of packed RHS per panel of columns the row tiles sweep (it stays in L2)
 PANEL_BYTES = 1 << 19
 
@@ -245,11 +247,50 @@ def lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
     return vnni.permute(b, vnni.masked_load(b, src, I32X16, b.mul(mr, i64(4))), index)
 
 
-def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: ANN202
-    """Intrinsic ``tile(geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias)``: rows i0 … i0 + rows − 1 (rows
-    past m, as :func:`neon_rows` gives them, are computed and not stored) × the NEON_NR·groups columns from j0
-    (groups past n re-read the first) of the packed LHS and RHS. geo = (m, n, k_int, mr). ``prefetch``:
-    software prefetch of the RHS streams (the one-row tile reads them from memory)."""
+def _neon_groups(b, rhs_p, n, k_int, j0):  # noqa: ANN001, ANN202
+    """Pointers to the NEON_GROUPS RHS groups of the 16 columns from j0 (groups past n re-read the first) and the
+    bytes of a group's data."""
+    data_bytes = b.mul(k_int, i64(NEON_NR))
+    first = b.udiv(j0, i64(NEON_NR))
+    gptrs = []
+    for g in range(NEON_GROUPS):
+        inside = b.icmp_signed("<", b.add(j0, i64(NEON_NR * g)), n)
+        group = b.select(inside, b.add(first, i64(g)), first)
+        gptrs.append(vnni.byte_ptr(b, rhs_p, b.mul(group, b.add(data_bytes, i64(NEON_NR * 12)))))
+    return gptrs, data_bytes
+
+
+def _neon_weights(b, ptr, block):  # noqa: ANN001, ANN202
+    """The 64 RHS bytes of K block ``block`` of a group as the unsigned bytes w + 128 of an i32x16."""
+    src = vnni.byte_ptr(b, ptr, b.mul(block, i64(64)))
+    return b.bitcast(b.xor(vnni.load(b, src, I8X64), vnni.const_splat(I8X64, 0x80)), I32X16)
+
+
+def _neon_params(b, gptrs, data_bytes):  # noqa: ANN001, ANN202
+    """The row sums, scales and biases of the 16 columns of 4 RHS groups."""
+    return [group_params(b, gptrs, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))]
+
+
+def _neon_store(b, params, accs, zp, corr, i, geo, j0, fma, out_p, kr):  # noqa: ANN001, ANN202
+    """Row i's 16 columns from j0 into out (when i < m, columns < n): its 4 group accumulators summed per column,
+    plus corr (−128·Σq) and −zp·rowsum, scaled by scale·recip (recip the f32 after the mr int32 at zp) and
+    biased by the recipe. params: :func:`_neon_params`; geo = (m, n, mr)."""
+    m, n, mr = geo
+    sums, scale, bias = params
+    o = vnni.splat(b, vnni.load(b, zp, I32), I32X16)
+    rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
+    f = b.sitofp(b.add(b.add(sum_columns(b, accs, kr), corr), b.mul(o, sums)), F32X16)
+    s = b.fmul(scale, rc)
+    res = b.select(fma, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
+    with b.if_then(b.and_(b.icmp_signed("<", i, m), b.icmp_signed("<", j0, n))):
+        dst = b.mul(b.add(b.mul(i, n), j0), i64(4))
+        vnni.masked_store(b, res, vnni.byte_ptr(b, out_p, dst), b.sub(n, j0))
+
+
+def _make_neon_tile(kr: int):  # noqa: ANN202
+    """Intrinsic ``tile(geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias)``: rows i0 … i0 + GEMM_ROWS − 1
+    (rows past m, as :func:`neon_rows` gives them, are computed and not stored) × the 16 columns from j0 of the
+    packed LHS and RHS. geo = (m, n, k_int, mr)."""
 
     @intrinsic
     def tile(typingctx, geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias):
@@ -262,49 +303,70 @@ def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: A
                 context, builder, signature, args
             )
             b = builder
-            data_bytes = b.mul(k_int, i64(NEON_NR))
-            first = b.udiv(j0_v, i64(NEON_NR))
-            gptrs = []
-            for g in range(groups):
-                inside = b.icmp_signed("<", b.add(j0_v, i64(NEON_NR * g)), n)
-                group = b.select(inside, b.add(first, i64(g)), first)
-                gptrs.append(vnni.byte_ptr(b, rhs_p, b.mul(group, b.add(data_bytes, i64(NEON_NR * 12)))))
-            lrows = lhs_rows(b, rows, lhs_p, table_p, index_p, i0_v)
+            gptrs, data_bytes = _neon_groups(b, rhs_p, n, k_int, j0_v)
+            lrows = lhs_rows(b, GEMM_ROWS, lhs_p, table_p, index_p, i0_v)
             zero = vnni.const_splat(I32X16, 0)
-            iacc = [[cgutils.alloca_once_value(b, zero) for _ in range(groups)] for _ in range(rows)]
-            flip = vnni.const_splat(I8X64, 0x80)
-            ahead = i64(64 * PREFETCH_BLOCKS)
+            iacc = [[cgutils.alloca_once_value(b, zero) for _ in gptrs] for _ in lrows]
             with cgutils.for_range(b, b.udiv(k_int, i64(BLOCK_K))) as loop:
-                step = b.mul(loop.index, i64(64))
-                w = []
-                for ptr in gptrs:
-                    src = vnni.byte_ptr(b, ptr, step)
-                    if prefetch:
-                        vnni.prefetch(b, vnni.byte_ptr(b, src, ahead))
-                    w.append(b.bitcast(b.xor(vnni.load(b, src, I8X64), flip), I32X16))
+                w = [_neon_weights(b, ptr, loop.index) for ptr in gptrs]
                 for r, row in enumerate(lrows):
                     q = lhs_block(b, row, mr, loop.index)
-                    for g in range(groups):
+                    for g in range(NEON_GROUPS):
                         b.store(vnni.dpbusd(b, b.load(iacc[r][g]), w[g], q, True), iacc[r][g])
-            quads = []
-            for v in range(groups // NEON_NR):
-                four = gptrs[NEON_NR * v : NEON_NR * (v + 1)]
-                quads.append([group_params(b, four, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))])
+            params = _neon_params(b, gptrs, data_bytes)
             for r, (ptr, _, param) in enumerate(lrows):
                 i = b.add(i0_v, i64(r))
                 zp = vnni.byte_ptr(b, ptr, b.add(b.mul(mr, k_int), param))
-                o = vnni.splat(b, vnni.load(b, zp, I32), I32X16)
-                rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
-                for v, (sums, scale, bias) in enumerate(quads):
-                    dot = sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], kr)
-                    f = b.sitofp(b.add(b.add(dot, c), b.mul(o, sums)), F32X16)
-                    s = b.fmul(scale, rc)
-                    res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
-                    col = b.add(j0_v, i64(VEC_COLS * v))
-                    with b.if_then(b.and_(b.icmp_signed("<", i, m), b.icmp_signed("<", col, n))):
-                        dst = b.mul(b.add(b.mul(i, n), col), i64(4))
-                        vnni.masked_store(b, res, vnni.byte_ptr(b, out_p, dst), b.sub(n, col))
+                accs = [b.load(a) for a in iacc[r]]
+                _neon_store(b, params, accs, zp, c, i, (m, n, mr), j0_v, fma_v, out_p, kr)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+def _make_neon_gemv_tile(kr: int):  # noqa: ANN202
+    """Intrinsic ``tile(geo, qvec, corr, rhs, out, j0, fma_bias)``: a lone row (from :func:`gemv_lhs`) × the 16
+    columns from j0. It reads its 4 RHS groups one after the other — one memory stream, which the hardware
+    prefetcher follows (4 streams of one group each ran at half the bandwidth from memory) — each with
+    GEMV_CHAINS accumulators over the K blocks (int32 wrapping sums: any order gives the same bits).
+    geo = (n, k_int)."""
+
+    @intrinsic
+    def tile(typingctx, geo, qvec, corr, rhs, out, j0, fma_bias):
+        sig = types.void(geo, qvec, corr, rhs, out, types.int64, types.boolean)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            vnni.require_vnni()
+            (n, k_int), q_p, corr_p, rhs_p, out_p, j0_v, fma_v = vnni.intrinsic_args(context, builder, signature, args)
+            b = builder
+            gptrs, data_bytes = _neon_groups(b, rhs_p, n, k_int, j0_v)
+            blocks = b.udiv(k_int, i64(BLOCK_K))
+            whole = b.udiv(blocks, i64(GEMV_CHAINS))
+            zero = vnni.const_splat(I32X16, 0)
+
+            def step(ptr, acc, block):  # noqa: ANN001, ANN202
+                q = vnni.load(b, vnni.byte_ptr(b, q_p, b.mul(block, i64(64))), I32X16)
+                b.store(vnni.dpbusd(b, b.load(acc), _neon_weights(b, ptr, block), q, True), acc)
+
+            accs = []
+            for ptr in gptrs:
+                chains = [cgutils.alloca_once_value(b, zero) for _ in range(GEMV_CHAINS)]
+                with cgutils.for_range(b, whole) as loop:
+                    for c, acc in enumerate(chains):
+                        step(ptr, acc, b.add(b.mul(loop.index, i64(GEMV_CHAINS)), i64(c)))
+                with cgutils.for_range(b, b.sub(blocks, b.mul(whole, i64(GEMV_CHAINS)))) as tail:
+                    step(ptr, chains[0], b.add(b.mul(whole, i64(GEMV_CHAINS)), tail.index))
+                total = b.load(chains[0])
+                for acc in chains[1:]:
+                    total = b.add(total, b.load(acc))
+                accs.append(total)
+            zp = vnni.byte_ptr(b, q_p, b.mul(k_int, i64(4)))
+            c = vnni.splat(b, vnni.load(b, corr_p, I32), I32X16)
+            params = _neon_params(b, gptrs, data_bytes)
+            _neon_store(b, params, accs, zp, c, i64(0), (i64(1), n, i64(1)), j0_v, fma_v, out_p, kr)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -313,8 +375,8 @@ def _make_neon_tile(rows: int, groups: int, kr: int, prefetch: bool):  # noqa: A
 
 
 #: NEON tiles per kr: 1 row × 16 columns (a lone row: the GEMV), GEMM_ROWS rows × 16 columns
-_NEON_GEMV = {kr: _make_neon_tile(1, VEC_COLS // NEON_NR, kr, True) for kr in NEON_KRS}
-_NEON_GEMM = {kr: _make_neon_tile(GEMM_ROWS, VEC_COLS // NEON_NR, kr, False) for kr in NEON_KRS}
+_NEON_GEMV = {kr: _make_neon_gemv_tile(kr) for kr in NEON_KRS}
+_NEON_GEMM = {kr: _make_neon_tile(kr) for kr in NEON_KRS}
 _neon_gemv_kr4, _neon_gemv_kr8 = _NEON_GEMV[4], _NEON_GEMV[8]
 _neon_gemm_kr4, _neon_gemm_kr8 = _NEON_GEMM[4], _NEON_GEMM[8]
 
@@ -365,20 +427,38 @@ def neon_rows(m, k_int, mr, kbl, kr, lhs_i8):
 
 
 @numba.njit(cache=True, nogil=True)
+def gemv_lhs(k_int, mr, table, index, lhs_i8):
+    """Row 0's LHS vectors as the one-row tile reads them, one per K block (lane L of block blk: word
+    index[r, L] of the block's mr·16 bytes, r its row in its group — what :func:`lhs_block` computes), then its
+    −zp (int32) and recip (f32 bits)."""
+    words = lhs_i8.view(np.int32)
+    base, r = table[0, 0] // 4, table[0, 1] // (4 * VEC_COLS)
+    qvec = np.empty(k_int + 2, np.int32)
+    for blk in range(k_int // BLOCK_K):
+        for lane in range(VEC_COLS):
+            qvec[blk * VEC_COLS + lane] = words[base + blk * mr * 4 + index[r, lane]]
+    params = base + mr * k_int // 4
+    qvec[k_int] = words[params + r]
+    qvec[k_int + 1] = words[params + mr + r]
+    return qvec
+
+
+@numba.njit(cache=True, nogil=True)
 def _matmul_neon(m, n, k_int, mr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
     table, index, corr = neon_rows(m, k_int, mr, kbl, kr, lhs_i8)
+    if m == 1:
+        qvec, gemv_geo = gemv_lhs(k_int, mr, table, index, lhs_i8), (np.int64(n), np.int64(k_int))
+        for j0 in range(0, n, VEC_COLS):
+            if kr == 4:
+                _neon_gemv_kr4(gemv_geo, qvec, corr, rhs_u8, out, j0, fma_bias)
+            else:
+                _neon_gemv_kr8(gemv_geo, qvec, corr, rhs_u8, out, j0, fma_bias)
+        return
     geo = (np.int64(m), np.int64(n), np.int64(k_int), np.int64(mr))
     panel = max(1, PANEL_BYTES // (TILE_COLS * k_int)) * TILE_COLS
     for j0 in range(0, n, panel):  # a panel of columns whose RHS stays in L2 across the row tiles
         j1 = min(n, j0 + panel)
         for i0 in range(0, m, GEMM_ROWS):
-            if m - i0 == 1:
-                for jj in range(j0, j1, VEC_COLS):
-                    if kr == 4:
-                        _neon_gemv_kr4(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
-                    else:
-                        _neon_gemv_kr8(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
-                continue
             for jj in range(j0, j1, VEC_COLS):
                 if kr == 4:
                     _neon_gemm_kr4(geo, lhs_i8, table, index, corr, rhs_u8, out, i0, jj, fma_bias)
