@@ -51,7 +51,6 @@ from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
     lhs_rows,
     make_sme_tile,
     neon_rows,
-    sum_columns,
 )
 
 #: software prefetch distance of the RHS streams of a one-row NEON tile, in 64-byte blocks
@@ -159,7 +158,7 @@ def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
                 rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
                 for v, (sums, scale, bias) in enumerate(quads):
-                    dot = sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], NEON_BLEN)
+                    dot = vnni.sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], NEON_BLEN)
                     f = b.sitofp(b.add(b.add(dot, c), b.mul(o, sums)), F32X16)
                     s = b.fmul(scale, rc)
                     res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))

@@ -178,44 +178,6 @@ def _lane_k_group(lane, kr):
     return (lane // kr) * (kr // KR) + lane % (kr // KR)
 
 
-#: sum_columns's two rounds per kr: the lanes (of x ‖ y, 32 lanes) of the two addends of each combine of two
-#: vectors x, y; the lists taking lane j from x[j] or y[j] compile to a blend, the others to one lane shuffle.
-_FOLDS = {
-    # kr = 4: 128-bit lane t of a group's vector holds its 4 columns (column c in lane 4t + c). Round 1 adds
-    # 128-bit lanes t and t + 2, x's into 128-bit lanes 0, 1 and y's into 2, 3; round 2 adds 128-bit lanes 0 and
-    # 1 of x into lane 0, of y into 1, and lanes 2 and 3 of x into 2, of y into 3: fed g0, g2 (x) and g1, g3 (y),
-    # it gives g0 ‖ g1 ‖ g2 ‖ g3.
-    4: (
-        ([j if j < 8 else 16 + j for j in range(16)], [8 + j for j in range(16)]),
-        (
-            [j if (j // 4) % 2 == 0 else 16 + j for j in range(16)],
-            [[4, 16, 12, 24][j // 4] + j % 4 for j in range(16)],
-        ),
-    ),
-    # kr = 8: lanes 2c, 2c + 1, 8 + 2c and 9 + 2c hold column c. Round 1 adds lanes 2j and 2j + 1 of x into lane
-    # 2j, of y into lane 2j + 1; round 2 adds the two 256-bit halves into lane 4g + c (g0, g1 from x; g2, g3 from y).
-    8: (
-        ([j if j % 2 == 0 else 16 + j for j in range(16)], [j + 1 if j % 2 == 0 else 16 + j - 1 for j in range(16)]),
-        (
-            [16 * (g // 2) + 2 * c + g % 2 for g in range(4) for c in range(4)],
-            [16 * (g // 2) + 8 + 2 * c + g % 2 for g in range(4) for c in range(4)],
-        ),
-    ),
-}
-
-
-def sum_columns(builder, accs: list, kr: int):  # noqa: ANN001, ANN202
-    """i32x16 whose lane 4g + c is the sum of the 4 lanes of accs[g] (4 accumulators of NEON groups) that hold
-    column c: two rounds of adds of lane-shuffled pairs (_FOLDS)."""
-    first, second = _FOLDS[kr]
-    order = (accs[0], accs[2], accs[1], accs[3]) if kr == 4 else tuple(accs)
-
-    def fold(x, y, lanes):  # noqa: ANN001, ANN202
-        return builder.add(vnni.pick(builder, x, y, lanes[0]), vnni.pick(builder, x, y, lanes[1]))
-
-    return fold(fold(order[0], order[1], first), fold(order[2], order[3], first), second)
-
-
 def group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):  # noqa: ANN001, ANN202
     """The 16 values (4 per group, NEON_NR-wide fields after a group's data) of parameter ``field`` (0 row sums,
     1 scales, 2 biases) of 4 groups, as one 16-lane vector."""
@@ -247,19 +209,6 @@ def lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
     return vnni.permute(b, vnni.masked_load(b, src, I32X16, b.mul(mr, i64(4))), index)
 
 
-def _neon_groups(b, rhs_p, n, k_int, j0):  # noqa: ANN001, ANN202
-    """Pointers to the NEON_GROUPS RHS groups of the 16 columns from j0 (groups past n re-read the first) and the
-    bytes of a group's data."""
-    data_bytes = b.mul(k_int, i64(NEON_NR))
-    first = b.udiv(j0, i64(NEON_NR))
-    gptrs = []
-    for g in range(NEON_GROUPS):
-        inside = b.icmp_signed("<", b.add(j0, i64(NEON_NR * g)), n)
-        group = b.select(inside, b.add(first, i64(g)), first)
-        gptrs.append(vnni.byte_ptr(b, rhs_p, b.mul(group, b.add(data_bytes, i64(NEON_NR * 12)))))
-    return gptrs, data_bytes
-
-
 def _neon_weights(b, ptr, block):  # noqa: ANN001, ANN202
     """The 64 RHS bytes of K block ``block`` of a group as the unsigned bytes w + 128 of an i32x16."""
     src = vnni.byte_ptr(b, ptr, b.mul(block, i64(64)))
@@ -279,7 +228,7 @@ def _neon_store(b, params, accs, zp, corr, i, geo, j0, fma, out_p, kr):  # noqa:
     sums, scale, bias = params
     o = vnni.splat(b, vnni.load(b, zp, I32), I32X16)
     rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
-    f = b.sitofp(b.add(b.add(sum_columns(b, accs, kr), corr), b.mul(o, sums)), F32X16)
+    f = b.sitofp(b.add(b.add(vnni.sum_columns(b, accs, kr), corr), b.mul(o, sums)), F32X16)
     s = b.fmul(scale, rc)
     res = b.select(fma, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
     with b.if_then(b.and_(b.icmp_signed("<", i, m), b.icmp_signed("<", j0, n))):
@@ -303,7 +252,8 @@ def _make_neon_tile(kr: int):  # noqa: ANN202
                 context, builder, signature, args
             )
             b = builder
-            gptrs, data_bytes = _neon_groups(b, rhs_p, n, k_int, j0_v)
+            data_bytes = b.mul(k_int, i64(NEON_NR))
+            (gptrs,) = vnni.group_bases(b, rhs_p, j0_v, n, b.add(data_bytes, i64(NEON_NR * 12)), 1, NEON_NR)
             lrows = lhs_rows(b, GEMM_ROWS, lhs_p, table_p, index_p, i0_v)
             zero = vnni.const_splat(I32X16, 0)
             iacc = [[cgutils.alloca_once_value(b, zero) for _ in gptrs] for _ in lrows]
@@ -342,7 +292,8 @@ def _make_neon_gemv_tile(kr: int):  # noqa: ANN202
             vnni.require_vnni()
             (n, k_int), q_p, corr_p, rhs_p, out_p, j0_v, fma_v = vnni.intrinsic_args(context, builder, signature, args)
             b = builder
-            gptrs, data_bytes = _neon_groups(b, rhs_p, n, k_int, j0_v)
+            data_bytes = b.mul(k_int, i64(NEON_NR))
+            (gptrs,) = vnni.group_bases(b, rhs_p, j0_v, n, b.add(data_bytes, i64(NEON_NR * 12)), 1, NEON_NR)
             blocks = b.udiv(k_int, i64(BLOCK_K))
             whole = b.udiv(blocks, i64(GEMV_CHAINS))
             zero = vnni.const_splat(I32X16, 0)

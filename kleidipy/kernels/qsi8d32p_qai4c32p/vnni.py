@@ -71,6 +71,23 @@ PREFETCH_BLOCKS = 4
 PREFETCH_LINES = 7
 #: bytes of a spread panel: per block 8 K groups × 4 vectors × 64 B of codes, then 2 × 64 f32 (zero, scale).
 PANEL_BLOCK_BYTES = K_GROUPS * TILE_VECS * 64 + 2 * TILE_COLS * 4
+#: bytes of a NEON group's block: 64 of codes, 4 f32 zeros, 4 f32 scales
+NEON_BLOCK = NEON_NR * RHS_BLOCK_BYTES
+
+
+def _neon_params(b: ir.IRBuilder, groups: list, blk: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """The f32x16 zeros and scales of block blk of 4 NEON groups (lane 4g + c: column c of groups[g])."""
+    at = b.add(b.mul(blk, i64(NEON_BLOCK)), i64(16 * NEON_NR))
+    fields = [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(F32, 2 * NEON_NR)) for base in groups]
+    both = [vnni.concat(b, fields[:2]), vnni.concat(b, fields[2:])]
+    lanes = [[8 * q + 4 * f + c for q in range(4) for c in range(NEON_NR)] for f in (0, 1)]  # zeros, scales
+    return vnni.pick(b, both[0], both[1], lanes[0]), vnni.pick(b, both[0], both[1], lanes[1])
+
+
+def _neon_bias(b: ir.IRBuilder, groups: list, nb: ir.Value) -> ir.Value:
+    """The f32x16 biases of 4 NEON groups (after their nb blocks)."""
+    at = b.mul(nb, i64(NEON_BLOCK))
+    return vnni.concat(b, [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(F32, NEON_NR)) for base in groups])
 
 
 class _Tile:
@@ -162,7 +179,6 @@ class _Tile:
         b = self.b
         bases = vnni.group_bases(b, rhs, j0, self.n, self.rhs_stride, TILE_VECS, NEON_NR)
         ahead = [vnni.byte_ptr(b, row[0], b.mul(self.rhs_stride, i64(TILE_COLS // NEON_NR))) for row in bases]
-        block = NEON_NR * RHS_BLOCK_BYTES
         high = vnni.const_splat(I32X16, 0xF0F0F0F0)
         flip = vnni.const_splat(I32X16, 0x80808080)
         # lanes of two vectors: the 256-bit half h of each; then quad s of 4 groups from two such pairs
@@ -175,7 +191,7 @@ class _Tile:
 
         def codes(v: int, blk, t: int):  # noqa: ANN001, ANN202
             if quads.get(v, (None,))[0] is not blk:
-                g = [vnni.load(b, vnni.byte_ptr(b, base, b.mul(blk, i64(block))), I32X16) for base in bases[v]]
+                g = [vnni.load(b, vnni.byte_ptr(b, base, b.mul(blk, i64(NEON_BLOCK))), I32X16) for base in bases[v]]
                 pairs = [[vnni.pick(b, g[i], g[i + 1], half) for half in halves] for i in (0, 2)]
                 quads[v] = (blk, [vnni.pick(b, pairs[0][s // 2], pairs[1][s // 2], quad_lanes[s]) for s in range(4)])
             words = quads[v][1][t % 4]
@@ -187,17 +203,10 @@ class _Tile:
             lines = vnni.byte_ptr(b, ahead[v], b.mul(blk, i64(64 * PREFETCH_LINES)))
             for line in range(PREFETCH_LINES):
                 vnni.prefetch(b, vnni.byte_ptr(b, lines, 64 * line))
-            at = b.add(b.mul(blk, i64(block)), i64(16 * NEON_NR))
-            fields = [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(F32, 2 * NEON_NR)) for base in bases[v]]
-            both = [vnni.concat(b, fields[:2]), vnni.concat(b, fields[2:])]
-            lanes = [[8 * q + 4 * f + c for q in range(4) for c in range(NEON_NR)] for f in (0, 1)]  # zeros, scales
-            return vnni.pick(b, both[0], both[1], lanes[0]), vnni.pick(b, both[0], both[1], lanes[1])
+            return _neon_params(b, bases[v], blk)
 
         def bias(v: int):  # noqa: ANN202
-            at = b.mul(self.nb, i64(block))
-            return vnni.concat(
-                b, [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(F32, NEON_NR)) for base in bases[v]]
-            )
+            return _neon_bias(b, bases[v], self.nb)
 
         return codes, params, bias
 
@@ -293,14 +302,98 @@ def _make_tile(rows_max: int, direct: bool, neon_chunk: int = 0, lhs_kbl: int = 
     return tile
 
 
-#: one or two rows on the packed SME2 / NEON chunk-4 / NEON chunk-8 RHS (LHS chunks alike); 4 rows on a spread
-#: panel, LHS chunks of 4 or 8
+#: one or two rows on the packed SME2 RHS, two on the NEON chunk-4 / chunk-8 one (LHS chunks alike); 4 rows on a
+#: spread panel, LHS chunks of 4 or 8
 _direct_tile_1 = _make_tile(1, True)
 _direct_tile_2 = _make_tile(2, True)
-_neon4_tile_1, _neon4_tile_2 = _make_tile(1, True, 4), _make_tile(2, True, 4)
-_neon8_tile_1, _neon8_tile_2 = _make_tile(1, True, 8, 8), _make_tile(2, True, 8, 8)
+_neon4_tile_2, _neon8_tile_2 = _make_tile(2, True, 4), _make_tile(2, True, 8, 8)
 _panel_tile = _make_tile(PANEL_ROWS, False)
 _panel_tile_8 = _make_tile(PANEL_ROWS, False, lhs_kbl=8)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lane_quad(lane: int, chunk: int) -> int:
+    """The byte quad s (K groups s and s + 4) that lane ``lane`` of a 64-byte load of a NEON group's block holds."""
+    return lane // 4 if chunk == 4 else 2 * (lane // 8) + lane % 2
+
+
+def _make_neon_gemv_tile(chunk: int):  # noqa: ANN202
+    """Intrinsic ``tile(geo, lhs, corr, qvec, scr, rhs, out, j0, init)``: a lone row × the 16 columns from j0 of
+    the NEON layout (``chunk`` = the LHS kbl) in two passes. (1) The 4 RHS groups one after the other — one
+    memory stream, which the hardware prefetcher follows (the 64-column tile's 16 group streams ran at half the
+    SME2 layout's bandwidth from memory) —: per group and block the codes' low and high nibbles times the row's
+    LHS vectors (qvec, :func:`gemv_lhs`) into one int32 vector, kept in scr. (2) Per block, in the recipe's order:
+    the 4 groups' vectors summed per column (``vnni.sum_columns``: the layout puts column c of a load in the
+    lanes that a Q8_0 NEON load of kr = chunk does) plus corr, then the float steps of :meth:`_Tile.run`."""
+
+    @intrinsic
+    def tile(typingctx, geo, lhs, corr, qvec, scr, rhs, out, j0, init):
+        sig = types.void(geo, lhs, corr, qvec, scr, rhs, out, types.int64, types.float32)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            geo_v, lhs_p, corr_p, q_p, scr_p, rhs_p, out_p, j0_v, init_v = vnni.intrinsic_args(
+                context, builder, signature, args
+            )
+            b = builder
+            t = _Tile(b, geo_v, chunk)
+            ((_, fields, terms),) = t.rows(1, lhs_p, corr_p, i64(0), i64(1))
+            (groups,) = vnni.group_bases(b, rhs_p, j0_v, t.n, t.rhs_stride, 1, NEON_NR)
+            high, flip = vnni.const_splat(I32X16, 0xF0F0F0F0), vnni.const_splat(I32X16, 0x80808080)
+
+            def dot(base, blk):  # noqa: ANN001, ANN202
+                words = vnni.load(b, vnni.byte_ptr(b, base, b.mul(blk, i64(NEON_BLOCK))), I32X16)
+                q = vnni.byte_ptr(b, q_p, b.mul(blk, i64(128)))
+                low = b.xor(b.and_(b.shl(words, vnni.const_splat(I32X16, 4)), high), flip)
+                acc = vnni.dpbusd(b, vnni.const_splat(I32X16, 0), low, vnni.load(b, q, I32X16), True)
+                hi_q = vnni.load(b, vnni.byte_ptr(b, q, 64), I32X16)
+                return vnni.dpbusd(b, acc, b.xor(b.and_(words, high), flip), hi_q, True)
+
+            def kept(blk, g):  # noqa: ANN001, ANN202
+                return vnni.byte_ptr(b, scr_p, b.mul(b.add(b.mul(blk, i64(NEON_NR - 1)), i64(g)), i64(64)))
+
+            for g, base in enumerate(groups[:-1]):
+                with cgutils.for_range(b, t.nb) as loop:
+                    vnni.store(b, dot(base, loop.index), kept(loop.index, g))
+            facc = cgutils.alloca_once_value(b, vnni.splat(b, init_v, F32X16))
+            kgroup = b.mul(t.mr, i64(4))
+            with cgutils.for_range(b, t.nb) as loop:
+                blk = loop.index
+                accs = [vnni.load(b, kept(blk, g), I32X16) for g in range(NEON_NR - 1)]
+                total = vnni.sum_columns(b, [*accs, dot(groups[-1], blk)], chunk)
+                c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, terms, b.mul(blk, kgroup)), I32), I32X16)
+                ptr = vnni.byte_ptr(b, fields, b.mul(blk, t.lhs_block))
+                rs = vnni.splat(b, vnni.load(b, ptr, F32), F32X16)
+                rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, kgroup), F32), F32X16)
+                zero, scale = _neon_params(b, groups, blk)
+                acc = vnni.fma(b, zero, rs, b.load(facc))
+                b.store(vnni.fma(b, b.fmul(scale, rc), b.sitofp(b.add(total, c), F32X16), acc), facc)
+            res = b.fadd(b.load(facc), _neon_bias(b, groups, t.nb))
+            with b.if_then(b.icmp_signed("<", j0_v, t.n)):
+                vnni.masked_store(b, res, vnni.byte_ptr(b, out_p, b.mul(j0_v, i64(4))), b.sub(t.n, j0_v))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+_neon4_gemv, _neon8_gemv = _make_neon_gemv_tile(4), _make_neon_gemv_tile(8)
+
+
+@numba.njit(cache=True, nogil=True)
+def gemv_lhs(k, mr, kbl, lhs):
+    """Row 0's LHS vectors as the one-row NEON tile reads them: per block two of 16 int32 lanes, lane L of the
+    second h holding the 4 int8 of K group _lane_quad(L, kbl) + 4h (the LHS group's chunks of kbl values)."""
+    words = lhs.view(np.int32)
+    per = kbl // 4
+    qvec = np.empty(k // BL * 2 * VEC_COLS, np.int32)
+    for blk in range(k // BL):
+        for h in range(2):
+            for lane in range(VEC_COLS):
+                kg = _lane_quad(lane, kbl) + 4 * h
+                at = blk * mr * LHS_BLOCK_BYTES + (kg // per) * kbl * mr + 4 * (kg % per)
+                qvec[(2 * blk + h) * VEC_COLS + lane] = words[at // 4]
+    return qvec
 
 
 def _make_spread_panel(neon_chunk: int):  # noqa: ANN202
@@ -364,6 +457,14 @@ def _matmul(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):
     corr = _lhs_terms(m, k, mr, kbl, lhs, NEON_WEIGHT if neon else SME2_WEIGHT)
     out = np.empty((m, n), np.float32)
     init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
+    if m == 1 and neon:
+        qvec, scr = gemv_lhs(k, mr, kbl, lhs), np.empty(nb * (NEON_NR - 1) * VEC_COLS, np.int32)
+        for j0 in range(0, n, VEC_COLS):
+            if kbl == 4:
+                _neon4_gemv(geo, lhs, corr, qvec, scr, rhs, out, j0, init)
+            else:
+                _neon8_gemv(geo, lhs, corr, qvec, scr, rhs, out, j0, init)
+        return out
     if m <= DIRECT_ROWS:
         for j0 in range(0, n, TILE_COLS):
             if not neon:
@@ -372,12 +473,7 @@ def _matmul(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):
                 else:
                     _direct_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
             elif kbl == 4:
-                if m == 1:
-                    _neon4_tile_1(geo, lhs, corr, rhs, out, 0, m, j0, init)
-                else:
-                    _neon4_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
-            elif m == 1:
-                _neon8_tile_1(geo, lhs, corr, rhs, out, 0, m, j0, init)
+                _neon4_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
             else:
                 _neon8_tile_2(geo, lhs, corr, rhs, out, 0, m, j0, init)
         return out
