@@ -16,7 +16,7 @@ unsigned codes u (nibbles spread to bytes) by the broadcast signed LHS bytes; th
 block starts at −8·Σ q_L (per row and block, precomputed), which makes it Σ q_L·(u − 8) exactly. A register
 tile of up to 4 rows × 4 vectors is generated in LLVM IR (:mod:`kleidipy.core.vnni`); the codes are spread to
 bytes on the fly from the packed RHS (``vpmultishiftqb``), panel (64 columns) by panel: the first row tile
-streams the panel from memory with prefetching (the GEMV is memory-bound), the next ones read it from L2.
+streams the panel from memory (the GEMV is memory-bound), the next ones read it from L2.
 
 The NEON kernels (dotprod / i8mm) run on the same tiles: :mod:`~kleidipy.kernels.qsi8d32p_qsi4c32p.vnni_neon`.
 
@@ -46,8 +46,10 @@ PANEL_VECS = 4
 PANEL_COLS = VEC_COLS * PANEL_VECS
 #: rows of a full register tile (4 rows × 4 vectors of int32 accumulators + 4 RHS vectors fit in 32 zmm).
 TILE_ROWS = 4
-#: the tiles prefetch the packed RHS this many K groups ahead.
-PREFETCH_GROUPS = 32
+#: the SME2 layout's tiles leave the RHS stream to the hardware prefetcher (with a software prefetch 32 K groups
+#: ahead a cold 49152 × 576 GEMV took ~1300 µs, without 1070-1140; 1536-wide shapes the same within noise);
+#: PARAMS' prefetch slot is the SME1 layout's (vnni_s4s0)
+NO_PREFETCH = 0
 #: the integer parameters handed to the IR code in one int64 array (see ``_compute``).
 PARAMS = ("lstride", "mr", "nb", "rstride", "nr", "n", "ldo", "prefetch")
 #: integer accumulators per row and vector when a tile takes whole blocks (independent vpdpbusd chains)
@@ -195,14 +197,11 @@ class Tile:
                 g = b.add(b.mul(blk, i64(8)), t)
                 if v % 2 == 0:
                     ptr = vnni.byte_ptr(b, data, b.add(b.mul(g, step), i64(32 * v)))
-                    vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, self.prefetch)))
                     pairs[v] = vnni.spread_nibble_pairs(b, ptr, self.native)
                 return pairs[v - v % 2][v % 2]
 
             def scales(v: int, blk):  # noqa: ANN001, ANN202
                 ptr = vnni.byte_ptr(b, scale, b.add(b.mul(blk, step), i64(32 * (v - v % 2))))
-                if v % 2 == 0:
-                    vnni.prefetch(b, vnni.byte_ptr(b, ptr, b.mul(step, b.udiv(self.prefetch, i64(4)))))
                 return vnni.f16_to_f32(b, ptr, self.native, vnni.PAIR_LANES[v % 2])
 
         else:
@@ -379,7 +378,7 @@ def lhs_terms(isa, m, k, mr, lhs):
 def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     nb = k // 32
     ldo = (n + PANEL_COLS - 1) // PANEL_COLS * PANEL_COLS  # whole panels: tiles store 64 columns
-    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, PREFETCH_GROUPS], np.int64)  # PARAMS
+    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, NO_PREFETCH], np.int64)  # PARAMS
     out = np.empty((m, ldo), np.float32)
     flat = out.reshape(-1)
     corr, sl = lhs_terms(isa, m, k, mr, lhs)

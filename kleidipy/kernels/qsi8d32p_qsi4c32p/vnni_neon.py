@@ -22,9 +22,9 @@ from kleidipy.core import vnni
 from kleidipy.core.vnni import F32X16, HOST_ISA, I16, I32X16, i64
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import (
+    NO_PREFETCH,
     PANEL_COLS,
     PANEL_VECS,
-    PREFETCH_GROUPS,
     TILE_ROWS,
     VEC_COLS,
     Tile,
@@ -190,7 +190,7 @@ def _compute_neon(isa, m, n, k, mr, nr, kr, kbl, lhs, rhs):
     NEON RHS (``qsi4c32pscalef16``, nr = 4, kr 8 or 16): the NEON kernels' bits (recipe §5.2 from +0)."""
     nb = k // 32
     ldo = (n + PANEL_COLS - 1) // PANEL_COLS * PANEL_COLS
-    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, PREFETCH_GROUPS], np.int64)  # PARAMS
+    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, NO_PREFETCH], np.int64)  # PARAMS
     out = np.empty((m, ldo), np.float32)
     flat = out.reshape(-1)
     moved = _lhs_from_neon(m, k, mr, kbl, lhs)
