@@ -22,9 +22,10 @@ the recipe's ``fma(S, F, bias)`` or ``f32(F·S) + bias``.
   columns, lane L holding column ``(4L // kr) % 4`` and the K group of 4 ``(L // kr)·(kr/4) + L % (kr/4)``. A
   row's LHS vector for the block is the block's mr·16 LHS bytes (every row of its group) put in that order by
   one ``vpermd``; one accumulator per (row, group) sums each column in 4 lanes, added up by lane shuffles after
-  the K loop. Register tiles: 4 rows × 4 groups (16 columns), for a lone row too (1 × 4: with 16 groups, as the
-  SME tile's 64 columns, the accumulators and RHS vectors spill, and the 16 RHS streams run ~25 % slower from
-  memory), swept over panels of columns whose packed RHS stays in L2.
+  the K loop. Register tiles: 4 rows × 4 groups (16 columns), swept over panels of columns whose packed RHS stays
+  in L2. A lone row (the GEMV) reads the 4 groups one after the other — one memory stream; side by side they were
+  4 short streams that ran at half the bandwidth from memory — with 4 accumulator chains per group and its LHS
+  vectors permuted once per call (:func:`gemv_lhs`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ Per block the float steps run on whole vectors in the recipe's order: ``acc = fm
 ``acc = fma(f32(scale·rc), f32(dot), acc)`` from acc = +0 (−0 for the MOPA kernel: fma(x, y, −0) is the FMUL x·y,
 signed zeros included); finally ``acc + bias``. A register tile of rows × 4 vectors (64 columns) is generated in
 LLVM IR with :mod:`kleidipy.core.vnni`. With few rows the codes are spread straight from the packed RHS;
-otherwise a panel of 64 columns is spread to bytes once and every row tile reads it. Without AVX-512 VNNI,
+otherwise a panel of 64 columns is spread to bytes once and every row tile reads it. A lone row on the NEON layout
+(the GEMV) takes 16 columns and reads their 4 groups one after the other, one memory stream
+(:func:`_make_neon_gemv_tile`). Without AVX-512 VNNI,
 :func:`best_matmul_sme2_mopa` / :func:`best_matmul_sme2_dot` / :func:`best_matmul_neon` give the portable jit.
 """
 
