@@ -34,7 +34,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kleidipy.core import vnni
+from kleidipy.core import vnni, vnni_columns
 from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, i64
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as _q8_0
 from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS
@@ -158,7 +158,8 @@ def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
                 rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, corr_p, b.mul(i, i64(4))), I32), I32X16)
                 for v, (sums, scale, bias) in enumerate(quads):
-                    dot = vnni.sum_columns(b, [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]], NEON_BLEN)
+                    accs = [b.load(a) for a in iacc[r][NEON_NR * v : NEON_NR * (v + 1)]]
+                    dot = vnni_columns.sum_columns(b, accs, NEON_BLEN)
                     f = b.sitofp(b.add(b.add(dot, c), b.mul(o, sums)), F32X16)
                     s = b.fmul(scale, rc)
                     res = b.select(fma_v, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))

@@ -39,7 +39,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kleidipy.core import vnni
+from kleidipy.core import vnni, vnni_columns
 from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, I64, i64
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as _portable
 from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS
@@ -229,7 +229,7 @@ def _neon_store(b, params, accs, zp, corr, i, geo, j0, fma, out_p, kr):  # noqa:
     sums, scale, bias = params
     o = vnni.splat(b, vnni.load(b, zp, I32), I32X16)
     rc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, zp, b.mul(mr, i64(4))), F32), F32X16)
-    f = b.sitofp(b.add(b.add(vnni.sum_columns(b, accs, kr), corr), b.mul(o, sums)), F32X16)
+    f = b.sitofp(b.add(b.add(vnni_columns.sum_columns(b, accs, kr), corr), b.mul(o, sums)), F32X16)
     s = b.fmul(scale, rc)
     res = b.select(fma, vnni.fma(b, s, f, bias), b.fadd(b.fmul(f, s), bias))
     with b.if_then(b.and_(b.icmp_signed("<", i, m), b.icmp_signed("<", j0, n))):

@@ -40,7 +40,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kleidipy.core import vnni
+from kleidipy.core import vnni, vnni_columns
 from kleidipy.core.vnni import F32, F32X16, I32, I32X16, i64
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _portable
 from kleidipy.kernels.qsi8d32p_qai4c32p.jit import BL, LHS_BLOCK_BYTES, RHS_BLOCK_BYTES
@@ -321,12 +321,13 @@ def _lane_quad(lane: int, chunk: int) -> int:
 
 def _make_neon_gemv_tile(chunk: int):  # noqa: ANN202
     """Intrinsic ``tile(geo, lhs, corr, qvec, scr, rhs, out, j0, init)``: a lone row × the 16 columns from j0 of
-    the NEON layout (``chunk`` = the LHS kbl) in two passes. (1) The 4 RHS groups one after the other — one
-    memory stream, which the hardware prefetcher follows (the 64-column tile's 16 group streams ran at half the
-    SME2 layout's bandwidth from memory) —: per group and block the codes' low and high nibbles times the row's
-    LHS vectors (qvec, :func:`gemv_lhs`) into one int32 vector, kept in scr. (2) Per block, in the recipe's order:
-    the 4 groups' vectors summed per column (``vnni.sum_columns``: the layout puts column c of a load in the
-    lanes that a Q8_0 NEON load of kr = chunk does) plus corr, then the float steps of :meth:`_Tile.run`."""
+    the NEON layout (``chunk`` = the LHS kbl). It reads the 4 RHS groups one after the other — one memory stream,
+    which the hardware prefetcher follows (the 64-column tile's 16 group streams ran at half the SME2 layout's
+    bandwidth from memory). Per group and block, the codes' low and high nibbles times the row's LHS vectors
+    (qvec, :func:`gemv_lhs`) give one int32 vector; the first 3 groups' are kept in scr, and the last group's
+    pass adds its own, sums the 4 per column (``vnni_columns.sum_columns``: the layout puts column c of a load in
+    the lanes a Q8_0 NEON load of kr = chunk does), adds corr and does the float steps of :meth:`_Tile.run` in
+    the recipe's order (memory keeps streaming while they run; a separate pass after the groups was slower)."""
 
     @intrinsic
     def tile(typingctx, geo, lhs, corr, qvec, scr, rhs, out, j0, init):
@@ -361,7 +362,7 @@ def _make_neon_gemv_tile(chunk: int):  # noqa: ANN202
             with cgutils.for_range(b, t.nb) as loop:
                 blk = loop.index
                 accs = [vnni.load(b, kept(blk, g), I32X16) for g in range(NEON_NR - 1)]
-                total = vnni.sum_columns(b, [*accs, dot(groups[-1], blk)], chunk)
+                total = vnni_columns.sum_columns(b, [*accs, dot(groups[-1], blk)], chunk)
                 c = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, terms, b.mul(blk, kgroup)), I32), I32X16)
                 ptr = vnni.byte_ptr(b, fields, b.mul(blk, t.lhs_block))
                 rs = vnni.splat(b, vnni.load(b, ptr, F32), F32X16)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kernel_helpers import bits_equal, mixed_f32
 from qai8dxp_models import call_matmul
 
-from kleidipy.core import vnni as core_vnni
+from kleidipy.core import vnni_columns
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
@@ -152,7 +152,7 @@ def test_lane_maps(kr: int) -> None:
     for lane in range(16):  # byte 4·lane of the block: K index (4·lane // 4kr)·kr + (4·lane) % kr
         assert vnni._lane_k_group(lane, kr) == ((4 * lane) // (4 * kr) * kr + (4 * lane) % kr) // 4
     accs = [[{(g, lane_column(lane, kr), lane)} for lane in range(16)] for g in range(4)]
-    first, second = core_vnni.COLUMN_FOLDS[kr]
+    first, second = vnni_columns.COLUMN_FOLDS[kr]
     order = (accs[0], accs[2], accs[1], accs[3]) if kr == 4 else tuple(accs)  # as sum_columns feeds them
 
     def fold(x: list, y: list, lanes: tuple) -> list:
