@@ -212,8 +212,7 @@ def lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
 
 def _neon_weights(b, ptr, block):  # noqa: ANN001, ANN202
     """The 64 RHS bytes of K block ``block`` of a group as the unsigned bytes w + 128 of an i32x16."""
-    src = vnni.byte_ptr(b, ptr, b.mul(block, i64(64)))
-    return b.bitcast(b.xor(vnni.load(b, src, I8X64), vnni.const_splat(I8X64, 0x80)), I32X16)
+    return int8_weights(b, vnni.byte_ptr(b, ptr, b.mul(block, i64(64))))
 
 
 def _neon_params(b, gptrs, data_bytes):  # noqa: ANN001, ANN202
