@@ -116,6 +116,21 @@ def test_matches_model_every_svl(isa: vnni.Isa, svl: int, kind: str) -> None:
             assert bits_equal(got, model(q, s_bits, u, d_bits, fmul)), (m, n, k, fmul)
 
 
+@pytest.mark.parametrize("nr", [64, 128])
+def test_gemv_streams_over_many_panels(nr: int) -> None:
+    """The GEMV reads up to GEMV_PANELS panels at once, far apart, then the panels left over: every panel count
+    and leftover (n not a multiple of 64 included), both ISAs, the same bits as the model."""
+    rng = np.random.default_rng(nr)
+    k = 96
+    for n in (64, 130, 192, 256, 64 * 5 + 1, 64 * 6, 64 * 7 - 5, 64 * 8, 64 * 11 + 17, 64 * 13):
+        q, s_bits, u, d_bits = operands(rng, 1, n, k)
+        lhs, rhs = pack_lhs(q, s_bits, 1), pack_rhs(u, d_bits, nr)
+        for fmul in (False, True):
+            want = model(q, s_bits, u, d_bits, fmul)
+            for isa in ISAS:
+                assert bits_equal(vk.compute(1, n, k, 1, nr, lhs, rhs, fmul, isa), want), (n, fmul, isa)
+
+
 def test_long_k() -> None:
     """Many blocks (the prefetch runs past the end of the buffer on the last panel: harmless)."""
     rng = np.random.default_rng(9)
