@@ -78,8 +78,8 @@ def _nibble_weights(b, src):  # noqa: ANN001, ANN202
     return b.xor(vnni.spread_nibbles(b, src, True), vnni.const_splat(I32X16, 0x08080808))
 
 
-_sme_gemv = make_sme_tile(1, True, SME_BLEN, _nibble_weights)
-_sme_gemm = make_sme_tile(GEMM_ROWS, False, SME_BLEN, _nibble_weights)
+_sme_gemv = make_sme_tile(1, SME_BLEN, _nibble_weights)
+_sme_gemm = make_sme_tile(GEMM_ROWS, SME_BLEN, _nibble_weights)
 
 
 @numba.njit(cache=True, nogil=True)
