@@ -2,8 +2,8 @@
 the client cannot send): SmolLM2 where real text matters (streamed == non-streamed == Engine.generate, usage,
 stop strings, bad input), a tiny random GGUF with a byte-level vocabulary where only speed matters (disconnects
 free slots, the FIFO queue, 16 concurrent streaming clients, 600 requests with disconnects leaving memory flat,
-API key), and the
-step machine and scheduler on their own (stop strings held back, one failing job leaves the others alone)."""
+API key), and the step machine and scheduler on their own (stop strings held back, one failing job leaves the
+others alone)."""
 
 from __future__ import annotations
 
