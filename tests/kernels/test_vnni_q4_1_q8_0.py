@@ -96,7 +96,16 @@ def test_q4_1_random_shapes(m: int, n: int, nb: int, svl: int, gemv: bool, seed:
 @pytest.mark.parametrize("svl", [128, 512, 2048])
 def test_q4_1_model_shapes(svl: int) -> None:
     """SmolLM2-like K (576 = 18 blocks), m across the direct/panel switch, n with a tail of 1..63 columns."""
-    for name, m in ((Q41_DOT, 1), (Q41_MOPA, 1), (Q41_MOPA, 2), (Q41_MOPA, 3), (Q41_MOPA, 9), (Q41_MOPA, 33)):
+    for name, m in (
+        (Q41_DOT, 1),
+        (Q41_MOPA, 1),
+        (Q41_MOPA, 2),
+        (Q41_MOPA, 3),
+        (Q41_MOPA, 4),
+        (Q41_MOPA, 5),
+        (Q41_MOPA, 9),
+        (Q41_MOPA, 33),
+    ):
         kern = get_kernel(name, svl)
         n, k = 3 * kern.nr + 37, 576
         lhs, rhs = q41_operands(kern, m, n, k, svl + m)
