@@ -14,8 +14,9 @@
   token is drawn from the softmax with a seeded ``numpy.random.Generator`` (same seed -> same tokens).
 
 Candidates are ordered by logit, ties going to the lower token id, so greedy picks the lowest id among equal
-maxima. Values a user sets (the CLI's options, a server request's fields) go through :func:`sampling_options`,
-which holds them to :data:`OPTION_RANGES`.
+maxima. Top-k is a compiled one-pass selection (:func:`top_k`): numpy's partition of a 49152-entry vocabulary
+took ~240 µs a token, about 5 % of a SmolLM2 decode step. Values a user sets (the CLI's options, a server
+request's fields) go through :func:`sampling_options`, which holds them to :data:`OPTION_RANGES`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 
 from kleidipy.errors import KleidipyError
@@ -119,6 +121,30 @@ def greedy(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+@numba.njit(cache=True, nogil=True)
+def top_k(x: np.ndarray, k: int) -> np.ndarray:  # pragma: no cover - compiled
+    """The ids of the k largest of x (0 < k <= x.size, no NaN), ordered by value and then by id (the lower id
+    first among equal values). One pass in increasing id keeps the k best so far sorted: an entry joins only when
+    it is greater than the worst kept (whose id is lower), which shifts the worse ones down by one."""
+    ids = np.empty(k, np.int64)
+    vals = np.empty(k, x.dtype)
+    for i in range(k):  # the first k, sorted by value (descending), then id
+        j = i
+        while j > 0 and x[i] > vals[j - 1]:
+            vals[j], ids[j] = vals[j - 1], ids[j - 1]
+            j -= 1
+        vals[j], ids[j] = x[i], i
+    for i in range(k, x.size):
+        v = x[i]
+        if v > vals[k - 1]:
+            j = k - 1
+            while j > 0 and v > vals[j - 1]:
+                vals[j], ids[j] = vals[j - 1], ids[j - 1]
+                j -= 1
+            vals[j], ids[j] = v, i
+    return ids
+
+
 def _check_logits(logits: np.ndarray) -> np.ndarray:
     logits = np.asarray(logits)
     if logits.ndim != 1 or logits.size == 0 or np.isnan(logits).any():
@@ -180,12 +206,10 @@ class Sampler:
         x = self.penalize(_check_logits(logits), history)
         n = x.size
         if 0 < p.top_k < n:
-            kth = np.partition(x, n - p.top_k)[n - p.top_k]
-            above = np.flatnonzero(x > kth)
-            ids = np.concatenate([above, np.flatnonzero(x == kth)[: p.top_k - above.size]])
+            ids = top_k(x, p.top_k)
         else:
             ids = np.arange(n)
-        ids = ids[np.lexsort((ids, -x[ids]))]
+            ids = ids[np.lexsort((ids, -x))]
         lg = x[ids]
         if p.top_p < 1.0:
             reached = np.flatnonzero(np.cumsum(_softmax_f32(lg)) >= np.float32(p.top_p))

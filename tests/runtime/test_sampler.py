@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kleidipy.errors import KleidipyError
-from kleidipy.runtime.sampler import GREEDY, Sampler, SamplingError, SamplingParams, greedy
+from kleidipy.runtime.sampler import GREEDY, Sampler, SamplingError, SamplingParams, greedy, top_k
 
 
 def chain_model(logits: list[float], history: list[int], p: SamplingParams) -> list[tuple[int, float]]:
@@ -81,6 +81,19 @@ def test_candidates_match_plain_model(params: SamplingParams, logits: list[float
         assert token == want[0][0]
     else:
         assert token in ids
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_is_the_first_k_by_value_then_id(seed: int) -> None:
+    """The compiled top-k against a sort by (-value, id), on a 49152-entry vocabulary with many ties and -inf."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-40, 40, 49152).astype(np.float32) / 4 if seed % 2 else rng.standard_normal(49152, np.float32)
+    x[rng.integers(0, x.size, 100)] = -np.inf
+    if seed == 4:
+        x[:] = -np.inf  # every entry tied
+    order = np.lexsort((np.arange(x.size), -x))
+    for k in (1, 2, 40, 1000, x.size):
+        assert top_k(x, k).tolist() == order[:k].tolist(), k
 
 
 def test_greedy_ties_go_to_lowest_id() -> None:
