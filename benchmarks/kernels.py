@@ -29,6 +29,7 @@ from kleidipy.graph.matmul import NodeKernel, node_kernel
 from kleidipy.graph.workers import Workers
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_pack as vk_pack
 
 SVL = 512
 GEMM = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
@@ -223,7 +224,7 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
         scratch, out = np.empty_like(lhs), np.empty((m, n), np.float32)
         mr = 1 if m == 1 else SVL // 32
         pack_path = best_time(lambda: path.pack_lhs(x, n, rhs), repeat) * 1e6  # noqa: B023
-        pack_vnni = best_time(lambda: vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr), repeat) * 1e6  # noqa: B023
+        pack_vnni = best_time(lambda: vk_pack.lhs_quant_pack_qsi8d32p_f32_neon(x, mr), repeat) * 1e6  # noqa: B023
         for threads in (1, 2):
             # CPU time of the process per thread leaves out the time other processes hold the cores
             clock = (lambda t=threads: time.process_time() / t) if cpu else time.perf_counter

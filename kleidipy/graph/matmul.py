@@ -55,6 +55,7 @@ from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2 as q40_sme2
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ukernels as q40_ukernels
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as q40_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as q40_neon
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_pack as q40_pack
 
 
 class NotCompilableError(KleidipyError, ValueError):
@@ -257,7 +258,7 @@ def pack_lhs(code, params, x, m, out, ith, nth):  # pragma: no cover - compiled
     dst = out[g0 * stride : g1 * stride]
     kbl = params[P_KBL]
     if code in (Q4_0_NEON, Q4_0_SME2, Q4_0_SME):
-        _copy(q40_vnni._lhs_pack(_Q4_0_ISA, rows, mr, kbl, 0, params[P_LHS_LAYOUT], params[P_TIES_EVEN]), dst)
+        _copy(q40_pack._lhs_pack(_Q4_0_ISA, rows, mr, kbl, 0, params[P_LHS_LAYOUT], params[P_TIES_EVEN]), dst)
     elif code in (Q4_1, Q4_1_VNNI):
         _copy(q41_jit.lhs_quant_pack(rows, mr, kbl, 0), dst)
     elif code in (Q8_0, Q8_0_VNNI):

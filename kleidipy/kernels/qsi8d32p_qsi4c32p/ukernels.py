@@ -29,6 +29,7 @@ from kleidipy.kernels.qsi8d32p_qsi4c32p import sme as qsi8d32p_qsi4c32p_sme
 from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2 as qsi8d32p_qsi4c32p_sme2
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as qsi8d32p_qsi4c32p_vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as qsi8d32p_qsi4c32p_vnni_neon
+from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni_pack import lhs_quant_pack_qsi8d32p as vnni_lhs_pack
 
 FAMILY_NAME = "qsi8d32p_qsi4c32p"
 BL = 32
@@ -136,7 +137,7 @@ class _Qsi8d32pLhsPacker(LhsPacker):
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
         rows = _frozen(np.asarray(lhs, dtype=np.float32))
         kbl = self.chunk(kr, sr)  # the vectorised packer (the same bytes as jit.lhs_quant_pack_qsi8d32p)
-        return qsi8d32p_qsi4c32p_vnni.lhs_quant_pack_qsi8d32p(rows, mr, kbl, row_offset, self.layout, self.ties_even)
+        return vnni_lhs_pack(rows, mr, kbl, row_offset, self.layout, self.ties_even)
 
     def _place(self, q: np.ndarray, scale_bits: np.ndarray, mr: int, kbl: int) -> np.ndarray:
         """Packed bytes of whole groups: q int8 [groups·mr, k], scale bits [groups·mr, k/32]."""

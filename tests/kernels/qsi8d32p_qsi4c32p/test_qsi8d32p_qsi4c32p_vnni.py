@@ -19,6 +19,7 @@ from kleidipy.core.numerics import F16_BITS_TO_F32, clamp_f32, f32_to_f16_bits, 
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as vn
+from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_pack as vk_pack
 from kleidipy.tools.golden import GoldenSet, iter_runs
 
 ISAS = [vnni.PORTABLE] + ([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])
@@ -312,7 +313,7 @@ def test_lhs_pack_matches_model(isa: vnni.Isa) -> None:
         s_all = np.zeros((offset + m, k // 32), np.uint16)
         q_all[offset:], s_all[offset:] = q, s_bits
         want = pack_lhs(q_all, s_all, mr)
-        assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, offset, isa), want), (m, k, mr, offset)
+        assert np.array_equal(vk_pack.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, offset, isa), want), (m, k, mr, offset)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
@@ -325,7 +326,8 @@ def test_lhs_pack_matches_family_packer() -> None:
         for execution in ("reference", "jit"):
             want = np.asarray(packer.run(m, k, mr, 4, 2, x, bl=32, execution=execution))
             for isa in ISAS:
-                assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, 0, isa), want), (m, k, mr, execution)
+                got = vk_pack.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, 0, isa)
+                assert np.array_equal(got, want), (m, k, mr, execution)
 
 
 def test_lhs_pack_tiny_blocks_take_the_packers_bytes() -> None:
@@ -343,7 +345,7 @@ def test_lhs_pack_tiny_blocks_take_the_packers_bytes() -> None:
     for offset in (0, 3):
         want = jit.lhs_quant_pack_qsi8d32p(x, mr, 4, offset, jit.LHS_QSI8D32P_NEON, False)
         for isa in ISAS:
-            assert np.array_equal(vk.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, offset, isa), want), (offset, isa)
+            assert np.array_equal(vk_pack.lhs_quant_pack_qsi8d32p_f32_neon(x, mr, offset, isa), want), (offset, isa)
 
 
 @pytest.mark.parametrize(("layout", "kbl"), [(0, 4), (0, 8), (1, 4)], ids=["neon-kbl4", "neon-kbl8", "sme"])
@@ -362,7 +364,7 @@ def test_every_lhs_packer_is_the_portable_one(layout: int, kbl: int, ties_even: 
         x[-1, -32:] *= np.float32(1e-39)  # 1/scale overflows: the portable packer's row
         want = jit.lhs_quant_pack_qsi8d32p(x, mr, kbl, offset, layout, ties_even)
         for isa in ISAS:
-            got = vk.lhs_quant_pack_qsi8d32p(x, mr, kbl, offset, layout, ties_even, isa)
+            got = vk_pack.lhs_quant_pack_qsi8d32p(x, mr, kbl, offset, layout, ties_even, isa)
             assert np.array_equal(got, want), (m, k, mr, offset, isa)
 
 
@@ -372,7 +374,7 @@ def test_lhs_pack_golden(golden_dir) -> None:  # noqa: ANN001
         x = gold.array(case["inputs"]["lhs_f32"]).reshape(case["m"], case["k"])
         want = gold.array(run["files"]["lhs_packed"])
         for isa in ISAS:
-            got = vk.lhs_quant_pack_qsi8d32p_f32_neon(x, run["params"]["mr"], 0, isa)
+            got = vk_pack.lhs_quant_pack_qsi8d32p_f32_neon(x, run["params"]["mr"], 0, isa)
             assert np.array_equal(got, want), (run["dir"], run["variant"], isa)
 
 
