@@ -605,6 +605,9 @@ def test_sixteen_concurrent_streaming_clients(tiny: Engine) -> None:
         assert answers[0] == answers[1]  # same seed, same text, whatever else the other slots were doing
 
 
+# the openai client's own SSE generators, left suspended when a client stops reading mid-stream, are finalized
+# later by the garbage collector and can complain there ("async generator already executing"): client side only
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_300_requests_with_disconnects_leave_memory_flat(tiny: Engine) -> None:
     """Two loads of 304 streamed requests from 16 concurrent clients, every third client going away after two
     chunks (in a slot or still queued): once the server is idle again, the second load has left (almost) nothing
