@@ -97,7 +97,6 @@ class Tile:
         per = 8 (whole blocks, one row) each vector runs through all blocks before the next one starts, so that
         the RHS is read as few streams at a time."""
         b = self.builder
-        self.nvec = nvec
         facc = [[vnni.byte_ptr(b, acc_mem, 64 * (nvec * r + v)) for v in range(nvec)] for r in range(len(row_ptrs))]
         for row in facc:
             for p in row:
@@ -151,7 +150,7 @@ class Tile:
             for v in vs:
                 scale = vnni.fma(b, s_l, s_r[v], zero)
                 dot = b.sitofp(b.load(iacc[r][v]), F32X16)
-                p = vnni.byte_ptr(b, acc_base, 64 * (self.nvec * r + v))
+                p = vnni.byte_ptr(b, acc_base, 64 * (len(iacc[r]) * r + v))
                 vnni.store(b, vnni.fma(b, dot, scale, vnni.load(b, p, F32X16)), p)
 
     def lhs_group(self, ptr, kgroup, t):  # noqa: ANN001, ANN201
