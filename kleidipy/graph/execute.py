@@ -28,8 +28,8 @@ import numpy as np
 
 from kleidipy.errors import NonFiniteInputError
 from kleidipy.formats.rows import get_rows
+from kleidipy.graph import attention, ops
 from kleidipy.graph import matmul as mm
-from kleidipy.graph import ops
 from kleidipy.graph.atomics import monotonic_ns
 from kleidipy.graph.contention import free_cores
 from kleidipy.graph.plan import (
@@ -174,7 +174,7 @@ def run_plan(
             lo, hi = share(d, ith, nth)
             for s in range(segs.shape[0]):
                 seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
-                ops.attention(
+                attention.attention(
                     heads[r0:r1],
                     like_4d(kcaches, seq, cell)[c],
                     like_4d(vcaches, seq, cell)[c],
@@ -282,7 +282,7 @@ class CompiledForward:
         self._buffers = address_table([], np.float32)
         self._arrays: list[np.ndarray] = []
         self._lhs = np.zeros(0, np.uint8)
-        self._scratch = np.zeros((threads, ops.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
+        self._scratch = np.zeros((threads, attention.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
         self._status = np.zeros(5, np.int64)
         #: the embedding as the run does it (GET_ROWS of its bytes, code >= 0), or -1: the caller embeds in Python
         embd = getattr(lm.embedding, "compiled_rows", lambda: None)()

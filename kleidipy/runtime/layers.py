@@ -44,6 +44,7 @@ from functools import cache
 import numpy as np
 
 from kleidipy.core.numerics import F16_BITS_TO_F32
+from kleidipy.graph import attention as graph_attention
 from kleidipy.graph import ops
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, cells, check_cache_dtype
@@ -127,14 +128,14 @@ def attention(
     """Causal attention of q [m, n_head, d] (positions start..start+m-1) over keys [n_head_kv, d, n_kv] and values
     [n_head_kv, n_kv, d] (one layer of a KV cache as :meth:`KVCache.read` gives it: float16, which also rounds Q
     and the softmax weights to F16 when ``f16``, or float32), over the last ``window`` positions of each query when
-    given; returns [m, n_head, d] (:func:`kleidipy.graph.ops.attention`)."""
+    given; returns [m, n_head, d] (:func:`kleidipy.graph.attention.attention`)."""
     m, n_head, d = q.shape
     n_kv = values.shape[1]
     keys, values = cells(keys), cells(values)
     out = np.empty((m, n_head * d), np.float32)
-    scratch = np.empty(ops.attention_scratch_size(n_kv, d), np.float32)
+    scratch = np.empty(graph_attention.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
-    ops.attention(q, keys, values, start, m, n_kv, scale, window or 0, f16, out, scratch, 0, n_head)
+    graph_attention.attention(q, keys, values, start, m, n_kv, scale, window or 0, f16, out, scratch, 0, n_head)
     return out.reshape(m, n_head, d)
 
 

@@ -1,5 +1,6 @@
-"""The compiled node kernels (kleidipy.graph.ops) against plain-numpy statements of the same fixed-order formulas,
-bit for bit, and every row/head split (2 and 3 pieces) against one call; ggml_v_expf also against float64 exp."""
+"""The compiled node kernels (kleidipy.graph.ops, kleidipy.graph.attention) against plain-numpy statements of the
+same fixed-order formulas, bit for bit, and every row/head split (2 and 3 pieces) against one call; ggml_v_expf also
+against float64 exp."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from kleidipy.core.numerics import fma_f32
-from kleidipy.graph import ops
+from kleidipy.graph import attention, ops
 from kleidipy.runtime.kv_cache import k_row_cells
 from kleidipy.runtime.layers import gelu_f16_table
 
@@ -231,7 +232,7 @@ def _reduce16(lanes: np.ndarray) -> np.ndarray:
 
 
 def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16):
-    """The fixed-order formula of ops.attention in numpy: q [m, n_head, d], kc/vc [n_head_kv, n_ctx, d] float32
+    """The fixed-order formula of attention.attention in numpy: q [m, n_head, d], kc/vc [n_head_kv, n_ctx, d] float32
     holding the cache's values; returns [m, n_head * d]."""
     m, n_head, d = q.shape
     group = n_head // kc.shape[0]
@@ -301,8 +302,8 @@ def test_attention(
     for pieces in _splits(n_head):
         out = np.full((m, n_head * d), np.nan, np.float32)
         for h0, h1 in pieces:
-            scratch = np.full(ops.attention_scratch_size(n_ctx, d), np.nan, np.float32)
-            ops.attention(q, ops_k, ops_v, start, m, n_kv, scale, window, f16, out, scratch, h0, h1)
+            scratch = np.full(attention.attention_scratch_size(n_ctx, d), np.nan, np.float32)
+            attention.attention(q, ops_k, ops_v, start, m, n_kv, scale, window, f16, out, scratch, h0, h1)
         assert _same(out, want)
 
 
@@ -312,9 +313,9 @@ def test_attention_close_to_float64(rng: np.random.Generator) -> None:
     q = rng.standard_normal((m, n_head, d)).astype(np.float32)
     kc, vc = rng.standard_normal((2, 1, start + m, d)).astype(np.float32)
     out = np.empty((m, n_head * d), np.float32)
-    scratch = np.empty(ops.attention_scratch_size(start + m, d), np.float32)
+    scratch = np.empty(attention.attention_scratch_size(start + m, d), np.float32)
     kt = np.ascontiguousarray(kc.transpose(0, 2, 1))
-    ops.attention(q, kt, vc, start, m, start + m, 0.125, 0, False, out, scratch, 0, n_head)
+    attention.attention(q, kt, vc, start, m, start + m, 0.125, 0, False, out, scratch, 0, n_head)
     for i in range(m):
         s = kc[0, : start + i + 1].astype(np.float64) @ q[i].T.astype(np.float64) * 0.125
         w = np.exp(s - s.max(axis=0))
