@@ -414,6 +414,11 @@ def reduce_umax(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
     return _call(builder, "llvm.vector.reduce.umax.v16i32", I32, [value])
 
 
+def reduce_fmax(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """Largest float32 lane of an f32x16 (NaN lanes ignored)."""
+    return _call(builder, "llvm.vector.reduce.fmax.v16f32", F32, [value])
+
+
 def reduce_add(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
     """Sum (wrapping) of the i32 lanes of an i32x16."""
     return _call(builder, "llvm.vector.reduce.add.v16i32", I32, [value])

@@ -20,21 +20,23 @@ from numba.extending import intrinsic
 from kleidipy.core import vnni
 from kleidipy.core.numerics import fma32, round_f16_scalar
 from kleidipy.core.vnni import F32, F32X16
-from kleidipy.graph.ops import _load_cell, expf
+from kleidipy.graph.ops import _load_cell, expf_ir
 
 #: lanes of ggml_vec_dot_f16 / ggml_vec_dot_f32 on NEON: GGML_F32_ARR (4) registers of 4 floats
 LANES = 16
 #: cells whose KQ lanes attention computes together (the order within each cell is the same for any block)
 _BLOCK = 512
+#: query rows of a batch that share each K and V vector the tiles load (:func:`_kq_rows`, :func:`_kqv_rows`)
+ROWS = 4
 
 
 def attention_scratch_size(n_ctx: int, head_dim: int) -> int:
     """float32 elements of :func:`attention`'s scratch for one thread, for any n_kv <= n_ctx, with n16 = n_ctx
     rounded up to 16: V of one KV head as f32 in blocks (n16 * head_dim), K of one KV head as f32 in blocks or the
-    KQ lanes of one row (the larger of n16 * head_dim and 16 * n_ctx), the scores of one row (n16), the KQV lanes
-    (16 * head_dim) and the query (head_dim)."""
+    KQ lanes of one row (the larger of n16 * head_dim and 16 * n_ctx), and for :data:`ROWS` query rows their scores
+    (n16 each), KQV lanes (16 * head_dim each) and queries (head_dim each)."""
     n16 = -(-n_ctx // LANES) * LANES
-    return n16 * head_dim + max(n16 * head_dim, LANES * n_ctx) + n16 + (LANES + 1) * head_dim
+    return n16 * head_dim + max(n16 * head_dim, LANES * n_ctx) + ROWS * (n16 + (LANES + 1) * head_dim)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -54,27 +56,26 @@ def _reduce_lanes(p, a, b, out):
 
 
 @intrinsic
-def _kq_tiles(typingctx, qv, kt, row, bstride, k0, blocks, out, o0):  # pragma: no cover - compile time
+def _kq_tiles(typingctx, qv, kt, row, k0, blocks, out, o0):  # pragma: no cover - compile time
     """out[o0 : o0 + 16·blocks] = the 16-lane dot (lanes c % 16 over the first d - d % 16 elements, fused
     multiply-adds in increasing c, reduced as :func:`_reduce_lanes`) of qv [d] (C-contiguous) with blocks of 16
-    cells of K (F16 bits or float32): block ``blk``'s 16 cells of dimension c start at element
-    ``k0 + blk·bstride + c·row`` of kt — the cache's K transposed (row = its row stride, bstride 16) or K of one
-    head as f32 blocks (:func:`_load_blocks`: row 16, bstride 16·d). 16 cells per 512-bit vector, the 16 lanes in
-    16 registers, each K element loaded (and widened) once per query row."""
-    sig = types.void(qv, kt, types.int64, types.int64, types.int64, types.int64, out, types.int64)
+    cells of the cache's K transposed (F16 bits or float32): cell k0 + 16·blk + i of dimension c is element
+    ``c·row + k0 + 16·blk + i`` of kt. 16 cells per 512-bit vector, the 16 lanes in 16 registers, each K element
+    loaded (and widened) once."""
+    sig = types.void(qv, kt, types.int64, types.int64, types.int64, out, types.int64)
     f16 = kt.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         b = builder
-        q_p, kt_p, out_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 6))
-        row, bstride, k0, blocks_v, o0 = args[2], args[3], args[4], args[5], args[7]
+        q_p, kt_p, out_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
+        row, k0, blocks_v, o0 = args[2], args[3], args[4], args[6]
         d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 0)
         esize = 2 if f16 else 4
         cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
         acc = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
         with cgutils.for_range(b, blocks_v) as blk:
             j = b.add(o0, b.mul(blk.index, vnni.i64(16)))
-            kblk = b.add(k0, b.mul(blk.index, bstride))
+            kblk = b.add(k0, b.mul(blk.index, vnni.i64(LANES)))
             for a in acc:
                 b.store(vnni.const_splat(F32X16, 0.0), a)
             with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
@@ -85,10 +86,63 @@ def _kq_tiles(typingctx, qv, kt, row, bstride, k0, blocks, out, o0):  # pragma: 
                     k = vnni.f16_bits_to_f32(b, k, True) if f16 else k
                     qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, b.mul(c, vnni.i64(4))), F32), F32X16)
                     b.store(vnni.fma(b, qc, k, b.load(acc[lane])), acc[lane])
-            p = [b.load(a) for a in acc]
-            v = [b.fadd(b.fadd(p[r], p[r + 8]), b.fadd(p[r + 4], p[r + 12])) for r in range(4)]
-            total = b.fadd(b.fadd(v[0], v[1]), b.fadd(v[2], v[3]))
+            total = _reduce_registers(b, [b.load(a) for a in acc])
             vnni.store(b, total, vnni.byte_ptr(b, out_p, b.mul(j, vnni.i64(4))))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _reduce_registers(b: ir.IRBuilder, p: list) -> ir.Value:
+    """IR of :func:`_reduce_lanes` over 16 lane registers p (each holding 16 cells): ((p0+p8)+(p4+p12)) + ... ."""
+    v = [b.fadd(b.fadd(p[r], p[r + 8]), b.fadd(p[r + 4], p[r + 12])) for r in range(4)]
+    return b.fadd(b.fadd(v[0], v[1]), b.fadd(v[2], v[3]))
+
+
+@intrinsic
+def _kq_rows(typingctx, qv, kb, b0, blocks, s, o0, nr):  # pragma: no cover - compile time
+    """:func:`_kq_tiles`' dot (the same lanes, order and reduction) for the nr <= ROWS query rows of qv [ROWS, d]
+    (d a multiple of 16) at once, over blocks b0 .. b0 + blocks - 1 of K of one head as f32 blocks kb [nb, d, 16]
+    (:func:`_load_blocks`), into s[t, o0 + 16·b ..] (s [ROWS, n16]). Each K vector is loaded once for all the rows;
+    lanes are taken four at a time (l, l+8, l+4, l+12: the first step of the reduction), so that few registers
+    stay live. Rows from nr on repeat row nr - 1 (the same values written twice)."""
+    sig = types.void(qv, kb, types.int64, types.int64, s, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        b = builder
+        q_p, k_p, s_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 4))
+        b0, blocks_v, o0, nr = args[2], args[3], args[5], args[6]
+        d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 1)
+        s_row = b.extract_value(context.make_array(signature.args[4])(context, b, args[4]).strides, 0)
+        last = b.sub(nr, vnni.i64(1))
+        rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
+        acc = [[cgutils.alloca_once(b, F32X16) for _ in range(4)] for _ in range(ROWS)]
+        with cgutils.for_range(b, blocks_v) as blk:
+            kblk = b.mul(b.add(b0, blk.index), b.mul(d, vnni.i64(LANES)))
+            v = [[] for _ in range(ROWS)]
+            for r in range(4):
+                lanes = (r, r + 8, r + 4, r + 12)
+                for row in acc:
+                    for a in row:
+                        b.store(vnni.const_splat(F32X16, 0.0), a)
+                with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
+                    for k, lane in enumerate(lanes):
+                        c = b.add(b.mul(cb.index, vnni.i64(LANES)), vnni.i64(lane))
+                        kv = vnni.load(
+                            b, vnni.byte_ptr(b, k_p, b.mul(b.add(kblk, b.mul(c, vnni.i64(LANES))), vnni.i64(4))), F32X16
+                        )
+                        for t in range(ROWS):
+                            at = b.mul(b.add(b.mul(rows[t], d), c), vnni.i64(4))
+                            qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, at), F32), F32X16)
+                            b.store(vnni.fma(b, qc, kv, b.load(acc[t][k])), acc[t][k])
+                for t in range(ROWS):
+                    p = [b.load(a) for a in acc[t]]
+                    v[t].append(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])))
+            j = b.add(o0, b.mul(b.add(b0, blk.index), vnni.i64(LANES)))
+            for t in range(ROWS):
+                total = b.fadd(b.fadd(v[t][0], v[t][1]), b.fadd(v[t][2], v[t][3]))
+                at = b.add(b.mul(rows[t], s_row), b.mul(j, vnni.i64(4)))
+                vnni.store(b, total, vnni.byte_ptr(b, s_p, at))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -104,7 +158,7 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
     d16 = d - d % LANES
     size = kt.itemsize
     tiles = (jhi - jlo) // 16 if d16 > 0 and kt.strides[1] == size and kt.strides[0] % size == 0 else 0
-    _kq_tiles(qv, kt, kt.strides[0] // size, LANES, jlo, tiles, s, jlo)
+    _kq_tiles(qv, kt, kt.strides[0] // size, jlo, tiles, s, jlo)
     rest = jlo + 16 * tiles
     kq[:, rest:jhi] = np.float32(0.0)
     for j0 in range(rest, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
@@ -125,33 +179,64 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
             sr[j] = np.float32(dot)
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")  # no ZeroDivisionError branch: loops vectorize
-def _softmax(jlo, jhi, sc, f16, s):
-    """Scores s[jlo:jhi] (KQ) -> scaled, softmax weights (rounded to F16 with ``f16``), in place."""
-    n = jhi - jlo
-    sr = s[jlo:jhi]
-    mx = np.float32(-np.inf)
-    for j in range(n):
-        sr[j] = sr[j] * sc
-        mx = max(mx, sr[j])
-    # soft_max: e = expf(s - max); the f64 sum takes vaddvq_f32 of each 4 cells from cell 0 ((e0+e1)+(e2+e3)), masked
-    # cells being 0 (llama.cpp pads n_kv to a multiple of 32 with masked cells, so no scalar tail)
-    for j in range(n):
-        sr[j] = expf(sr[j] - mx)
-    total = 0.0
-    for g in range(jlo - jlo % 4, jhi, 4):
-        e0 = s[g] if g >= jlo else np.float32(0.0)
-        e1 = s[g + 1] if g + 1 >= jlo and g + 1 < jhi else np.float32(0.0)
-        e2 = s[g + 2] if g + 2 >= jlo and g + 2 < jhi else np.float32(0.0)
-        e3 = s[g + 3] if g + 3 < jhi else np.float32(0.0)
-        total += np.float64((e0 + e1) + (e2 + e3))
-    inv = np.float32(1.0 / total)
-    if f16:
-        for j in range(n):
-            sr[j] = round_f16_scalar(sr[j] * inv)
-    else:
-        for j in range(n):
-            sr[j] = sr[j] * inv
+@intrinsic
+def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile time
+    """Scores s[jlo:jhi] (KQ) -> scaled, softmax weights (rounded to F16 with ``f16``), in place, 16 cells at a time
+    from cell jlo - jlo % 16 (s holds at least jhi rounded up to 16 cells; the other cells of those vectors are
+    overwritten): ``s * sc``, the max, ``e = expf(s - max)`` (:func:`kleidipy.graph.ops.expf_ir`), the sum in f64 of
+    ``(e0+e1)+(e2+e3)`` (f32) per 4 cells from cell 0 in increasing order, cells outside jlo..jhi-1 being 0 (soft_max's
+    vaddvq_f32 groups; llama.cpp pads n_kv to a multiple of 32 with masked cells, so no scalar tail), then
+    ``e * (float)(1/sum)``."""
+    sig = types.void(types.int64, types.int64, types.float32, types.boolean, s)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        b = builder
+        jlo, jhi, sc, f16 = args[:4]
+        s_p = vnni.array_ptr(context, b, signature.args[4], args[4])
+        i32x16 = ir.VectorType(ir.IntType(32), LANES)
+        g0 = b.sub(jlo, b.srem(jlo, vnni.i64(LANES)))
+        chunks = b.sdiv(b.add(b.sub(jhi, g0), vnni.i64(LANES - 1)), vnni.i64(LANES))
+        lo, hi = (vnni.splat(b, b.trunc(v, ir.IntType(32)), i32x16) for v in (jlo, jhi))
+        iota = ir.Constant(i32x16, [ir.Constant(ir.IntType(32), i) for i in range(LANES)])
+        minus_inf = vnni.const_splat(F32X16, float("-inf"))
+        zero = vnni.const_splat(F32X16, 0.0)
+
+        def chunk(c: ir.Value) -> tuple[ir.Value, ir.Value]:
+            """The address of chunk c and the mask of its cells in jlo..jhi-1."""
+            first = b.add(g0, b.mul(c, vnni.i64(LANES)))
+            idx = b.add(vnni.splat(b, b.trunc(first, ir.IntType(32)), i32x16), iota)
+            inside = b.and_(b.icmp_signed(">=", idx, lo), b.icmp_signed("<", idx, hi))
+            return vnni.byte_ptr(b, s_p, b.mul(first, vnni.i64(4))), inside
+
+        top = cgutils.alloca_once_value(b, minus_inf)
+        with cgutils.for_range(b, chunks) as c:
+            at, inside = chunk(c.index)
+            x = b.fmul(vnni.load(b, at, F32X16), vnni.splat(b, sc, F32X16))
+            vnni.store(b, x, at)
+            x = b.select(inside, x, minus_inf)
+            b.store(b.select(b.fcmp_ordered(">", x, b.load(top)), x, b.load(top)), top)
+        mx = vnni.splat(b, vnni.reduce_fmax(b, b.load(top)), F32X16)
+        total = cgutils.alloca_once_value(b, ir.Constant(ir.DoubleType(), 0.0))
+        with cgutils.for_range(b, chunks) as c:
+            at, inside = chunk(c.index)
+            e = b.select(inside, expf_ir(b, b.fsub(vnni.load(b, at, F32X16), mx)), zero)
+            vnni.store(b, e, at)
+            pairs = b.fadd(vnni.pick(b, e, e, list(range(0, 16, 2))), vnni.pick(b, e, e, list(range(1, 16, 2))))
+            quads = b.fadd(vnni.pick(b, pairs, pairs, [0, 2, 4, 6]), vnni.pick(b, pairs, pairs, [1, 3, 5, 7]))
+            quads = b.fpext(quads, ir.VectorType(ir.DoubleType(), 4))
+            t = b.load(total)
+            for g in range(4):
+                t = b.fadd(t, b.extract_element(quads, ir.Constant(ir.IntType(32), g)))
+            b.store(t, total)
+        inv = vnni.splat(b, b.fptrunc(b.fdiv(ir.Constant(ir.DoubleType(), 1.0), b.load(total)), F32), F32X16)
+        with cgutils.for_range(b, chunks) as c:
+            at, _ = chunk(c.index)
+            w = b.fmul(vnni.load(b, at, F32X16), inv)
+            rounded = vnni.f16_bits_to_f32(b, vnni.f32_to_f16(b, w, True), True)
+            vnni.store(b, b.select(f16, rounded, w), at)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @numba.njit(cache=True, nogil=True)
@@ -169,33 +254,10 @@ def _kqv(vh, jlo, jhi, s, acc, out):
     blocks = (jhi - a0) // LANES
     for j in range(jlo, a0):
         _kqv_cell(s[j], vh[j], acc[j % LANES])
-    _kqv_tiles(s, vh, vh.strides[0] // size, LANES, a0, blocks, acc, 0)
+    _kqv_tiles(s, vh, vh.strides[0] // size, a0, blocks, acc)
     for j in range(a0 + LANES * blocks, jhi):
         _kqv_cell(s[j], vh[j], acc[j % LANES])
     _reduce_lanes(acc, 0, d, out)
-
-
-@numba.njit(cache=True, nogil=True)
-def _kqv_blocks(vb, origin, jlo, jhi, s, acc, out):
-    """:func:`_kqv` over V of one head as f32 blocks vb [d/16, n, 16] (:func:`_load_blocks`; cell j at
-    ``j - origin``): the same lanes and order."""
-    acc[:] = np.float32(0.0)
-    a0 = min(jhi, (jlo + LANES - 1) // LANES * LANES)
-    blocks = (jhi - a0) // LANES
-    for j in range(jlo, a0):
-        _kqv_cell_blocks(s[j], vb, j - origin, acc[j % LANES])
-    _kqv_tiles(s, vb, LANES, vb.shape[1] * LANES, a0, blocks, acc, origin)
-    for j in range(a0 + LANES * blocks, jhi):
-        _kqv_cell_blocks(s[j], vb, j - origin, acc[j % LANES])
-    _reduce_lanes(acc, 0, out.shape[0], out)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _kqv_cell_blocks(wj, vb, cell, a):
-    """:func:`_kqv_cell` with V as f32 blocks: a[c] = fma(w_j, V[j, c], a[c]) for every column c."""
-    for cb in range(vb.shape[0]):
-        for lane in range(LANES):
-            a[cb * LANES + lane] = fma32(wj, vb[cb, cell, lane], a[cb * LANES + lane])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -206,20 +268,18 @@ def _kqv_cell(wj, vrow, a):
 
 
 @intrinsic
-def _kqv_tiles(typingctx, w, vh, row, cstride, j0, blocks, acc, v0):  # pragma: no cover - compile time
+def _kqv_tiles(typingctx, w, vh, row, j0, blocks, acc):  # pragma: no cover - compile time
     """KQV over cells j0 .. j0 + 16·blocks (j0 a multiple of 16): acc[l, c] = fma(w[j], V[j, c], acc[l, c]) for the
-    cells j = l (mod 16) in increasing j; the 16 columns from c = 16·cb of cell j start at element
-    ``(j - v0)·row + cb·cstride`` of vh (F16 bits or float32) — the cache's V rows (row = its row stride,
-    cstride 16, v0 0) or V of one head as f32 blocks (:func:`_load_blocks`: row 16, cstride 16·n, v0 its first
-    cell); d a multiple of 16. Per 16 columns the 16 lanes stay in 16 registers over all the blocks."""
-    sig = types.void(w, vh, types.int64, types.int64, types.int64, types.int64, acc, types.int64)
+    cells j = l (mod 16) in increasing j; V[j, c] is element ``j·row + c`` of vh (the cache's V rows: F16 bits or
+    float32); d a multiple of 16. Per 16 columns the 16 lanes stay in 16 registers over all the blocks."""
+    sig = types.void(w, vh, types.int64, types.int64, types.int64, acc)
     f16 = vh.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         b = builder
-        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 6))
-        row_v, cstride, j0_v, blocks_v, v0 = args[2], args[3], args[4], args[5], args[7]
-        d = b.extract_value(context.make_array(signature.args[6])(context, b, args[6]).shape, 1)
+        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
+        row_v, j0_v, blocks_v = args[2], args[3], args[4]
+        d = b.extract_value(context.make_array(signature.args[5])(context, b, args[5]).shape, 1)
         esize = 2 if f16 else 4
         cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
         lanes = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
@@ -233,8 +293,7 @@ def _kqv_tiles(typingctx, w, vh, row, cstride, j0, blocks, acc, v0):  # pragma: 
                 for lane, p in enumerate(lanes):
                     j = b.add(base, vnni.i64(lane))
                     wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, b.mul(j, vnni.i64(4))), F32), F32X16)
-                    at = b.mul(b.add(b.mul(b.sub(j, v0), row_v), b.mul(cb.index, cstride)), vnni.i64(esize))
-                    v = vnni.load(b, vnni.byte_ptr(b, v_p, at), cells)
+                    v = vnni.load(b, vnni.byte_ptr(b, v_p, b.mul(b.add(b.mul(j, row_v), col), vnni.i64(esize))), cells)
                     v = vnni.f16_bits_to_f32(b, v, True) if f16 else v
                     b.store(vnni.fma(b, wj, v, b.load(p)), p)
             for lane, p in enumerate(lanes):
@@ -245,12 +304,58 @@ def _kqv_tiles(typingctx, w, vh, row, cstride, j0, blocks, acc, v0):  # pragma: 
     return sig, codegen
 
 
+@intrinsic
+def _kqv_rows(typingctx, w, vb, j0, blocks, acc, origin, nr):  # pragma: no cover - compile time
+    """:func:`_kqv_tiles`' sums (the same lanes and order) for the nr <= ROWS rows of weights w [ROWS, >= j0 +
+    16·blocks] at once: acc[t, l, c] = fma(w[t, j], V[j, c], acc[t, l, c]) for cells j = j0 + 16·blk + l in
+    increasing j, over V of one head as lane-major f32 blocks vb [16, nb, d] (:func:`_load_blocks`: cell j at
+    ``vb[j % 16, (j - origin) / 16]``); j0 - origin a multiple of 16, d of 16. One lane and 16 columns at a time:
+    each V vector is loaded once for all the rows, from one stream. Rows from nr on repeat row nr - 1 (their sums
+    start from the same acc and are stored twice, the same values)."""
+    sig = types.void(w, vb, types.int64, types.int64, acc, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        b = builder
+        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 4))
+        j0, blocks_v, origin, nr = args[2], args[3], args[5], args[6]
+        shape = context.make_array(signature.args[1])(context, b, args[1]).shape
+        nb, d = b.extract_value(shape, 1), b.extract_value(shape, 2)
+        w_row = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).strides, 0)
+        last = b.sub(nr, vnni.i64(1))
+        rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
+        blk0 = b.sdiv(b.sub(j0, origin), vnni.i64(LANES))
+        sums = [cgutils.alloca_once(b, F32X16) for _ in range(ROWS)]
+        lanes, col_blocks = vnni.i64(LANES), b.udiv(d, vnni.i64(LANES))
+        with cgutils.for_range(b, lanes) as lane, cgutils.for_range(b, col_blocks) as cb:
+            col = b.mul(cb.index, vnni.i64(LANES))
+            acc_at = [
+                b.mul(b.add(b.mul(b.add(b.mul(r, vnni.i64(LANES)), lane.index), d), col), vnni.i64(4)) for r in rows
+            ]
+            for p, at in zip(sums, acc_at, strict=True):
+                b.store(vnni.load(b, vnni.byte_ptr(b, acc_p, at), F32X16), p)
+            stream = b.mul(b.add(b.mul(lane.index, nb), blk0), d)
+            with cgutils.for_range(b, blocks_v) as blk:
+                j = b.add(b.add(j0, b.mul(blk.index, vnni.i64(LANES))), lane.index)
+                at = b.mul(b.add(b.add(stream, b.mul(blk.index, d)), col), vnni.i64(4))
+                v = vnni.load(b, vnni.byte_ptr(b, v_p, at), F32X16)
+                for r, p in zip(rows, sums, strict=True):
+                    wat = b.add(b.mul(r, w_row), b.mul(j, vnni.i64(4)))
+                    wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, wat), F32), F32X16)
+                    b.store(vnni.fma(b, wj, v, b.load(p)), p)
+            for p, at in zip(sums, acc_at, strict=True):
+                vnni.store(b, b.load(p), vnni.byte_ptr(b, acc_p, at))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @numba.njit(cache=True, nogil=True)
 def _load_blocks(kt, vh, origin, hi, kb, vb):
     """Cells origin..hi-1 (origin a multiple of 16) of one KV head as float32 blocks, for the rows of a batch to
     share: K (kt [d, n_ctx]) as kb [n/16, d, 16] (block b: dimension c of cells origin + 16·b + 0..15, contiguous;
-    cells from hi on 0) and V (vh [n_ctx, d]) as vb [d/16, n, 16] (cell j's columns 16·cb.. at vb[cb, j - origin]):
-    the tiles then read 4 KB of K per block of cells and each 16 columns of V as one stream."""
+    cells from hi on 0) and V (vh [n_ctx, d]) lane-major as vb [16, n/16, d] (cell j's row at
+    vb[j % 16, (j - origin) // 16]; rows from hi on not written): the tiles then read 4 KB of K per block of cells
+    and the V rows of each lane as one stream."""
     d = kt.shape[0]
     for blk in range((hi - origin + LANES - 1) // LANES):
         for c in range(d):
@@ -259,11 +364,43 @@ def _load_blocks(kt, vh, origin, hi, kb, vb):
                 j = origin + blk * LANES + lane
                 dst[lane] = _load_cell(src[j]) if j < hi else np.float32(0.0)
     for j in range(origin, hi):
-        src = vh[j]
-        for cb in range(d // LANES):
-            dst = vb[cb, j - origin]
-            for lane in range(LANES):
-                dst[lane] = _load_cell(src[cb * LANES + lane])
+        src, dst = vh[j], vb[j % LANES, (j - origin) // LANES]
+        for c in range(d):
+            dst[c] = _load_cell(src[c])
+
+
+@numba.njit(cache=True, nogil=True)
+def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc, qv, out):
+    """Rows i0 .. i0 + nr - 1 (nr <= ROWS; row i at position p0 + i) of head h of :func:`attention` over K and V
+    of its KV head as f32 blocks from ``origin`` (:func:`_load_blocks`), :data:`ROWS` rows at a time: KQ of every
+    block any of them reads (cells outside a row's range are computed and not read), each row's softmax, then KQV:
+    each row's cells before the first whole block all rows read, those blocks for all the rows together, then each
+    row's cells after them — per lane in increasing cell order, as :func:`_kqv`."""
+    d = q.shape[2]
+    for t in range(nr):
+        for c in range(d):
+            qv[t, c] = round_f16_scalar(q[i0 + t, h, c]) if f16 else q[i0 + t, h, c]
+    lo_first = max(0, p0 + i0 - window + 1) if window > 0 else 0
+    lo_last = max(0, p0 + i0 + nr - 1 - window + 1) if window > 0 else 0
+    hi_first, hi_last = min(p0 + i0 + 1, n_kv), min(p0 + i0 + nr, n_kv)
+    b0, b1 = (lo_first - origin) // LANES, (hi_last - origin + LANES - 1) // LANES
+    _kq_rows(qv, kb, b0, b1 - b0, s, origin, nr)
+    shared_lo = -(-lo_last // LANES) * LANES  # the whole blocks of cells every row reads
+    shared_hi = max(shared_lo, hi_first - hi_first % LANES)
+    acc[:nr] = np.float32(0.0)
+    for t in range(nr):
+        jlo = max(0, p0 + i0 + t - window + 1) if window > 0 else 0
+        jhi = min(p0 + i0 + t + 1, n_kv)
+        _softmax(jlo, jhi, sc, f16, s[t])
+        for j in range(jlo, min(shared_lo, jhi)):
+            _kqv_cell(s[t, j], vb[j % LANES, (j - origin) // LANES], acc[t, j % LANES])
+    _kqv_rows(s, vb, shared_lo, (shared_hi - shared_lo) // LANES, acc, origin, nr)
+    for t in range(nr):
+        jlo = max(0, p0 + i0 + t - window + 1) if window > 0 else 0
+        jhi = min(p0 + i0 + t + 1, n_kv)
+        for j in range(max(shared_hi, jlo), jhi):
+            _kqv_cell(s[t, j], vb[j % LANES, (j - origin) // LANES], acc[t, j % LANES])
+        _reduce_lanes(acc[t], 0, d, out[i0 + t, h * d : (h + 1) * d])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -290,20 +427,21 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     d = q.shape[2]
     group = n_head // kc.shape[0]
     sc = np.float32(scale)
-    # scratch (attention_scratch_size): V blocks, K blocks or the KQ lanes, scores, KQV lanes, query
+    # scratch (attention_scratch_size): V blocks, K blocks or the KQ lanes, and per row scores, KQV lanes, query
     n16 = -(-n_kv // LANES) * LANES
-    vb = scratch[: (d // LANES) * n16 * LANES].reshape(d // LANES, n16, LANES)
+    vb = scratch[: n16 * d].reshape(LANES, n16 // LANES, d)
     at = d * n16
     kb = scratch[at : at + n16 * d].reshape(n16 // LANES, d, LANES)
     kq = scratch[at : at + LANES * n_kv].reshape(LANES, n_kv)
     at += max(n16 * d, LANES * n_kv)
-    s = scratch[at : at + n16]
-    at += n16
-    acc = scratch[at : at + LANES * d].reshape(LANES, d)
-    at += LANES * d
-    qv = scratch[at : at + d]
+    s = scratch[at : at + ROWS * n16].reshape(ROWS, n16)
+    at += ROWS * n16
+    acc = scratch[at : at + ROWS * LANES * d].reshape(ROWS, LANES, d)
+    at += ROWS * LANES * d
+    qv = scratch[at : at + ROWS * d].reshape(ROWS, d)
     # cells any row reads: from the first row's window start to the last row's position; a batch of rows reads
-    # them from f32 blocks made once per KV head (from the 16-aligned origin), one row from the cache itself
+    # them from f32 blocks made once per KV head (from the 16-aligned origin), ROWS rows at a time; one row reads
+    # the cache itself
     lo = max(0, start - window + 1) if window > 0 else 0
     hi = min(start + m, n_kv)
     origin = lo - lo % LANES
@@ -311,22 +449,19 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     loaded = -1
     for h in range(h0, h1):
         kvh = h // group
-        if blocked and kvh != loaded:
-            _load_blocks(kc[kvh], vc[kvh], origin, hi, kb, vb)
-            loaded = kvh
+        if blocked:
+            if kvh != loaded:
+                _load_blocks(kc[kvh], vc[kvh], origin, hi, kb, vb)
+                loaded = kvh
+            for i0 in range(0, m, ROWS):
+                _attend_rows(q, h, i0, min(ROWS, m - i0), start, n_kv, window, sc, f16, kb, vb, origin, s, acc, qv, out)
+            continue
         for i in range(m):
             p = start + i
             for c in range(d):
-                qv[c] = round_f16_scalar(q[i, h, c]) if f16 else q[i, h, c]
+                qv[0, c] = round_f16_scalar(q[i, h, c]) if f16 else q[i, h, c]
             jlo = max(0, p - window + 1) if window > 0 else 0
             jhi = min(p + 1, n_kv)
-            o = out[i, h * d : (h + 1) * d]
-            if blocked:  # whole blocks of cells (those outside jlo..jhi-1 are computed and not read)
-                b0, b1 = (jlo - origin) // LANES, (jhi - origin + LANES - 1) // LANES
-                _kq_tiles(qv, kb, LANES, LANES * d, b0 * LANES * d, b1 - b0, s, origin + b0 * LANES)
-                _softmax(jlo, jhi, sc, f16, s)
-                _kqv_blocks(vb, origin, jlo, jhi, s, acc, o)
-            else:
-                _kq_transposed(qv, kc[kvh], jlo, jhi, kq, s)
-                _softmax(jlo, jhi, sc, f16, s)
-                _kqv(vc[kvh], jlo, jhi, s, acc, o)
+            _kq_transposed(qv[0], kc[kvh], jlo, jhi, kq, s[0])
+            _softmax(jlo, jhi, sc, f16, s[0])
+            _kqv(vc[kvh], jlo, jhi, s[0], acc[0], out[i, h * d : (h + 1) * d])

@@ -33,7 +33,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from kleidipy.core.numerics import F16_BITS_TO_F32, bits_f32, f32_bits, f32_to_f16_bits_scalar, fma32
+from kleidipy.core.numerics import F16_BITS_TO_F32, f32_bits, f32_to_f16_bits_scalar
 from kleidipy.core.vnni import HAS_F16C
 
 # ggml_v_expf's constants (NEON variant)
@@ -46,32 +46,64 @@ _C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
 _C3 = np.float32(float.fromhex("0x1.555e66p-3"))
 _C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
 _C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
-_U32 = 0xFFFFFFFF
 
 
-@numba.njit(cache=True, nogil=True)
+def expf_ir(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """IR of exp(x) in float32 as ggml_v_expf (NEON), for a float or a vector of floats (every lane alike):
+    ``n = round(x / ln 2)``, ``b = x - n ln 2`` (two fused steps), a degree-5 polynomial ``j`` of b (fused), result
+    ``k + k*j`` with ``k = 2^n``; when ``|n| > 126`` the scale is split in two factors (``(s2 + s2*j) * s1``), and
+    when ``|n| > 192`` the result is ``s1*s1`` (0 or inf). Max error 1.45 + 0.5 ulp; below -103.97 it flushes to 0,
+    above 88.38 to inf. Every case is computed and the result selected, as the vector code does: no branch."""
+    fty = x.type
+    lanes = fty.count if isinstance(fty, ir.VectorType) else 0
+    ity = ir.VectorType(ir.IntType(32), lanes) if lanes else ir.IntType(32)
+
+    def cf(value: float) -> ir.Constant:
+        return ir.Constant(fty, [ir.Constant(ir.FloatType(), value)] * lanes if lanes else value)
+
+    def ci(value: int) -> ir.Constant:
+        value -= (value >= 1 << 31) << 32  # as a signed i32
+        return ir.Constant(ity, [ir.Constant(ir.IntType(32), value)] * lanes if lanes else value)
+
+    suffix = f"v{lanes}f32" if lanes else "f32"
+    fma_fn = b.module.globals.get(f"llvm.fma.{suffix}") or ir.Function(
+        b.module, ir.FunctionType(fty, [fty, fty, fty]), f"llvm.fma.{suffix}"
+    )
+    fabs_fn = b.module.globals.get(f"llvm.fabs.{suffix}") or ir.Function(
+        b.module, ir.FunctionType(fty, [fty]), f"llvm.fabs.{suffix}"
+    )
+
+    def fma(p: ir.Value, q: ir.Value, r: ir.Value) -> ir.Value:
+        return b.call(fma_fn, [p, q, r])
+
+    z = fma(x, cf(_LOG2E), cf(_SHIFT))
+    n = b.fsub(z, cf(_SHIFT))
+    bn = fma(b.fneg(n), cf(_LN2_LO), fma(b.fneg(n), cf(_LN2_HI), x))
+    e = b.shl(b.bitcast(z, ity), ci(23))
+    k = b.bitcast(b.add(e, ci(0x3F800000)), fty)
+    u = b.fmul(bn, bn)
+    j = fma(fma(fma(cf(_C5), bn, cf(_C4)), u, fma(cf(_C3), bn, cf(_C2))), u, b.fmul(cf(_C1), bn))
+    an = b.call(fabs_fn, [n])
+    d = b.select(b.fcmp_ordered("<=", n, cf(0.0)), ci(0x82000000), ci(0))
+    s1 = b.bitcast(b.add(d, ci(0x7F000000)), fty)
+    s2 = b.bitcast(b.sub(e, d), fty)
+    split = b.fmul(fma(s2, j, s2), s1)
+    flush = b.fmul(s1, s1)
+    near = fma(k, j, k)
+    return b.select(
+        b.fcmp_ordered(">", an, cf(192.0)), flush, b.select(b.fcmp_ordered(">", an, cf(126.0)), split, near)
+    )
+
+
+@intrinsic
+def _expf_lane(typingctx, x):  # pragma: no cover - compile time
+    return types.float32(types.float32), lambda context, builder, signature, args: expf_ir(builder, args[0])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def expf(x):
-    """exp(x) in float32 as one lane of ggml_v_expf (NEON): ``n = round(x / ln 2)``, ``b = x - n ln 2`` (two fused
-    steps), a degree-5 polynomial ``j`` of b (fused), result ``k + k*j`` with ``k = 2^n``; when ``|n| > 126`` the
-    scale is split in two factors (``(s2 + s2*j) * s1``), and when ``|n| > 192`` the result is ``s1*s1`` (0 or inf).
-    Max error 1.45 + 0.5 ulp; below -103.97 it flushes to 0, above 88.38 to inf. Every case is computed and the
-    result selected, as the vector code does: no branch, so that loops of it vectorize."""
-    x = np.float32(x)
-    z = fma32(x, _LOG2E, _SHIFT)
-    n = z - _SHIFT
-    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
-    e = (np.int64(f32_bits(z)) << 23) & _U32
-    k = bits_f32(np.uint32((e + 0x3F800000) & _U32))
-    u = b * b
-    j = fma32(fma32(fma32(_C5, b, _C4), u, fma32(_C3, b, _C2)), u, _C1 * b)
-    an = abs(n)
-    d = 0x82000000 if n <= np.float32(0.0) else 0
-    s1 = bits_f32(np.uint32((d + 0x7F000000) & _U32))
-    s2 = bits_f32(np.uint32((e - d) & _U32))
-    split = fma32(s2, j, s2) * s1
-    flush = s1 * s1
-    near = fma32(k, j, k)
-    return flush if an > np.float32(192.0) else split if an > np.float32(126.0) else near
+    """exp(x) in float32 as one lane of ggml_v_expf (:func:`expf_ir`); loops of it vectorize."""
+    return _expf_lane(np.float32(x))
 
 
 @numba.njit(cache=True, nogil=True)
