@@ -10,10 +10,12 @@ slots below). Two compiled (``nogil``, cached) entry points dispatch on the code
   :meth:`NodeKernel.lhs_bytes` (m) bytes) — together the threads write exactly the bytes ``prepared.pack(x[:m])``
   gives (for the f32 kernel: the rows' bytes). Returns False when the rows of its share hold a NaN/Inf (nothing
   of that share is then packed); the caller puts a barrier after it.
-* :func:`matmul` ``(code, params, m, n, k, lhs, rhs, out, ith, nth)``: thread ith computes llama.cpp's share of
-  the columns — per = roundup(ceil(n / nth), n_step), columns [ith·per, min(n, (ith + 1)·per)) — of the packed
-  LHS × the packed weights ``rhs`` (``prepared.rhs``) into ``out[:m]`` (float32 [≥ m, n]), clamped to ±FLT_MAX:
-  the bits ``prepared.matmul(prepared.pack(x), m)`` gives, at every nth.
+* :func:`matmul` ``(code, params, m, n, k, lhs, rhs, out, ith, nth)``: thread ith computes its block of the
+  packed LHS × the packed weights ``rhs`` (``prepared.rhs``) into ``out[:m]`` (float32 [≥ m, n]), clamped to
+  ±FLT_MAX: llama.cpp's share of the columns — per = roundup(ceil(n / nth), n_step), columns [ith·per, min(n,
+  (ith + 1)·per)) — or, when that splits unevenly and whole mr-row groups split better, a share of the row groups
+  with all the columns (:func:`split`). Every output is computed alone, so it is the bits
+  ``prepared.matmul(prepared.pack(x), m)`` gives, at every nth and either split.
 
 Each code calls the numba functions the family's ``_jit`` methods call (``kleidipy/kernels/<family>/jit.py`` and,
 for the SME2 layouts, the AVX-512 VNNI tiles of ``vnni.py`` where the host has them), so both paths run the same
@@ -309,48 +311,63 @@ def _store_clamped(res, out, m, n0, n1):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover - compiled
-    """Thread ith's share of the columns of the MUL_MAT into out[:m] (module docstring)."""
-    n_step = params[P_N_STEP]
+def split(m, n, mr, n_step, ith, nth):  # pragma: no cover - compiled
+    """Thread ith's block [r0, r1) x [n0, n1) of an m x n MUL_MAT (module docstring): llama.cpp's share of the
+    columns, unless whole mr-row groups split more evenly (the longest share is shorter) — a prefill whose n has an
+    odd count of n_step chunks (576 = 9 x 64 on two threads: 5 chunks for one, 4 for the other)."""
     per = ((n + nth - 1) // nth + n_step - 1) // n_step * n_step
-    n0 = ith * per
-    n1 = min(n, n0 + per)
-    if n0 >= n1:
+    groups = (m + mr - 1) // mr
+    if (groups + nth - 1) // nth * ((n + n_step - 1) // n_step) < groups * (per // n_step):
+        g0, g1 = share(groups, ith, nth)
+        return g0 * mr, min(m, g1 * mr), 0, n
+    return 0, m, ith * per, min(n, (ith + 1) * per)
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover - compiled
+    """Thread ith's block of the MUL_MAT (:func:`split`) into out[:m] (module docstring)."""
+    mr, nr, kr, sr = params[P_MR], params[P_NR], params[P_KR], params[P_SR]
+    r0, r1, n0, n1 = split(m, n, mr, params[P_N_STEP], ith, nth)
+    if n0 >= n1 or r0 >= r1:
         return
     cnt = n1 - n0
-    mr, nr, kr, sr = params[P_MR], params[P_NR], params[P_KR], params[P_SR]
+    rows = r1 - r0
+    out = out[r0:r1]
     rstride = params[P_RHS_STRIDE]
     fmul = params[P_FIRST_BLOCK_FMUL] != 0
-    a = lhs[: (m + mr - 1) // mr * params[P_LHS_STRIDE]]
+    lhs_stride = params[P_LHS_STRIDE]
+    a = lhs[r0 // mr * lhs_stride : (r1 + mr - 1) // mr * lhs_stride]
     b = rhs[n0 // nr * rstride : (n1 + nr - 1) // nr * rstride]
     if code == Q4_0_NEON:
-        res = _Q4_0_NEON_TILES(m, cnt, k, mr, nr, kr, sr, a, b)
+        res = _Q4_0_NEON_TILES(rows, cnt, k, mr, nr, kr, sr, a, b)
     elif code == Q4_0_SME2:
-        res = _Q4_0_SME2_TILES(m, cnt, k, mr, nr, a, b, fmul)
+        res = _Q4_0_SME2_TILES(rows, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_0_SME:
-        res = _Q4_0_SME_TILES(m, cnt, k, mr, nr, a, b, fmul)
+        res = _Q4_0_SME_TILES(rows, cnt, k, mr, nr, a, b, fmul)
     elif code == Q4_1:
         kbl = params[P_KBL]
-        res = q41_jit.matmul(m, cnt, k, mr, nr, kbl, params[P_CHUNK], a, b, params[P_NEON] != 0, fmul)
+        res = q41_jit.matmul(rows, cnt, k, mr, nr, kbl, params[P_CHUNK], a, b, params[P_NEON] != 0, fmul)
     elif code == Q4_1_VNNI:
-        res = _Q4_1_VNNI(m, cnt, k, mr, nr, params[P_KBL], a, b, params[P_NEON] != 0, fmul)
+        res = _Q4_1_VNNI(rows, cnt, k, mr, nr, params[P_KBL], a, b, params[P_NEON] != 0, fmul)
     elif code in (Q8_0, Q8_0_VNNI):
         k_int = params[P_K_INT]
         a_i8 = a.view(np.int8)
         if code == Q8_0_VNNI:
-            res = np.empty((m, cnt), np.float32)
+            res = np.empty((rows, cnt), np.float32)
             fma_bias = params[P_RECIPE] == q8_jit.RECIPE_FMA_BIAS
-            _Q8_0_TILES(m, cnt, k_int, mr, nr, params[P_KBL], kr, a_i8, b, fma_bias, res)
-        else:  # the portable loop writes out[:m, n0:n1] itself: clamped in place
+            _Q8_0_TILES(rows, cnt, k_int, mr, nr, params[P_KBL], kr, a_i8, b, fma_bias, res)
+        else:  # the portable loop writes out[:, n0:n1] itself: clamped in place
             k_lo = q8_jit.int8_k_lo(k_int, nr, kr)
-            dst = out[:m, n0:n1]
+            dst = out[:, n0:n1]
             kbl, recipe = params[P_KBL], params[P_RECIPE]
             a_i32, a_f32 = a.view(np.int32), a.view(np.float32)
-            q8_jit.matmul_qai8dxp(m, cnt, k_int, a_i8, a_i32, a_f32, b, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, dst)
-            _store_clamped(dst, out, m, n0, n1)
+            q8_jit.matmul_qai8dxp(
+                rows, cnt, k_int, a_i8, a_i32, a_f32, b, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, dst
+            )
+            _store_clamped(dst, out, rows, n0, n1)
             return
     elif code == BF16:
-        res = bf16_native.matmul_bf16_native(m, cnt, k, a, b, mr, nr, kr, params[P_TWO_ACCUMULATORS] != 0)
+        res = bf16_native.matmul_bf16_native(rows, cnt, k, a, b, mr, nr, kr, params[P_TWO_ACCUMULATORS] != 0)
     else:  # F32
-        res = bf16_jit.matmul_f32_fma(m, cnt, k, lhs[: m * k * 4].view(np.float32), b, nr)
-    _store_clamped(res, out, m, n0, n1)
+        res = bf16_jit.matmul_f32_fma(rows, cnt, k, a[: rows * k * 4].view(np.float32), b, nr)
+    _store_clamped(res, out, rows, n0, n1)

@@ -1,6 +1,6 @@
 """The compiled MUL_MAT routines against the prepared matmul the runtime calls, bit for bit: every kernel pair the
-targets select (GEMM and GEMV), the LHS pack and the column split at 1, 2 and 3 threads; NaN/Inf activations;
-executions the compiled plan does not run."""
+targets select (GEMM and GEMV), the LHS pack and the thread split (columns, or rows) at 1, 2 and 3 threads;
+NaN/Inf activations; executions the compiled plan does not run."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ N, K = 200, 64
 ROWS = (1, 2, 5, 17, 40)
 
 
-def _linear(target: str, ggml_type: T, execution: str = "jit", seed: int = 0) -> RepackedLinear:
-    w = np.random.default_rng(seed).standard_normal((N, K)).astype(np.float32)
+def _linear(target: str, ggml_type: T, execution: str = "jit", seed: int = 0, n: int = N) -> RepackedLinear:
+    w = np.random.default_rng(seed).standard_normal((n, K)).astype(np.float32)
     backend = KleidiBackend(parse_target(target), execution=execution, notice=lambda msg: None)
-    return backend("w", ggml_type, (K, N), formats.quantize(w, ggml_type))
+    return backend("w", ggml_type, (K, n), formats.quantize(w, ggml_type))
 
 
 def _activations(m: int, seed: int) -> np.ndarray:
@@ -62,6 +62,44 @@ def test_pack_and_matmul_match_prepared_bit_for_bit(target, ggml_type):
                 mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
             assert np.array_equal(out[:m].view(np.uint32), want.view(np.uint32)), (prepared.kernel.name, m, nth)
             assert np.isnan(out[m:]).all()  # rows past m untouched
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "mr", "n_step"),
+    [(1, 576, 1, 64), (64, 192, 16, 64), (500, 576, 16, 64), (33, 200, 4, 8), (7, 64, 16, 64), (512, 1536, 16, 64)],
+)
+def test_split_covers_every_output_once(m: int, n: int, mr: int, n_step: int) -> None:
+    """Every thread's block (columns in n_step chunks, or whole mr-row groups when those split better) tiles the
+    m x n output exactly once, at 1..4 threads; each block's rows start on an mr-row group."""
+    for nth in range(1, 5):
+        seen = np.zeros((m, n), np.int64)
+        for ith in range(nth):
+            r0, r1, n0, n1 = mm.split(m, n, mr, n_step, ith, nth)
+            assert r0 % mr == 0 and (n0 % n_step == 0 or n0 >= n)
+            seen[r0:r1, n0:n1] += 1
+        assert (seen == 1).all(), (m, n, nth)
+
+
+@pytest.mark.parametrize("target", ["sme2:svl=512", "i8mm"])
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_row_split_matches_prepared_bit_for_bit(target: str, ggml_type: T) -> None:
+    """A prefill (m = 64) whose columns make an odd count of n_step chunks (n = 192 = 3 x 64, 196 = 49 x 4,
+    224 = 7 x 32): over 2 threads its rows split instead of its columns (for some n, every kernel), same bits."""
+    m, rows_split = 64, False
+    x = _activations(m, seed=7)
+    for n in (192, 196, 224):
+        lin = _linear(target, ggml_type, n=n)
+        nk = mm.node_kernel(lin.gemm)
+        want = lin.gemm(x[:m])
+        for nth in (2, 3):
+            blocks = [mm.split(m, n, nk.params[mm.P_MR], nk.params[mm.P_N_STEP], ith, nth) for ith in range(nth)]
+            rows_split |= nth == 2 and all(blk[2:] == (0, n) for blk in blocks)
+            lhs, _ = _pack(nk, x, m, nth)
+            out = np.full((m, n), np.nan, np.float32)
+            for ith in range(nth):
+                mm.matmul(nk.code, nk.params, m, n, K, lhs, lin.gemm.rhs, out, ith, nth)
+            assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (lin.gemm.kernel.name, n, nth)
+    assert rows_split
 
 
 @pytest.mark.parametrize(
