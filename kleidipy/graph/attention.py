@@ -404,8 +404,9 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
 
 
 @numba.njit(cache=True, nogil=True)
-def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1):
-    """Heads h0..h1-1 of causal attention of q [m, n_head, d] (after RoPE; row i at position p = start + i) over
+def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep):
+    """Heads h0..h1-1, of them the groups of ROWS rows g0, g0 + gstep, g0 + 2·gstep, ... (all rows: 0, 1), of causal
+    attention of q [m, n_head, d] (after RoPE; row i at position p = start + i) over
     the first n_kv cells of one cache layer, K transposed kc [n_head_kv, d, n_ctx] and V vc [n_head_kv, n_ctx, d]
     (uint16 F16 bits, or float32; :func:`store_kv`), into out
     [m, n_head*d]. Head h reads KV head h // (n_head / n_head_kv) (GQA). ``window`` > 0 also masks cell j when
@@ -453,10 +454,12 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
             if kvh != loaded:
                 _load_blocks(kc[kvh], vc[kvh], origin, hi, kb, vb)
                 loaded = kvh
-            for i0 in range(0, m, ROWS):
+            for i0 in range(g0 * ROWS, m, gstep * ROWS):
                 _attend_rows(q, h, i0, min(ROWS, m - i0), start, n_kv, window, sc, f16, kb, vb, origin, s, acc, qv, out)
             continue
         for i in range(m):
+            if (i // ROWS) % gstep != g0:
+                continue
             p = start + i
             for c in range(d):
                 qv[0, c] = round_f16_scalar(q[i, h, c]) if f16 else q[i, h, c]

@@ -171,9 +171,11 @@ def run_plan(
         elif op == OP_ATTENTION:
             q = f32_2d(buffers, a)
             heads = q.reshape(q.shape[0], d, q.shape[1] // d)
-            lo, hi = share(d, ith, nth)
             for s in range(segs.shape[0]):
                 seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
+                # heads split when they go evenly (or the rows are few), else all heads, every nth group of rows
+                even = d % nth == 0 or r1 - r0 < nth * attention.ROWS
+                lo, hi, g0, gstep = (*share(d, ith, nth), 0, 1) if even else (0, d, ith, nth)
                 attention.attention(
                     heads[r0:r1],
                     like_4d(kcaches, seq, cell)[c],
@@ -188,6 +190,8 @@ def run_plan(
                     scratch[ith],
                     lo,
                     hi,
+                    g0,
+                    gstep,
                 )
         elif op == OP_SWIGLU:
             lo, hi = share(rows, ith, nth)

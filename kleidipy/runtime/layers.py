@@ -135,7 +135,7 @@ def attention(
     out = np.empty((m, n_head * d), np.float32)
     scratch = np.empty(graph_attention.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
-    graph_attention.attention(q, keys, values, start, m, n_kv, scale, window or 0, f16, out, scratch, 0, n_head)
+    graph_attention.attention(q, keys, values, start, m, n_kv, scale, window or 0, f16, out, scratch, 0, n_head, 0, 1)
     return out.reshape(m, n_head, d)
 
 

@@ -303,7 +303,13 @@ def test_attention(
         out = np.full((m, n_head * d), np.nan, np.float32)
         for h0, h1 in pieces:
             scratch = np.full(attention.attention_scratch_size(n_ctx, d), np.nan, np.float32)
-            attention.attention(q, ops_k, ops_v, start, m, n_kv, scale, window, f16, out, scratch, h0, h1)
+            attention.attention(q, ops_k, ops_v, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, 0, 1)
+        assert _same(out, want)
+    for gstep in (2, 3):  # all heads, every gstep-th group of ROWS rows per call (the plan's split of a prefill)
+        out = np.full((m, n_head * d), np.nan, np.float32)
+        for g0 in range(gstep):
+            scratch = np.full(attention.attention_scratch_size(n_ctx, d), np.nan, np.float32)
+            attention.attention(q, ops_k, ops_v, start, m, n_kv, scale, window, f16, out, scratch, 0, n_head, g0, gstep)
         assert _same(out, want)
 
 
@@ -315,7 +321,7 @@ def test_attention_close_to_float64(rng: np.random.Generator) -> None:
     out = np.empty((m, n_head * d), np.float32)
     scratch = np.empty(attention.attention_scratch_size(start + m, d), np.float32)
     kt = np.ascontiguousarray(kc.transpose(0, 2, 1))
-    attention.attention(q, kt, vc, start, m, start + m, 0.125, 0, False, out, scratch, 0, n_head)
+    attention.attention(q, kt, vc, start, m, start + m, 0.125, 0, False, out, scratch, 0, n_head, 0, 1)
     for i in range(m):
         s = kc[0, : start + i + 1].astype(np.float64) @ q[i].T.astype(np.float64) * 0.125
         w = np.exp(s - s.max(axis=0))
