@@ -2,12 +2,14 @@
 ``ggml_graph_compute_thread`` does, taking its share of each node by thread index ith/nth with a barrier between
 nodes — no Python between nodes.
 
-Shares: a MUL_MAT packs the activations (quantize+pack, mr-row groups) and then splits the columns in multiples of
-n_step (:mod:`kleidipy.graph.matmul`, llama.cpp's split); RoPE, the KV-cache write and attention split the heads (each
-thread running its heads over every segment of the ubatch: the rows of one sequence, with its own KV cache and
-positions); the elementwise nodes split the rows. Every share is computed exactly as the whole is, so the result is the
-same bits at every thread count — and the same bits as the eager path (:mod:`kleidipy.runtime.layers`), which runs the
-same op functions (:mod:`kleidipy.graph.ops`) and the same kernels node by node from Python.
+Shares: a MUL_MAT packs the activations (quantize+pack, mr-row groups) — unless the previous MUL_MAT packed the
+same input the same way (K and V after Q, up after gate: the plan marks them) — and then splits the columns in
+multiples of n_step, or the mr-row groups when those split more evenly (:mod:`kleidipy.graph.matmul`); RoPE and the
+KV-cache write split the heads, attention the heads or, when they do not split evenly, groups of rows (each thread
+running its share over every segment of the ubatch: the rows of one sequence, with its own KV cache and positions);
+the elementwise nodes split the rows. Every share is computed exactly as the whole is, so the result is the same bits
+at every thread count — and the same bits as the eager path (:mod:`kleidipy.runtime.layers`), which runs the same op
+functions (:mod:`kleidipy.graph.ops`, :mod:`kleidipy.graph.attention`) and the same kernels node by node from Python.
 
 :class:`CompiledForward` owns a model's plan, its buffers (grown to the largest ubatch seen) and the persistent
 workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only starts the run (which embeds
@@ -134,7 +136,11 @@ def run_plan(
             kind = 0 if rows == 1 else 1
             code, prm, n, k = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1]
             x, out = f32_2d(buffers, a), logits if b == logits_buffer else f32_2d(buffers, b)
-            if not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, u8_1d(rhs, c), out, n, k, status, prof, i):
+            if d == 1:  # the previous MUL_MAT packed this input so: no pack, no barrier
+                if timed:
+                    prof[ith, i, 1] = prof[ith, i, 0]
+                mm.matmul(code, prm, rows, n, k, lhs, u8_1d(rhs, c), out, ith, nth)
+            elif not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, u8_1d(rhs, c), out, n, k, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
                 return
         elif op == OP_RMS_NORM:
@@ -441,6 +447,7 @@ class CompiledForward:
         lhs_bytes = code.lhs_bytes(node.rows)
         call = KernelCall(weight.name, run.kernel, node.rows, weight.n, weight.k, lhs_bytes, int(weight.rhs.nbytes))
         call.lhs_seconds, call.matmul_seconds, call.start = packed - start, end - packed, start
+        call.lhs_shared = self.plan.nodes[node.index, 4] == 1
         return call
 
 

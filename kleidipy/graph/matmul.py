@@ -177,6 +177,15 @@ class NodeKernel:
         return -(-m // int(p[P_MR])) * int(p[P_LHS_STRIDE])
 
 
+#: the params slots :func:`pack_lhs` reads
+_LHS_SLOTS = (P_MR, P_KR, P_SR, P_K, P_LHS_STRIDE, P_KBL, P_LHS_LAYOUT, P_TIES_EVEN, P_K_INT, P_PAD_FIRST_ROW)
+
+
+def same_lhs(a: NodeKernel, b: NodeKernel) -> bool:
+    """Whether two routines pack the same rows into the same bytes (one pack can serve both)."""
+    return a.code == b.code and all(a.params[i] == b.params[i] for i in _LHS_SLOTS)
+
+
 def node_kernel(prepared: PreparedMatmul) -> NodeKernel:
     """The :class:`NodeKernel` of a prepared matmul (NotCompilableError for other executions than ``jit`` or a
     kernel without a compiled routine)."""

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kleidipy.graph.matmul import NodeKernel, node_kernel
+from kleidipy.graph.matmul import NodeKernel, node_kernel, same_lhs
 from kleidipy.runtime.backend import RepackedLinear
 from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttention, SwiGLU
 
 OP_RMS_NORM = 1  #: [op, src, dst, vector, width of a row (head_dim for per-head norms, else 0)]; fparam eps
-OP_MATMUL = 2  #: [op, src, dst, weight]
+OP_MATMUL = 2  #: [op, src, dst, weight, 1 when the previous MUL_MAT's packed LHS serves (same input, same packing)]
 OP_ADD = 3  #: [op, a, b, dst]
 OP_ADD_ROW = 4  #: [op, buffer, vector] (bias, in place)
 OP_SCALE = 5  #: [op, buffer]; fparam the factor (in place)
@@ -71,6 +71,18 @@ class MatmulWeight:
     linear: RepackedLinear
 
 
+def _written(row: list[int]) -> tuple[int, ...]:
+    """The buffers a node writes (OP_* operand layouts)."""
+    op = row[0]
+    if op in (OP_RMS_NORM, OP_MATMUL, OP_ATTENTION):
+        return (row[2],)
+    if op in (OP_ADD, OP_SWIGLU, OP_GEGLU):
+        return (row[3],)
+    if op in (OP_ADD_ROW, OP_SCALE, OP_ROPE):
+        return (row[1],)
+    return ()  # STORE_KV writes the cache; KEEP moves rows (handled apart)
+
+
 @dataclass
 class PlanBuilder:
     """Collects nodes, buffers, weights, vectors and RoPE tables (see the module docstring)."""
@@ -84,6 +96,8 @@ class PlanBuilder:
     _weight_ids: dict[int, int] = field(default_factory=dict)
     _vector_ids: dict[int, int] = field(default_factory=dict)
     _buffers: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: (input buffer, weight) of the last MUL_MAT whose packed LHS is still that of its input, or None
+    _packed: tuple[int, int] | None = None
 
     # --- operands -------------------------------------------------------------------------------
     def buffer(self, name: str, width: int) -> int:
@@ -130,6 +144,8 @@ class PlanBuilder:
         row = [op, *operands]
         self.nodes.append(row + [-1] * (NODE_WIDTH - len(row)))
         self.fparams.append(float(fparam))
+        if self._packed is not None and (op == OP_KEEP or self._packed[0] in _written(row)):
+            self._packed = None  # its input changed (or its rows did)
 
     # --- nodes ------------------------------------------------------------------------------------
     def rms_norm(self, src: int, norm: RMSNorm, name: str, head_dim: int = 0) -> int:
@@ -145,7 +161,10 @@ class PlanBuilder:
         if weight.k != self.widths[src]:
             raise NotPlannableError(f"weight of k={weight.k} applied to a buffer of {self.widths[src]} columns")
         dst = self.buffer(name, weight.n)
-        self._node(OP_MATMUL, src, dst, w)
+        prev = self.weights[self._packed[1]] if self._packed is not None and self._packed[0] == src else None
+        shared = prev is not None and same_lhs(prev.gemv, weight.gemv) and same_lhs(prev.gemm, weight.gemm)
+        self._node(OP_MATMUL, src, dst, w, int(shared))
+        self._packed = (src, w)
         if bias is not None:
             self._node(OP_ADD_ROW, dst, self._vector(bias))
         return dst

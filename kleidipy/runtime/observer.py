@@ -32,6 +32,7 @@ class KernelCall:
     lhs_seconds: float = 0.0
     matmul_seconds: float = 0.0
     start: float = 0.0  # perf_counter() when the LHS pack began
+    lhs_shared: bool = False  # no pack ran: the previous MUL_MAT's packed LHS (same input, same packing) served
 
 
 @dataclass

@@ -256,7 +256,7 @@ class Tracer(Observer):
         t_lhs = call.start - self.t0
         t_mm = t_lhs + call.lhs_seconds
         calls = []
-        if kern.lhs_packer is not None:  # f32-LHS kernels read the activations as they are (a copy, not a kai call)
+        if kern.lhs_packer is not None and not call.lhs_shared:  # (f32-LHS kernels read the activations as they are)
             calls.append(
                 KaiCall(kern.lhs_packer.kai_name, "lhs_pack", t_lhs, call.lhs_seconds, m * k * 4, call.lhs_bytes)
             )

@@ -80,6 +80,19 @@ def test_plan_is_the_blocks_description(tmp_path: Path) -> None:
     assert (ops == OP_MATMUL).sum() == 7 * len(lm.blocks) + 1
 
 
+def test_matmuls_of_one_input_share_its_packed_lhs(tmp_path: Path) -> None:
+    """K and V take Q's packed LHS and up takes gate's (same input, same packing): no pack and no barrier of their
+    own; a weight whose kernel packs another way (block 0's V from a Q8_0 model) packs again — bit for bit."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512", n_ubatch=4)
+    q8 = _build(write_model(tmp_path / "q8.gguf", "llama", T.Q8_0), "sme2:svl=512")
+    lm.blocks[0].attention.wv = q8.blocks[0].attention.wv
+    plan = build_plan(lm)
+    shared = [plan.weights[w].name for op, _, _, w, flag, *_ in plan.nodes.tolist() if op == OP_MATMUL and flag == 1]
+    want = [f"blk.{i}.{name}.weight" for i in range(len(lm.blocks)) for name in ("attn_k", "attn_v", "ffn_up")]
+    assert shared == [name for name in want if name != "blk.0.attn_v.weight"]
+    _assert_same(lm, np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64), [17, 200])
+
+
 def test_nonfinite_activations_raise_and_the_plan_goes_on(tmp_path: Path) -> None:
     lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512")
     assert compile_model(lm, 2)
