@@ -100,25 +100,31 @@ def _reduce_registers(b: ir.IRBuilder, p: list) -> ir.Value:
 
 
 @intrinsic
-def _kq_rows(typingctx, qv, kb, b0, blocks, s, o0, nr):  # pragma: no cover - compile time
+def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pragma: no cover - compile time
     """:func:`_kq_tiles`' dot (the same lanes, order and reduction) for the nr <= ROWS query rows of qv [ROWS, d]
-    (d a multiple of 16) at once, over blocks b0 .. b0 + blocks - 1 of K of one head as f32 blocks kb [nb, d, 16]
-    (:func:`_load_blocks`), into s[t, o0 + 16·b ..] (s [ROWS, n16]). Each K vector is loaded once for all the rows;
-    lanes are taken four at a time (l, l+8, l+4, l+12: the first step of the reduction), so that few registers
-    stay live. Rows from nr on repeat row nr - 1 (the same values written twice)."""
-    sig = types.void(qv, kb, types.int64, types.int64, s, types.int64, types.int64)
+    (d a multiple of 16) at once, over blocks b0 .. b0 + blocks - 1 of 16 cells of K (F16 bits or float32: cell i of
+    block b, dimension c is element ``b·b_stride + c·c_stride + i`` of k — the cache's K transposed: c_stride its row,
+    b_stride 16; or f32 blocks [nb, d, 16] (:func:`_load_blocks`): c_stride 16, b_stride 16·d), into s[t, o0 + 16·b
+    ..] (s [ROWS, n16]). Each K vector is loaded (and widened) once for all the rows; lanes are taken four at a time
+    (l, l+8, l+4, l+12: the first step of the reduction), so that few registers stay live. Rows from nr on repeat row
+    nr - 1 (the same values written twice)."""
+    i64 = types.int64
+    sig = types.void(qv, k, i64, i64, i64, i64, s, i64, i64)
+    f16 = k.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         b = builder
-        q_p, k_p, s_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 4))
-        b0, blocks_v, o0, nr = args[2], args[3], args[5], args[6]
+        q_p, k_p, s_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 6))
+        c_stride, b_stride, b0, blocks_v, o0, nr = args[2], args[3], args[4], args[5], args[7], args[8]
         d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 1)
-        s_row = b.extract_value(context.make_array(signature.args[4])(context, b, args[4]).strides, 0)
+        s_row = b.extract_value(context.make_array(signature.args[6])(context, b, args[6]).strides, 0)
+        esize = vnni.i64(2 if f16 else 4)
+        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
         last = b.sub(nr, vnni.i64(1))
         rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
         acc = [[cgutils.alloca_once(b, F32X16) for _ in range(4)] for _ in range(ROWS)]
         with cgutils.for_range(b, blocks_v) as blk:
-            kblk = b.mul(b.add(b0, blk.index), b.mul(d, vnni.i64(LANES)))
+            kblk = b.mul(b.add(b0, blk.index), b_stride)
             v = [[] for _ in range(ROWS)]
             for r in range(4):
                 lanes = (r, r + 8, r + 4, r + 12)
@@ -128,9 +134,9 @@ def _kq_rows(typingctx, qv, kb, b0, blocks, s, o0, nr):  # pragma: no cover - co
                 with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
                     for k, lane in enumerate(lanes):
                         c = b.add(b.mul(cb.index, vnni.i64(LANES)), vnni.i64(lane))
-                        kv = vnni.load(
-                            b, vnni.byte_ptr(b, k_p, b.mul(b.add(kblk, b.mul(c, vnni.i64(LANES))), vnni.i64(4))), F32X16
-                        )
+                        at = b.mul(b.add(kblk, b.mul(c, c_stride)), esize)
+                        kv = vnni.load(b, vnni.byte_ptr(b, k_p, at), cells)
+                        kv = vnni.f16_bits_to_f32(b, kv, True) if f16 else kv
                         for t in range(ROWS):
                             at = b.mul(b.add(b.mul(rows[t], d), c), vnni.i64(4))
                             qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, at), F32), F32X16)
@@ -305,25 +311,28 @@ def _kqv_tiles(typingctx, w, vh, row, j0, blocks, acc):  # pragma: no cover - co
 
 
 @intrinsic
-def _kqv_rows(typingctx, w, vb, j0, blocks, acc, origin, nr):  # pragma: no cover - compile time
+def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, acc, nr):  # pragma: no cover - compile time
     """:func:`_kqv_tiles`' sums (the same lanes and order) for the nr <= ROWS rows of weights w [ROWS, >= j0 +
     16·blocks] at once: acc[t, l, c] = fma(w[t, j], V[j, c], acc[t, l, c]) for cells j = j0 + 16·blk + l in
-    increasing j, over V of one head as lane-major f32 blocks vb [16, nb, d] (:func:`_load_blocks`: cell j at
-    ``vb[j % 16, (j - origin) / 16]``); j0 - origin a multiple of 16, d of 16. One lane and 16 columns at a time:
-    each V vector is loaded once for all the rows, from one stream. Rows from nr on repeat row nr - 1 (their sums
-    start from the same acc and are stored twice, the same values)."""
-    sig = types.void(w, vb, types.int64, types.int64, acc, types.int64, types.int64)
+    increasing j (j0 a multiple of 16, d of 16), V[j, c] being element ``base + l·l_stride + blk·b_stride + c`` of v
+    (F16 bits or float32) — the cache's V rows: base j0·row, l_stride its row, b_stride 16·row; or lane-major f32
+    blocks vb [16, nb, d] (:func:`_load_blocks`): base (j0 - origin)/16·d, l_stride nb·d, b_stride d. One lane and 16
+    columns at a time: each V vector is loaded (and widened) once for all the rows. Rows from nr on repeat row nr - 1
+    (their sums start from the same acc and are stored twice, the same values)."""
+    i64 = types.int64
+    sig = types.void(w, v, i64, i64, i64, i64, i64, acc, i64)
+    f16 = v.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         b = builder
-        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 4))
-        j0, blocks_v, origin, nr = args[2], args[3], args[5], args[6]
-        shape = context.make_array(signature.args[1])(context, b, args[1]).shape
-        nb, d = b.extract_value(shape, 1), b.extract_value(shape, 2)
+        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 7))
+        l_stride, b_stride, base, j0, blocks_v, nr = args[2], args[3], args[4], args[5], args[6], args[8]
+        d = b.extract_value(context.make_array(signature.args[7])(context, b, args[7]).shape, 2)
         w_row = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).strides, 0)
+        esize = vnni.i64(2 if f16 else 4)
+        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
         last = b.sub(nr, vnni.i64(1))
         rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
-        blk0 = b.sdiv(b.sub(j0, origin), vnni.i64(LANES))
         sums = [cgutils.alloca_once(b, F32X16) for _ in range(ROWS)]
         lanes, col_blocks = vnni.i64(LANES), b.udiv(d, vnni.i64(LANES))
         with cgutils.for_range(b, lanes) as lane, cgutils.for_range(b, col_blocks) as cb:
@@ -333,15 +342,16 @@ def _kqv_rows(typingctx, w, vb, j0, blocks, acc, origin, nr):  # pragma: no cove
             ]
             for p, at in zip(sums, acc_at, strict=True):
                 b.store(vnni.load(b, vnni.byte_ptr(b, acc_p, at), F32X16), p)
-            stream = b.mul(b.add(b.mul(lane.index, nb), blk0), d)
+            stream = b.add(b.add(base, b.mul(lane.index, l_stride)), col)
             with cgutils.for_range(b, blocks_v) as blk:
                 j = b.add(b.add(j0, b.mul(blk.index, vnni.i64(LANES))), lane.index)
-                at = b.mul(b.add(b.add(stream, b.mul(blk.index, d)), col), vnni.i64(4))
-                v = vnni.load(b, vnni.byte_ptr(b, v_p, at), F32X16)
+                at = b.mul(b.add(stream, b.mul(blk.index, b_stride)), esize)
+                vv = vnni.load(b, vnni.byte_ptr(b, v_p, at), cells)
+                vv = vnni.f16_bits_to_f32(b, vv, True) if f16 else vv
                 for r, p in zip(rows, sums, strict=True):
                     wat = b.add(b.mul(r, w_row), b.mul(j, vnni.i64(4)))
                     wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, wat), F32), F32X16)
-                    b.store(vnni.fma(b, wj, v, b.load(p)), p)
+                    b.store(vnni.fma(b, wj, vv, b.load(p)), p)
             for p, at in zip(sums, acc_at, strict=True):
                 vnni.store(b, b.load(p), vnni.byte_ptr(b, acc_p, at))
         return context.get_dummy_value()
@@ -384,7 +394,7 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
     lo_last = max(0, p0 + i0 + nr - 1 - window + 1) if window > 0 else 0
     hi_first, hi_last = min(p0 + i0 + 1, n_kv), min(p0 + i0 + nr, n_kv)
     b0, b1 = (lo_first - origin) // LANES, (hi_last - origin + LANES - 1) // LANES
-    _kq_rows(qv, kb, b0, b1 - b0, s, origin, nr)
+    _kq_rows(qv, kb, LANES, LANES * d, b0, b1 - b0, s, origin, nr)
     shared_lo = -(-lo_last // LANES) * LANES  # the whole blocks of cells every row reads
     shared_hi = max(shared_lo, hi_first - hi_first % LANES)
     acc[:nr] = np.float32(0.0)
@@ -394,13 +404,50 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
         _softmax(jlo, jhi, sc, f16, s[t])
         for j in range(jlo, min(shared_lo, jhi)):
             _kqv_cell(s[t, j], vb[j % LANES, (j - origin) // LANES], acc[t, j % LANES])
-    _kqv_rows(s, vb, shared_lo, (shared_hi - shared_lo) // LANES, acc, origin, nr)
+    nb = vb.shape[1]
+    blocks = (shared_hi - shared_lo) // LANES
+    _kqv_rows(s, vb, nb * d, d, (shared_lo - origin) // LANES * d, shared_lo, blocks, acc, nr)
     for t in range(nr):
         jlo = max(0, p0 + i0 + t - window + 1) if window > 0 else 0
         jhi = min(p0 + i0 + t + 1, n_kv)
         for j in range(max(shared_hi, jlo), jhi):
             _kqv_cell(s[t, j], vb[j % LANES, (j - origin) // LANES], acc[t, j % LANES])
         _reduce_lanes(acc[t], 0, d, out[i0 + t, h * d : (h + 1) * d])
+
+
+@numba.njit(cache=True, nogil=True)
+def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kt, vh, s, acc, qv, kq, out):
+    """Heads h0 .. h0 + nr - 1 (nr <= ROWS, of one KV head: kt [d, >= n_kv] its K transposed, vh [n_ctx, d] its V, in
+    the cache; d a multiple of 16) of :func:`attention`'s one row (q [1, n_head, d], at position p), each K and V
+    vector loaded once for all of them: KQ of the whole blocks of cells below the row's end (cells before its window
+    computed, not read) and of the last cells lane by lane (:func:`_kq_transposed`), each head's softmax, then KQV:
+    the cells before the first whole block, the whole blocks for all the heads together, the cells after them — per
+    lane in increasing cell order, as :func:`_kqv`."""
+    d = q.shape[2]
+    for t in range(nr):
+        for c in range(d):
+            qv[t, c] = round_f16_scalar(q[0, h0 + t, c]) if f16 else q[0, h0 + t, c]
+    jlo = max(0, p - window + 1) if window > 0 else 0
+    jhi = min(p + 1, n_kv)
+    b0, b1 = jlo // LANES, jhi // LANES
+    _kq_rows(qv, kt, kt.strides[0] // kt.itemsize, LANES, b0, b1 - b0, s, 0, nr)
+    rest = max(jlo, b1 * LANES)
+    shared_lo = min(jhi, -(-jlo // LANES) * LANES)  # the whole blocks of cells KQV takes for all the heads
+    shared_hi = max(shared_lo, b1 * LANES)
+    acc[:nr] = np.float32(0.0)
+    for t in range(nr):
+        if rest < jhi:
+            _kq_transposed(qv[t], kt, rest, jhi, kq, s[t])
+        _softmax(jlo, jhi, sc, f16, s[t])
+        for j in range(jlo, shared_lo):
+            _kqv_cell(s[t, j], vh[j], acc[t, j % LANES])
+    row = vh.strides[0] // vh.itemsize
+    blocks = (shared_hi - shared_lo) // LANES
+    _kqv_rows(s, vh, row, LANES * row, shared_lo * row, shared_lo, blocks, acc, nr)
+    for t in range(nr):
+        for j in range(shared_hi, jhi):
+            _kqv_cell(s[t, j], vh[j], acc[t, j % LANES])
+        _reduce_lanes(acc[t], 0, d, out[0, (h0 + t) * d : (h0 + t + 1) * d])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -447,6 +494,14 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     hi = min(start + m, n_kv)
     origin = lo - lo % LANES
     blocked = m > 1 and d % LANES == 0
+    if m == 1 and d % LANES == 0 and kc.strides[2] == kc.itemsize and vc.strides[2] == vc.itemsize:
+        h = h0  # one row (decode): the heads of each KV head together, from the cache itself
+        while h < h1 and g0 == 0:
+            kvh = h // group
+            nr = min(ROWS, h1 - h, (kvh + 1) * group - h)
+            _attend_heads(q, h, nr, start, n_kv, window, sc, f16, kc[kvh], vc[kvh], s, acc, qv, kq, out)
+            h += nr
+        return
     loaded = -1
     for h in range(h0, h1):
         kvh = h // group
