@@ -247,23 +247,14 @@ def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile tim
 
 @numba.njit(cache=True, nogil=True)
 def _kqv(vh, jlo, jhi, s, acc, out):
-    """out [d] = KQV of the weights s[jlo:jhi] over the V rows vh [n_ctx, d] of the cache; acc [16, d] is work
-    space."""
-    d = out.shape[0]
+    """out [d] = KQV of the weights s[jlo:jhi] over the V rows vh [n_ctx, d] of the cache, cell by cell (the path
+    for a head_dim that is not a multiple of 16; the row tiles take the others); acc [16, d] is work space."""
     # KQV: ggml_vec_dot over the cells of each output column: lane j % 16 accumulates w[j] * V[j, c] in increasing j
-    # (masked cells' weights are 0: skipped), reduced by _reduce_lanes; the whole blocks of 16 cells between the first
-    # and the last partial ones by _kqv_tiles (the same order per lane and column)
+    # (masked cells' weights are 0: skipped), reduced by _reduce_lanes
     acc[:] = np.float32(0.0)
-    size = vh.itemsize
-    tiled = d % LANES == 0 and vh.strides[1] == size and vh.strides[0] % size == 0
-    a0 = min(jhi, (jlo + LANES - 1) // LANES * LANES) if tiled else jhi
-    blocks = (jhi - a0) // LANES
-    for j in range(jlo, a0):
+    for j in range(jlo, jhi):
         _kqv_cell(s[j], vh[j], acc[j % LANES])
-    _kqv_tiles(s, vh, vh.strides[0] // size, a0, blocks, acc)
-    for j in range(a0 + LANES * blocks, jhi):
-        _kqv_cell(s[j], vh[j], acc[j % LANES])
-    _reduce_lanes(acc, 0, d, out)
+    _reduce_lanes(acc, 0, out.shape[0], out)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -274,45 +265,8 @@ def _kqv_cell(wj, vrow, a):
 
 
 @intrinsic
-def _kqv_tiles(typingctx, w, vh, row, j0, blocks, acc):  # pragma: no cover - compile time
-    """KQV over cells j0 .. j0 + 16·blocks (j0 a multiple of 16): acc[l, c] = fma(w[j], V[j, c], acc[l, c]) for the
-    cells j = l (mod 16) in increasing j; V[j, c] is element ``j·row + c`` of vh (the cache's V rows: F16 bits or
-    float32); d a multiple of 16. Per 16 columns the 16 lanes stay in 16 registers over all the blocks."""
-    sig = types.void(w, vh, types.int64, types.int64, types.int64, acc)
-    f16 = vh.dtype == types.uint16
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        b = builder
-        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
-        row_v, j0_v, blocks_v = args[2], args[3], args[4]
-        d = b.extract_value(context.make_array(signature.args[5])(context, b, args[5]).shape, 1)
-        esize = 2 if f16 else 4
-        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
-        lanes = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
-        with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
-            col = b.mul(cb.index, vnni.i64(LANES))
-            for lane, p in enumerate(lanes):  # acc[lane, col : col + 16]
-                at = b.mul(b.add(b.mul(vnni.i64(lane), d), col), vnni.i64(4))
-                b.store(vnni.load(b, vnni.byte_ptr(b, acc_p, at), F32X16), p)
-            with cgutils.for_range(b, blocks_v) as blk:
-                base = b.add(j0_v, b.mul(blk.index, vnni.i64(LANES)))
-                for lane, p in enumerate(lanes):
-                    j = b.add(base, vnni.i64(lane))
-                    wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, b.mul(j, vnni.i64(4))), F32), F32X16)
-                    v = vnni.load(b, vnni.byte_ptr(b, v_p, b.mul(b.add(b.mul(j, row_v), col), vnni.i64(esize))), cells)
-                    v = vnni.f16_bits_to_f32(b, v, True) if f16 else v
-                    b.store(vnni.fma(b, wj, v, b.load(p)), p)
-            for lane, p in enumerate(lanes):
-                at = b.mul(b.add(b.mul(vnni.i64(lane), d), col), vnni.i64(4))
-                vnni.store(b, b.load(p), vnni.byte_ptr(b, acc_p, at))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
 def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, acc, nr):  # pragma: no cover - compile time
-    """:func:`_kqv_tiles`' sums (the same lanes and order) for the nr <= ROWS rows of weights w [ROWS, >= j0 +
+    """:func:`_kqv`'s sums (the same lanes and order) for the nr <= ROWS rows of weights w [ROWS, >= j0 +
     16·blocks] at once: acc[t, l, c] = fma(w[t, j], V[j, c], acc[t, l, c]) for cells j = j0 + 16·blk + l in
     increasing j (j0 a multiple of 16, d of 16), V[j, c] being element ``base + l·l_stride + blk·b_stride + c`` of v
     (F16 bits or float32) — the cache's V rows: base j0·row, l_stride its row, b_stride 16·row; or lane-major f32
@@ -487,15 +441,16 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     acc = scratch[at : at + ROWS * LANES * d].reshape(ROWS, LANES, d)
     at += ROWS * LANES * d
     qv = scratch[at : at + ROWS * d].reshape(ROWS, d)
-    # cells any row reads: from the first row's window start to the last row's position; a batch of rows reads
-    # them from f32 blocks made once per KV head (from the 16-aligned origin), ROWS rows at a time; one row reads
-    # the cache itself
+    # paths (head_dim a multiple of 16): one row (decode) reads the cache itself, the heads of each KV head
+    # together; a batch of rows reads the cells any row reads (from the first row's window start to the last row's
+    # position) from f32 blocks made once per KV head (from the 16-aligned origin), ROWS rows at a time. Other
+    # head_dims: row by row, head by head, from the cache.
     lo = max(0, start - window + 1) if window > 0 else 0
     hi = min(start + m, n_kv)
     origin = lo - lo % LANES
     blocked = m > 1 and d % LANES == 0
-    if m == 1 and d % LANES == 0 and kc.strides[2] == kc.itemsize and vc.strides[2] == vc.itemsize:
-        h = h0  # one row (decode): the heads of each KV head together, from the cache itself
+    if m == 1 and d % LANES == 0:
+        h = h0
         while h < h1 and g0 == 0:
             kvh = h // group
             nr = min(ROWS, h1 - h, (kvh + 1) * group - h)
