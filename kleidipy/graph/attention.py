@@ -99,6 +99,14 @@ def _reduce_registers(b: ir.IRBuilder, p: list) -> ir.Value:
     return b.fadd(b.fadd(v[0], v[1]), b.fadd(v[2], v[3]))
 
 
+def _rows_and_cells(b: ir.IRBuilder, nr: ir.Value, f16: bool) -> tuple[list, ir.Value, ir.Type]:
+    """For the row tiles: the index of each of the ROWS rows (rows from nr on repeat row nr - 1), and the element size
+    and the vector type of a load of 16 K or V elements (F16 bits or float32)."""
+    last = b.sub(nr, vnni.i64(1))
+    rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
+    return rows, vnni.i64(2 if f16 else 4), ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
+
+
 @intrinsic
 def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pragma: no cover - compile time
     """:func:`_kq_tiles`' dot (the same lanes, order and reduction) for the nr <= ROWS query rows of qv [ROWS, d]
@@ -118,10 +126,7 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
         c_stride, b_stride, b0, blocks_v, o0, nr = args[2], args[3], args[4], args[5], args[7], args[8]
         d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 1)
         s_row = b.extract_value(context.make_array(signature.args[6])(context, b, args[6]).strides, 0)
-        esize = vnni.i64(2 if f16 else 4)
-        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
-        last = b.sub(nr, vnni.i64(1))
-        rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
+        rows, esize, cells = _rows_and_cells(b, nr, f16)
         acc = [[cgutils.alloca_once(b, F32X16) for _ in range(4)] for _ in range(ROWS)]
         with cgutils.for_range(b, blocks_v) as blk:
             kblk = b.mul(b.add(b0, blk.index), b_stride)
@@ -283,10 +288,7 @@ def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, acc, nr):  
         l_stride, b_stride, base, j0, blocks_v, nr = args[2], args[3], args[4], args[5], args[6], args[8]
         d = b.extract_value(context.make_array(signature.args[7])(context, b, args[7]).shape, 2)
         w_row = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).strides, 0)
-        esize = vnni.i64(2 if f16 else 4)
-        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
-        last = b.sub(nr, vnni.i64(1))
-        rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
+        rows, esize, cells = _rows_and_cells(b, nr, f16)
         sums = [cgutils.alloca_once(b, F32X16) for _ in range(ROWS)]
         lanes, col_blocks = vnni.i64(LANES), b.udiv(d, vnni.i64(LANES))
         with cgutils.for_range(b, lanes) as lane, cgutils.for_range(b, col_blocks) as cb:
