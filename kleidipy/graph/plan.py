@@ -164,7 +164,7 @@ class PlanBuilder:
         prev = self.weights[self._packed[1]] if self._packed is not None and self._packed[0] == src else None
         shared = prev is not None and same_lhs(prev.gemv, weight.gemv) and same_lhs(prev.gemm, weight.gemm)
         self._node(OP_MATMUL, src, dst, w, int(shared))
-        self._packed = (src, w)
+        self._packed = (src, w) if dst != src else None  # (an in-place product changed its input)
         if bias is not None:
             self._node(OP_ADD_ROW, dst, self._vector(bias))
         return dst
