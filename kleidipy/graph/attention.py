@@ -55,50 +55,6 @@ def _reduce_lanes(p, a, b, out):
         out[t] = (v0 + v1) + (v2 + v3)
 
 
-@intrinsic
-def _kq_tiles(typingctx, qv, kt, row, k0, blocks, out, o0):  # pragma: no cover - compile time
-    """out[o0 : o0 + 16·blocks] = the 16-lane dot (lanes c % 16 over the first d - d % 16 elements, fused
-    multiply-adds in increasing c, reduced as :func:`_reduce_lanes`) of qv [d] (C-contiguous) with blocks of 16
-    cells of the cache's K transposed (F16 bits or float32): cell k0 + 16·blk + i of dimension c is element
-    ``c·row + k0 + 16·blk + i`` of kt. 16 cells per 512-bit vector, the 16 lanes in 16 registers, each K element
-    loaded (and widened) once."""
-    sig = types.void(qv, kt, types.int64, types.int64, types.int64, out, types.int64)
-    f16 = kt.dtype == types.uint16
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        b = builder
-        q_p, kt_p, out_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 5))
-        row, k0, blocks_v, o0 = args[2], args[3], args[4], args[6]
-        d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 0)
-        esize = 2 if f16 else 4
-        cells = ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
-        acc = [cgutils.alloca_once(b, F32X16) for _ in range(LANES)]
-        with cgutils.for_range(b, blocks_v) as blk:
-            j = b.add(o0, b.mul(blk.index, vnni.i64(16)))
-            kblk = b.add(k0, b.mul(blk.index, vnni.i64(LANES)))
-            for a in acc:
-                b.store(vnni.const_splat(F32X16, 0.0), a)
-            with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
-                for lane in range(LANES):
-                    c = b.add(b.mul(cb.index, vnni.i64(LANES)), vnni.i64(lane))
-                    at = b.mul(b.add(b.mul(c, row), kblk), vnni.i64(esize))
-                    k = vnni.load(b, vnni.byte_ptr(b, kt_p, at), cells)
-                    k = vnni.f16_bits_to_f32(b, k, True) if f16 else k
-                    qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, b.mul(c, vnni.i64(4))), F32), F32X16)
-                    b.store(vnni.fma(b, qc, k, b.load(acc[lane])), acc[lane])
-            total = _reduce_registers(b, [b.load(a) for a in acc])
-            vnni.store(b, total, vnni.byte_ptr(b, out_p, b.mul(j, vnni.i64(4))))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-def _reduce_registers(b: ir.IRBuilder, p: list) -> ir.Value:
-    """IR of :func:`_reduce_lanes` over 16 lane registers p (each holding 16 cells): ((p0+p8)+(p4+p12)) + ... ."""
-    v = [b.fadd(b.fadd(p[r], p[r + 8]), b.fadd(p[r + 4], p[r + 12])) for r in range(4)]
-    return b.fadd(b.fadd(v[0], v[1]), b.fadd(v[2], v[3]))
-
-
 def _rows_and_cells(b: ir.IRBuilder, nr: ir.Value, f16: bool) -> tuple[list, ir.Value, ir.Type]:
     """For the row tiles: the index of each of the ROWS rows (rows from nr on repeat row nr - 1), and the element size
     and the vector type of a load of 16 K or V elements (F16 bits or float32)."""
@@ -109,7 +65,8 @@ def _rows_and_cells(b: ir.IRBuilder, nr: ir.Value, f16: bool) -> tuple[list, ir.
 
 @intrinsic
 def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pragma: no cover - compile time
-    """:func:`_kq_tiles`' dot (the same lanes, order and reduction) for the nr <= ROWS query rows of qv [ROWS, d]
+    """The KQ dot of :func:`attention` (16 lanes, fused multiply-adds in increasing dimension, reduced as
+    :func:`_reduce_lanes`) for the nr <= ROWS query rows of qv [ROWS, d]
     (d a multiple of 16) at once, over blocks b0 .. b0 + blocks - 1 of 16 cells of K (F16 bits or float32: cell i of
     block b, dimension c is element ``b·b_stride + c·c_stride + i`` of k — the cache's K transposed: c_stride its row,
     b_stride 16; or f32 blocks [nb, d, 16] (:func:`_load_blocks`): c_stride 16, b_stride 16·d), into s[t, o0 + 16·b
@@ -162,17 +119,14 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
 @numba.njit(cache=True, nogil=True)
 def _kq_transposed(qv, kt, jlo, jhi, kq, s):
     """KQ of one query row qv [d] over cells jlo..jhi-1 into s[jlo:jhi], K transposed in kt [d, >= jhi] (the
-    cache's K of one head: F16 bits or float32): whole blocks of 16 cells by :func:`_kq_tiles`, the last cells with
-    their 16 lanes in kq [16, >= jhi] (the same order). Loops run over slices from 0 so that numba's indices are
+    cache's K of one head: F16 bits or float32), cell by cell with their 16 lanes in kq [16, >= jhi] (the path for a
+    head_dim that is not a multiple of 16, and for the cells after a decode's last whole block; the row tiles
+    :func:`_kq_rows` take the rest, in the same order). Loops run over slices from 0 so that numba's indices are
     provably non-negative and LLVM vectorizes them."""
     d = qv.shape[0]
     d16 = d - d % LANES
-    size = kt.itemsize
-    tiles = (jhi - jlo) // 16 if d16 > 0 and kt.strides[1] == size and kt.strides[0] % size == 0 else 0
-    _kq_tiles(qv, kt, kt.strides[0] // size, jlo, tiles, s, jlo)
-    rest = jlo + 16 * tiles
-    kq[:, rest:jhi] = np.float32(0.0)
-    for j0 in range(rest, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
+    kq[:, jlo:jhi] = np.float32(0.0)
+    for j0 in range(jlo, jhi, _BLOCK):  # a block of cells at a time: its lanes stay in L1
         j1 = min(j0 + _BLOCK, jhi)
         for c in range(d16):
             qc = qv[c]
@@ -180,7 +134,7 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
             krow = kt[c, j0:j1]
             for j in range(j1 - j0):
                 lane[j] = fma32(qc, _load_cell(krow[j]), lane[j])
-    _reduce_lanes(kq, rest, jhi, s[rest:jhi])
+    _reduce_lanes(kq, jlo, jhi, s[jlo:jhi])
     sr = s[jlo:jhi]
     for j in range(jhi - jlo):
         if d16 < d:
