@@ -17,7 +17,9 @@ Slots ``SYNC_FIRST_FREE ..`` are the executor's (chunk counters and the like).
 
 Idle workers wait for the next run in compiled code, spinning on an atomic job counter for about
 ``IDLE_SPIN_US`` (a token-by-token decode loop then pays no sleep/wake per token), then sleep on a
-``threading.Condition`` (no CPU burnt while idle).
+``threading.Condition`` (no CPU burnt while idle). A run may name a ``serve`` loop (:meth:`Workers.run`): the
+workers then stay inside it between runs of the same job, and take the next run without the GIL — a worker that
+came back to Python after each run would wait for the GIL, held by thread 0's Python, at every token.
 """
 
 from __future__ import annotations
@@ -61,9 +63,11 @@ GIL_DELAY_MIN = 32
 #: a worker that gets the GIL later than its delay + this many spin rounds (~4 µs) took the slow path.
 GIL_LATE_ROUNDS = 200
 
-# the control array of a Workers (its own cache lines, apart from sync): the job counter, and the number of
-# workers that finished the current job.
+# the control array of a Workers (its own cache lines, apart from sync): the job counter, whether the job is the
+# previous one again (a serve loop takes it without going back to Python), and the number of workers that finished
+# the current job.
 _CTL_JOB = 0
+_CTL_AGAIN = 1
 _CTL_DONE = 8
 _CTL_SLOTS = 16
 
@@ -143,12 +147,26 @@ def _finish_and_wait(ctl: np.ndarray, last: int, spins: int, delay: int) -> int:
 
 
 @numba.njit(cache=True)
-def _post(ctl: np.ndarray, sync: np.ndarray, seq: int) -> None:
-    """Publish job ``seq``: clear sync and the done count, then the job counter (a seq_cst store). Keeps the
-    GIL, so that a worker seeing the job cannot take it before thread 0 reaches ``fn``."""
+def _post(ctl: np.ndarray, sync: np.ndarray, seq: int, again: int) -> None:
+    """Publish job ``seq`` (``again``: 1 when it is the previous job again): clear sync and the done count, then
+    the job counter (a seq_cst store). Keeps the GIL, so that a worker seeing the job cannot take it from Python
+    before thread 0 reaches ``fn``."""
     sync[:] = 0
     atomic_store(ctl, _CTL_DONE, 0)
+    atomic_store(ctl, _CTL_AGAIN, again)
     atomic_store(ctl, _CTL_JOB, seq)
+
+
+@numba.njit(nogil=True, cache=True)
+def next_run(ctl: np.ndarray, seq: int, spins: int) -> int:
+    """A serve loop's end of run ``seq`` and its wait for the next (see :meth:`Workers.run`): the next run's job
+    number when it is the same job again, else -1 (none came within ``spins``, or a new job did: the worker goes
+    back to Python, to sleep or to take it)."""
+    atomic_add(ctl, _CTL_DONE, 1)
+    nxt = _wait_job(ctl, seq, spins, 0)
+    if nxt == seq or atomic_load(ctl, _CTL_AGAIN) == 0:
+        return -1
+    return nxt
 
 
 @numba.njit(nogil=True, cache=True)
@@ -186,7 +204,7 @@ class _Pool:
         self.max_delay = max(1, int(GIL_DELAY_MAX_US * 1e-6 / self.spin_s))
         self.seq = 0
         self.posted_at = 0.0
-        self.job: tuple[Callable[..., Any], tuple] | None = None
+        self.job: tuple[Callable[..., Any], tuple, Callable[..., Any] | None] | None = None
         self.errors: list[BaseException] = []
         self.stopping = False
         self.sleepers = 0
@@ -222,11 +240,16 @@ class _Pool:
                 delay = max(GIL_DELAY_MIN, delay - (delay >> 4))
             if self.stopping:
                 return
-            fn, args = self.job  # type: ignore[misc]
+            fn, args, serve = self.job  # type: ignore[misc]
             try:
+                if serve is not None:  # runs job seq and the same job again until none comes or another does
+                    last = serve(ith, self.nth, self.sync, self.ctl, seq, self.spins, *args)
+                    seq = int(self.ctl[_CTL_JOB])
+                    continue
                 fn(ith, self.nth, self.sync, *args)
             except BaseException as exc:  # re-raised by run() on thread 0
                 self.fail(exc)
+                seq = int(self.ctl[_CTL_JOB])  # (thread 0 waits for this job's end before it posts another)
             last = seq
             seq = _finish_and_wait(self.ctl, last, self.spins, delay)
 
@@ -234,25 +257,27 @@ class _Pool:
         self.errors.append(exc)
         self.sync[SYNC_ABORT] = 1
 
-    def post(self, job: tuple[Callable[..., Any], tuple] | None) -> None:
+    def post(self, job: tuple[Callable[..., Any], tuple, Callable[..., Any] | None] | None) -> None:
         """Hand ``job`` to the workers (None: stop them) and wake the sleeping ones."""
-        self.job = job
+        old, self.job = self.job, job
+        again = job is not None and old is not None and job[2] is not None and job[2] is old[2] and job[1] is old[1]
         self.errors.clear()
         self.stopping = job is None
         self.seq += 1
         self.posted_at = time.perf_counter()
-        _post(self.ctl, self.sync, self.seq)
+        _post(self.ctl, self.sync, self.seq, int(again))
         if self.sleepers:  # a worker counts itself in under the lock, then re-reads the job counter
             with self.wake:
                 self.wake.notify_all()
 
-    def run(self, fn: Callable[..., Any], args: tuple) -> None:
+    def run(self, fn: Callable[..., Any], args: tuple, serve: Callable[..., Any] | None) -> Any:
         with self.run_lock:
             if self.stopping:
                 raise RuntimeError("these Workers are closed")
-            self.post((fn, args))
+            self.post((fn, args, serve))
+            out = None
             try:
-                fn(0, self.nth, self.sync, *args)
+                out = fn(0, self.nth, self.sync, *args)
             except BaseException as exc:
                 self.fail(exc)
             _wait_done(self.ctl, self.nth - 1)
@@ -260,6 +285,7 @@ class _Pool:
                 errors = [e for e in self.errors if not isinstance(e, WorkerAborted)] or self.errors
                 self.errors.clear()
                 raise errors[0]
+            return out
 
     def close(self, timeout: float | None = None) -> None:
         with self.run_lock:
@@ -300,18 +326,24 @@ class Workers:
     def sync_slots(self) -> int:
         return self._sync_slots
 
-    def run(self, fn: Callable[..., Any], args: tuple = ()) -> None:
-        """Run ``fn(ith, nth, sync, *args)`` on every thread; returns when all returned, re-raising the exception
-        a thread raised (the first one that is not the others' WorkerAborted). ``sync`` is all zeros at the start
-        of each run (see the module docstring for its slots)."""
+    def run(self, fn: Callable[..., Any], args: tuple = (), serve: Callable[..., Any] | None = None) -> Any:
+        """Run ``fn(ith, nth, sync, *args)`` on every thread; returns what thread 0's call returned when all
+        returned, re-raising the exception a thread raised (the first one that is not the others' WorkerAborted).
+        ``sync`` is all zeros at the start of each run (see the module docstring for its slots).
+
+        ``serve``: a compiled (nogil) loop ``serve(ith, nth, sync, ctl, seq, spins, *args) -> int`` that threads
+        1..nth-1 call instead of ``fn``: it runs ``fn``'s work for job ``seq``, then ``seq = next_run(ctl, seq, spins)``
+        until that is -1, and returns the last job it ran. A run whose ``serve`` and ``args`` are the objects of the
+        previous run (``is``) is then taken inside the loop, without the GIL: what changes from run to run must live in
+        the arrays ``args`` holds.
+        """
         if self._closed:
             raise RuntimeError("these Workers are closed")
         if self._pool is not None:
-            self._pool.run(fn, args)
-            return
+            return self._pool.run(fn, args, serve)
         sync = self._inline_sync
         sync[:] = 0
-        fn(0, 1, sync, *args)
+        return fn(0, 1, sync, *args)
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop and join the threads (waits for a run in progress). Idempotent."""

@@ -26,7 +26,7 @@ from kleidipy.graph.atomics import (
     monotonic_ns,
     sched_yield,
 )
-from kleidipy.graph.workers import SYNC_FIRST_FREE, WorkerAborted, Workers, aligned_zeros, barrier
+from kleidipy.graph.workers import SYNC_FIRST_FREE, WorkerAborted, Workers, aligned_zeros, barrier, next_run
 
 HANG_SECONDS = 120.0
 
@@ -206,6 +206,83 @@ def test_sync_is_cache_line_aligned_with_the_slots_asked_for() -> None:
         w.run(lambda ith, nth, sync: seen.append(sync))
         assert w.sync_slots == 40
     assert seen[0].shape == (40,) and seen[0].ctypes.data % 64 == 0
+
+
+# --------------------------------------------------------------------------------------------- serve loops
+
+
+@numba.njit(nogil=True)
+def _step(ith, nth, sync, state, out, log):
+    """One run: every thread writes what the run's ``state`` (changed between runs by the caller) says, counts its
+    run in ``log`` and checks the others wrote theirs (a barrier between); ``state[1] == ith`` raises."""
+    if state[1] == ith:
+        raise ValueError("serve failed")
+    out[ith] = state[0] * (ith + 1)
+    log[ith] += 1
+    barrier(sync, nth)
+    for j in range(nth):
+        if out[j] != state[0] * (j + 1):
+            log[nth + ith] += 1
+
+
+@numba.njit(nogil=True)
+def _serve_step(ith, nth, sync, ctl, seq, spins, *args):
+    while True:
+        _step(ith, nth, sync, *args)
+        nxt = next_run(ctl, seq, spins)
+        if nxt < 0:
+            return seq
+        seq = nxt
+
+
+def _serve_args(nth: int) -> tuple:
+    return np.array([0, -1], np.int64), np.zeros(nth, np.int64), np.zeros(2 * nth, np.int64)
+
+
+def test_a_serve_loop_takes_run_after_run_of_the_same_args(workers: Workers) -> None:
+    nth = workers.n_threads
+    args = _serve_args(nth)
+    state, out, log = args
+
+    def runs() -> None:
+        for i in range(1, 2001):
+            state[0] = i
+            workers.run(_step, args, _serve_step)
+            assert out.tolist() == [i * (j + 1) for j in range(nth)]
+
+    within(runs)
+    assert log.tolist() == [2000] * nth + [0] * nth
+
+
+def test_a_serve_loop_gives_way_to_other_jobs_and_to_sleep(workers: Workers) -> None:
+    nth = workers.n_threads
+    first, second = _serve_args(nth), _serve_args(nth)
+    plain = np.zeros(2 * nth, np.int64)
+    for i in range(1, 31):
+        args = first if i % 3 else second  # other args: the loop returns to Python and takes the new job
+        args[0][0] = i
+        if i % 10 == 0:
+            threading.Event().wait(0.02)  # well past the idle spin: the workers sleep
+        within(lambda args=args: workers.run(_step, args, _serve_step))
+        assert args[1].tolist() == [i * (j + 1) for j in range(nth)]
+        if i % 7 == 0:  # a job without a serve loop in between
+            within(lambda i=i: workers.run(_write, (plain, i)))
+            assert plain[0] == i
+    assert first[2].tolist() == [20] * nth + [0] * nth and second[2].tolist() == [10] * nth + [0] * nth
+
+
+@pytest.mark.parametrize("culprit", [0, 1])
+def test_an_exception_in_a_serve_loop_is_reraised_and_the_pool_goes_on(culprit: int) -> None:
+    with Workers(3) as w:
+        args = _serve_args(3)
+        state, out, _ = args
+        within(lambda: w.run(_step, args, _serve_step))
+        state[:] = (5, culprit)
+        with pytest.raises(ValueError, match="serve failed"):
+            within(lambda: w.run(_step, args, _serve_step))
+        state[:] = (7, -1)
+        within(lambda: w.run(_step, args, _serve_step))
+        assert out.tolist() == [7, 14, 21]
 
 
 # --------------------------------------------------------------------------------------------- errors
