@@ -12,10 +12,12 @@ at every thread count — and the same bits as the eager path (:mod:`kleidipy.ru
 functions (:mod:`kleidipy.graph.ops`, :mod:`kleidipy.graph.attention`) and the same kernels node by node from Python.
 
 :class:`CompiledForward` owns a model's plan, its buffers (grown to the largest ubatch seen) and the persistent
-workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only starts the run (which embeds
-the tokens itself when the embedding has a compiled GET_ROWS) and reads the logits. Hand-written because the executor
-must call the kernels and ops from compiled code on persistent threads; no maintained library runs a numba graph that
-way.
+workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only fills the run's table (the
+token count and the addresses of the arrays that change) and starts the run — which embeds the tokens itself when the
+embedding has a compiled GET_ROWS and returns the logits it allocated —, calling the compiled function past numba's
+type dispatch; the workers stay in :func:`serve_plan` between runs and take the next one without the GIL.
+Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
+maintained library runs a numba graph that way.
 """
 
 from __future__ import annotations
@@ -51,17 +53,25 @@ from kleidipy.graph.plan import (
     Plan,
     build_plan,
 )
-from kleidipy.graph.views import address_table, f32_1d, f32_2d, like_4d, u8_1d
-from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, share
+from kleidipy.graph.views import address_table, f32_1d, f32_2d, f32_at, i64_at, like_4d, u8_1d
+from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, next_run, share
 from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
-from kleidipy.runtime.observer import KernelCall, NodeRun
+from kleidipy.runtime.observer import KernelCall, NodeRun, Observer
 from kleidipy.runtime.weights import InvalidTokenError
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node; [2], [3] thread 0's
 #: monotonic ns at the start and the end of its walk (the time inside compiled code, dispatch excluded); [4] 1 when a
 #: token id was out of the embedding's range (nothing ran)
 STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END, STATUS_BAD_TOKEN = 0, 1, 2, 3, 4
+#: slots of a run's table: the ubatch's token count, and the address (and size) of each array that changes from run
+#: to run: the profile [threads (0: untimed), nodes, 3], the segments [n, 4], the rows kept, the logits
+#: [rows kept, n_vocab] (thread 0 allocates them) and the token ids
+RUN_M, RUN_PROF, RUN_PROF_THREADS, RUN_SEGS, RUN_N_SEGS, RUN_KEEP, RUN_N_KEEP = range(7)
+RUN_LOGITS, RUN_N_VOCAB, RUN_IDS = 7, 8, 9
+#: a decoded token's id, in the table itself (a decode run's ``ids`` is this slot)
+RUN_TOKEN = 10
+RUN_SLOTS = 11
 
 
 @numba.njit(cache=True, nogil=True)
@@ -88,16 +98,11 @@ def run_plan(
     lhs,
     scratch,
     status,
-    prof,
-    m,
-    segs,
-    keep,
     logits_buffer,
-    logits,
-    ids,
     embd_code,
     embd_rows,
     embd_scale,
+    run,
 ):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address
@@ -107,8 +112,19 @@ def run_plan(
     node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for other nodes) and
     of its end (each before the barrier that follows). With ``embd_code`` >= 0 the run first embeds the tokens ``ids``
     into buffer 0 (GET_ROWS of the embedding's bytes ``embd_rows``, :func:`kleidipy.formats.rows.get_rows`, times
-    ``embd_scale`` in f32 unless it is 0), each thread its share of the rows."""
+    ``embd_scale`` in f32 unless it is 0), each thread its share of the rows. ``m``, ``segs``, ``keep``, ``ids`` and
+    ``prof`` come by address and size in the int64 table ``run`` (slots ``RUN_*``), so that the arguments stay the
+    same objects from run to run (until the buffers grow or other KV caches come) and the workers can take the next
+    run in :func:`serve_plan`, without Python; thread 0 allocates the logits [keep.size, run[RUN_N_VOCAB]] (returned;
+    the other threads return a 0-size array) and publishes their address in ``run[RUN_LOGITS]`` for the LM head."""
+    m = run[RUN_M]
+    prof = i64_at(run[RUN_PROF], (run[RUN_PROF_THREADS], nodes.shape[0], 3))
+    segs = i64_at(run[RUN_SEGS], (run[RUN_N_SEGS], 4))
+    keep = i64_at(run[RUN_KEEP], run[RUN_N_KEEP])
+    ids = i64_at(run[RUN_IDS], m)
+    logits = np.empty((keep.size if ith == 0 else 0, run[RUN_N_VOCAB]), np.float32)
     if ith == 0:
+        run[RUN_LOGITS] = logits.ctypes.data  # (read at the LM head, never the first node: barriers come between)
         status[STATUS_START] = monotonic_ns()
     if embd_code >= 0:
         lo, hi = share(m, ith, nth)
@@ -122,7 +138,7 @@ def run_plan(
                 ops.scale(x, embd_scale, lo, hi)
         barrier(sync, nth)
         if status[STATUS_BAD_TOKEN] != 0:
-            return
+            return logits
     rows = m
     timed = prof.shape[0] > 0
     for i in range(nodes.shape[0]):
@@ -135,14 +151,15 @@ def run_plan(
                 continue
             kind = 0 if rows == 1 else 1
             code, prm, n, k = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1]
-            x, out = f32_2d(buffers, a), logits if b == logits_buffer else f32_2d(buffers, b)
+            x = f32_2d(buffers, a)
+            out = f32_at(run[RUN_LOGITS], (keep.size, run[RUN_N_VOCAB])) if b == logits_buffer else f32_2d(buffers, b)
             if d == 1:  # the previous MUL_MAT packed this input so: no pack, no barrier
                 if timed:
                     prof[ith, i, 1] = prof[ith, i, 0]
                 mm.matmul(code, prm, rows, n, k, lhs, u8_1d(rhs, c), out, ith, nth)
             elif not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, u8_1d(rhs, c), out, n, k, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
-                return
+                return logits
         elif op == OP_RMS_NORM:
             x, out = f32_2d(buffers, a), f32_2d(buffers, b)
             if d > 0:  # per head: rows of head_dim values
@@ -219,6 +236,19 @@ def run_plan(
         barrier(sync, nth)
     if ith == 0:
         status[STATUS_END] = monotonic_ns()
+    return logits
+
+
+@numba.njit(cache=True, nogil=True)
+def serve_plan(ith, nth, sync, ctl, seq, spins, *args):  # pragma: no cover - compiled
+    """Thread ith (> 0) of a multi-thread run: :func:`run_plan` ``(ith, nth, sync, *args)`` for job ``seq`` and for
+    every next run of the same arguments (:meth:`Workers.run`'s ``serve`` loop); returns the last job it ran."""
+    while True:
+        run_plan(ith, nth, sync, *args)
+        nxt = next_run(ctl, seq, spins)
+        if nxt < 0:
+            return seq
+        seq = nxt
 
 
 class ThreadChoice:
@@ -288,6 +318,7 @@ class CompiledForward:
         self._sin = address_table([r.sin for r in plan.ropes], np.float32)
         self._neox = np.array([r.neox for r in plan.ropes], np.bool_)
         self._gelu = gelu_f16_table()
+        self._n_logits = plan.widths[plan.logits]
         self._rows = 0
         self._buffers = address_table([], np.float32)
         self._arrays: list[np.ndarray] = []
@@ -303,6 +334,16 @@ class CompiledForward:
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self._one_segment = np.array([[0, 0, 0, 1]], np.int64)
         self._first_row = np.zeros(1, np.int64)
+        #: run_plan's arguments that stay from run to run, and run_plan compiled for their types (None: not known)
+        self._static: tuple | None = None
+        self._run_slots = np.zeros(RUN_SLOTS, np.int64)
+        #: the run table of a decoded token (its id then goes in slot RUN_TOKEN, its position in _one_segment)
+        self._decode_slots = np.zeros(RUN_SLOTS, np.int64)
+        self._decode_slots[:RUN_TOKEN] = (
+            1, self._untimed.ctypes.data, 0, self._one_segment.ctypes.data, 1, self._first_row.ctypes.data, 1, 0,
+            self._n_logits, self._run_slots.ctypes.data + RUN_TOKEN * self._run_slots.itemsize,
+        )  # fmt: skip
+        self._entry = None
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
@@ -333,6 +374,37 @@ class CompiledForward:
         self._buffers = address_table(self._arrays, np.float32)
         self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
         self._rows = m
+        self._static = None
+
+    def _static_args(self) -> tuple:
+        """run_plan's arguments after ``sync``: the same tuple until the buffers grow or other KV caches come (a run
+        changes only the table ``run`` in it; a decoded token's Python steps run cold after the plan, and the
+        workers take the next run of the same tuple without Python)."""
+        if self._static is None:
+            self._static = (
+                self.plan.nodes,
+                self.plan.fparams,
+                self._buffers,
+                self._rhs,
+                self._sizes,
+                self._codes,
+                self._params,
+                self._vectors,
+                self._cos,
+                self._sin,
+                self._neox,
+                self._gelu,
+                *self._kv,
+                self._kv_caches[0].f16,
+                self._lhs,
+                self._scratch,
+                self._status,
+                self.plan.logits,
+                *self._embd,
+                self._run_slots,
+            )
+            self._entry = None
+        return self._static
 
     def __call__(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
         """One ubatch of tokens ``ids``, in segments of one sequence each: the logits of the rows ``keep`` (int64,
@@ -340,76 +412,75 @@ class CompiledForward:
         caches = list(dict.fromkeys(seg.cache for seg in ubatch))
         index = {id(c): i for i, c in enumerate(caches)}
         segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)
-        return self._run(ids, caches, segs, keep)
+        return self._run(ids, caches, segs, np.ascontiguousarray(keep, np.int64))
 
     def decode(self, token: np.ndarray, cache: KVCache, position: int) -> np.ndarray:
         """One token (an int array of one id) of the sequence of ``cache`` at ``position``: what ``self(token,
-        [Segment(cache, position, 0, 1)], [0])`` gives, without building the segment and row lists (a decoded
-        token's Python time is mostly such steps, each run cold after the plan)."""
+        [Segment(cache, position, 0, 1)], [0])`` gives, without building the segment and row lists or reading any
+        array's address (a decoded token's Python time is mostly such steps, each run cold after the plan): the run
+        table is a copy of one made at the start, the token its own slot."""
+        if not self._rows:
+            self._grow_rows(1)
+        if len(self._kv_caches) != 1 or self._kv_caches[0] is not cache:
+            self._use_caches([cache])
+        if self._embd[0] < 0:
+            self._arrays[0][:1] = self.lm.embedding(token)
         self._one_segment[0, 1] = position
-        return self._run(token, [cache], self._one_segment, self._first_row)
+        self._run_slots[:] = self._decode_slots
+        self._run_slots[RUN_TOKEN] = token[0]
+        return self._launch(token, 1, self.choice.pick(1), ())
 
     def _run(self, ids: np.ndarray, caches: list[KVCache], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
         """:meth:`__call__` with the segments as the int64 table run_plan reads (cache index in ``caches``, first
         position, first row, last row + 1)."""
+        ids = np.ascontiguousarray(ids, np.int64)
         m = ids.size
         if m > self._rows:
             self._grow_rows(m)
         if self._embd[0] < 0:
             self._arrays[0][:m] = self.lm.embedding(ids)
-        self._status[:] = 0
         if caches != self._kv_caches:  # (KVCache compares by identity)
-            k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
-            self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), np.empty((0,) * 4, k[0].dtype))
-            self._kv_caches = caches
+            self._use_caches(caches)
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls] if self.lm.observers else ()
         nth = 1 if threads == 1 else self.workers.n_threads  # (a run takes the caller alone or every worker)
         prof = np.zeros((nth, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
-        logits = np.empty((keep.size, self.plan.widths[self.plan.logits]), np.float32)  # written by the LM head
-        args = (
-            self.plan.nodes,
-            self.plan.fparams,
-            self._buffers,
-            self._rhs,
-            self._sizes,
-            self._codes,
-            self._params,
-            self._vectors,
-            self._cos,
-            self._sin,
-            self._neox,
-            self._gelu,
-            *self._kv,
-            caches[0].f16,
-            self._lhs,
-            self._scratch,
-            self._status,
-            prof,
-            m,
-            segs,
-            keep,
-            self.plan.logits,
-            logits,
-            ids.astype(np.int64, copy=False),
-            *self._embd,
-        )
+        self._run_slots[:] = (
+            m, prof.ctypes.data, prof.shape[0], segs.ctypes.data, segs.shape[0], keep.ctypes.data, keep.size, 0,
+            self._n_logits, ids.ctypes.data, 0,
+        )  # fmt: skip
+        return self._launch(ids, m, threads, watchers, prof)
+
+    def _use_caches(self, caches: list[KVCache]) -> None:
+        """Runs from now on read and write the KV caches ``caches`` (in this order)."""
+        k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
+        self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), np.empty((0,) * 4, k[0].dtype))
+        self._kv_caches = caches
+        self._static = None
+
+    def _launch(
+        self, ids: np.ndarray, m: int, threads: int, watchers: Sequence[Observer], prof: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Run the plan on ``threads`` threads with the run table as set (ids ``ids`` of m tokens; ``prof``: the
+        profile array when ``watchers`` are told of the nodes); returns the logits."""
+        self._status[:] = 0
+        args = self._static_args()
+        fn = self._entry or run_plan
         t0, mono0 = perf_counter(), clock_ns()
-        if threads == 1:
-            run_plan(0, 1, self._sync, *args)
-        else:
-            self.workers.run(run_plan, args)
+        logits = fn(0, 1, self._sync, *args) if threads == 1 else self.workers.run(fn, args, serve_plan)
         seconds = perf_counter() - t0
         self.choice.record(m, threads, seconds)
         status = self._status.tolist()  # (one read of the slots: each numpy index is a Python step)
         inside = status[STATUS_END] - status[STATUS_START]
         self.run_seconds += inside / 1e9 if status[STATUS_END] else seconds
+        if self._entry is None:  # run_plan is compiled for these types now: call it past numba's type dispatch
+            self._entry = run_plan.get_overload(tuple(map(run_plan.typeof_pyval, (0, 1, self._sync, *args))))
         if status[STATUS_BAD_TOKEN]:
             raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {ids.tolist()[:8]}")
         if status[STATUS_NONFINITE]:
             weight = self.plan.weights[int(self.plan.nodes[status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
-        for node in self._node_runs(prof, m, keep.size, t0 - mono0 / 1e9) if watchers else ():
+        for node in self._node_runs(prof, m, logits.shape[0], t0 - mono0 / 1e9) if watchers else ():
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:

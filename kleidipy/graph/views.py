@@ -3,7 +3,8 @@
 
 Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
 :func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a 0-size array of it), which
-rebuild row ``i`` of a table as an array view (no copy, no reference count). Hand-written because numba's typed
+rebuild row ``i`` of a table as an array view (no copy, no reference count), and :func:`f32_at` / :func:`i64_at`,
+the same for one array given by its address and shape. Hand-written because numba's typed
 List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per List argument at every call
 (numba types and unboxes it in Python), which the plan paid seven times per decoded token on every thread; a table
 is one array argument (~0.1 µs). The caller keeps the arrays alive for as long as it passes their table.
@@ -57,6 +58,19 @@ def _pointer_like(typingctx, like, addr):  # noqa: ANN001, ANN202, ARG001
 
 _f32_pointer = _pointer_to(types.float32)
 _u8_pointer = _pointer_to(types.uint8)
+_i64_pointer = _pointer_to(types.int64)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def f32_at(addr, shape):  # pragma: no cover - compiled
+    """The C-contiguous float32 array of ``shape`` (an int or a tuple) at address ``addr``, as the array."""
+    return numba.carray(_f32_pointer(addr), shape)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def i64_at(addr, shape):  # pragma: no cover - compiled
+    """The C-contiguous int64 array of ``shape`` (an int or a tuple) at address ``addr``, as the array."""
+    return numba.carray(_i64_pointer(addr), shape)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

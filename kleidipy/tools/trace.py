@@ -3,10 +3,10 @@ the KleidiAI micro-kernels that ran, with calls, time and bytes per kernel and p
 
 The frames are the real Python frames of kleidipy code between the stage's entry point and the kernel call
 (``Engine.__init__ → … → KleidiBackend.__call__`` at load; at run time ``Engine.generate → CausalLM.forward →
-CausalLM._forward_checked → CausalLM._run_ubatch → CausalLM._decode → CompiledForward.__call__ → CompiledForward._run``
-when the forward pass runs as a compiled plan — the default —, or ``… → compute_forward_mul_mat`` op by op with
-``--no-graph``); the leaves are
-the ``kai_run_…`` packers and kernels that ran:
+CausalLM._forward_checked → CausalLM._run_ubatch → CausalLM._decode → CompiledForward.__call__ → CompiledForward._run →
+CompiledForward._launch`` when the forward pass runs as a compiled plan — the default —, or ``… →
+compute_forward_mul_mat`` op by op with ``--no-graph``); the leaves are the ``kai_run_…`` packers and kernels that
+ran:
 
 * model load: one repack per matmul weight — ``KleidiBackend.__call__`` (GGUF → packer-input conversion + pack, as
   ggml's ``tensor_traits::repack``) with its ``kai_run_rhs_pack_…`` leaf timed on its own;

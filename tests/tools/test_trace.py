@@ -252,7 +252,7 @@ def test_plan_trace_shows_the_plan_that_ran(trace, plan_trace) -> None:
             for op in eager.ops
         ]
         assert [[c.name for c in op.calls] for op in plan.ops] == want
-        frames = ("CausalLM._decode", "CompiledForward.__call__", "CompiledForward._run")
+        frames = ("CompiledForward.__call__", "CompiledForward._run", "CompiledForward._launch")
         assert all(op.frames[-3:] == frames for op in plan.ops)
         assert not eager.nodes and plan.nodes
         matmuls = [n for n in plan.nodes if n.op == "MUL_MAT"]
