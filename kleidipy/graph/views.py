@@ -3,10 +3,10 @@
 
 Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
 :func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a 0-size array of it), which
-rebuild row ``i`` of a table as an array view (no copy, no reference count), and :func:`f32_at` / :func:`i64_at`,
-the same for one array given by its address and shape. Hand-written because numba's typed
-List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per List argument at every call
-(numba types and unboxes it in Python), which the plan paid seven times per decoded token on every thread; a table
+rebuild row ``i`` of a table as an array view (no copy, no reference count), and :func:`f32_at` / :func:`i64_at`, the
+same for one array given by its address and shape (the float32 rows are :func:`f32_at` of theirs). Hand-written because
+numba's typed List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per List argument at every
+call (numba types and unboxes it in Python), which the plan paid seven times per decoded token on every thread; a table
 is one array argument (~0.1 µs). The caller keeps the arrays alive for as long as it passes their table.
 """
 
@@ -76,13 +76,13 @@ def i64_at(addr, shape):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True, inline="always")
 def f32_2d(table, i):  # pragma: no cover - compiled
     """Row ``i`` of an :func:`address_table` of 2-D float32 arrays, as the array."""
-    return numba.carray(_f32_pointer(table[i, 0]), (table[i, 1], table[i, 2]))
+    return f32_at(table[i, 0], (table[i, 1], table[i, 2]))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def f32_1d(table, i):  # pragma: no cover - compiled
     """Row ``i`` of an :func:`address_table` of 1-D float32 arrays, as the array."""
-    return numba.carray(_f32_pointer(table[i, 0]), table[i, 1])
+    return f32_at(table[i, 0], table[i, 1])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
