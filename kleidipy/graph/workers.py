@@ -19,7 +19,9 @@ Idle workers wait for the next run in compiled code, spinning on an atomic job c
 ``IDLE_SPIN_US`` (a token-by-token decode loop then pays no sleep/wake per token), then sleep on a
 ``threading.Condition`` (no CPU burnt while idle). A run may name a ``serve`` loop (:meth:`Workers.run`): the
 workers then stay inside it between runs of the same job, and take the next run without the GIL — a worker that
-came back to Python after each run would wait for the GIL, held by thread 0's Python, at every token.
+came back to Python after each run would wait for the GIL, held by thread 0's Python, at every token. It may name a
+``lead`` too: thread 0 then publishes such a run, takes its share and waits for the workers' end in one compiled
+call (:func:`post_again`, :func:`wait_done`), instead of three calls and their Python around them.
 """
 
 from __future__ import annotations
@@ -64,10 +66,12 @@ GIL_DELAY_MIN = 32
 GIL_LATE_ROUNDS = 200
 
 # the control array of a Workers (its own cache lines, apart from sync): the job counter, whether the job is the
-# previous one again (a serve loop takes it without going back to Python), and the number of workers that finished
-# the current job.
+# previous one again (a serve loop takes it without going back to Python), the number of workers asleep or going to
+# sleep (counted before they read the job counter a last time: a job published before a look at it reaches them),
+# and the number of workers that finished the current job.
 _CTL_JOB = 0
 _CTL_AGAIN = 1
+_CTL_SLEEPERS = 2
 _CTL_DONE = 8
 _CTL_SLOTS = 16
 
@@ -158,6 +162,25 @@ def _post(ctl: np.ndarray, sync: np.ndarray, seq: int, again: int) -> None:
 
 
 @numba.njit(nogil=True, cache=True)
+def post_again(ctl: np.ndarray, sync: np.ndarray, seq: int) -> bool:
+    """A ``lead``'s start (see :meth:`Workers.run`): publish job ``seq`` as the previous job again (what
+    :func:`_post` does, without the GIL). False when a worker is asleep or going to sleep: the job is published but
+    the lead must return at once, so that Python wakes that worker and runs thread 0's share itself."""
+    sync[:] = 0
+    atomic_store(ctl, _CTL_DONE, 0)
+    atomic_store(ctl, _CTL_AGAIN, 1)
+    atomic_store(ctl, _CTL_JOB, seq)
+    return atomic_load(ctl, _CTL_SLEEPERS) == 0
+
+
+@numba.njit(nogil=True, cache=True)
+def _sleeping(ctl: np.ndarray, change: int) -> int:
+    """Count a worker in (+1) or out (-1) of the sleepers; returns the job counter as read after that."""
+    atomic_add(ctl, _CTL_SLEEPERS, change)
+    return atomic_load(ctl, _CTL_JOB)
+
+
+@numba.njit(nogil=True, cache=True)
 def next_run(ctl: np.ndarray, seq: int, spins: int) -> int:
     """A serve loop's end of run ``seq`` and its wait for the next (see :meth:`Workers.run`): the next run's job
     number when it is the same job again, else -1 (none came within ``spins``, or a new job did: the worker goes
@@ -170,7 +193,8 @@ def next_run(ctl: np.ndarray, seq: int, spins: int) -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def _wait_done(ctl: np.ndarray, workers: int) -> None:
+def wait_done(ctl: np.ndarray, workers: int) -> None:
+    """Wait until ``workers`` workers have finished the current job."""
     spins = 0
     while atomic_load(ctl, _CTL_DONE) < workers:
         spins = _spin_wait(spins)
@@ -207,7 +231,6 @@ class _Pool:
         self.job: tuple[Callable[..., Any], tuple, Callable[..., Any] | None] | None = None
         self.errors: list[BaseException] = []
         self.stopping = False
-        self.sleepers = 0
         self.wake = threading.Condition(threading.Lock())
         self.run_lock = threading.Lock()
         self.threads = [
@@ -219,11 +242,11 @@ class _Pool:
 
     def _sleep(self, last: int) -> int:
         with self.wake:
-            self.sleepers += 1
-            while self.ctl[_CTL_JOB] == last:
+            seq = _sleeping(self.ctl, 1)
+            while seq == last:
                 self.wake.wait()
-            self.sleepers -= 1
-        return int(self.ctl[_CTL_JOB])
+                seq = int(self.ctl[_CTL_JOB])
+            return _sleeping(self.ctl, -1)
 
     def _loop(self, ith: int) -> None:
         """A worker thread. Taking the GIL while another thread holds it costs a futex sleep and wake (~10 µs):
@@ -266,21 +289,37 @@ class _Pool:
         self.seq += 1
         self.posted_at = time.perf_counter()
         _post(self.ctl, self.sync, self.seq, int(again))
-        if self.sleepers:  # a worker counts itself in under the lock, then re-reads the job counter
+        self.wake_sleepers()
+
+    def wake_sleepers(self) -> None:
+        """Wake the workers asleep (a worker counts itself in under the lock, then re-reads the job counter)."""
+        if self.ctl[_CTL_SLEEPERS]:
             with self.wake:
                 self.wake.notify_all()
 
-    def run(self, fn: Callable[..., Any], args: tuple, serve: Callable[..., Any] | None) -> Any:
+    def run(
+        self, fn: Callable[..., Any], args: tuple, serve: Callable[..., Any] | None, lead: Callable[..., Any] | None
+    ) -> Any:
         with self.run_lock:
             if self.stopping:
                 raise RuntimeError("these Workers are closed")
-            self.post((fn, args, serve))
-            out = None
+            out, job, led = None, self.job, False
             try:
-                out = fn(0, self.nth, self.sync, *args)
+                if lead is not None and job is not None and job[2] is serve is not None and job[1] is args:
+                    self.seq += 1
+                    self.posted_at = time.perf_counter()
+                    out = lead(self.nth, self.sync, self.ctl, self.seq, args)
+                    led = out is not None
+                    if not led:  # a worker sleeps: the run is published, thread 0's share still to run
+                        self.wake_sleepers()
+                        out = fn(0, self.nth, self.sync, *args)
+                else:
+                    self.post((fn, args, serve))
+                    out = fn(0, self.nth, self.sync, *args)
             except BaseException as exc:
                 self.fail(exc)
-            _wait_done(self.ctl, self.nth - 1)
+            if not led:
+                wait_done(self.ctl, self.nth - 1)
             if self.errors:
                 errors = [e for e in self.errors if not isinstance(e, WorkerAborted)] or self.errors
                 self.errors.clear()
@@ -326,7 +365,13 @@ class Workers:
     def sync_slots(self) -> int:
         return self._sync_slots
 
-    def run(self, fn: Callable[..., Any], args: tuple = (), serve: Callable[..., Any] | None = None) -> Any:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        serve: Callable[..., Any] | None = None,
+        lead: Callable[..., Any] | None = None,
+    ) -> Any:
         """Run ``fn(ith, nth, sync, *args)`` on every thread; returns what thread 0's call returned when all
         returned, re-raising the exception a thread raised (the first one that is not the others' WorkerAborted).
         ``sync`` is all zeros at the start of each run (see the module docstring for its slots).
@@ -336,11 +381,16 @@ class Workers:
         until that is -1, and returns the last job it ran. A run whose ``serve`` and ``args`` are the objects of the
         previous run (``is``) is then taken inside the loop, without the GIL: what changes from run to run must live in
         the arrays ``args`` holds.
+
+        ``lead``: with ``serve``, a compiled (nogil) function ``lead(nth, sync, ctl, seq, args)`` (``args`` the tuple)
+        that thread 0 calls for such a run instead of ``fn``: it starts with ``if not post_again(ctl, sync, seq): return
+        None``, then returns ``fn(0, nth, sync, *args)`` after ``wait_done(ctl, nth - 1)``. ``fn``'s result must not be
+        None.
         """
         if self._closed:
             raise RuntimeError("these Workers are closed")
         if self._pool is not None:
-            return self._pool.run(fn, args, serve)
+            return self._pool.run(fn, args, serve, lead)
         sync = self._inline_sync
         sync[:] = 0
         return fn(0, 1, sync, *args)

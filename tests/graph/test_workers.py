@@ -26,7 +26,16 @@ from kleidipy.graph.atomics import (
     monotonic_ns,
     sched_yield,
 )
-from kleidipy.graph.workers import SYNC_FIRST_FREE, WorkerAborted, Workers, aligned_zeros, barrier, next_run
+from kleidipy.graph.workers import (
+    SYNC_FIRST_FREE,
+    WorkerAborted,
+    Workers,
+    aligned_zeros,
+    barrier,
+    next_run,
+    post_again,
+    wait_done,
+)
 
 HANG_SECONDS = 120.0
 
@@ -223,6 +232,16 @@ def _step(ith, nth, sync, state, out, log):
     for j in range(nth):
         if out[j] != state[0] * (j + 1):
             log[nth + ith] += 1
+    return ith + 1
+
+
+@numba.njit(nogil=True)
+def _lead_step(nth, sync, ctl, seq, args):
+    if not post_again(ctl, sync, seq):
+        return None
+    out = _step(0, nth, sync, *args)
+    wait_done(ctl, nth - 1)
+    return out
 
 
 @numba.njit(nogil=True)
@@ -239,7 +258,8 @@ def _serve_args(nth: int) -> tuple:
     return np.array([0, -1], np.int64), np.zeros(nth, np.int64), np.zeros(2 * nth, np.int64)
 
 
-def test_a_serve_loop_takes_run_after_run_of_the_same_args(workers: Workers) -> None:
+@pytest.mark.parametrize("lead", [None, _lead_step])
+def test_a_serve_loop_takes_run_after_run_of_the_same_args(workers: Workers, lead: object) -> None:
     nth = workers.n_threads
     args = _serve_args(nth)
     state, out, log = args
@@ -247,14 +267,15 @@ def test_a_serve_loop_takes_run_after_run_of_the_same_args(workers: Workers) -> 
     def runs() -> None:
         for i in range(1, 2001):
             state[0] = i
-            workers.run(_step, args, _serve_step)
+            assert workers.run(_step, args, _serve_step, lead) == 1  # (thread 0's result)
             assert out.tolist() == [i * (j + 1) for j in range(nth)]
 
     within(runs)
     assert log.tolist() == [2000] * nth + [0] * nth
 
 
-def test_a_serve_loop_gives_way_to_other_jobs_and_to_sleep(workers: Workers) -> None:
+@pytest.mark.parametrize("lead", [None, _lead_step])
+def test_a_serve_loop_gives_way_to_other_jobs_and_to_sleep(workers: Workers, lead: object) -> None:
     nth = workers.n_threads
     first, second = _serve_args(nth), _serve_args(nth)
     plain = np.zeros(2 * nth, np.int64)
@@ -263,25 +284,30 @@ def test_a_serve_loop_gives_way_to_other_jobs_and_to_sleep(workers: Workers) -> 
         args[0][0] = i
         if i % 10 == 0:
             threading.Event().wait(0.02)  # well past the idle spin: the workers sleep
-        within(lambda args=args: workers.run(_step, args, _serve_step))
+        if i % 10 == 0:  # again after the workers went to sleep: a lead publishes the run and hands it back
+            within(lambda args=args: workers.run(_step, args, _serve_step, lead))
+            args[0][0] = i
+            threading.Event().wait(0.02)
+        within(lambda args=args: workers.run(_step, args, _serve_step, lead))
         assert args[1].tolist() == [i * (j + 1) for j in range(nth)]
         if i % 7 == 0:  # a job without a serve loop in between
             within(lambda i=i: workers.run(_write, (plain, i)))
             assert plain[0] == i
-    assert first[2].tolist() == [20] * nth + [0] * nth and second[2].tolist() == [10] * nth + [0] * nth
+    assert first[2].tolist() == [22] * nth + [0] * nth and second[2].tolist() == [11] * nth + [0] * nth
 
 
+@pytest.mark.parametrize("lead", [None, _lead_step])
 @pytest.mark.parametrize("culprit", [0, 1])
-def test_an_exception_in_a_serve_loop_is_reraised_and_the_pool_goes_on(culprit: int) -> None:
+def test_an_exception_in_a_serve_loop_is_reraised_and_the_pool_goes_on(culprit: int, lead: object) -> None:
     with Workers(3) as w:
         args = _serve_args(3)
         state, out, _ = args
-        within(lambda: w.run(_step, args, _serve_step))
+        within(lambda: w.run(_step, args, _serve_step, lead))
         state[:] = (5, culprit)
         with pytest.raises(ValueError, match="serve failed"):
-            within(lambda: w.run(_step, args, _serve_step))
+            within(lambda: w.run(_step, args, _serve_step, lead))
         state[:] = (7, -1)
-        within(lambda: w.run(_step, args, _serve_step))
+        within(lambda: w.run(_step, args, _serve_step, lead))
         assert out.tolist() == [7, 14, 21]
 
 
