@@ -15,17 +15,20 @@ functions (:mod:`kleidipy.graph.ops`, :mod:`kleidipy.graph.attention`) and the s
 workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only fills the run's table (the
 token count and the addresses of the arrays that change) and starts the run — which embeds the tokens itself when the
 embedding has a compiled GET_ROWS and returns the logits it allocated —, calling the compiled function past numba's
-type dispatch; the workers stay in :func:`serve_plan` between runs and take the next one without the GIL.
+type dispatch, with every array in one address table (rows ``A_*``); the workers stay in :func:`serve_plan` between
+runs and take the next one without the GIL, and thread 0 publishes such a run, takes its share and waits for the
+workers' end in one compiled call (:func:`lead_plan`).
 Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
 maintained library runs a numba graph that way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from time import monotonic_ns as clock_ns
 from time import perf_counter
+from typing import Any
 
 import numba
 import numpy as np
@@ -53,8 +56,17 @@ from kleidipy.graph.plan import (
     Plan,
     build_plan,
 )
-from kleidipy.graph.views import address_table, f32_1d, f32_2d, f32_at, i64_at, like_4d, u8_1d
-from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, aligned_zeros, barrier, next_run, share
+from kleidipy.graph.views import address_table, bool_at, f32_1d, f32_2d, f32_at, f64_at, i64_at, like_4d, u8_1d, u8_at
+from kleidipy.graph.workers import (
+    SYNC_FIRST_FREE,
+    Workers,
+    aligned_zeros,
+    barrier,
+    next_run,
+    post_again,
+    share,
+    wait_done,
+)
 from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
 from kleidipy.runtime.observer import KernelCall, NodeRun, Observer
@@ -74,36 +86,24 @@ RUN_TOKEN = 10
 RUN_SLOTS = 11
 
 
+#: rows of the table of the arrays run_plan reads (:func:`~kleidipy.graph.views.address_table` of any dtype): the
+#: plan's nodes and float parameters; the address tables of the activation buffers, the packed weights, their sizes,
+#: kernel codes and parameters, the norm vectors, the RoPE cos/sin tables, whether each RoPE is NeoX; the GELU table;
+#: the address tables of the K and V caches; the packed-LHS scratch, attention's scratch [threads, n], the status,
+#: the embedding's bytes and the run table. One array argument instead of nineteen: numba wraps every array argument
+#: of a call in a reference-counted MemInfo (a malloc, a free, Python reference counts; ~1 us each, run cold after
+#: the plan streamed the weights through the caches).
+A_NODES, A_FPARAMS, A_BUFFERS, A_RHS, A_SIZES, A_CODES, A_PARAMS, A_VECTORS, A_COS, A_SIN = range(10)
+A_NEOX, A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN = range(10, 19)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _i64_2d(arrays, i):  # pragma: no cover - compiled
+    return i64_at(arrays[i, 0], (arrays[i, 1], arrays[i, 2]))
+
+
 @numba.njit(cache=True, nogil=True)
-def run_plan(
-    ith,
-    nth,
-    sync,
-    nodes,
-    fparams,
-    buffers,
-    rhs,
-    sizes,
-    codes,
-    params,
-    vectors,
-    cos,
-    sin,
-    neox,
-    gelu_table,
-    kcaches,
-    vcaches,
-    cell,
-    f16,
-    lhs,
-    scratch,
-    status,
-    logits_buffer,
-    embd_code,
-    embd_rows,
-    embd_scale,
-    run,
-):  # pragma: no cover - compiled
+def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_scale):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address
     tables kcaches/vcaches, of the dtype of the 0-size array ``cell``), keeping the rows ``keep`` at the KEEP
@@ -116,7 +116,20 @@ def run_plan(
     ``prof`` come by address and size in the int64 table ``run`` (slots ``RUN_*``), so that the arguments stay the
     same objects from run to run (until the buffers grow or other KV caches come) and the workers can take the next
     run in :func:`serve_plan`, without Python; thread 0 allocates the logits [keep.size, run[RUN_N_VOCAB]] (returned;
-    the other threads return a 0-size array) and publishes their address in ``run[RUN_LOGITS]`` for the LM head."""
+    the other threads return a 0-size array) and publishes their address in ``run[RUN_LOGITS]`` for the LM head.
+    Every array comes through the table ``arrays`` (rows ``A_*``); ``cell`` gives the KV caches' dtype."""
+    nodes, buffers, rhs = _i64_2d(arrays, A_NODES), _i64_2d(arrays, A_BUFFERS), _i64_2d(arrays, A_RHS)
+    fparams = f64_at(arrays[A_FPARAMS, 0], arrays[A_FPARAMS, 1])
+    sizes, codes, params = _i64_2d(arrays, A_SIZES), _i64_2d(arrays, A_CODES), _i64_2d(arrays, A_PARAMS)
+    vectors, cos, sin = _i64_2d(arrays, A_VECTORS), _i64_2d(arrays, A_COS), _i64_2d(arrays, A_SIN)
+    neox = bool_at(arrays[A_NEOX, 0], arrays[A_NEOX, 1])
+    gelu_table = f32_at(arrays[A_GELU, 0], arrays[A_GELU, 1])
+    kcaches, vcaches = _i64_2d(arrays, A_KCACHES), _i64_2d(arrays, A_VCACHES)
+    lhs = u8_at(arrays[A_LHS, 0], arrays[A_LHS, 1])
+    scratch = f32_at(arrays[A_SCRATCH, 0], (arrays[A_SCRATCH, 1], arrays[A_SCRATCH, 2]))
+    status = i64_at(arrays[A_STATUS, 0], arrays[A_STATUS, 1])
+    embd_rows = u8_at(arrays[A_EMBD_ROWS, 0], (arrays[A_EMBD_ROWS, 1], arrays[A_EMBD_ROWS, 2]))
+    run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
     m = run[RUN_M]
     prof = i64_at(run[RUN_PROF], (run[RUN_PROF_THREADS], nodes.shape[0], 3))
     segs = i64_at(run[RUN_SEGS], (run[RUN_N_SEGS], 4))
@@ -251,6 +264,27 @@ def serve_plan(ith, nth, sync, ctl, seq, spins, *args):  # pragma: no cover - co
         seq = nxt
 
 
+@numba.njit(cache=True, nogil=True)
+def lead_plan(nth, sync, ctl, seq, args):  # pragma: no cover - compiled
+    """Thread 0 of a multi-thread run of the same arguments (the tuple ``args``) as the previous run
+    (:meth:`Workers.run`'s ``lead``): publishes job ``seq``, runs :func:`run_plan` ``(0, nth, sync, *args)`` and waits
+    for the workers' end; None (and nothing run) when a worker sleeps."""
+    if not post_again(ctl, sync, seq):
+        return None
+    logits = run_plan(0, nth, sync, *args)
+    wait_done(ctl, nth - 1)
+    return logits
+
+
+def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[..., Any] | None:
+    """The compiled ``fn`` for the types of ``args`` (called past numba's per-argument type dispatch), or None
+    when it is not compiled for them."""
+    try:
+        return fn.get_overload(tuple(map(fn.typeof_pyval, args)))
+    except KeyError:
+        return None
+
+
 class ThreadChoice:
     """How many threads a decode run (one token) takes, chosen by measurement: all the workers, or only the calling
     thread when that is faster — as when another process holds the other cores, where every barrier can wait a time
@@ -336,6 +370,7 @@ class CompiledForward:
         self._first_row = np.zeros(1, np.int64)
         #: run_plan's arguments that stay from run to run, and run_plan compiled for their types (None: not known)
         self._static: tuple | None = None
+        self._arrays_table = np.zeros((0, 5), np.int64)  # (the address table of the arrays the tuple gives)
         self._run_slots = np.zeros(RUN_SLOTS, np.int64)
         #: the run table of a decoded token (its id then goes in slot RUN_TOKEN, its position in _one_segment)
         self._decode_slots = np.zeros(RUN_SLOTS, np.int64)
@@ -343,9 +378,10 @@ class CompiledForward:
             1, self._untimed.ctypes.data, 0, self._one_segment.ctypes.data, 1, self._first_row.ctypes.data, 1, 0,
             self._n_logits, self._run_slots.ctypes.data + RUN_TOKEN * self._run_slots.itemsize,
         )  # fmt: skip
-        self._entry = None
+        self._entry = self._lead = None
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
+        self._choosing = threads > 1 and adaptive
         self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
         #: seconds spent inside the compiled runs, as thread 0 clocks them (the rest of a forward pass, the call into
         #: numba included, is host Python)
@@ -381,7 +417,9 @@ class CompiledForward:
         changes only the table ``run`` in it; a decoded token's Python steps run cold after the plan, and the
         workers take the next run of the same tuple without Python)."""
         if self._static is None:
-            self._static = (
+            kc, vc, cell = self._kv
+            code, rows, scale = self._embd
+            arrays = [
                 self.plan.nodes,
                 self.plan.fparams,
                 self._buffers,
@@ -394,16 +432,17 @@ class CompiledForward:
                 self._sin,
                 self._neox,
                 self._gelu,
-                *self._kv,
-                self._kv_caches[0].f16,
+                kc,
+                vc,
                 self._lhs,
                 self._scratch,
                 self._status,
-                self.plan.logits,
-                *self._embd,
+                rows,
                 self._run_slots,
-            )
-            self._entry = None
+            ]
+            self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
+            self._static = (self._arrays_table, cell, self._kv_caches[0].f16, self.plan.logits, code, scale)
+            self._entry = self._lead = None
         return self._static
 
     def __call__(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
@@ -467,14 +506,20 @@ class CompiledForward:
         args = self._static_args()
         fn = self._entry or run_plan
         t0, mono0 = perf_counter(), clock_ns()
-        logits = fn(0, 1, self._sync, *args) if threads == 1 else self.workers.run(fn, args, serve_plan)
+        if threads == 1:
+            logits = fn(0, 1, self._sync, *args)
+        else:
+            logits = self.workers.run(fn, args, serve_plan, self._lead or lead_plan)
         seconds = perf_counter() - t0
-        self.choice.record(m, threads, seconds)
+        if self._choosing:  # (a call less per token when there is no choice)
+            self.choice.record(m, threads, seconds)
         status = self._status.tolist()  # (one read of the slots: each numpy index is a Python step)
         inside = status[STATUS_END] - status[STATUS_START]
         self.run_seconds += inside / 1e9 if status[STATUS_END] else seconds
         if self._entry is None:  # run_plan is compiled for these types now: call it past numba's type dispatch
-            self._entry = run_plan.get_overload(tuple(map(run_plan.typeof_pyval, (0, 1, self._sync, *args))))
+            self._entry = entry_point(run_plan, (0, 1, self._sync, *args))
+        if self._lead is None and threads > 1:  # (compiled at the second run of these arguments on the workers)
+            self._lead = entry_point(lead_plan, (0, self._sync, self._sync, 0, args))
         if status[STATUS_BAD_TOKEN]:
             raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {ids.tolist()[:8]}")
         if status[STATUS_NONFINITE]:

@@ -3,11 +3,12 @@
 
 Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
 :func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a 0-size array of it), which
-rebuild row ``i`` of a table as an array view (no copy, no reference count), and :func:`f32_at` / :func:`i64_at`, the
-same for one array given by its address and shape (the float32 rows are :func:`f32_at` of theirs). Hand-written because
-numba's typed List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per List argument at every
-call (numba types and unboxes it in Python), which the plan paid seven times per decoded token on every thread; a table
-is one array argument (~0.1 µs). The caller keeps the arrays alive for as long as it passes their table.
+rebuild row ``i`` of a table as an array view (no copy, no reference count), and ``f32_at``, ``f64_at``, ``i64_at``,
+``u8_at``, ``bool_at``, the same for one array given by its address and shape (the rows are those of theirs).
+Hand-written because numba's typed List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per
+List argument at every call (numba types and unboxes it in Python), which the plan paid seven times per decoded token on
+every thread; a table is one array argument (~0.1 µs). The caller keeps the arrays alive for as long as it passes their
+table.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from numba import types
 from numba.extending import intrinsic
 
 
-def address_table(arrays: Sequence[np.ndarray], dtype: type) -> np.ndarray:
+def address_table(arrays: Sequence[np.ndarray], dtype: type | None) -> np.ndarray:
     """int64 [len(arrays), 5]: each array's data address and its shape (padded with 0s); every array must be a
-    C-contiguous array of ``dtype`` with 1 to 4 dimensions."""
+    C-contiguous array of ``dtype`` (None: of any dtype, as compiled code expects it) with 1 to 4 dimensions."""
     table = np.zeros((len(arrays), 5), np.int64)
     for i, a in enumerate(arrays):
-        if a.dtype != dtype or not 1 <= a.ndim <= 4 or not a.flags.c_contiguous:
-            raise ValueError(f"address_table: array {i} is {a.dtype} {a.shape}, not a C-contiguous {np.dtype(dtype)}")
+        if (dtype is not None and a.dtype != dtype) or not 1 <= a.ndim <= 4 or not a.flags.c_contiguous:
+            raise ValueError(f"address_table: array {i} is {a.dtype} {a.shape}, not a C-contiguous {dtype}")
         table[i, 0] = a.ctypes.data
         table[i, 1 : 1 + a.ndim] = a.shape
     return table
@@ -57,7 +58,9 @@ def _pointer_like(typingctx, like, addr):  # noqa: ANN001, ANN202, ARG001
 
 
 _f32_pointer = _pointer_to(types.float32)
+_f64_pointer = _pointer_to(types.float64)
 _u8_pointer = _pointer_to(types.uint8)
+_bool_pointer = _pointer_to(types.boolean)
 _i64_pointer = _pointer_to(types.int64)
 
 
@@ -71,6 +74,24 @@ def f32_at(addr, shape):  # pragma: no cover - compiled
 def i64_at(addr, shape):  # pragma: no cover - compiled
     """The C-contiguous int64 array of ``shape`` (an int or a tuple) at address ``addr``, as the array."""
     return numba.carray(_i64_pointer(addr), shape)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def f64_at(addr, shape):  # pragma: no cover - compiled
+    """The C-contiguous float64 array of ``shape`` at address ``addr``, as the array."""
+    return numba.carray(_f64_pointer(addr), shape)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def u8_at(addr, shape):  # pragma: no cover - compiled
+    """The C-contiguous uint8 array of ``shape`` at address ``addr``, as the array."""
+    return numba.carray(_u8_pointer(addr), shape)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def bool_at(addr, shape):  # pragma: no cover - compiled
+    """The C-contiguous bool array of ``shape`` at address ``addr``, as the array."""
+    return numba.carray(_bool_pointer(addr), shape)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -88,7 +109,7 @@ def f32_1d(table, i):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True, inline="always")
 def u8_1d(table, i):  # pragma: no cover - compiled
     """Row ``i`` of an :func:`address_table` of 1-D uint8 arrays, as the array."""
-    return numba.carray(_u8_pointer(table[i, 0]), table[i, 1])
+    return u8_at(table[i, 0], table[i, 1])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
