@@ -392,12 +392,14 @@ class CompiledForward:
         self.workers.close()
 
     def warm_up(self) -> None:
-        """Run one token through the plan on a cache of its own, so that numba compiles (or loads from its cache)
+        """Run one token through the plan twice on a cache of its own, so that numba compiles (or loads from its cache)
         the executor before the first real token; the thread choice starts afresh afterwards. A model whose
         activations are not finite (weights loaded without the tensor check) is compiled all the same: the error
         is left to the real forward passes."""
-        with suppress(NonFiniteInputError):
-            self(np.zeros(1, np.int64), [Segment(self.lm.new_cache(1), 0, 0, 1)], np.zeros(1, np.int64))
+        cache = self.lm.new_cache(1)
+        for _ in range(2):  # (the second run is the first run's again: on the workers, lead_plan's first)
+            with suppress(NonFiniteInputError):
+                self(np.zeros(1, np.int64), [Segment(cache, 0, 0, 1)], np.zeros(1, np.int64))
         self.choice = ThreadChoice(self.choice.threads, self.choice.adaptive)
 
     def _grow_rows(self, m: int) -> None:
@@ -505,13 +507,15 @@ class CompiledForward:
         self._status[:] = 0
         args = self._static_args()
         fn = self._entry or run_plan
+        # (a run that may compile a function, or load it from numba's cache, tells the thread choice nothing)
+        measured = self._choosing and self._entry is not None and (threads == 1 or self._lead is not None)
         t0, mono0 = perf_counter(), clock_ns()
         if threads == 1:
             logits = fn(0, 1, self._sync, *args)
         else:
             logits = self.workers.run(fn, args, serve_plan, self._lead or lead_plan)
         seconds = perf_counter() - t0
-        if self._choosing:  # (a call less per token when there is no choice)
+        if measured:
             self.choice.record(m, threads, seconds)
         status = self._status.tolist()  # (one read of the slots: each numpy index is a Python step)
         inside = status[STATUS_END] - status[STATUS_START]
