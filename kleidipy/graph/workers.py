@@ -166,10 +166,7 @@ def post_again(ctl: np.ndarray, sync: np.ndarray, seq: int) -> bool:
     """A ``lead``'s start (see :meth:`Workers.run`): publish job ``seq`` as the previous job again (what
     :func:`_post` does, without the GIL). False when a worker is asleep or going to sleep: the job is published but
     the lead must return at once, so that Python wakes that worker and runs thread 0's share itself."""
-    sync[:] = 0
-    atomic_store(ctl, _CTL_DONE, 0)
-    atomic_store(ctl, _CTL_AGAIN, 1)
-    atomic_store(ctl, _CTL_JOB, seq)
+    _post(ctl, sync, seq, 1)
     return atomic_load(ctl, _CTL_SLEEPERS) == 0
 
 
