@@ -1,12 +1,13 @@
-"""How many of this process's cores other processes want right now: the runnable tasks on the machine that are not
-this process's own threads (Linux: the running count of ``/proc/loadavg`` less this process's threads in state R,
-under ``/proc/self/task``), and the cores this process may run on (its CPU affinity).
+"""How many threads a run of the compiled plan takes (:class:`ThreadChoice`), and how many of this process's cores
+other processes want right now (:func:`free_cores`): the runnable tasks on the machine that are not this process's
+own threads (Linux: the running count of ``/proc/loadavg`` less this process's threads in state R, under
+``/proc/self/task``), and the cores this process may run on (its CPU affinity).
 
-The compiled plan asks before a prefill run (:class:`~kleidipy.graph.execute.ThreadChoice`): a run split statically
-over every worker waits at each barrier for a thread that another process has pushed off its core, so with the
-cores taken it is faster on fewer threads. A decode run measures both counts instead (it is cheap to probe); a
-prefill run is too long to probe, and this look costs tens of µs. Hand-written because no maintained library reads the
-instantaneous run queue: ``os.getloadavg`` is a one-minute average, ``psutil`` reads the same files per process.
+A run split statically over every worker waits at each barrier for a thread that another process has pushed off its
+core, so with the cores taken it is faster on fewer threads. A decode run measures both counts (it is cheap to
+probe); a prefill run is too long to probe and looks at the free cores instead (the look costs tens of µs).
+Hand-written because no maintained library reads the instantaneous run queue: ``os.getloadavg`` is a one-minute
+average, ``psutil`` reads the same files per process.
 """
 
 from __future__ import annotations
@@ -55,3 +56,49 @@ def free_cores(proc: Path | str = "/proc") -> int | None:
     others = max(0, running - _own_running_threads(proc))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(0, cores - others)
+
+
+class ThreadChoice:
+    """How many threads a decode run (one token) takes, chosen by measurement: all the workers, or only the calling
+    thread when that is faster — as when another process holds the other cores, where every barrier can wait a time
+    slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
+    being re-measured every PROBE_EVERY runs, or less often by the ratio of the two costs (a probe of all workers on
+    a busy machine can cost 40 one-thread runs: waiting PROBE_EVERY x that ratio keeps the probes to about
+    1/PROBE_EVERY of the time). A prefill run (a probe would cost a whole batch) takes every worker when there are
+    as many cores that no other process wants at its start (:func:`~kleidipy.graph.contention.free_cores`; also where
+    that cannot be read), else the calling thread alone. The result is the same bits at either count."""
+
+    PROBE_EVERY = 16
+    #: weight of a new measurement in the running cost
+    NEW = 0.3
+    #: one thread is chosen only when it costs this fraction of all the workers' cost or less (noise is not a reason)
+    MARGIN = 0.8
+
+    def __init__(self, threads: int, adaptive: bool = True) -> None:
+        self.threads, self.adaptive = threads, adaptive
+        self._cost: dict[int, float] = {}
+        self._since_probe = 0
+
+    def pick(self, m: int) -> int:
+        """The thread count for a run of m tokens."""
+        if self.threads == 1 or not self.adaptive:
+            return self.threads
+        if m != 1:  # (the plan runs on every worker or on the caller alone)
+            free = free_cores()
+            return self.threads if free is None or free >= self.threads else 1
+        for count in (self.threads, 1):
+            if count not in self._cost:
+                return count
+        alone = self._cost[1] <= self.MARGIN * self._cost[self.threads]
+        best, other = (1, self.threads) if alone else (self.threads, 1)
+        self._since_probe += 1
+        if self._since_probe < self.PROBE_EVERY * max(1.0, self._cost[other] / self._cost[best]):
+            return best
+        self._since_probe = 0
+        return other
+
+    def record(self, m: int, threads: int, seconds: float) -> None:
+        """A run of m tokens on ``threads`` threads took ``seconds``."""
+        if m == 1:
+            old = self._cost.get(threads)
+            self._cost[threads] = seconds if old is None else (1 - self.NEW) * old + self.NEW * seconds

@@ -38,7 +38,7 @@ from kleidipy.formats.rows import get_rows
 from kleidipy.graph import attention, ops
 from kleidipy.graph import matmul as mm
 from kleidipy.graph.atomics import monotonic_ns
-from kleidipy.graph.contention import free_cores
+from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.plan import (
     OP_ADD,
     OP_ADD_ROW,
@@ -285,52 +285,6 @@ def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[
         return None
 
 
-class ThreadChoice:
-    """How many threads a decode run (one token) takes, chosen by measurement: all the workers, or only the calling
-    thread when that is faster — as when another process holds the other cores, where every barrier can wait a time
-    slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
-    being re-measured every PROBE_EVERY runs, or less often by the ratio of the two costs (a probe of all workers on
-    a busy machine can cost 40 one-thread runs: waiting PROBE_EVERY x that ratio keeps the probes to about
-    1/PROBE_EVERY of the time). A prefill run (a probe would cost a whole batch) takes every worker when there are
-    as many cores that no other process wants at its start (:func:`~kleidipy.graph.contention.free_cores`; also where
-    that cannot be read), else the calling thread alone. The result is the same bits at either count."""
-
-    PROBE_EVERY = 16
-    #: weight of a new measurement in the running cost
-    NEW = 0.3
-    #: one thread is chosen only when it costs this fraction of all the workers' cost or less (noise is not a reason)
-    MARGIN = 0.8
-
-    def __init__(self, threads: int, adaptive: bool = True) -> None:
-        self.threads, self.adaptive = threads, adaptive
-        self._cost: dict[int, float] = {}
-        self._since_probe = 0
-
-    def pick(self, m: int) -> int:
-        """The thread count for a run of m tokens."""
-        if self.threads == 1 or not self.adaptive:
-            return self.threads
-        if m != 1:  # (the plan runs on every worker or on the caller alone)
-            free = free_cores()
-            return self.threads if free is None or free >= self.threads else 1
-        for count in (self.threads, 1):
-            if count not in self._cost:
-                return count
-        alone = self._cost[1] <= self.MARGIN * self._cost[self.threads]
-        best, other = (1, self.threads) if alone else (self.threads, 1)
-        self._since_probe += 1
-        if self._since_probe < self.PROBE_EVERY * max(1.0, self._cost[other] / self._cost[best]):
-            return best
-        self._since_probe = 0
-        return other
-
-    def record(self, m: int, threads: int, seconds: float) -> None:
-        """A run of m tokens on ``threads`` threads took ``seconds``."""
-        if m == 1:
-            old = self._cost.get(threads)
-            self._cost[threads] = seconds if old is None else (1 - self.NEW) * old + self.NEW * seconds
-
-
 class CompiledForward:
     """A model's forward pass as a compiled plan on ``threads`` persistent workers (module docstring)."""
 
@@ -573,9 +527,9 @@ class CompiledForward:
 
 def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:
     """Run ``lm``'s forward pass from now on as one compiled plan on ``threads`` persistent workers (each run on
-    all of them, or with ``adaptive`` on the calling thread alone when that measures faster: :class:`ThreadChoice`),
-    bit-identical to the op-by-op path. False (and nothing changes) when the model cannot run so: a weight that is
-    not a jit-executed KleidiAI matmul."""
+    all of them, or with ``adaptive`` on the calling thread alone when that measures faster:
+    :class:`~kleidipy.graph.contention.ThreadChoice`), bit-identical to the op-by-op path. False (and nothing changes)
+    when the model cannot run so: a weight that is not a jit-executed KleidiAI matmul."""
     try:
         compiled = CompiledForward(lm, threads, adaptive)
     except NotPlannableError:

@@ -14,8 +14,9 @@ from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
 from tiny_models import write_model
 
 from kleidipy.errors import NonFiniteInputError
-from kleidipy.graph import contention, execute
-from kleidipy.graph.execute import ThreadChoice, compile_model
+from kleidipy.graph import contention
+from kleidipy.graph.contention import ThreadChoice
+from kleidipy.graph.execute import compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.layers import CausalLM, Segment
@@ -130,7 +131,7 @@ def test_prefill_takes_the_free_cores(
 ) -> None:
     """A prefill run takes every worker when no other process wants their cores (or that is unknown), else the caller
     alone (a run takes one or all), whatever decode measured; not adaptive, every worker."""
-    monkeypatch.setattr(execute, "free_cores", lambda: free)
+    monkeypatch.setattr(contention, "free_cores", lambda: free)
     choice = ThreadChoice(threads)
     choice.record(1, threads, 1.0)
     assert choice.pick(64) == picked
