@@ -13,11 +13,12 @@ functions (:mod:`kleidipy.graph.ops`, :mod:`kleidipy.graph.attention`) and the s
 
 :class:`CompiledForward` owns a model's plan, its buffers (grown to the largest ubatch seen) and the persistent
 workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only fills the run's table (the
-token count and the addresses of the arrays that change) and starts the run — which embeds the tokens itself when the
-embedding has a compiled GET_ROWS and returns the logits it allocated —, calling the compiled function past numba's
-type dispatch, with every array in one address table (rows ``A_*``); the workers stay in :func:`serve_plan` between
-runs and take the next one without the GIL, and thread 0 publishes such a run, takes its share and waits for the
-workers' end in one compiled call (:func:`lead_plan`).
+token count and the addresses of the arrays that change; a decoded token's in one compiled call, :func:`decode_run`)
+and starts the run — which embeds the tokens itself when the embedding has a compiled GET_ROWS and writes the logits
+into the caller's array —, calling the compiled function past numba's type dispatch, with every array in one address
+table (rows ``A_*``); the workers stay in :func:`serve_plan` between runs and take the next one without the GIL, and
+thread 0 publishes such a run, takes its share and waits for the workers' end in one compiled call
+(:func:`lead_plan`).
 Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
 maintained library runs a numba graph that way.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from sys import getrefcount
 from time import monotonic_ns as clock_ns
 from time import perf_counter
 from typing import Any
@@ -46,7 +48,6 @@ from kleidipy.graph.plan import (
     OP_GEGLU,
     OP_KEEP,
     OP_MATMUL,
-    OP_NAMES,
     OP_RMS_NORM,
     OP_ROPE,
     OP_SCALE,
@@ -56,6 +57,7 @@ from kleidipy.graph.plan import (
     Plan,
     build_plan,
 )
+from kleidipy.graph.profile import kernel_call, node_runs
 from kleidipy.graph.views import address_table, bool_at, f32_1d, f32_2d, f32_at, f64_at, i64_at, like_4d, u8_1d, u8_at
 from kleidipy.graph.workers import (
     SYNC_FIRST_FREE,
@@ -69,16 +71,19 @@ from kleidipy.graph.workers import (
 )
 from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
-from kleidipy.runtime.observer import KernelCall, NodeRun, Observer
+from kleidipy.runtime.observer import Observer
 from kleidipy.runtime.weights import InvalidTokenError
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node; [2], [3] thread 0's
-#: monotonic ns at the start and the end of its walk (the time inside compiled code, dispatch excluded); [4] 1 when a
-#: token id was out of the embedding's range (nothing ran)
-STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END, STATUS_BAD_TOKEN = 0, 1, 2, 3, 4
+#: monotonic ns at the start and the end of its walk; [4] 1 when a token id was out of the embedding's range (nothing
+#: ran) — cleared before each run; [5] the ns of every walk so far, thread 0's (the time inside compiled code, dispatch
+#: excluded), kept
+STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END, STATUS_BAD_TOKEN, STATUS_INSIDE = range(6)
+#: the status slots cleared before each run
+STATUS_PER_RUN = STATUS_INSIDE
 #: slots of a run's table: the ubatch's token count, and the address (and size) of each array that changes from run
 #: to run: the profile [threads (0: untimed), nodes, 3], the segments [n, 4], the rows kept, the logits
-#: [rows kept, n_vocab] (thread 0 allocates them) and the token ids
+#: [rows kept, n_vocab] (the caller's array: the LM head writes into it) and the token ids
 RUN_M, RUN_PROF, RUN_PROF_THREADS, RUN_SEGS, RUN_N_SEGS, RUN_KEEP, RUN_N_KEEP = range(7)
 RUN_LOGITS, RUN_N_VOCAB, RUN_IDS = 7, 8, 9
 #: a decoded token's id, in the table itself (a decode run's ``ids`` is this slot)
@@ -90,11 +95,11 @@ RUN_SLOTS = 11
 #: plan's nodes and float parameters; the address tables of the activation buffers, the packed weights, their sizes,
 #: kernel codes and parameters, the norm vectors, the RoPE cos/sin tables, whether each RoPE is NeoX; the GELU table;
 #: the address tables of the K and V caches; the packed-LHS scratch, attention's scratch [threads, n], the status,
-#: the embedding's bytes and the run table. One array argument instead of nineteen: numba wraps every array argument
-#: of a call in a reference-counted MemInfo (a malloc, a free, Python reference counts; ~1 us each, run cold after
-#: the plan streamed the weights through the caches).
+#: the embedding's bytes, the run table and a decoded token's run table (:func:`decode_run`). One array argument
+#: instead of twenty: numba wraps every array argument of a call in a reference-counted MemInfo (a malloc, a free,
+#: Python reference counts; ~1 us each, run cold after the plan streamed the weights through the caches).
 A_NODES, A_FPARAMS, A_BUFFERS, A_RHS, A_SIZES, A_CODES, A_PARAMS, A_VECTORS, A_COS, A_SIN = range(10)
-A_NEOX, A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN = range(10, 19)
+A_NEOX, A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN, A_DECODE = range(10, 20)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -115,9 +120,9 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
     ``embd_scale`` in f32 unless it is 0), each thread its share of the rows. ``m``, ``segs``, ``keep``, ``ids`` and
     ``prof`` come by address and size in the int64 table ``run`` (slots ``RUN_*``), so that the arguments stay the
     same objects from run to run (until the buffers grow or other KV caches come) and the workers can take the next
-    run in :func:`serve_plan`, without Python; thread 0 allocates the logits [keep.size, run[RUN_N_VOCAB]] (returned;
-    the other threads return a 0-size array) and publishes their address in ``run[RUN_LOGITS]`` for the LM head.
-    Every array comes through the table ``arrays`` (rows ``A_*``); ``cell`` gives the KV caches' dtype."""
+    run in :func:`serve_plan`, without Python; the LM head writes the logits [keep.size, run[RUN_N_VOCAB]] at the
+    address ``run[RUN_LOGITS]``. Every array comes through the table ``arrays`` (rows ``A_*``); ``cell`` gives the KV
+    caches' dtype. Returns 1 when the run stopped on an error (``status`` says which), else 0."""
     nodes, buffers, rhs = _i64_2d(arrays, A_NODES), _i64_2d(arrays, A_BUFFERS), _i64_2d(arrays, A_RHS)
     fparams = f64_at(arrays[A_FPARAMS, 0], arrays[A_FPARAMS, 1])
     sizes, codes, params = _i64_2d(arrays, A_SIZES), _i64_2d(arrays, A_CODES), _i64_2d(arrays, A_PARAMS)
@@ -135,9 +140,7 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
     segs = i64_at(run[RUN_SEGS], (run[RUN_N_SEGS], 4))
     keep = i64_at(run[RUN_KEEP], run[RUN_N_KEEP])
     ids = i64_at(run[RUN_IDS], m)
-    logits = np.empty((keep.size if ith == 0 else 0, run[RUN_N_VOCAB]), np.float32)
     if ith == 0:
-        run[RUN_LOGITS] = logits.ctypes.data  # (read at the LM head, never the first node: barriers come between)
         status[STATUS_START] = monotonic_ns()
     if embd_code >= 0:
         lo, hi = share(m, ith, nth)
@@ -151,7 +154,7 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
                 ops.scale(x, embd_scale, lo, hi)
         barrier(sync, nth)
         if status[STATUS_BAD_TOKEN] != 0:
-            return logits
+            return 1
     rows = m
     timed = prof.shape[0] > 0
     for i in range(nodes.shape[0]):
@@ -172,7 +175,7 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
                 mm.matmul(code, prm, rows, n, k, lhs, u8_1d(rhs, c), out, ith, nth)
             elif not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, u8_1d(rhs, c), out, n, k, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
-                return logits
+                return 1
         elif op == OP_RMS_NORM:
             x, out = f32_2d(buffers, a), f32_2d(buffers, b)
             if d > 0:  # per head: rows of head_dim values
@@ -249,7 +252,22 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
         barrier(sync, nth)
     if ith == 0:
         status[STATUS_END] = monotonic_ns()
-    return logits
+        status[STATUS_INSIDE] += status[STATUS_END] - status[STATUS_START]
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_run(arrays, token, position, logits):  # pragma: no cover - compiled
+    """Set the run table (in the table ``arrays``, row ``A_RUN``) to a decoded token's: ``token`` at ``position`` of
+    the first KV cache, its logits into ``logits`` [n_vocab] — a copy of the decode template (row ``A_DECODE``) with
+    those three in their slots —, and clear the status of the last run: what Python would do in numpy steps, each
+    run cold after the plan streamed the weights through the caches."""
+    run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
+    run[:] = i64_at(arrays[A_DECODE, 0], arrays[A_DECODE, 1])
+    run[RUN_TOKEN] = token
+    run[RUN_LOGITS] = logits.ctypes.data
+    i64_at(run[RUN_SEGS], (1, 4))[0, 1] = position
+    i64_at(arrays[A_STATUS, 0], STATUS_PER_RUN)[:] = 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -271,9 +289,9 @@ def lead_plan(nth, sync, ctl, seq, args):  # pragma: no cover - compiled
     for the workers' end; None (and nothing run) when a worker sleeps."""
     if not post_again(ctl, sync, seq):
         return None
-    logits = run_plan(0, nth, sync, *args)
+    failed = run_plan(0, nth, sync, *args)
     wait_done(ctl, nth - 1)
-    return logits
+    return failed
 
 
 def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[..., Any] | None:
@@ -312,7 +330,7 @@ class CompiledForward:
         self._arrays: list[np.ndarray] = []
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, attention.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
-        self._status = np.zeros(5, np.int64)
+        self._status = np.zeros(STATUS_INSIDE + 1, np.int64)
         #: the embedding as the run does it (GET_ROWS of its bytes, code >= 0), or -1: the caller embeds in Python
         embd = getattr(lm.embedding, "compiled_rows", lambda: None)()
         self._embd = (-1, np.zeros((0, 0), np.uint8), np.float32(0.0)) if embd is None else embd
@@ -326,8 +344,10 @@ class CompiledForward:
         self._static: tuple | None = None
         self._arrays_table = np.zeros((0, 5), np.int64)  # (the address table of the arrays the tuple gives)
         self._run_slots = np.zeros(RUN_SLOTS, np.int64)
-        #: the run table of a decoded token (its id then goes in slot RUN_TOKEN, its position in _one_segment)
+        #: the run table of a decoded token (:func:`decode_run` puts its id in slot RUN_TOKEN, its position in
+        #: _one_segment and the logits' address in slot RUN_LOGITS)
         self._decode_slots = np.zeros(RUN_SLOTS, np.int64)
+        self._logits: np.ndarray | None = None  # (the last decoded token's)
         self._decode_slots[:RUN_TOKEN] = (
             1, self._untimed.ctypes.data, 0, self._one_segment.ctypes.data, 1, self._first_row.ctypes.data, 1, 0,
             self._n_logits, self._run_slots.ctypes.data + RUN_TOKEN * self._run_slots.itemsize,
@@ -337,9 +357,12 @@ class CompiledForward:
         self.choice = ThreadChoice(threads, adaptive)
         self._choosing = threads > 1 and adaptive
         self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
-        #: seconds spent inside the compiled runs, as thread 0 clocks them (the rest of a forward pass, the call into
-        #: numba included, is host Python)
-        self.run_seconds = 0.0
+
+    @property
+    def run_seconds(self) -> float:
+        """Seconds spent inside the compiled runs so far, as thread 0 clocks them (the rest of a forward pass, the
+        call into numba included, is host Python)."""
+        return int(self._status[STATUS_INSIDE]) / 1e9
 
     def close(self) -> None:
         """Stop the worker threads."""
@@ -353,7 +376,7 @@ class CompiledForward:
         cache = self.lm.new_cache(1)
         for _ in range(2):  # (the second run is the first run's again: on the workers, lead_plan's first)
             with suppress(NonFiniteInputError):
-                self(np.zeros(1, np.int64), [Segment(cache, 0, 0, 1)], np.zeros(1, np.int64))
+                self.decode(0, cache, 0)
         self.choice = ThreadChoice(self.choice.threads, self.choice.adaptive)
 
     def _grow_rows(self, m: int) -> None:
@@ -395,6 +418,7 @@ class CompiledForward:
                 self._status,
                 rows,
                 self._run_slots,
+                self._decode_slots,
             ]
             self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
             self._static = (self._arrays_table, cell, self._kv_caches[0].f16, self.plan.logits, code, scale)
@@ -409,21 +433,26 @@ class CompiledForward:
         segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)
         return self._run(ids, caches, segs, np.ascontiguousarray(keep, np.int64))
 
-    def decode(self, token: np.ndarray, cache: KVCache, position: int) -> np.ndarray:
-        """One token (an int array of one id) of the sequence of ``cache`` at ``position``: what ``self(token,
-        [Segment(cache, position, 0, 1)], [0])`` gives, without building the segment and row lists or reading any
-        array's address (a decoded token's Python time is mostly such steps, each run cold after the plan): the run
-        table is a copy of one made at the start, the token its own slot."""
+    def decode(self, token: int, cache: KVCache, position: int) -> np.ndarray:
+        """One token (an id, checked) of the sequence of ``cache`` at ``position``: what ``self([token],
+        [Segment(cache, position, 0, 1)], [0])[0]`` gives [n_vocab], without building the segment and row lists or
+        reading any array's address (a decoded token's Python time is mostly such steps, each run cold after the
+        plan): one compiled call sets the run table (:func:`decode_run`). The logits go into the array of the last
+        decoded token when nothing else holds it any more (its reference count says so: a caller that kept it gets a
+        new array), which spares a cold allocation (~10 µs after the plan)."""
         if not self._rows:
             self._grow_rows(1)
         if len(self._kv_caches) != 1 or self._kv_caches[0] is not cache:
             self._use_caches([cache])
         if self._embd[0] < 0:
-            self._arrays[0][:1] = self.lm.embedding(token)
-        self._one_segment[0, 1] = position
-        self._run_slots[:] = self._decode_slots
-        self._run_slots[RUN_TOKEN] = token[0]
-        return self._launch(token, 1, self.choice.pick(1), ())
+            self._arrays[0][:1] = self.lm.embedding(np.array([token], np.int64))
+        args = self._static_args()
+        if self._logits is None or getrefcount(self._logits) > 2:  # (2: the attribute and the argument)
+            self._logits = np.empty(self._n_logits, np.float32)
+        logits = self._logits
+        decode_run(self._arrays_table, token, position, logits)
+        self._launch(args, [token], 1, self.choice.pick(1), ())
+        return logits
 
     def _run(self, ids: np.ndarray, caches: list[KVCache], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
         """:meth:`__call__` with the segments as the int64 table run_plan reads (cache index in ``caches``, first
@@ -440,11 +469,15 @@ class CompiledForward:
         watchers = [o for o in self.lm.observers if o.wants_matmuls] if self.lm.observers else ()
         nth = 1 if threads == 1 else self.workers.n_threads  # (a run takes the caller alone or every worker)
         prof = np.zeros((nth, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
+        logits = np.empty((keep.size, self._n_logits), np.float32)
+        args = self._static_args()
         self._run_slots[:] = (
-            m, prof.ctypes.data, prof.shape[0], segs.ctypes.data, segs.shape[0], keep.ctypes.data, keep.size, 0,
-            self._n_logits, ids.ctypes.data, 0,
+            m, prof.ctypes.data, prof.shape[0], segs.ctypes.data, segs.shape[0], keep.ctypes.data, keep.size,
+            logits.ctypes.data, self._n_logits, ids.ctypes.data, 0,
         )  # fmt: skip
-        return self._launch(ids, m, threads, watchers, prof)
+        self._status[:STATUS_PER_RUN] = 0
+        self._launch(args, ids, m, threads, watchers, prof, logits.shape[0])
+        return logits
 
     def _use_caches(self, caches: list[KVCache]) -> None:
         """Runs from now on read and write the KV caches ``caches`` (in this order)."""
@@ -454,75 +487,45 @@ class CompiledForward:
         self._static = None
 
     def _launch(
-        self, ids: np.ndarray, m: int, threads: int, watchers: Sequence[Observer], prof: np.ndarray | None = None
-    ) -> np.ndarray:
-        """Run the plan on ``threads`` threads with the run table as set (ids ``ids`` of m tokens; ``prof``: the
-        profile array when ``watchers`` are told of the nodes); returns the logits."""
-        self._status[:] = 0
-        args = self._static_args()
+        self,
+        args: tuple,
+        ids: Sequence[int] | np.ndarray,
+        m: int,
+        threads: int,
+        watchers: Sequence[Observer],
+        prof: np.ndarray | None = None,
+        kept: int = 1,
+    ) -> None:
+        """Run the plan (arguments ``args``, :meth:`_static_args`) on ``threads`` threads with the run table and the
+        status as set (ids ``ids`` of m tokens; ``prof``: the profile array when ``watchers`` are told of the nodes;
+        ``kept`` rows of logits); raises on a run that stopped on an error."""
         fn = self._entry or run_plan
         # (a run that may compile a function, or load it from numba's cache, tells the thread choice nothing)
         measured = self._choosing and self._entry is not None and (threads == 1 or self._lead is not None)
-        t0, mono0 = perf_counter(), clock_ns()
+        t0 = perf_counter()
+        mono0 = clock_ns() if watchers else 0
         if threads == 1:
-            logits = fn(0, 1, self._sync, *args)
+            failed = fn(0, 1, self._sync, *args)
         else:
-            logits = self.workers.run(fn, args, serve_plan, self._lead or lead_plan)
-        seconds = perf_counter() - t0
+            failed = self.workers.run(fn, args, serve_plan, self._lead or lead_plan)
         if measured:
-            self.choice.record(m, threads, seconds)
-        status = self._status.tolist()  # (one read of the slots: each numpy index is a Python step)
-        inside = status[STATUS_END] - status[STATUS_START]
-        self.run_seconds += inside / 1e9 if status[STATUS_END] else seconds
+            self.choice.record(m, threads, perf_counter() - t0)
         if self._entry is None:  # run_plan is compiled for these types now: call it past numba's type dispatch
             self._entry = entry_point(run_plan, (0, 1, self._sync, *args))
         if self._lead is None and threads > 1:  # (compiled at the second run of these arguments on the workers)
             self._lead = entry_point(lead_plan, (0, self._sync, self._sync, 0, args))
-        if status[STATUS_BAD_TOKEN]:
-            raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {ids.tolist()[:8]}")
-        if status[STATUS_NONFINITE]:
+        if failed:
+            status = self._status.tolist()
+            if status[STATUS_BAD_TOKEN]:
+                shown = [int(i) for i in ids[:8]]
+                raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {shown}")
             weight = self.plan.weights[int(self.plan.nodes[status[STATUS_NODE], 3])]
             raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
-        for node in self._node_runs(prof, m, logits.shape[0], t0 - mono0 / 1e9) if watchers else ():
+        for node in node_runs(self.plan, prof, m, kept, t0 - mono0 / 1e9) if watchers else ():
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:
-                    observer.on_matmul(self._kernel_call(node))
-        return logits
-
-    def _node_runs(self, prof: np.ndarray, m: int, kept: int, offset: float) -> list[NodeRun]:
-        """The nodes of a timed run, their monotonic ns stamps turned into perf_counter seconds (``offset`` apart)."""
-        out, rows = [], m
-        for i, node in enumerate(self.plan.nodes):
-            op = int(node[0])
-            if not prof[:, i, 0].any():  # not run (a MUL_MAT of no rows)
-                continue
-            if op == OP_MATMUL:
-                label = self.plan.weights[int(node[3])].name
-            else:
-                label = f"layer {int(node[3])}" if op in (OP_STORE_KV, OP_ATTENTION) else ""
-            threads = [
-                (t0 / 1e9 + offset, t1 / 1e9 + offset if t1 else None, t2 / 1e9 + offset)
-                for t0, t1, t2 in prof[:, i].tolist()
-            ]
-            out.append(NodeRun(i, OP_NAMES[op], label, rows, threads))
-            if op == OP_KEEP:
-                rows = kept
-        return out
-
-    def _kernel_call(self, node: NodeRun) -> KernelCall:
-        """A MUL_MAT node's run as the eager path reports one: the LHS pack from the first thread's start to the last
-        thread's pack end, the kernel (after the barrier) from there to the last thread's end."""
-        weight = self.plan.weights[int(self.plan.nodes[node.index, 3])]
-        run, code = (weight.linear.gemv, weight.gemv) if node.rows == 1 else (weight.linear.gemm, weight.gemm)
-        start = min(t[0] for t in node.threads)
-        packed = max(t[1] for t in node.threads)
-        end = max(t[2] for t in node.threads)
-        lhs_bytes = code.lhs_bytes(node.rows)
-        call = KernelCall(weight.name, run.kernel, node.rows, weight.n, weight.k, lhs_bytes, int(weight.rhs.nbytes))
-        call.lhs_seconds, call.matmul_seconds, call.start = packed - start, end - packed, start
-        call.lhs_shared = self.plan.nodes[node.index, 4] == 1
-        return call
+                    observer.on_matmul(kernel_call(self.plan, node))
 
 
 def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:

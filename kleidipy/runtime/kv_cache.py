@@ -126,8 +126,13 @@ class KVCache:
         of ``dtype`` (views)."""
         return self.k[layer, :, :, :n_kv], self.v[layer, :, :n_kv]
 
-    def advance(self, start: int, ids: np.ndarray) -> None:
-        """Mark positions start..start+len(ids)-1 as filled with tokens ``ids`` (after every layer stored them)."""
+    def advance(self, start: int, ids: np.ndarray | int) -> None:
+        """Mark positions start..start+len(ids)-1 as filled with tokens ``ids`` (after every layer stored them), or
+        position start with token ``ids`` when it is one id."""
+        if isinstance(ids, int):  # (a decoded token: no slice of numpy, each a µs when run cold)
+            self.tokens[start] = ids
+            self.n_past = start + 1
+            return
         self.tokens[start : start + len(ids)] = ids
         self.n_past = start + len(ids)
 

@@ -340,6 +340,14 @@ class CausalLM:
         own). Returns float32 logits of the last position [n_vocab], or of every position [m, n_vocab] with
         ``all_logits``."""
         cache = self.cache if cache is None else cache
+        if positions is None and type(token_ids) is list and len(token_ids) == 1 and type(token_ids[0]) is int:
+            # a decoded token as generation passes it: checked without numpy (a numpy step costs µs when it runs
+            # cold after a compiled pass that streamed the weights through the caches)
+            token, start = token_ids[0], cache.n_past
+            if not 0 <= token < self.hparams.n_vocab:
+                raise InvalidTokenError(self._bad_ids(token, token))
+            cache.check(start, 1)
+            return self._forward_one(token, cache, start, all_logits)
         ids = self._check_ids(token_ids)
         start = cache.n_past if positions is None else _first_position(positions, ids.size)
         cache.check(start, ids.size)
@@ -368,10 +376,8 @@ class CausalLM:
     def _forward_checked(self, seqs: list[tuple[KVCache, np.ndarray, int]], all_logits: bool) -> list[np.ndarray]:
         """:meth:`forward_batch` of parts whose ids and positions are checked."""
         if len(seqs) == 1 and seqs[0][1].size == 1 and self.compiled is not None and not self.observers:
-            cache, ids, start = seqs[0]  # a decoded token on the compiled plan: the short way
-            logits = self.compiled.decode(ids, cache, start)
-            cache.advance(start, ids)
-            return [logits if all_logits else logits[0]]
+            cache, ids, start = seqs[0]
+            return [self._forward_one(int(ids[0]), cache, start, all_logits)]
         m = sum(ids.size for _, ids, _ in seqs)
         for observer in self.observers:
             observer.on_forward_start(m, seqs[0][2])
@@ -395,6 +401,15 @@ class CausalLM:
             for observer in self.observers:
                 observer.on_forward_end(m, seqs[0][2])
         return [np.concatenate(c) if all_logits else c[-1][-1] for c in chunks]
+
+    def _forward_one(self, token: int, cache: KVCache, start: int, all_logits: bool) -> np.ndarray:
+        """:meth:`forward` of one checked token at position ``start`` of ``cache``: on the compiled plan the short
+        way (:meth:`~kleidipy.graph.execute.CompiledForward.decode`), else as a batch of one."""
+        if self.compiled is None or self.observers:
+            return self._forward_checked([(cache, np.array([token], np.int64), start)], all_logits)[0]
+        logits = self.compiled.decode(token, cache, start)
+        cache.advance(start, token)
+        return logits[None] if all_logits else logits
 
     def _run_ubatch(
         self,
@@ -440,8 +455,12 @@ class CausalLM:
             raise InvalidTokenError(f"token ids must be a non-empty 1-D integer sequence, got {ids.dtype} {ids.shape}")
         lo, hi = (int(ids[0]),) * 2 if ids.size == 1 else (ids.min(), ids.max())  # (a decoded token: no reductions)
         if lo < 0 or hi >= self.hparams.n_vocab:
-            raise InvalidTokenError(f"token ids must be in [0, {self.hparams.n_vocab}), got {lo}..{hi}")
+            raise InvalidTokenError(self._bad_ids(lo, hi))
         return ids
+
+    def _bad_ids(self, lo: int, hi: int) -> str:
+        """The message of ids from lo to hi, some outside the vocabulary."""
+        return f"token ids must be in [0, {self.hparams.n_vocab}), got {lo}..{hi}"
 
     def _hidden(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice) -> np.ndarray:
         """One ubatch through the blocks; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""

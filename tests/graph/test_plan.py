@@ -168,3 +168,42 @@ def test_the_plan_embeds_the_tokens_and_refuses_bad_ids(tmp_path: Path) -> None:
         lm.compiled(np.array([1, lm.hparams.n_vocab]), [Segment(cache, 0, 0, 2)], np.array([1]))
     assert np.isfinite(lm.forward([1, 2], cache=lm.new_cache())).all()
     lm.compiled.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decoded_tokens_take_the_short_way_bit_for_bit(tmp_path: Path, threads: int) -> None:
+    """A decoded token (a list of one int, or an int array of one) runs through CompiledForward.decode: the same bits
+    as the op-by-op path; its logits array is reused only when the caller dropped it (one kept is never written
+    again); a bad id is refused before anything runs; the plan's clock counts the runs."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512")
+    tokens = [5, 260, 7, 9, 11]
+
+    def decode_all() -> tuple[list[np.ndarray], np.ndarray]:
+        cache = lm.new_cache()
+        lm.forward([1, 2, 3], cache=cache)
+        out = []
+        for i, t in enumerate(tokens):
+            logits = lm.forward([t] if i % 2 else np.array([t]), cache=cache)
+            out.append(logits.copy())
+            del logits  # (dropped: the next token may reuse the array)
+        return out, cache.tokens[: cache.n_past].copy()
+
+    want, want_ids = decode_all()
+    assert compile_model(lm, threads, adaptive=False)
+    got, got_ids = decode_all()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+    np.testing.assert_array_equal(got_ids, want_ids)
+    cache = lm.new_cache()
+    kept = lm.forward([1], cache=cache)
+    before, clock = kept.copy(), lm.compiled.run_seconds
+    later = lm.forward([2], cache=cache)
+    assert later is not kept and not np.shares_memory(later, kept)
+    np.testing.assert_array_equal(kept, before)
+    assert lm.compiled.run_seconds > clock
+    assert lm.forward([3], cache=cache, all_logits=True).shape == (1, lm.hparams.n_vocab)
+    for bad in ([lm.hparams.n_vocab], [-1], [True]):
+        with pytest.raises(InvalidTokenError):
+            lm.forward(bad, cache=cache)
+    assert cache.n_past == 3 and cache.tokens[:3].tolist() == [1, 2, 3]
+    lm.compiled.close()
