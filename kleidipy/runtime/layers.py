@@ -340,7 +340,8 @@ class CausalLM:
         own). Returns float32 logits of the last position [n_vocab], or of every position [m, n_vocab] with
         ``all_logits``."""
         cache = self.cache if cache is None else cache
-        if positions is None and type(token_ids) is list and len(token_ids) == 1 and type(token_ids[0]) is int:
+        one = positions is None and type(token_ids) is list and len(token_ids) == 1 and type(token_ids[0]) is int
+        if one and self.compiled is not None and not self.observers:
             # a decoded token as generation passes it: checked without numpy (a numpy step costs µs when it runs
             # cold after a compiled pass that streamed the weights through the caches)
             token, start = token_ids[0], cache.n_past
@@ -403,10 +404,8 @@ class CausalLM:
         return [np.concatenate(c) if all_logits else c[-1][-1] for c in chunks]
 
     def _forward_one(self, token: int, cache: KVCache, start: int, all_logits: bool) -> np.ndarray:
-        """:meth:`forward` of one checked token at position ``start`` of ``cache``: on the compiled plan the short
-        way (:meth:`~kleidipy.graph.execute.CompiledForward.decode`), else as a batch of one."""
-        if self.compiled is None or self.observers:
-            return self._forward_checked([(cache, np.array([token], np.int64), start)], all_logits)[0]
+        """:meth:`forward` of one checked token at position ``start`` of ``cache`` on the compiled plan, unobserved:
+        the short way (:meth:`~kleidipy.graph.execute.CompiledForward.decode`)."""
         logits = self.compiled.decode(token, cache, start)
         cache.advance(start, token)
         return logits[None] if all_logits else logits
