@@ -35,7 +35,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
-from kleidipy.core.numerics import F16_BITS_TO_F32
+from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX
 from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 
@@ -51,10 +51,12 @@ TILE_ROWS = 4
 NO_PREFETCH = 0
 #: the integer parameters handed to the IR code in one int64 array (see ``_compute``).
 PARAMS = ("lstride", "mr", "nb", "rstride", "nr", "n", "ldo", "prefetch")
+_LDO = PARAMS.index("ldo")
 #: integer accumulators per row and vector when a tile takes whole blocks (independent vpdpbusd chains)
 CHAINS = 2
 #: panels (memory streams) the GEMV reads at once, far apart (see ``make_gemv_tile``)
 GEMV_PANELS = 4
+_LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)
 
 
 class Tile:
@@ -376,19 +378,10 @@ def _gemv(isa, params, lhs, corr, sl, rhs, out, acc, panels, init):  # pragma: n
 
 
 @numba.njit(cache=True, nogil=True)
-def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
-    nb = k // 32
-    ldo = (n + PANEL_COLS - 1) // PANEL_COLS * PANEL_COLS  # whole panels: tiles store 64 columns
-    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, NO_PREFETCH], np.int64)  # PARAMS
-    out = np.empty((m, ldo), np.float32)
-    flat = out.reshape(-1)
-    corr, sl = lhs_terms(isa, m, k, mr, lhs)
-    init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
-    acc = np.empty(TILE_ROWS * PANEL_COLS, np.float32)
-    if m == 1 and nr % PANEL_COLS == 0:
-        _gemv(isa, params, lhs, corr, sl, rhs, flat, acc, ldo // PANEL_COLS, init)
-        return np.ascontiguousarray(out[:, :n]) if ldo != n else out
-    for j0 in range(0, n, PANEL_COLS):  # the first row tile streams the panel from memory, the others from L2
+def _tiles(isa, params, m, nr, lhs, corr, sl, rhs, flat, acc, init, j0s, ld_clamp):  # pragma: no cover - compiled
+    """The row tiles of every panel in range(*j0s) into flat (row stride params' ldo); ld_clamp > 0: each tile's
+    rows clamped to ±FLT_MAX in place right after it is stored (while it is in L1), at row stride ld_clamp."""
+    for j0 in range(j0s[0], j0s[1], PANEL_COLS):  # the first row tile streams the panel from memory, the rest L2
         for i0 in range(0, m, TILE_ROWS):
             rows = min(TILE_ROWS, m - i0)
             if nr % PANEL_COLS:
@@ -404,9 +397,67 @@ def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
                 _TILE_2(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
             else:
                 _TILE_1(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+            if ld_clamp > 0:
+                for r in range(i0, i0 + rows):
+                    clamp_f32(flat[r * ld_clamp + j0 : r * ld_clamp + j0 + PANEL_COLS])
+
+
+@numba.njit(cache=True, nogil=True)
+def clamp_f32(x):  # pragma: no cover - compiled
+    """x[:] clamped to ±FLT_MAX in place (NaN kept, as numpy's maximum/minimum): the kernels' clamp."""
+    for j in range(x.size):
+        v = x[j]
+        if v < _LO:
+            x[j] = _LO
+        elif v > _HI:
+            x[j] = _HI
+
+
+@numba.njit(cache=True, nogil=True)
+def _prologue(isa, m, n, k, mr, nr, lhs, ldo, first_block_fmul):  # pragma: no cover - compiled
+    """What every driver sets up: the PARAMS array (output row stride ldo), the per-row terms, the initial value
+    and the float accumulators' memory."""
+    nb = k // 32
+    params = np.array([mr * nb * 34, mr, nb, nr * nb * 18, nr, n, ldo, NO_PREFETCH], np.int64)  # PARAMS
+    corr, sl = lhs_terms(isa, m, k, mr, lhs)
+    init = np.float32(-0.0) if first_block_fmul else np.float32(0.0)
+    return params, corr, sl, init, np.empty(TILE_ROWS * PANEL_COLS, np.float32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+    ldo = (n + PANEL_COLS - 1) // PANEL_COLS * PANEL_COLS  # whole panels: tiles store 64 columns
+    params, corr, sl, init, acc = _prologue(isa, m, n, k, mr, nr, lhs, ldo, first_block_fmul)
+    out = np.empty((m, ldo), np.float32)
+    flat = out.reshape(-1)
+    if m == 1 and nr % PANEL_COLS == 0:
+        _gemv(isa, params, lhs, corr, sl, rhs, flat, acc, ldo // PANEL_COLS, init)
+    else:
+        _tiles(isa, params, m, nr, lhs, corr, sl, rhs, flat, acc, init, (0, n), 0)
     if ldo != n:
         return np.ascontiguousarray(out[:, :n])
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def compute_into(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld):  # pragma: no cover - compiled
+    """:func:`_compute` clamped to ±FLT_MAX into dst (flat float32, row i at dst[i·ld :], n columns), with no
+    result array in between: the whole panels' tiles store into dst and clamp their rows at once; a last partial
+    panel goes through a scratch of whole panels (its tiles store 64 columns). The same bits as ``_compute`` and a
+    clamp. For the compiled plan's GEMMs, whose results would otherwise be copied (3 MB for a 512 × 1536 one)."""
+    full = n // PANEL_COLS * PANEL_COLS
+    params, corr, sl, init, acc = _prologue(isa, m, n, k, mr, nr, lhs, ld, first_block_fmul)
+    _tiles(isa, params, m, nr, lhs, corr, sl, rhs, dst, acc, init, (0, full), ld)
+    if full < n:
+        params[_LDO] = PANEL_COLS
+        part = np.empty(m * PANEL_COLS + full + PANEL_COLS, np.float32)  # row i at part[i·64 + full ...]
+        _tiles(isa, params, m, nr, lhs, corr, sl, rhs, part, acc, init, (full, n), 0)
+        for i in range(m):
+            src = part[i * PANEL_COLS + full : i * PANEL_COLS + n]
+            row = dst[i * ld + full : i * ld + n]
+            for j in range(n - full):
+                row[j] = src[j]
+            clamp_f32(row)
 
 
 @numba.njit(cache=True, nogil=True)
