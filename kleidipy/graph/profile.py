@@ -18,7 +18,7 @@ def node_runs(plan: Plan, prof: np.ndarray, m: int, kept: int, offset: float) ->
     out, rows = [], m
     for i, node in enumerate(plan.nodes):
         op = int(node[0])
-        if not prof[:, i, 0].any():  # not run (a MUL_MAT of no rows)
+        if not prof[:, i, 2].any():  # not run (a MUL_MAT of no rows: stamped at its start, never at an end)
             continue
         if op == OP_MATMUL:
             label = plan.weights[int(node[3])].name

@@ -21,6 +21,7 @@ from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.layers import CausalLM, Segment
 from kleidipy.runtime.model_file import ModelFile
+from kleidipy.runtime.observer import NodeRun, Observer
 from kleidipy.runtime.weights import InvalidTokenError
 from kleidipy.target import parse_target
 
@@ -168,6 +169,30 @@ def test_the_plan_embeds_the_tokens_and_refuses_bad_ids(tmp_path: Path) -> None:
         lm.compiled(np.array([1, lm.hparams.n_vocab]), [Segment(cache, 0, 0, 2)], np.array([1]))
     assert np.isfinite(lm.forward([1, 2], cache=lm.new_cache())).all()
     lm.compiled.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_timed_prefill_of_several_ubatches_tells_the_nodes_that_ran(tmp_path: Path, threads: int) -> None:
+    """An observed prompt of 3 ubatches (as `kleidipy trace` runs a long prompt): the LM head runs in the last
+    ubatch only (the others keep no row) and is told once; every node told ends after it starts (a node that did
+    not run was once told with a start and no end: minus an hour in the trace)."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512", n_ubatch=4)
+    nodes: list[NodeRun] = []
+
+    class Nodes(Observer):
+        wants_matmuls = True
+
+        def on_node(self, node: NodeRun) -> None:
+            nodes.append(node)
+
+    assert compile_model(lm, threads, adaptive=False)
+    lm.observers.append(Nodes())
+    lm.forward(np.arange(1, 11, dtype=np.int64))
+    lm.compiled.close()
+    head = build_plan(lm).weights[-1].name
+    assert [n.rows for n in nodes if n.label == head] == [1]
+    assert len([n for n in nodes if n.op == "KEEP"]) == 3
+    assert all(len(n.threads) == threads and all(0 < end - start < 60 for start, _, end in n.threads) for n in nodes)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
