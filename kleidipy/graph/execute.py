@@ -271,12 +271,12 @@ def decode_run(arrays, token, position, logits):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def serve_plan(ith, nth, sync, ctl, seq, spins, *args):  # pragma: no cover - compiled
+def serve_plan(ith, nth, sync, ctl, seq, spin_ns, *args):  # pragma: no cover - compiled
     """Thread ith (> 0) of a multi-thread run: :func:`run_plan` ``(ith, nth, sync, *args)`` for job ``seq`` and for
     every next run of the same arguments (:meth:`Workers.run`'s ``serve`` loop); returns the last job it ran."""
     while True:
         run_plan(ith, nth, sync, *args)
-        nxt = next_run(ctl, seq, spins)
+        nxt = next_run(ctl, seq, spin_ns)
         if nxt < 0:
             return seq
         seq = nxt

@@ -36,7 +36,7 @@ import numba
 import numpy as np
 
 from kleidipy.core.buffers import check_threads
-from kleidipy.graph.atomics import atomic_add, atomic_load, atomic_store, cpu_pause, sched_yield
+from kleidipy.graph.atomics import atomic_add, atomic_load, atomic_store, cpu_pause, monotonic_ns, sched_yield
 
 #: threads at the current barrier.
 SYNC_ARRIVED = 0
@@ -55,8 +55,12 @@ DEFAULT_SYNC_SLOTS = 64
 BARRIER_SPINS = 32
 #: what a sched_yield costs in pauses (~0.4 µs), for the idle spin's budget.
 YIELD_PAUSES = 16
-#: how long an idle worker spins on the job counter before it sleeps.
-IDLE_SPIN_US = 50.0
+#: how long an idle worker spins on the job counter before it sleeps: longer than a decoded token's Python between two
+#: runs (sampling included; ~60-130 µs cold, and a sampler chain over the vocabulary more), so that a decode loop finds
+#: its workers awake — one asleep costs the next run a wake and the GIL (at 50 µs, the 1.1B model's host time at 2
+#: threads measured ~125 µs a token, at 2000 ~95). ggml's threadpool polls far longer by default; the spin yields the
+#: core between rounds after BARRIER_SPINS pauses, so another process still gets it.
+IDLE_SPIN_US = 2000.0
 
 #: longest a worker waits after seeing a job before it takes the GIL (see _Pool._loop).
 GIL_DELAY_MAX_US = 20.0
@@ -129,25 +133,35 @@ def barrier(sync: np.ndarray, nth: int) -> None:
 
 
 @numba.njit(nogil=True, cache=True)
-def _wait_job(ctl: np.ndarray, last: int, spins: int, delay: int) -> int:
-    """Spin (then yield, as barriers do) for about ``spins`` pauses while the job counter is ``last``; returns the
-    counter as last seen, ``delay`` pauses after seeing it change (see _Pool._loop)."""
+def _wait_job(ctl: np.ndarray, last: int, spin_ns: int, delay: int) -> int:
+    """Spin (then yield, as barriers do) for ``spin_ns`` ns of wall time while the job counter is ``last``; returns
+    the counter as last seen, ``delay`` pauses after seeing it change (see _Pool._loop). Bounded by the clock, not
+    by a count of rounds: with another process on the core each sched_yield can last a time slice."""
     n = 0
-    while n < spins:
+    end = monotonic_ns() + spin_ns
+    while True:
         seq = atomic_load(ctl, _CTL_JOB)
         if seq != last:
             for _ in range(delay):
                 cpu_pause()
             return seq
         n = _spin_wait(n)
-    return atomic_load(ctl, _CTL_JOB)
+        if n >= BARRIER_SPINS and monotonic_ns() >= end:  # (the clock is read in the yielding rounds only)
+            return atomic_load(ctl, _CTL_JOB)
 
 
 @numba.njit(nogil=True, cache=True)
-def _finish_and_wait(ctl: np.ndarray, last: int, spins: int, delay: int) -> int:
+def _pauses(count: int) -> None:
+    """``count`` pause hints (the unit of the GIL delay, timed by _spin_seconds)."""
+    for _ in range(count):
+        cpu_pause()
+
+
+@numba.njit(nogil=True, cache=True)
+def _finish_and_wait(ctl: np.ndarray, last: int, spin_ns: int, delay: int) -> int:
     """A worker's end of job ``last`` (counted once the GIL is released) and its spin for the next one."""
     atomic_add(ctl, _CTL_DONE, 1)
-    return _wait_job(ctl, last, spins, delay)
+    return _wait_job(ctl, last, spin_ns, delay)
 
 
 @numba.njit(cache=True)
@@ -178,12 +192,12 @@ def _sleeping(ctl: np.ndarray, change: int) -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def next_run(ctl: np.ndarray, seq: int, spins: int) -> int:
+def next_run(ctl: np.ndarray, seq: int, spin_ns: int) -> int:
     """A serve loop's end of run ``seq`` and its wait for the next (see :meth:`Workers.run`): the next run's job
-    number when it is the same job again, else -1 (none came within ``spins``, or a new job did: the worker goes
+    number when it is the same job again, else -1 (none came within ``spin_ns`` ns, or a new job did: the worker goes
     back to Python, to sleep or to take it)."""
     atomic_add(ctl, _CTL_DONE, 1)
-    nxt = _wait_job(ctl, seq, spins, 0)
+    nxt = _wait_job(ctl, seq, spin_ns, 0)
     if nxt == seq or atomic_load(ctl, _CTL_AGAIN) == 0:
         return -1
     return nxt
@@ -201,13 +215,12 @@ _SPIN_SECONDS: list[float] = []
 
 
 def _spin_seconds() -> float:
-    """How long one round of _wait_job takes on this host (measured once)."""
+    """How long one pause takes on this host (measured once)."""
     if not _SPIN_SECONDS:
-        ctl = aligned_zeros(_CTL_SLOTS)
-        _wait_job(ctl, 0, 1, 0)
+        _pauses(1)
         rounds = BARRIER_SPINS // 2
         start = time.perf_counter()
-        _wait_job(ctl, 0, rounds, 0)
+        _pauses(rounds)
         _SPIN_SECONDS.append(max((time.perf_counter() - start) / rounds, 1e-9))
     return _SPIN_SECONDS[0]
 
@@ -221,7 +234,7 @@ class _Pool:
         self.sync = aligned_zeros(sync_slots)
         self.ctl = aligned_zeros(_CTL_SLOTS)
         self.spin_s = _spin_seconds()
-        self.spins = max(16, int(IDLE_SPIN_US * 1e-6 / self.spin_s))
+        self.spin_ns = int(IDLE_SPIN_US * 1e3)
         self.max_delay = max(1, int(GIL_DELAY_MAX_US * 1e-6 / self.spin_s))
         self.seq = 0
         self.posted_at = 0.0
@@ -250,7 +263,7 @@ class _Pool:
         after seeing a job, the worker spins ``delay`` pauses so that thread 0 is past its own call of ``fn``
         (which releases the GIL) first. ``delay`` adapts: doubled when the GIL came late, shrunk when on time."""
         last, delay = 0, 2 * GIL_DELAY_MIN
-        seq = _wait_job(self.ctl, last, self.spins, delay)
+        seq = _wait_job(self.ctl, last, self.spin_ns, delay)
         while True:
             if seq == last:
                 seq = self._sleep(last)
@@ -263,7 +276,7 @@ class _Pool:
             fn, args, serve = self.job  # type: ignore[misc]
             try:
                 if serve is not None:  # runs job seq and the same job again until none comes or another does
-                    last = serve(ith, self.nth, self.sync, self.ctl, seq, self.spins, *args)
+                    last = serve(ith, self.nth, self.sync, self.ctl, seq, self.spin_ns, *args)
                     seq = int(self.ctl[_CTL_JOB])
                     continue
                 fn(ith, self.nth, self.sync, *args)
@@ -271,7 +284,7 @@ class _Pool:
                 self.fail(exc)
                 seq = int(self.ctl[_CTL_JOB])  # (thread 0 waits for this job's end before it posts another)
             last = seq
-            seq = _finish_and_wait(self.ctl, last, self.spins, delay)
+            seq = _finish_and_wait(self.ctl, last, self.spin_ns, delay)
 
     def fail(self, exc: BaseException) -> None:
         self.errors.append(exc)
@@ -373,11 +386,11 @@ class Workers:
         returned, re-raising the exception a thread raised (the first one that is not the others' WorkerAborted).
         ``sync`` is all zeros at the start of each run (see the module docstring for its slots).
 
-        ``serve``: a compiled (nogil) loop ``serve(ith, nth, sync, ctl, seq, spins, *args) -> int`` that threads
-        1..nth-1 call instead of ``fn``: it runs ``fn``'s work for job ``seq``, then ``seq = next_run(ctl, seq, spins)``
-        until that is -1, and returns the last job it ran. A run whose ``serve`` and ``args`` are the objects of the
-        previous run (``is``) is then taken inside the loop, without the GIL: what changes from run to run must live in
-        the arrays ``args`` holds.
+        ``serve``: a compiled (nogil) loop ``serve(ith, nth, sync, ctl, seq, spin_ns, *args) -> int`` that
+        threads 1..nth-1 call instead of ``fn``: it runs ``fn``'s work for job ``seq``, then ``seq = next_run(ctl,
+        seq, spin_ns)`` until that is -1, and returns the last job it ran. A run whose ``serve`` and ``args`` are
+        the objects of the previous run (``is``) is then taken inside the loop, without the GIL: what changes from run
+        to run must live in the arrays ``args`` holds.
 
         ``lead``: with ``serve``, a compiled (nogil) function ``lead(nth, sync, ctl, seq, args)`` (``args`` the tuple)
         that thread 0 calls for such a run instead of ``fn``: it starts with ``if not post_again(ctl, sync, seq): return
