@@ -64,11 +64,15 @@ class ThreadChoice:
     slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
     being re-measured every PROBE_EVERY runs, or less often by the ratio of the two costs (a probe of all workers on
     a busy machine can cost 40 one-thread runs: waiting PROBE_EVERY x that ratio keeps the probes to about
-    1/PROBE_EVERY of the time). A prefill run (a probe would cost a whole batch) takes every worker when there are
-    as many cores that no other process wants at its start (:func:`~kleidipy.graph.contention.free_cores`; also where
-    that cannot be read), else the calling thread alone. The result is the same bits at either count."""
+    1/PROBE_EVERY of the time), and a probe of all workers skipped while other processes want their cores
+    (:func:`free_cores`, read only then: tens of µs every PROBE_EVERY or more runs). A prefill run (a probe would
+    cost a whole batch) takes every worker when there are as many cores that no other process wants at its start
+    (:func:`free_cores`; also where that cannot be read), else the calling thread alone. The result is the same bits
+    at either count."""
 
     PROBE_EVERY = 16
+    #: looks at the run queue before the cores count as wanted by another process
+    LOOKS = 3
     #: weight of a new measurement in the running cost
     NEW = 0.3
     #: one thread is chosen only when it costs this fraction of all the workers' cost or less (noise is not a reason)
@@ -84,18 +88,36 @@ class ThreadChoice:
         if self.threads == 1 or not self.adaptive:
             return self.threads
         if m != 1:  # (the plan runs on every worker or on the caller alone)
-            free = free_cores()
-            return self.threads if free is None or free >= self.threads else 1
-        for count in (self.threads, 1):
-            if count not in self._cost:
-                return count
+            return self.threads if self._cores_free() else 1
+        if self.threads not in self._cost:  # every worker is measured first, once their cores are free (looked at
+            if 1 in self._cost:  # every PROBE_EVERY runs: a run on every worker then can cost ~40 on one)
+                self._since_probe += 1
+                if self._since_probe < self.PROBE_EVERY:
+                    return 1
+                self._since_probe = 0
+            return self.threads if self._cores_free() else 1
+        if 1 not in self._cost:
+            return 1
         alone = self._cost[1] <= self.MARGIN * self._cost[self.threads]
         best, other = (1, self.threads) if alone else (self.threads, 1)
         self._since_probe += 1
         if self._since_probe < self.PROBE_EVERY * max(1.0, self._cost[other] / self._cost[best]):
             return best
         self._since_probe = 0
+        if other == self.threads and not self._cores_free():
+            return best  # another process holds the cores: every barrier of the probe would wait for it
         return other
+
+    def _cores_free(self) -> bool:
+        """Whether no other process wants the cores of every worker now (or that cannot be read). A look that finds
+        them wanted is taken again, up to LOOKS times: a task runnable for a moment (a kernel worker) is no reason to
+        run a whole prefill on one thread (it made one repetition in a few of `benchmarks/e2e.py` run at the
+        one-thread speed), while a busy process is seen at every look."""
+        for _ in range(self.LOOKS):
+            free = free_cores()
+            if free is None or free >= self.threads:
+                return True
+        return False
 
     def record(self, m: int, threads: int, seconds: float) -> None:
         """A run of m tokens on ``threads`` threads took ``seconds``."""

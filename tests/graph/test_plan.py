@@ -109,7 +109,8 @@ def test_nonfinite_activations_raise_and_the_plan_goes_on(tmp_path: Path) -> Non
     lm.compiled.close()
 
 
-def test_thread_choice_follows_the_measured_cost() -> None:
+def test_thread_choice_follows_the_measured_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(contention, "free_cores", lambda: 2)  # (a probe of both threads is skipped on busy cores)
     choice = ThreadChoice(2)
     assert choice.pick(1) == 2  # each count measured once first
     choice.record(1, 2, 0.010)
@@ -122,6 +123,26 @@ def test_thread_choice_follows_the_measured_cost() -> None:
         choice.record(1, 2, 0.002)  # the core is free again
     assert choice.pick(1) == 2
     assert ThreadChoice(2, adaptive=False).pick(1) == 2 and ThreadChoice(1).pick(1) == 1
+
+
+def test_decode_probes_every_worker_only_on_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread measured faster (another process on the second core): while that process wants the core, the
+    probes of both threads (each waits at every barrier for it) are skipped, and taken again once it is free."""
+    free = [1]
+    monkeypatch.setattr(contention, "free_cores", lambda: free[0])
+    choice = ThreadChoice(2)
+    choice.record(1, 2, 0.010)
+    choice.record(1, 1, 0.004)
+    assert [choice.pick(1) for _ in range(200)] == [1] * 200
+    free[0] = 2
+    assert 2 in [choice.pick(1) for _ in range(40)]
+    free[0] = 1  # busy from the start: every worker is first measured once the cores are free
+    choice = ThreadChoice(2)
+    assert choice.pick(1) == 1
+    choice.record(1, 1, 0.004)
+    assert [choice.pick(1) for _ in range(100)] == [1] * 100
+    free[0] = 2
+    assert 2 in [choice.pick(1) for _ in range(ThreadChoice.PROBE_EVERY)]
 
 
 @pytest.mark.parametrize(
@@ -137,6 +158,16 @@ def test_prefill_takes_the_free_cores(
     choice.record(1, threads, 1.0)
     assert choice.pick(64) == picked
     assert ThreadChoice(threads, adaptive=False).pick(64) == threads
+
+
+def test_a_task_runnable_for_a_moment_does_not_take_the_prefill_to_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run queue is looked at again when it shows the cores wanted: a transient task seen once (or LOOKS - 1
+    times) leaves the prefill every worker; a process seen at every look takes it to the caller alone."""
+    looks = iter([1] * (ThreadChoice.LOOKS - 1) + [2] + [1] * ThreadChoice.LOOKS)
+    monkeypatch.setattr(contention, "free_cores", lambda: next(looks))
+    choice = ThreadChoice(2)
+    assert choice.pick(512) == 2
+    assert choice.pick(512) == 1
 
 
 def test_free_cores_reads_the_run_queue(tmp_path: Path) -> None:
