@@ -35,7 +35,6 @@ import numpy as np
 
 from kleidipy.core import vnni
 from kleidipy.core.matmul import PreparedMatmul
-from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import KleidipyError
 from kleidipy.graph.atomics import monotonic_ns
 from kleidipy.graph.workers import barrier, share
@@ -112,7 +111,6 @@ P_RECIPE, P_K_INT = 14, 15
 P_PAD_FIRST_ROW, P_TWO_ACCUMULATORS = 16, 17
 N_PARAMS = 18
 
-_LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)
 #: the ISA the Q4_0 SME2 tiles are compiled for (a global: the cache holds the host's version)
 _Q4_0_ISA = vnni.HOST_ISA
 #: the Q4_0 NEON kernels run on the VNNI tiles (as ``ukernels.NEON_COMPUTE``) where the host has them
@@ -311,15 +309,7 @@ def mul_mat(ith, nth, sync, code, params, x, m, lhs, rhs, out, n, k, status, pro
 def _store_clamped(res, out, m, n0, n1):  # pragma: no cover - compiled
     """out[:m, n0:n1] = res [m, n1-n0] clamped to ±FLT_MAX (NaN kept, as numpy's maximum/minimum)."""
     for i in range(m):
-        src = res[i]
-        dst = out[i]
-        for j in range(n1 - n0):
-            v = src[j]
-            if v < _LO:
-                v = _LO
-            elif v > _HI:
-                v = _HI
-            dst[n0 + j] = v
+        q40_vnni.copy_clamped(res[i, : n1 - n0], out[i, n0:n1])
 
 
 @numba.njit(cache=True, nogil=True)

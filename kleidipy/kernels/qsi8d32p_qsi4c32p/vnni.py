@@ -399,18 +399,21 @@ def _tiles(isa, params, m, nr, lhs, corr, sl, rhs, flat, acc, init, j0s, ld_clam
                 _TILE_1(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
             if ld_clamp > 0:
                 for r in range(i0, i0 + rows):
-                    clamp_f32(flat[r * ld_clamp + j0 : r * ld_clamp + j0 + PANEL_COLS])
+                    row = flat[r * ld_clamp + j0 : r * ld_clamp + j0 + PANEL_COLS]
+                    copy_clamped(row, row)
 
 
 @numba.njit(cache=True, nogil=True)
-def clamp_f32(x):  # pragma: no cover - compiled
-    """x[:] clamped to ±FLT_MAX in place (NaN kept, as numpy's maximum/minimum): the kernels' clamp."""
-    for j in range(x.size):
-        v = x[j]
+def copy_clamped(src, dst):  # pragma: no cover - compiled
+    """dst[:] = src (1-D, one size; dst may be src) clamped to ±FLT_MAX (NaN kept, as numpy's maximum/minimum): the
+    kernels' clamp, also the compiled plan's (``graph.matmul._store_clamped``)."""
+    for j in range(src.size):
+        v = src[j]
         if v < _LO:
-            x[j] = _LO
+            v = _LO
         elif v > _HI:
-            x[j] = _HI
+            v = _HI
+        dst[j] = v
 
 
 @numba.njit(cache=True, nogil=True)
@@ -453,11 +456,7 @@ def compute_into(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld):  # 
         part = np.empty(m * PANEL_COLS + full + PANEL_COLS, np.float32)  # row i at part[i·64 + full ...]
         _tiles(isa, params, m, nr, lhs, corr, sl, rhs, part, acc, init, (full, n), 0)
         for i in range(m):
-            src = part[i * PANEL_COLS + full : i * PANEL_COLS + n]
-            row = dst[i * ld + full : i * ld + n]
-            for j in range(n - full):
-                row[j] = src[j]
-            clamp_f32(row)
+            copy_clamped(part[i * PANEL_COLS + full : i * PANEL_COLS + n], dst[i * ld + full : i * ld + n])
 
 
 @numba.njit(cache=True, nogil=True)
