@@ -10,6 +10,8 @@ every sum is the one stated, whatever the tile, so every path gives the same bit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -28,6 +30,8 @@ LANES = 16
 _BLOCK = 512
 #: query rows of a batch that share each K and V vector the tiles load (:func:`_kq_rows`, :func:`_kqv_rows`)
 ROWS = 4
+#: groups of 16 columns whose KQV sums :func:`_kqv_rows` keeps in flight together (ROWS x 4 of the 32 vector registers)
+_COLUMN_BLOCKS = 4
 
 
 def attention_scratch_size(n_ctx: int, head_dim: int) -> int:
@@ -55,12 +59,18 @@ def _reduce_lanes(p, a, b, out):
         out[t] = (v0 + v1) + (v2 + v3)
 
 
-def _rows_and_cells(b: ir.IRBuilder, nr: ir.Value, f16: bool) -> tuple[list, ir.Value, ir.Type]:
-    """For the row tiles: the index of each of the ROWS rows (rows from nr on repeat row nr - 1), and the element size
-    and the vector type of a load of 16 K or V elements (F16 bits or float32)."""
-    last = b.sub(nr, vnni.i64(1))
-    rows = [b.select(b.icmp_signed("<", vnni.i64(t), nr), vnni.i64(t), last) for t in range(ROWS)]
-    return rows, vnni.i64(2 if f16 else 4), ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
+def _cells(f16: bool) -> tuple[ir.Value, ir.Type]:
+    """For the row tiles: the element size and the vector type of a load of 16 K or V elements (F16 bits or
+    float32)."""
+    return vnni.i64(2 if f16 else 4), ir.VectorType(ir.IntType(16), 16) if f16 else F32X16
+
+
+def _per_row_count(b: ir.IRBuilder, nr: ir.Value, emit: Callable[[list[ir.Value]], None]) -> None:
+    """Emit a row tile once for each count of rows 1..ROWS (``emit(rows)``, rows the constant indices 0..count-1)
+    and run the one for nr (1 <= nr <= ROWS): a group of 3 query heads (GQA 9/3) does not pay for a fourth."""
+    for count in range(1, ROWS + 1):
+        with b.if_then(b.icmp_signed("==", nr, vnni.i64(count))):
+            emit([vnni.i64(t) for t in range(count)])
 
 
 @intrinsic
@@ -71,8 +81,8 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
     block b, dimension c is element ``b·b_stride + c·c_stride + i`` of k — the cache's K transposed: c_stride its row,
     b_stride 16; or f32 blocks [nb, d, 16] (:func:`_load_blocks`): c_stride 16, b_stride 16·d), into s[t, o0 + 16·b
     ..] (s [ROWS, n16]). Each K vector is loaded (and widened) once for all the rows; lanes are taken four at a time
-    (l, l+8, l+4, l+12: the first step of the reduction), so that few registers stay live. Rows from nr on repeat row
-    nr - 1 (the same values written twice)."""
+    (l, l+8, l+4, l+12: the first step of the reduction), so that few registers stay live. Each cell's dot reads
+    that cell's K alone: cells of a block past the last one wanted may hold anything (their scores are not read)."""
     i64 = types.int64
     sig = types.void(qv, k, i64, i64, i64, i64, s, i64, i64)
     f16 = k.dtype == types.uint16
@@ -83,34 +93,38 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
         c_stride, b_stride, b0, blocks_v, o0, nr = args[2], args[3], args[4], args[5], args[7], args[8]
         d = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).shape, 1)
         s_row = b.extract_value(context.make_array(signature.args[6])(context, b, args[6]).strides, 0)
-        rows, esize, cells = _rows_and_cells(b, nr, f16)
-        acc = [[cgutils.alloca_once(b, F32X16) for _ in range(4)] for _ in range(ROWS)]
-        with cgutils.for_range(b, blocks_v) as blk:
-            kblk = b.mul(b.add(b0, blk.index), b_stride)
-            v = [[] for _ in range(ROWS)]
-            for r in range(4):
-                lanes = (r, r + 8, r + 4, r + 12)
-                for row in acc:
-                    for a in row:
-                        b.store(vnni.const_splat(F32X16, 0.0), a)
-                with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
-                    for k, lane in enumerate(lanes):
-                        c = b.add(b.mul(cb.index, vnni.i64(LANES)), vnni.i64(lane))
-                        at = b.mul(b.add(kblk, b.mul(c, c_stride)), esize)
-                        kv = vnni.load(b, vnni.byte_ptr(b, k_p, at), cells)
-                        kv = vnni.f16_bits_to_f32(b, kv, True) if f16 else kv
-                        for t in range(ROWS):
-                            at = b.mul(b.add(b.mul(rows[t], d), c), vnni.i64(4))
-                            qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, at), F32), F32X16)
-                            b.store(vnni.fma(b, qc, kv, b.load(acc[t][k])), acc[t][k])
-                for t in range(ROWS):
-                    p = [b.load(a) for a in acc[t]]
-                    v[t].append(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])))
-            j = b.add(o0, b.mul(b.add(b0, blk.index), vnni.i64(LANES)))
-            for t in range(ROWS):
-                total = b.fadd(b.fadd(v[t][0], v[t][1]), b.fadd(v[t][2], v[t][3]))
-                at = b.add(b.mul(rows[t], s_row), b.mul(j, vnni.i64(4)))
-                vnni.store(b, total, vnni.byte_ptr(b, s_p, at))
+        esize, cells = _cells(f16)
+
+        def emit(rows: list[ir.Value]) -> None:
+            acc = [[cgutils.alloca_once(b, F32X16) for _ in range(4)] for _ in rows]
+            with cgutils.for_range(b, blocks_v) as blk:
+                kblk = b.mul(b.add(b0, blk.index), b_stride)
+                v = [[] for _ in rows]
+                for r in range(4):
+                    lanes = (r, r + 8, r + 4, r + 12)
+                    for row in acc:
+                        for a in row:
+                            b.store(vnni.const_splat(F32X16, 0.0), a)
+                    with cgutils.for_range(b, b.udiv(d, vnni.i64(LANES))) as cb:
+                        for k, lane in enumerate(lanes):
+                            c = b.add(b.mul(cb.index, vnni.i64(LANES)), vnni.i64(lane))
+                            at = b.mul(b.add(kblk, b.mul(c, c_stride)), esize)
+                            kv = vnni.load(b, vnni.byte_ptr(b, k_p, at), cells)
+                            kv = vnni.f16_bits_to_f32(b, kv, True) if f16 else kv
+                            for t in range(len(rows)):
+                                at = b.mul(b.add(b.mul(rows[t], d), c), vnni.i64(4))
+                                qc = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, q_p, at), F32), F32X16)
+                                b.store(vnni.fma(b, qc, kv, b.load(acc[t][k])), acc[t][k])
+                    for t in range(len(rows)):
+                        p = [b.load(a) for a in acc[t]]
+                        v[t].append(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])))
+                j = b.add(o0, b.mul(b.add(b0, blk.index), vnni.i64(LANES)))
+                for t in range(len(rows)):
+                    total = b.fadd(b.fadd(v[t][0], v[t][1]), b.fadd(v[t][2], v[t][3]))
+                    at = b.add(b.mul(rows[t], s_row), b.mul(j, vnni.i64(4)))
+                    vnni.store(b, total, vnni.byte_ptr(b, s_p, at))
+
+        _per_row_count(b, nr, emit)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -224,46 +238,66 @@ def _kqv_cell(wj, vrow, a):
 
 
 @intrinsic
-def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, acc, nr):  # pragma: no cover - compile time
+def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, tail, acc, nr):  # pragma: no cover - compile time
     """:func:`_kqv`'s sums (the same lanes and order) for the nr <= ROWS rows of weights w [ROWS, >= j0 +
-    16·blocks] at once: acc[t, l, c] = fma(w[t, j], V[j, c], acc[t, l, c]) for cells j = j0 + 16·blk + l in
-    increasing j (j0 a multiple of 16, d of 16), V[j, c] being element ``base + l·l_stride + blk·b_stride + c`` of v
-    (F16 bits or float32) — the cache's V rows: base j0·row, l_stride its row, b_stride 16·row; or lane-major f32
-    blocks vb [16, nb, d] (:func:`_load_blocks`): base (j0 - origin)/16·d, l_stride nb·d, b_stride d. One lane and 16
-    columns at a time: each V vector is loaded (and widened) once for all the rows. Rows from nr on repeat row nr - 1
-    (their sums start from the same acc and are stored twice, the same values)."""
+    16·blocks + tail] at once: acc[t, l, c] = fma(w[t, j], V[j, c], acc[t, l, c]) for cells j = j0 + 16·blk + l in
+    increasing j (j0 a multiple of 16, d of 16; blk < blocks, and blk = blocks too for the lanes l < tail: the cells
+    after the whole blocks), V[j, c] being element ``base + l·l_stride + blk·b_stride + c`` of v (F16 bits or
+    float32) — the cache's V rows: base j0·row, l_stride its row, b_stride 16·row; or lane-major f32 blocks vb [16,
+    nb, d] (:func:`_load_blocks`): base (j0 - origin)/16·d, l_stride nb·d, b_stride d. One lane and up to
+    :data:`_COLUMN_BLOCKS` groups of 16 columns at a time: each V vector is loaded (and widened) once for all the
+    rows and each weight broadcast once for all the columns, with ROWS x 4 sums in flight (one group of 16 columns
+    at a time left the loop waiting on the latency of each row's fused multiply-add: 2.5x slower)."""
     i64 = types.int64
-    sig = types.void(w, v, i64, i64, i64, i64, i64, acc, i64)
+    sig = types.void(w, v, i64, i64, i64, i64, i64, i64, acc, i64)
     f16 = v.dtype == types.uint16
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
         b = builder
-        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 7))
-        l_stride, b_stride, base, j0, blocks_v, nr = args[2], args[3], args[4], args[5], args[6], args[8]
-        d = b.extract_value(context.make_array(signature.args[7])(context, b, args[7]).shape, 2)
+        w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 8))
+        l_stride, b_stride, base, j0, blocks_v, tail, nr = args[2], args[3], args[4], args[5], args[6], args[7], args[9]
+        d = b.extract_value(context.make_array(signature.args[8])(context, b, args[8]).shape, 2)
         w_row = b.extract_value(context.make_array(signature.args[0])(context, b, args[0]).strides, 0)
-        rows, esize, cells = _rows_and_cells(b, nr, f16)
-        sums = [cgutils.alloca_once(b, F32X16) for _ in range(ROWS)]
-        lanes, col_blocks = vnni.i64(LANES), b.udiv(d, vnni.i64(LANES))
-        with cgutils.for_range(b, lanes) as lane, cgutils.for_range(b, col_blocks) as cb:
-            col = b.mul(cb.index, vnni.i64(LANES))
-            acc_at = [
-                b.mul(b.add(b.mul(b.add(b.mul(r, vnni.i64(LANES)), lane.index), d), col), vnni.i64(4)) for r in rows
-            ]
-            for p, at in zip(sums, acc_at, strict=True):
-                b.store(vnni.load(b, vnni.byte_ptr(b, acc_p, at), F32X16), p)
-            stream = b.add(b.add(base, b.mul(lane.index, l_stride)), col)
-            with cgutils.for_range(b, blocks_v) as blk:
-                j = b.add(b.add(j0, b.mul(blk.index, vnni.i64(LANES))), lane.index)
-                at = b.mul(b.add(stream, b.mul(blk.index, b_stride)), esize)
-                vv = vnni.load(b, vnni.byte_ptr(b, v_p, at), cells)
-                vv = vnni.f16_bits_to_f32(b, vv, True) if f16 else vv
-                for r, p in zip(rows, sums, strict=True):
-                    wat = b.add(b.mul(r, w_row), b.mul(j, vnni.i64(4)))
-                    wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, wat), F32), F32X16)
-                    b.store(vnni.fma(b, wj, vv, b.load(p)), p)
-            for p, at in zip(sums, acc_at, strict=True):
-                vnni.store(b, b.load(p), vnni.byte_ptr(b, acc_p, at))
+        esize, cells = _cells(f16)
+        wide = vnni.i64(LANES * _COLUMN_BLOCKS)
+        whole = b.mul(b.udiv(d, wide), wide)  # (columns in groups of _COLUMN_BLOCKS, then one block at a time)
+
+        def emit(rows: list[ir.Value]) -> None:
+            sums = [[cgutils.alloca_once(b, F32X16) for _ in range(_COLUMN_BLOCKS)] for _ in rows]
+
+            def columns(lane: ir.Value, n_blocks: ir.Value, col: ir.Value, width: int) -> None:
+                """The sums of ``width`` groups of 16 columns from column ``col`` of lane ``lane``, over its
+                blocks."""
+                starts = [b.add(b.mul(b.add(b.mul(r, vnni.i64(LANES)), lane), d), col) for r in rows]  # acc[r, l, c]
+                acc_at = [[b.mul(b.add(at, vnni.i64(16 * g)), vnni.i64(4)) for g in range(width)] for at in starts]
+                for ps, ats in zip(sums, acc_at, strict=True):
+                    for p, at in zip(ps, ats, strict=False):
+                        b.store(vnni.load(b, vnni.byte_ptr(b, acc_p, at), F32X16), p)
+                stream = b.add(b.add(base, b.mul(lane, l_stride)), col)
+                with cgutils.for_range(b, n_blocks) as blk:
+                    j = b.add(b.add(j0, b.mul(blk.index, vnni.i64(LANES))), lane)
+                    first = b.add(stream, b.mul(blk.index, b_stride))
+                    vs = []
+                    for g in range(width):
+                        vv = vnni.load(b, vnni.byte_ptr(b, v_p, b.mul(b.add(first, vnni.i64(16 * g)), esize)), cells)
+                        vs.append(vnni.f16_bits_to_f32(b, vv, True) if f16 else vv)
+                    for r, ps in zip(rows, sums, strict=True):
+                        wat = b.add(b.mul(r, w_row), b.mul(j, vnni.i64(4)))
+                        wj = vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, w_p, wat), F32), F32X16)
+                        for p, vv in zip(ps, vs, strict=False):
+                            b.store(vnni.fma(b, wj, vv, b.load(p)), p)
+                for ps, ats in zip(sums, acc_at, strict=True):
+                    for p, at in zip(ps, ats, strict=False):
+                        vnni.store(b, b.load(p), vnni.byte_ptr(b, acc_p, at))
+
+            with cgutils.for_range(b, vnni.i64(LANES)) as lane:
+                n_blocks = b.add(blocks_v, b.zext(b.icmp_signed("<", lane.index, tail), blocks_v.type))
+                with cgutils.for_range(b, b.udiv(d, wide)) as cg:
+                    columns(lane.index, n_blocks, b.mul(cg.index, wide), _COLUMN_BLOCKS)
+                with cgutils.for_range(b, b.udiv(b.sub(d, whole), vnni.i64(LANES))) as cb:
+                    columns(lane.index, n_blocks, b.add(whole, b.mul(cb.index, vnni.i64(LANES))), 1)
+
+        _per_row_count(b, nr, emit)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -316,7 +350,7 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
             _kqv_cell(s[t, j], vb[j % LANES, (j - origin) // LANES], acc[t, j % LANES])
     nb = vb.shape[1]
     blocks = (shared_hi - shared_lo) // LANES
-    _kqv_rows(s, vb, nb * d, d, (shared_lo - origin) // LANES * d, shared_lo, blocks, acc, nr)
+    _kqv_rows(s, vb, nb * d, d, (shared_lo - origin) // LANES * d, shared_lo, blocks, 0, acc, nr)
     for t in range(nr):
         jlo = max(0, p0 + i0 + t - window + 1) if window > 0 else 0
         jhi = min(p0 + i0 + t + 1, n_kv)
@@ -329,21 +363,22 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
 def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kt, vh, s, acc, qv, kq, out):
     """Heads h0 .. h0 + nr - 1 (nr <= ROWS, of one KV head: kt [d, >= n_kv] its K transposed, vh [n_ctx, d] its V, in
     the cache; d a multiple of 16) of :func:`attention`'s one row (q [1, n_head, d], at position p), each K and V
-    vector loaded once for all of them: KQ of the whole blocks of cells below the row's end (cells before its window
-    computed, not read) and of the last cells lane by lane (:func:`_kq_transposed`), each head's softmax, then KQV:
-    the cells before the first whole block, the whole blocks for all the heads together, the cells after them — per
-    lane in increasing cell order, as :func:`_kqv`."""
+    vector loaded once for all of them: KQ of the blocks of cells up to the row's end (cells before its window or
+    after its end computed, not read; the last cells lane by lane (:func:`_kq_transposed`) when K's rows end before
+    their block does), each head's softmax, then KQV: the cells before the first whole block, then the whole blocks
+    and the cells after them for all the heads together — per lane in increasing cell order, as :func:`_kqv`."""
     d = q.shape[2]
     for t in range(nr):
         for c in range(d):
             qv[t, c] = round_f16_scalar(q[0, h0 + t, c]) if f16 else q[0, h0 + t, c]
     jlo = max(0, p - window + 1) if window > 0 else 0
     jhi = min(p + 1, n_kv)
-    b0, b1 = jlo // LANES, jhi // LANES
+    b0, whole = jlo // LANES, jhi // LANES
+    b1 = -(-jhi // LANES) if -(-jhi // LANES) * LANES <= kt.shape[1] else whole  # (a last block K's rows hold)
     _kq_rows(qv, kt, kt.strides[0] // kt.itemsize, LANES, b0, b1 - b0, s, 0, nr)
     rest = max(jlo, b1 * LANES)
     shared_lo = min(jhi, -(-jlo // LANES) * LANES)  # the whole blocks of cells KQV takes for all the heads
-    shared_hi = max(shared_lo, b1 * LANES)
+    shared_hi = max(shared_lo, whole * LANES)
     acc[:nr] = np.float32(0.0)
     for t in range(nr):
         if rest < jhi:
@@ -353,10 +388,8 @@ def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kt, vh, s, acc, qv, kq, o
             _kqv_cell(s[t, j], vh[j], acc[t, j % LANES])
     row = vh.strides[0] // vh.itemsize
     blocks = (shared_hi - shared_lo) // LANES
-    _kqv_rows(s, vh, row, LANES * row, shared_lo * row, shared_lo, blocks, acc, nr)
+    _kqv_rows(s, vh, row, LANES * row, shared_lo * row, shared_lo, blocks, jhi - shared_hi, acc, nr)
     for t in range(nr):
-        for j in range(shared_hi, jhi):
-            _kqv_cell(s[t, j], vh[j], acc[t, j % LANES])
         _reduce_lanes(acc[t], 0, d, out[0, (h0 + t) * d : (h0 + t + 1) * d])
 
 
