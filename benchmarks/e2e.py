@@ -138,8 +138,10 @@ def bench_kleidipy(
     lm = g.arch.build(
         g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=n_prompt + n_gen + 8
     )
-    if graph and not compile_model(lm, threads):
-        raise SystemExit(f"{path}: cannot run as a compiled plan")
+    if graph:
+        if not compile_model(lm, threads):
+            raise SystemExit(f"{path}: cannot run as a compiled plan")
+        lm.compiled.warm_up()  # (as the engine does: numba compiles, or loads, the multi-thread entry points here)
     host: list[float] = []
 
     def decode(ids: list[int]) -> np.ndarray:
