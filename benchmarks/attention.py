@@ -1,8 +1,10 @@
 """Benchmark of the attention node (``kleidipy.graph.attention.attention``, the function both executions call) on
 one thread, for the head shapes of the benchmark models: a prefill of m rows from an empty F16 cache (causal; the
 batch path: KQ, softmax and KQV tiles over ROWS query rows at a time) and a decode step of one row over n cells (the
-path reading the cache itself). Prints per layer the time and the useful float throughput (2 flops per
-multiply-add of KQ and KQV over the unmasked cells). Best of several runs.
+path reading the cache itself), the decode step also from a cold cache (a 64 MB buffer read before each run, as a
+decoded token's weights go through the caches before its attention reads the KV cache). Prints per layer the time
+and the useful float throughput (2 flops per multiply-add of KQ and KQV over the unmasked cells). Best of several
+runs.
 
     python benchmarks/attention.py [-m 512] [--reps 7]
 """
@@ -15,7 +17,7 @@ import time
 import numpy as np
 
 from kleidipy.graph import attention as att
-from kleidipy.runtime.kv_cache import k_row_cells
+from kleidipy.runtime.kv_cache import KVCache
 
 #: (model, query heads, KV heads, head_dim, sliding window or 0)
 SHAPES = [
@@ -26,28 +28,32 @@ SHAPES = [
 ]
 
 
-def _best(fn, reps: int) -> float:  # noqa: ANN001
+def _best(fn, reps: int, before=None) -> float:  # noqa: ANN001
     fn()
     times = []
     for _ in range(reps):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
 
 
-def _case(n_head: int, n_kv: int, d: int, window: int, m: int, start: int, reps: int) -> tuple[float, float]:
+def _case(
+    n_head: int, n_kv: int, d: int, window: int, m: int, start: int, reps: int, cold: bool
+) -> tuple[float, float]:
     """Seconds of one attention call of m rows at positions start.. over an F16 cache, and its useful flops."""
     rng = np.random.default_rng(0)
     n_ctx = start + m
     q = rng.standard_normal((m, n_head, d)).astype(np.float32)
-    kt = np.zeros((n_kv, d, k_row_cells(n_ctx, 2)), np.float16)
-    kt[..., :n_ctx] = rng.standard_normal((n_kv, d, n_ctx)).astype(np.float16)
-    vc = rng.standard_normal((n_kv, n_ctx, d)).astype(np.float16)
+    cache = KVCache(1, n_kv, d, n_ctx)
+    cache.store(0, 0, *rng.standard_normal((2, n_ctx, n_kv, d)).astype(np.float32))
     out = np.empty((m, n_head * d), np.float32)
     scratch = np.empty(att.attention_scratch_size(n_ctx, d), np.float32)
-    args = (q, kt.view(np.uint16), vc.view(np.uint16), start, m, n_ctx, d**-0.5, window, True, out, scratch)
-    seconds = _best(lambda: att.attention(*args, 0, n_head, 0, 1), reps)
+    args = (q, *cache.layer(0), start, m, n_ctx, d**-0.5, window, True, out, scratch)
+    evict = np.ones(64 << 17) if cold else None
+    seconds = _best(lambda: att.attention(*args, 0, n_head, 0, 1), reps, None if evict is None else evict.sum)
     cells = sum(min(p + 1, window or p + 1) for p in range(start, start + m))
     return seconds, 4.0 * d * n_head * cells
 
@@ -60,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | heads / KV heads × dim | case | ms per layer | GFLOP/s |")
     print("|---|---|---|---|---|")
     for name, n_head, n_kv, d, window in SHAPES:
-        for case, m, start in ((f"prefill {args.m}", args.m, 0), (f"decode at {args.m}", 1, args.m - 1)):
-            seconds, flops = _case(n_head, n_kv, d, window, m, start, args.reps)
+        cases = [(f"prefill {args.m}", args.m, 0, False), (f"decode at {args.m}", 1, args.m - 1, False)]
+        for case, m, start, cold in [*cases, (f"decode at {args.m}, cold", 1, args.m - 1, True)]:
+            seconds, flops = _case(n_head, n_kv, d, window, m, start, args.reps, cold)
             print(f"| {name} | {n_head} / {n_kv} × {d} | {case} | {seconds * 1e3:.3f} | {flops / seconds / 1e9:.1f} |")
     return 0
 

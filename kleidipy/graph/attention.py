@@ -2,6 +2,14 @@
 without flash attention (``mul_mat(k, q)`` -> ``soft_max_ext`` -> ``mul_mat(v, kq)``) as ggml-cpu computes it on Arm
 (NEON, F16 or F32 cache), stated in :func:`attention`.
 
+Also owns the layout of a layer of the KV cache (:func:`store_kv` writes it, :class:`~kleidipy.runtime.kv_cache.
+KVCache` allocates it), in blocks of 16 cells, the lanes the tiles take: K ``[n_head_kv, nb, head_dim·16]`` (block b
+holds dimension c of cell 16·b + i at ``[b, 16·c + i]``: KQ reads each block as one stream) and V lane-major
+``[n_head_kv, 16, nb·head_dim]`` (cell j's row at ``[j % 16, (j // 16)·head_dim ...]``: KQV reads each lane's rows as
+one stream), nb = n_ctx / 16 rounded up. With a layout by dimension (K transposed, V by rows) a decode's KQ read 64
+rows of K at once and KQV every 16th row of V: from a cold cache (every decoded token's: the weights went through it
+since) that took 2x the time.
+
 Both executions call :func:`attention`: the eager path (:mod:`kleidipy.runtime.layers`) over all heads, the
 compiled graph (:mod:`kleidipy.graph.execute`) per worker over the heads it owns. The inner tiles are llvmlite IR
 (numba does not vectorize these loops over 16 lanes of 16 cells into 512-bit registers by itself); the order of
@@ -22,7 +30,7 @@ from numba.extending import intrinsic
 from kleidipy.core import vnni
 from kleidipy.core.numerics import fma32, round_f16_scalar
 from kleidipy.core.vnni import F32, F32X16
-from kleidipy.graph.ops import _load_cell, expf_ir
+from kleidipy.graph.ops import _load_cell, _store_cell, expf_ir
 
 #: lanes of ggml_vec_dot_f16 / ggml_vec_dot_f32 on NEON: GGML_F32_ARR (4) registers of 4 floats
 LANES = 16
@@ -41,6 +49,34 @@ def attention_scratch_size(n_ctx: int, head_dim: int) -> int:
     (n16 each), KQV lanes (16 * head_dim each) and queries (head_dim each)."""
     n16 = -(-n_ctx // LANES) * LANES
     return n16 * head_dim + max(n16 * head_dim, LANES * n_ctx) + ROWS * (n16 + (LANES + 1) * head_dim)
+
+
+def cache_blocks(n_ctx: int) -> int:
+    """Blocks of 16 cells of a cache of n_ctx cells (the layout: module docstring)."""
+    return -(-n_ctx // LANES)
+
+
+@numba.njit(cache=True, nogil=True)
+def store_kv(k, v, kc, vc, start, m, h0, h1):
+    """Write K and V of rows 0..m-1 (k, v [m, n_head_kv*head_dim] float32) into KV heads h0..h1-1 of one layer of
+    the cache at positions start..start+m-1, kc [n_head_kv, nb, head_dim·16] and vc [n_head_kv, 16, nb·head_dim]
+    (module docstring): a uint16 array of F16 bits (the F16 cache, rounded to nearest even as numpy's astype) or
+    float32."""
+    d = kc.shape[2] // LANES
+    for h in range(h0, h1):
+        for t in range(m):
+            p = start + t
+            kb, lane = kc[h, p // LANES], p % LANES
+            vrow = vc[h, lane, p // LANES * d : (p // LANES + 1) * d]
+            for c in range(d):
+                kb[c * LANES + lane] = _store_cell(kc, k[t, h * d + c])
+                vrow[c] = _store_cell(vc, v[t, h * d + c])
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _v_row(vh, j, d):
+    """Cell j's row of V of one head vh [16, nb·d] (the cache's layout)."""
+    return vh[j % LANES, j // LANES * d : (j // LANES + 1) * d]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -78,8 +114,8 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
     """The KQ dot of :func:`attention` (16 lanes, fused multiply-adds in increasing dimension, reduced as
     :func:`_reduce_lanes`) for the nr <= ROWS query rows of qv [ROWS, d]
     (d a multiple of 16) at once, over blocks b0 .. b0 + blocks - 1 of 16 cells of K (F16 bits or float32: cell i of
-    block b, dimension c is element ``b·b_stride + c·c_stride + i`` of k — the cache's K transposed: c_stride its row,
-    b_stride 16; or f32 blocks [nb, d, 16] (:func:`_load_blocks`): c_stride 16, b_stride 16·d), into s[t, o0 + 16·b
+    block b, dimension c is element ``b·b_stride + c·c_stride + i`` of k: c_stride 16, b_stride 16·d, for the cache's
+    K of one head [nb, d·16] and its f32 copy [nb, d, 16] (:func:`_load_blocks`)), into s[t, o0 + 16·b
     ..] (s [ROWS, n16]). Each K vector is loaded (and widened) once for all the rows; lanes are taken four at a time
     (l, l+8, l+4, l+12: the first step of the reduction), so that few registers stay live. Each cell's dot reads
     that cell's K alone: cells of a block past the last one wanted may hold anything (their scores are not read)."""
@@ -131,12 +167,10 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
 
 
 @numba.njit(cache=True, nogil=True)
-def _kq_transposed(qv, kt, jlo, jhi, kq, s):
-    """KQ of one query row qv [d] over cells jlo..jhi-1 into s[jlo:jhi], K transposed in kt [d, >= jhi] (the
-    cache's K of one head: F16 bits or float32), cell by cell with their 16 lanes in kq [16, >= jhi] (the path for a
-    head_dim that is not a multiple of 16, and for the cells after a decode's last whole block; the row tiles
-    :func:`_kq_rows` take the rest, in the same order). Loops run over slices from 0 so that numba's indices are
-    provably non-negative and LLVM vectorizes them."""
+def _kq_cells(qv, kh, jlo, jhi, kq, s):
+    """KQ of one query row qv [d] over cells jlo..jhi-1 into s[jlo:jhi], K of one head in the cache's blocks kh
+    [nb, d·16] (F16 bits or float32), cell by cell with their 16 lanes in kq [16, >= jhi] (the path for a head_dim
+    that is not a multiple of 16; the row tiles :func:`_kq_rows` take the others, in the same order)."""
     d = qv.shape[0]
     d16 = d - d % LANES
     kq[:, jlo:jhi] = np.float32(0.0)
@@ -145,16 +179,17 @@ def _kq_transposed(qv, kt, jlo, jhi, kq, s):
         for c in range(d16):
             qc = qv[c]
             lane = kq[c % LANES, j0:j1]
-            krow = kt[c, j0:j1]
             for j in range(j1 - j0):
-                lane[j] = fma32(qc, _load_cell(krow[j]), lane[j])
+                cell = j0 + j
+                lane[j] = fma32(qc, _load_cell(kh[cell // LANES, c * LANES + cell % LANES]), lane[j])
     _reduce_lanes(kq, jlo, jhi, s[jlo:jhi])
     sr = s[jlo:jhi]
     for j in range(jhi - jlo):
         if d16 < d:
+            cell = jlo + j
             dot = np.float64(sr[j])
             for c in range(d16, d):
-                dot += np.float64(qv[c] * _load_cell(kt[c, jlo + j]))
+                dot += np.float64(qv[c] * _load_cell(kh[cell // LANES, c * LANES + cell % LANES]))
             sr[j] = np.float32(dot)
 
 
@@ -220,13 +255,15 @@ def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile tim
 
 @numba.njit(cache=True, nogil=True)
 def _kqv(vh, jlo, jhi, s, acc, out):
-    """out [d] = KQV of the weights s[jlo:jhi] over the V rows vh [n_ctx, d] of the cache, cell by cell (the path
-    for a head_dim that is not a multiple of 16; the row tiles take the others); acc [16, d] is work space."""
+    """out [d] = KQV of the weights s[jlo:jhi] over V of one head in the cache's layout vh [16, nb·d], cell by cell
+    (the path for a head_dim that is not a multiple of 16; the row tiles take the others); acc [16, d] is work
+    space."""
     # KQV: ggml_vec_dot over the cells of each output column: lane j % 16 accumulates w[j] * V[j, c] in increasing j
     # (masked cells' weights are 0: skipped), reduced by _reduce_lanes
     acc[:] = np.float32(0.0)
+    d = out.shape[0]
     for j in range(jlo, jhi):
-        _kqv_cell(s[j], vh[j], acc[j % LANES])
+        _kqv_cell(s[j], _v_row(vh, j, d), acc[j % LANES])
     _reduce_lanes(acc, 0, out.shape[0], out)
 
 
@@ -243,8 +280,8 @@ def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, tail, acc, 
     16·blocks + tail] at once: acc[t, l, c] = fma(w[t, j], V[j, c], acc[t, l, c]) for cells j = j0 + 16·blk + l in
     increasing j (j0 a multiple of 16, d of 16; blk < blocks, and blk = blocks too for the lanes l < tail: the cells
     after the whole blocks), V[j, c] being element ``base + l·l_stride + blk·b_stride + c`` of v (F16 bits or
-    float32) — the cache's V rows: base j0·row, l_stride its row, b_stride 16·row; or lane-major f32 blocks vb [16,
-    nb, d] (:func:`_load_blocks`): base (j0 - origin)/16·d, l_stride nb·d, b_stride d. One lane and up to
+    float32) — V of one head in the cache, lane-major [16, nb·d]: base j0/16·d, l_stride nb·d, b_stride d; or its f32
+    copy vb [16, nb, d] from cell ``origin`` (:func:`_load_blocks`): base (j0 - origin)/16·d. One lane and up to
     :data:`_COLUMN_BLOCKS` groups of 16 columns at a time: each V vector is loaded (and widened) once for all the
     rows and each weight broadcast once for all the columns, with ROWS x 4 sums in flight (one group of 16 columns
     at a time left the loop waiting on the latency of each row's fused multiply-add: 2.5x slower)."""
@@ -304,21 +341,20 @@ def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, tail, acc, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _load_blocks(kt, vh, origin, hi, kb, vb):
-    """Cells origin..hi-1 (origin a multiple of 16) of one KV head as float32 blocks, for the rows of a batch to
-    share: K (kt [d, n_ctx]) as kb [n/16, d, 16] (block b: dimension c of cells origin + 16·b + 0..15, contiguous;
-    cells from hi on 0) and V (vh [n_ctx, d]) lane-major as vb [16, n/16, d] (cell j's row at
-    vb[j % 16, (j - origin) // 16]; rows from hi on not written): the tiles then read 4 KB of K per block of cells
-    and the V rows of each lane as one stream."""
-    d = kt.shape[0]
+def _load_blocks(kh, vh, origin, hi, kb, vb):
+    """Cells origin..hi-1 (origin a multiple of 16) of one KV head of the cache (kh [nb, d·16], vh [16, nb·d]) as
+    float32 in the same layout, for the rows of a batch to share: kb [n/16, d, 16] (cells from hi on 0) and vb [16,
+    n/16, d] (cell j's row at vb[j % 16, (j - origin) // 16]; rows from hi on not written)."""
+    d = kb.shape[1]
+    first = origin // LANES
     for blk in range((hi - origin + LANES - 1) // LANES):
+        src, dst = kh[first + blk], kb[blk]
         for c in range(d):
-            src, dst = kt[c], kb[blk, c]
             for lane in range(LANES):
                 j = origin + blk * LANES + lane
-                dst[lane] = _load_cell(src[j]) if j < hi else np.float32(0.0)
+                dst[c, lane] = _load_cell(src[c * LANES + lane]) if j < hi else np.float32(0.0)
     for j in range(origin, hi):
-        src, dst = vh[j], vb[j % LANES, (j - origin) // LANES]
+        src, dst = _v_row(vh, j, d), vb[j % LANES, (j - origin) // LANES]
         for c in range(d):
             dst[c] = _load_cell(src[c])
 
@@ -360,12 +396,11 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
 
 
 @numba.njit(cache=True, nogil=True)
-def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kt, vh, s, acc, qv, kq, out):
-    """Heads h0 .. h0 + nr - 1 (nr <= ROWS, of one KV head: kt [d, >= n_kv] its K transposed, vh [n_ctx, d] its V, in
-    the cache; d a multiple of 16) of :func:`attention`'s one row (q [1, n_head, d], at position p), each K and V
-    vector loaded once for all of them: KQ of the blocks of cells up to the row's end (cells before its window or
-    after its end computed, not read; the last cells lane by lane (:func:`_kq_transposed`) when K's rows end before
-    their block does), each head's softmax, then KQV: the cells before the first whole block, then the whole blocks
+def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kh, vh, s, acc, qv, out):
+    """Heads h0 .. h0 + nr - 1 (nr <= ROWS, of one KV head: kh [nb, d·16] its K, vh [16, nb·d] its V, in the cache;
+    d a multiple of 16) of :func:`attention`'s one row (q [1, n_head, d], at position p), each K and V vector loaded
+    once for all of them: KQ of the blocks of cells up to the row's end (cells before its window or after its end
+    computed, not read), each head's softmax, then KQV: the cells before the first whole block, then the whole blocks
     and the cells after them for all the heads together — per lane in increasing cell order, as :func:`_kqv`."""
     d = q.shape[2]
     for t in range(nr):
@@ -373,22 +408,18 @@ def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kt, vh, s, acc, qv, kq, o
             qv[t, c] = round_f16_scalar(q[0, h0 + t, c]) if f16 else q[0, h0 + t, c]
     jlo = max(0, p - window + 1) if window > 0 else 0
     jhi = min(p + 1, n_kv)
-    b0, whole = jlo // LANES, jhi // LANES
-    b1 = -(-jhi // LANES) if -(-jhi // LANES) * LANES <= kt.shape[1] else whole  # (a last block K's rows hold)
-    _kq_rows(qv, kt, kt.strides[0] // kt.itemsize, LANES, b0, b1 - b0, s, 0, nr)
-    rest = max(jlo, b1 * LANES)
+    b0, b1 = jlo // LANES, -(-jhi // LANES)
+    _kq_rows(qv, kh, LANES, LANES * d, b0, b1 - b0, s, 0, nr)
     shared_lo = min(jhi, -(-jlo // LANES) * LANES)  # the whole blocks of cells KQV takes for all the heads
-    shared_hi = max(shared_lo, whole * LANES)
+    shared_hi = max(shared_lo, jhi - jhi % LANES)
     acc[:nr] = np.float32(0.0)
     for t in range(nr):
-        if rest < jhi:
-            _kq_transposed(qv[t], kt, rest, jhi, kq, s[t])
         _softmax(jlo, jhi, sc, f16, s[t])
         for j in range(jlo, shared_lo):
-            _kqv_cell(s[t, j], vh[j], acc[t, j % LANES])
-    row = vh.strides[0] // vh.itemsize
+            _kqv_cell(s[t, j], _v_row(vh, j, d), acc[t, j % LANES])
+    nb = vh.shape[1] // d
     blocks = (shared_hi - shared_lo) // LANES
-    _kqv_rows(s, vh, row, LANES * row, shared_lo * row, shared_lo, blocks, jhi - shared_hi, acc, nr)
+    _kqv_rows(s, vh, nb * d, d, shared_lo // LANES * d, shared_lo, blocks, jhi - shared_hi, acc, nr)
     for t in range(nr):
         _reduce_lanes(acc[t], 0, d, out[0, (h0 + t) * d : (h0 + t + 1) * d])
 
@@ -397,8 +428,8 @@ def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kt, vh, s, acc, qv, kq, o
 def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep):
     """Heads h0..h1-1, of them the groups of ROWS rows g0, g0 + gstep, g0 + 2·gstep, ... (all rows: 0, 1), of causal
     attention of q [m, n_head, d] (after RoPE; row i at position p = start + i) over
-    the first n_kv cells of one cache layer, K transposed kc [n_head_kv, d, n_ctx] and V vc [n_head_kv, n_ctx, d]
-    (uint16 F16 bits, or float32; :func:`store_kv`), into out
+    the first n_kv cells of one cache layer, K kc [n_head_kv, nb, d·16] and V vc [n_head_kv, 16, nb·d] (the layout
+    of the module docstring; uint16 F16 bits, or float32; :func:`store_kv`), into out
     [m, n_head*d]. Head h reads KV head h // (n_head / n_head_kv) (GQA). ``window`` > 0 also masks cell j when
     ``p - j >= window`` (LLAMA_SWA_TYPE_STANDARD). ``scratch``: float32, :func:`attention_scratch_size` elements,
     one per thread. Numerics (llama.cpp without flash attention, ggml-cpu on NEON), per row and head:
@@ -443,7 +474,7 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
         while h < h1 and g0 == 0:
             kvh = h // group
             nr = min(ROWS, h1 - h, (kvh + 1) * group - h)
-            _attend_heads(q, h, nr, start, n_kv, window, sc, f16, kc[kvh], vc[kvh], s, acc, qv, kq, out)
+            _attend_heads(q, h, nr, start, n_kv, window, sc, f16, kc[kvh], vc[kvh], s, acc, qv, out)
             h += nr
         return
     loaded = -1
@@ -464,6 +495,6 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
                 qv[0, c] = round_f16_scalar(q[i, h, c]) if f16 else q[i, h, c]
             jlo = max(0, p - window + 1) if window > 0 else 0
             jhi = min(p + 1, n_kv)
-            _kq_transposed(qv[0], kc[kvh], jlo, jhi, kq, s[0])
+            _kq_cells(qv[0], kc[kvh], jlo, jhi, kq, s[0])
             _softmax(jlo, jhi, sc, f16, s[0])
             _kqv(vc[kvh], jlo, jhi, s[0], acc[0], out[i, h * d : (h + 1) * d])

@@ -206,7 +206,7 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
             for s in range(segs.shape[0]):
                 seq, start, r0, r1 = segs[s, 0], segs[s, 1], segs[s, 2], segs[s, 3]
                 kc, vc = like_4d(kcaches, seq, cell)[c], like_4d(vcaches, seq, cell)[c]
-                ops.store_kv(f32_2d(buffers, a)[r0:r1], f32_2d(buffers, b)[r0:r1], kc, vc, start, r1 - r0, lo, hi)
+                attention.store_kv(f32_2d(buffers, a)[r0:r1], f32_2d(buffers, b)[r0:r1], kc, vc, start, r1 - r0, lo, hi)
         elif op == OP_ATTENTION:
             q = f32_2d(buffers, a)
             heads = q.reshape(q.shape[0], d, q.shape[1] // d)

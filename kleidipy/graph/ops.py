@@ -19,8 +19,8 @@ Inputs and outputs are C-contiguous float32 arrays unless stated; "in f32" means
 * :func:`geglu`: ``ggml_vec_geglu_f32`` with GGML_GELU_FP16: the F16-table GELU of the gate, times up.
 * :func:`rope`: ggml_rope_ext's rotation of each pair by the angles of a cos/sin table (adjacent pairs or NEOX
   halves), ``x0*c - x1*s`` and ``x0*s + x1*c`` in f32 (no fma).
-* :func:`store_kv`: llama.cpp's KV cache (F16 or F32 cells); the attention over it is
-  :mod:`kleidipy.graph.attention`.
+* the cells of llama.cpp's KV cache (F16 or F32: ``_load_cell``, ``_store_cell``); the cache's layout, its write and
+  the attention over it are :mod:`kleidipy.graph.attention`'s.
 """
 
 from __future__ import annotations
@@ -236,21 +236,3 @@ def _store_cell_impl(cache, value):  # pragma: no cover - compile time
     if cache.dtype == types.uint16:
         return lambda cache, value: f32_to_f16_bits_scalar(f32_bits(np.float32(value)))
     return lambda cache, value: np.float32(value)
-
-
-@numba.njit(cache=True, nogil=True)
-def store_kv(k, v, kc, vc, start, m, h0, h1):
-    """Write K and V of rows 0..m-1 (k, v [m, n_head_kv*head_dim] float32) into KV heads h0..h1-1 of one layer of
-    the cache at positions start..start+m-1: K transposed, kc [n_head_kv, head_dim, n_ctx] (the cells of each
-    dimension contiguous, so that KQ runs over cells in vector lanes), V as rows, vc [n_head_kv, n_ctx, head_dim];
-    a uint16 array of F16 bits (the F16 cache, rounded to nearest even as numpy's astype) or float32."""
-    d = vc.shape[2]
-    for h in range(h0, h1):
-        for c in range(d):  # K's cells are contiguous: written in order
-            krow = kc[h, c]
-            for t in range(m):
-                krow[start + t] = _store_cell(kc, k[t, h * d + c])
-        for t in range(m):
-            vrow = vc[h, start + t]
-            for c in range(d):
-                vrow[c] = _store_cell(vc, v[t, h * d + c])

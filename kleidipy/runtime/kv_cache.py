@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kleidipy.errors import DTypeError, KleidipyError
-from kleidipy.graph import ops
+from kleidipy.graph import attention
 
 CACHE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
@@ -66,23 +66,10 @@ def cells(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype == np.float16 else a
 
 
-#: bytes of a cache line
-_LINE = 64
-
-
-def k_row_cells(n_ctx: int, itemsize: int) -> int:
-    """Cells per row of the transposed K cache (a row: one dimension of one head, n_ctx cells and padding): a whole,
-    odd number of cache lines. Attention's KQ reads 16 cells from each of head_dim rows in turn; with rows a power of
-    two lines apart (n_ctx 512, 1024, ..., 8192) those loads fall into one or two L1 sets and evict each other (~3x
-    slower KQ measured at n_ctx 1024), with an odd number of lines they spread over every set."""
-    lines = -(-n_ctx * itemsize // _LINE)
-    return (lines + 1 - lines % 2) * _LINE // itemsize
-
-
 class KVCache:
-    """K and V for ``n_layer`` layers of ``dtype``: K transposed, ``[n_head_kv, head_dim, k_row_cells(n_ctx)]`` per
-    layer (the cells of each dimension contiguous: attention's KQ runs over cells in vector lanes; cells n_ctx.. are
-    padding, never written nor read), V ``[n_head_kv, n_ctx, head_dim]``.
+    """K and V for ``n_layer`` layers of ``dtype``, in the layout attention reads (:mod:`kleidipy.graph.attention`:
+    blocks of 16 cells): K ``[n_layer, n_head_kv, nb, head_dim·16]``, V ``[n_layer, n_head_kv, 16, nb·head_dim]``,
+    nb = n_ctx / 16 rounded up (cells n_ctx.. of the last block are padding, never written nor read).
 
     ``n_past`` is the number of positions filled (0..n_past-1). A batch may start at any position <= n_past: starting
     before n_past overwrites (rewinds) the cache from there.
@@ -93,8 +80,9 @@ class KVCache:
         check_context_size(n_ctx, n_layer, n_head_kv, head_dim, dtype)
         self.dtype = np.dtype(dtype)
         self.n_ctx = n_ctx
-        self.k = np.zeros((n_layer, n_head_kv, head_dim, k_row_cells(n_ctx, self.dtype.itemsize)), self.dtype)
-        self.v = np.zeros((n_layer, n_head_kv, n_ctx, head_dim), self.dtype)
+        nb = attention.cache_blocks(n_ctx)
+        self.k = np.zeros((n_layer, n_head_kv, nb, head_dim * attention.LANES), self.dtype)
+        self.v = np.zeros((n_layer, n_head_kv, attention.LANES, nb * head_dim), self.dtype)
         #: K/V are F16, so attention rounds Q and the softmax weights to F16 too (ggml's vec_dot_f16)
         self.f16 = self.dtype == np.float16
         self.n_past = 0
@@ -114,17 +102,21 @@ class KVCache:
         kc, vc = self.layer(layer)
         k2 = np.ascontiguousarray(k, np.float32).reshape(m, -1)
         v2 = np.ascontiguousarray(v, np.float32).reshape(m, -1)
-        ops.store_kv(k2, v2, kc, vc, start, m, 0, n_head_kv)
+        attention.store_kv(k2, v2, kc, vc, start, m, 0, n_head_kv)
 
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """K ``[n_head_kv, head_dim, k_row_cells(n_ctx)]`` and V ``[n_head_kv, n_ctx, head_dim]`` of one layer as the
-        compiled ops take them: F16 bit patterns (uint16 views) or float32."""
+        """K ``[n_head_kv, nb, head_dim·16]`` and V ``[n_head_kv, 16, nb·head_dim]`` of one layer as the compiled ops
+        take them: F16 bit patterns (uint16 views) or float32."""
         return cells(self.k[layer]), cells(self.v[layer])
 
     def read(self, layer: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
-        """K ``[n_head_kv, head_dim, n_kv]`` and V ``[n_head_kv, n_kv, head_dim]`` of positions 0..n_kv-1 as stored,
-        of ``dtype`` (views)."""
-        return self.k[layer, :, :, :n_kv], self.v[layer, :, :n_kv]
+        """K and V of positions 0..n_kv-1 of one layer as stored, ``[n_head_kv, n_kv, head_dim]`` each, of ``dtype``
+        (copies, position by position)."""
+        h, nb = self.k.shape[1], self.k.shape[2]
+        d = self.k.shape[3] // attention.LANES
+        k = self.k[layer].reshape(h, nb, d, attention.LANES).transpose(0, 1, 3, 2).reshape(h, nb * attention.LANES, d)
+        v = self.v[layer].reshape(h, attention.LANES, nb, d).transpose(0, 2, 1, 3).reshape(h, nb * attention.LANES, d)
+        return k[:, :n_kv].copy(), v[:, :n_kv].copy()
 
     def advance(self, start: int, ids: np.ndarray | int) -> None:
         """Mark positions start..start+len(ids)-1 as filled with tokens ``ids`` (after every layer stored them), or

@@ -47,7 +47,7 @@ from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.graph import attention as graph_attention
 from kleidipy.graph import ops
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.kv_cache import KVCache, PositionError, cells, check_cache_dtype
+from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
 from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -118,24 +118,25 @@ class RoPE:
 
 def attention(
     q: np.ndarray,
-    keys: np.ndarray,
-    values: np.ndarray,
+    kv: KVCache,
+    layer: int,
     start: int,
     scale: np.float32,
-    f16: bool,
     window: int | None = None,
 ) -> np.ndarray:
-    """Causal attention of q [m, n_head, d] (positions start..start+m-1) over keys [n_head_kv, d, n_kv] and values
-    [n_head_kv, n_kv, d] (one layer of a KV cache as :meth:`KVCache.read` gives it: float16, which also rounds Q
-    and the softmax weights to F16 when ``f16``, or float32), over the last ``window`` positions of each query when
-    given; returns [m, n_head, d] (:func:`kleidipy.graph.attention.attention`)."""
+    """Causal attention of q [m, n_head, d] (positions start..start+m-1) over the cells 0..start+m-1 of layer
+    ``layer`` of the cache ``kv`` (float16, which also rounds Q and the softmax weights to F16, or float32), over
+    the last ``window`` positions of each query when given; returns [m, n_head, d]
+    (:func:`kleidipy.graph.attention.attention`)."""
     m, n_head, d = q.shape
-    n_kv = values.shape[1]
-    keys, values = cells(keys), cells(values)
+    n_kv = start + m
+    keys, values = kv.layer(layer)
     out = np.empty((m, n_head * d), np.float32)
     scratch = np.empty(graph_attention.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
-    graph_attention.attention(q, keys, values, start, m, n_kv, scale, window or 0, f16, out, scratch, 0, n_head, 0, 1)
+    graph_attention.attention(
+        q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1
+    )
     return out.reshape(m, n_head, d)
 
 
@@ -209,8 +210,7 @@ class SelfAttention:
             if self.q_scale is not None:
                 q[rows] *= self.q_scale
             seg.cache.store(self.layer, seg.start, k[rows], v[rows])
-            keys, values = seg.cache.read(self.layer, seg.start + seg.hi - seg.lo)
-            o[rows] = attention(q[rows], keys, values, seg.start, self.scale, seg.cache.f16, self.window)
+            o[rows] = attention(q[rows], seg.cache, self.layer, seg.start, self.scale, self.window)
         y = self.wo(o.reshape(m, self.n_head * self.head_dim))
         if self.bo is not None:
             y += self.bo

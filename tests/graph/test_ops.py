@@ -10,7 +10,7 @@ import pytest
 
 from kleidipy.core.numerics import fma_f32
 from kleidipy.graph import attention, ops
-from kleidipy.runtime.kv_cache import k_row_cells
+from kleidipy.runtime.kv_cache import KVCache, cells
 from kleidipy.runtime.layers import gelu_f16_table
 
 F32 = np.float32
@@ -201,23 +201,25 @@ def test_rope(rng: np.random.Generator, neox: bool) -> None:
 
 @pytest.mark.parametrize("f16", [True, False])
 def test_store_kv(rng: np.random.Generator, f16: bool) -> None:
-    m, n_head_kv, d, n_ctx, start = 3, 3, 8, 10, 4
+    m, n_head_kv, d, n_ctx, start = 3, 3, 8, 20, 14  # (positions 14..16 span two blocks of 16 cells)
     k, v = (rng.standard_normal((2, m, n_head_kv * d)) * 100).astype(np.float32)
     k[0, :3] = [1e6, -1e-9, np.float32(65520.0)]
     dtype = np.float16 if f16 else np.float32
     for pieces in _splits(n_head_kv):
-        kc, vc = np.zeros((n_head_kv, d, n_ctx), dtype), np.zeros((n_head_kv, n_ctx, d), dtype)
-        ops_k, ops_v = (kc.view(np.uint16), vc.view(np.uint16)) if f16 else (kc, vc)
+        cache = KVCache(1, n_head_kv, d, n_ctx, dtype)
+        kc, vc = cache.layer(0)
         for h0, h1 in pieces:
-            ops.store_kv(k, v, ops_k, ops_v, start, m, h0, h1)
+            attention.store_kv(k, v, kc, vc, start, m, h0, h1)
         with np.errstate(over="ignore"):
-            want_k = np.ascontiguousarray(k.reshape(m, n_head_kv, d).transpose(1, 2, 0)).astype(
-                dtype
-            )  # K transposed: cells last
-            want_v = v.reshape(m, n_head_kv, d).transpose(1, 0, 2).astype(dtype)
-        assert np.array_equal(np.ascontiguousarray(kc[..., start : start + m]).view(np.uint8), want_k.view(np.uint8))
-        assert np.array_equal(vc[:, start : start + m].view(np.uint8), want_v.view(np.uint8))
-        assert not kc[..., :start].any() and not kc[..., start + m :].any()
+            want_k, want_v = (x.reshape(m, n_head_kv, d).transpose(1, 0, 2).astype(dtype) for x in (k, v))
+        got_k, got_v = cache.read(0, n_ctx)
+        for got, want in ((got_k, want_k), (got_v, want_v)):
+            assert np.array_equal(got[:, start : start + m].view(np.uint8), want.view(np.uint8))
+            assert not got[:, :start].any() and not got[:, start + m :].any()
+        # the layout attention reads: K by blocks of 16 cells, dimension-major within; V lane-major
+        p, c = start + 2, 5
+        assert kc[1, p // 16, c * 16 + p % 16] == cells(want_k[1, 2:3, c])[0]
+        assert vc[1, p % 16, (p // 16) * d + c] == cells(want_v[1, 2:3, c])[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -296,9 +298,9 @@ def test_attention(
     kc, vc = rng.standard_normal((2, n_head_kv, n_ctx, d)).astype(dtype)
     scale = 1 / np.sqrt(d)
     want = attention_numpy(q, kc.astype(np.float32), vc.astype(np.float32), start, n_kv, scale, window, f16)
-    kt = np.zeros((n_head_kv, d, k_row_cells(n_ctx, kc.itemsize)), dtype)  # the cache's K: [n_head_kv, d, cells]
-    kt[..., :n_ctx] = kc.transpose(0, 2, 1)
-    ops_k, ops_v = (kt.view(np.uint16), vc.view(np.uint16)) if f16 else (kt, vc)
+    cache = KVCache(1, n_head_kv, d, n_ctx, dtype)
+    cache.store(0, 0, kc.transpose(1, 0, 2).astype(np.float32), vc.transpose(1, 0, 2).astype(np.float32))
+    ops_k, ops_v = cache.layer(0)
     for pieces in _splits(n_head):
         out = np.full((m, n_head * d), np.nan, np.float32)
         for h0, h1 in pieces:
@@ -320,8 +322,9 @@ def test_attention_close_to_float64(rng: np.random.Generator) -> None:
     kc, vc = rng.standard_normal((2, 1, start + m, d)).astype(np.float32)
     out = np.empty((m, n_head * d), np.float32)
     scratch = np.empty(attention.attention_scratch_size(start + m, d), np.float32)
-    kt = np.ascontiguousarray(kc.transpose(0, 2, 1))
-    attention.attention(q, kt, vc, start, m, start + m, 0.125, 0, False, out, scratch, 0, n_head, 0, 1)
+    cache = KVCache(1, 1, d, start + m, np.float32)
+    cache.store(0, 0, kc.transpose(1, 0, 2), vc.transpose(1, 0, 2))
+    attention.attention(q, *cache.layer(0), start, m, start + m, 0.125, 0, False, out, scratch, 0, n_head, 0, 1)
     for i in range(m):
         s = kc[0, : start + i + 1].astype(np.float64) @ q[i].T.astype(np.float64) * 0.125
         w = np.exp(s - s.max(axis=0))

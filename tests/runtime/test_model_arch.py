@@ -273,8 +273,7 @@ def test_attention_matches_float64(m: int, start: int, n_head_kv: int, group: in
     v = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
     cache.store(0, 0, k, v)
     q = rng.standard_normal((m, n_head_kv * group, d)).astype(np.float32)
-    keys, values = cache.read(0, n_kv)
-    got = attention(q, keys, values, start, np.float32(1 / np.sqrt(d)), f16)
+    got = attention(q, cache, 0, start, np.float32(1 / np.sqrt(d)))
     kk, vv, qq = (_f16(a.astype(np.float64), f16) for a in (k, v, q))
     for t in range(m):
         for h in range(n_head_kv * group):
