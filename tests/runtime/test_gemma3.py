@@ -14,6 +14,7 @@ from model_files import GEMMA3, model_file
 
 from kleidipy.runtime.architectures.gemma3 import Gemma3, Gemma3Params
 from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
+from kleidipy.runtime.kv_cache import KVCache
 from kleidipy.runtime.layers import attention, geglu
 from kleidipy.runtime.model_file import ModelFile
 
@@ -37,7 +38,9 @@ def test_sliding_window_masks_old_keys(m: int, start: int) -> None:
     n_kv, window, d = start + m, 4, 8
     q = rng.standard_normal((m, 2, d)).astype(np.float32)
     keys, values = (rng.standard_normal((1, n_kv, d)).astype(np.float32) for _ in range(2))
-    got = attention(q, keys.transpose(0, 2, 1), values, start, np.float32(0.5), False, window)  # K as cached
+    cache = KVCache(1, 1, d, n_kv, np.float32)
+    cache.store(0, 0, keys.transpose(1, 0, 2), values.transpose(1, 0, 2))
+    got = attention(q, cache, 0, start, np.float32(0.5), window)
     for i in range(m):
         p = start + i
         visible = slice(max(0, p - window + 1), p + 1)  # key p0 is masked when p - p0 >= window
