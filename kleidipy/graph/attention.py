@@ -66,8 +66,7 @@ def store_kv(k, v, kc, vc, start, m, h0, h1):
     for h in range(h0, h1):
         for t in range(m):
             p = start + t
-            kb, lane = kc[h, p // LANES], p % LANES
-            vrow = vc[h, lane, p // LANES * d : (p // LANES + 1) * d]
+            kb, lane, vrow = kc[h, p // LANES], p % LANES, _v_row(vc[h], p, d)
             for c in range(d):
                 kb[c * LANES + lane] = _store_cell(kc, k[t, h * d + c])
                 vrow[c] = _store_cell(vc, v[t, h * d + c])
@@ -77,6 +76,12 @@ def store_kv(k, v, kc, vc, start, m, h0, h1):
 def _v_row(vh, j, d):
     """Cell j's row of V of one head vh [16, nb·d] (the cache's layout)."""
     return vh[j % LANES, j // LANES * d : (j // LANES + 1) * d]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _k_cell(kh, j, c):
+    """Dimension c of cell j of K of one head kh [nb, d·16] (the cache's layout)."""
+    return kh[j // LANES, c * LANES + j % LANES]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -180,16 +185,14 @@ def _kq_cells(qv, kh, jlo, jhi, kq, s):
             qc = qv[c]
             lane = kq[c % LANES, j0:j1]
             for j in range(j1 - j0):
-                cell = j0 + j
-                lane[j] = fma32(qc, _load_cell(kh[cell // LANES, c * LANES + cell % LANES]), lane[j])
+                lane[j] = fma32(qc, _load_cell(_k_cell(kh, j0 + j, c)), lane[j])
     _reduce_lanes(kq, jlo, jhi, s[jlo:jhi])
     sr = s[jlo:jhi]
     for j in range(jhi - jlo):
         if d16 < d:
-            cell = jlo + j
             dot = np.float64(sr[j])
             for c in range(d16, d):
-                dot += np.float64(qv[c] * _load_cell(kh[cell // LANES, c * LANES + cell % LANES]))
+                dot += np.float64(qv[c] * _load_cell(_k_cell(kh, jlo + j, c)))
             sr[j] = np.float32(dot)
 
 
@@ -264,7 +267,7 @@ def _kqv(vh, jlo, jhi, s, acc, out):
     d = out.shape[0]
     for j in range(jlo, jhi):
         _kqv_cell(s[j], _v_row(vh, j, d), acc[j % LANES])
-    _reduce_lanes(acc, 0, out.shape[0], out)
+    _reduce_lanes(acc, 0, d, out)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -306,7 +309,7 @@ def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, tail, acc, 
                 """The sums of ``width`` groups of 16 columns from column ``col`` of lane ``lane``, over its
                 blocks."""
                 starts = [b.add(b.mul(b.add(b.mul(r, vnni.i64(LANES)), lane), d), col) for r in rows]  # acc[r, l, c]
-                acc_at = [[b.mul(b.add(at, vnni.i64(16 * g)), vnni.i64(4)) for g in range(width)] for at in starts]
+                acc_at = [[b.mul(b.add(at, vnni.i64(LANES * g)), vnni.i64(4)) for g in range(width)] for at in starts]
                 for ps, ats in zip(sums, acc_at, strict=True):
                     for p, at in zip(ps, ats, strict=False):
                         b.store(vnni.load(b, vnni.byte_ptr(b, acc_p, at), F32X16), p)
@@ -316,7 +319,7 @@ def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, tail, acc, 
                     first = b.add(stream, b.mul(blk.index, b_stride))
                     vs = []
                     for g in range(width):
-                        vv = vnni.load(b, vnni.byte_ptr(b, v_p, b.mul(b.add(first, vnni.i64(16 * g)), esize)), cells)
+                        vv = vnni.load(b, vnni.byte_ptr(b, v_p, b.mul(b.add(first, vnni.i64(LANES * g)), esize)), cells)
                         vs.append(vnni.f16_bits_to_f32(b, vv, True) if f16 else vv)
                     for r, ps in zip(rows, sums, strict=True):
                         wat = b.add(b.mul(r, w_row), b.mul(j, vnni.i64(4)))
