@@ -62,9 +62,9 @@ from kleidipy.graph.views import address_table, bool_at, f32_1d, f32_2d, f32_at,
 from kleidipy.graph.workers import (
     SYNC_FIRST_FREE,
     Workers,
-    aligned_zeros,
     barrier,
     next_run,
+    pool_arrays,
     post_again,
     share,
     wait_done,
@@ -95,11 +95,13 @@ RUN_SLOTS = 11
 #: plan's nodes and float parameters; the address tables of the activation buffers, the packed weights, their sizes,
 #: kernel codes and parameters, the norm vectors, the RoPE cos/sin tables, whether each RoPE is NeoX; the GELU table;
 #: the address tables of the K and V caches; the packed-LHS scratch, attention's scratch [threads, n], the status,
-#: the embedding's bytes, the run table and a decoded token's run table (:func:`decode_run`). One array argument
-#: instead of twenty: numba wraps every array argument of a call in a reference-counted MemInfo (a malloc, a free,
-#: Python reference counts; ~1 us each, run cold after the plan streamed the weights through the caches).
+#: the embedding's bytes, the run table and a decoded token's run table (:func:`decode_run`). The table's address is
+#: the one argument instead of twenty arrays: numba unboxes every array argument of a call (a reference-counted
+#: MemInfo: a malloc, a free, Python reference counts), ~4 µs each when the call runs cold, after the plan streamed the
+#: weights through the caches; an int costs nothing.
 A_NODES, A_FPARAMS, A_BUFFERS, A_RHS, A_SIZES, A_CODES, A_PARAMS, A_VECTORS, A_COS, A_SIN = range(10)
 A_NEOX, A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN, A_DECODE = range(10, 20)
+A_SLOTS = 20
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -108,10 +110,10 @@ def _i64_2d(arrays, i):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_scale):  # pragma: no cover - compiled
+def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_scale):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address
-    tables kcaches/vcaches, of the dtype of the 0-size array ``cell``), keeping the rows ``keep`` at the KEEP
+    tables kcaches/vcaches, of the type of the scalar ``cell``), keeping the rows ``keep`` at the KEEP
     node (see the module docstring); the MUL_MAT into buffer ``logits_buffer`` writes into ``logits`` instead
     (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the thread records per
     node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for other nodes) and
@@ -121,8 +123,9 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
     ``prof`` come by address and size in the int64 table ``run`` (slots ``RUN_*``), so that the arguments stay the
     same objects from run to run (until the buffers grow or other KV caches come) and the workers can take the next
     run in :func:`serve_plan`, without Python; the LM head writes the logits [keep.size, run[RUN_N_VOCAB]] at the
-    address ``run[RUN_LOGITS]``. Every array comes through the table ``arrays`` (rows ``A_*``); ``cell`` gives the KV
-    caches' dtype. Returns 1 when the run stopped on an error (``status`` says which), else 0."""
+    address ``run[RUN_LOGITS]``. Every array comes through the table at address ``table`` (rows ``A_*``); ``cell``
+    gives the KV caches' dtype. Returns 1 when the run stopped on an error (``status`` says which), else 0."""
+    arrays = i64_at(table, (A_SLOTS, 5))
     nodes, buffers, rhs = _i64_2d(arrays, A_NODES), _i64_2d(arrays, A_BUFFERS), _i64_2d(arrays, A_RHS)
     fparams = f64_at(arrays[A_FPARAMS, 0], arrays[A_FPARAMS, 1])
     sizes, codes, params = _i64_2d(arrays, A_SIZES), _i64_2d(arrays, A_CODES), _i64_2d(arrays, A_PARAMS)
@@ -257,15 +260,17 @@ def run_plan(ith, nth, sync, arrays, cell, f16, logits_buffer, embd_code, embd_s
 
 
 @numba.njit(cache=True, nogil=True)
-def decode_run(arrays, token, position, logits):  # pragma: no cover - compiled
-    """Set the run table (in the table ``arrays``, row ``A_RUN``) to a decoded token's: ``token`` at ``position`` of
-    the first KV cache, its logits into ``logits`` [n_vocab] — a copy of the decode template (row ``A_DECODE``) with
-    those three in their slots —, and clear the status of the last run: what Python would do in numpy steps, each
-    run cold after the plan streamed the weights through the caches."""
+def decode_run(table, token, position, logits):  # pragma: no cover - compiled
+    """Set the run table (in the table at address ``table``, row ``A_RUN``) to a decoded token's: ``token`` at
+    ``position`` of the first KV cache, its logits at address ``logits`` [n_vocab] — a copy of the decode template (row
+    ``A_DECODE``) with those three in their slots —, and clear the status of the last run: what Python would do in
+    numpy steps, each run cold after the plan streamed the weights through the caches (every argument an int: an
+    array argument costs ~4 µs cold to unbox)."""
+    arrays = i64_at(table, (A_SLOTS, 5))
     run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
     run[:] = i64_at(arrays[A_DECODE, 0], arrays[A_DECODE, 1])
     run[RUN_TOKEN] = token
-    run[RUN_LOGITS] = logits.ctypes.data
+    run[RUN_LOGITS] = logits
     i64_at(run[RUN_SEGS], (1, 4))[0, 1] = position
     i64_at(arrays[A_STATUS, 0], STATUS_PER_RUN)[:] = 0
 
@@ -283,10 +288,17 @@ def serve_plan(ith, nth, sync, ctl, seq, spin_ns, *args):  # pragma: no cover - 
 
 
 @numba.njit(cache=True, nogil=True)
-def lead_plan(nth, sync, ctl, seq, args):  # pragma: no cover - compiled
+def run_alone(args):  # pragma: no cover - compiled
+    """:func:`run_plan` ``(0, 1, sync, *args)``: a run on the calling thread alone (its barriers return at once)."""
+    return run_plan(0, 1, np.zeros(SYNC_FIRST_FREE, np.int64), *args)
+
+
+@numba.njit(cache=True, nogil=True)
+def lead_plan(nth, ctl_addr, seq, args):  # pragma: no cover - compiled
     """Thread 0 of a multi-thread run of the same arguments (the tuple ``args``) as the previous run
     (:meth:`Workers.run`'s ``lead``): publishes job ``seq``, runs :func:`run_plan` ``(0, nth, sync, *args)`` and waits
     for the workers' end; None (and nothing run) when a worker sleeps."""
+    ctl, sync = pool_arrays(ctl_addr)
     if not post_again(ctl, sync, seq):
         return None
     failed = run_plan(0, nth, sync, *args)
@@ -347,16 +359,17 @@ class CompiledForward:
         #: the run table of a decoded token (:func:`decode_run` puts its id in slot RUN_TOKEN, its position in
         #: _one_segment and the logits' address in slot RUN_LOGITS)
         self._decode_slots = np.zeros(RUN_SLOTS, np.int64)
-        self._logits: np.ndarray | None = None  # (the last decoded token's)
+        self._logits: np.ndarray | None = None  # (the last decoded token's, and its address)
+        self._logits_at = 0
         self._decode_slots[:RUN_TOKEN] = (
             1, self._untimed.ctypes.data, 0, self._one_segment.ctypes.data, 1, self._first_row.ctypes.data, 1, 0,
             self._n_logits, self._run_slots.ctypes.data + RUN_TOKEN * self._run_slots.itemsize,
         )  # fmt: skip
-        self._entry = self._lead = None
+        #: run_alone and lead_plan compiled for the types of the arguments (None: not known yet)
+        self._alone = self._lead = None
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._choosing = threads > 1 and adaptive
-        self._sync = aligned_zeros(SYNC_FIRST_FREE)  # a run on the calling thread alone (its barriers return at once)
 
     @property
     def run_seconds(self) -> float:
@@ -421,8 +434,9 @@ class CompiledForward:
                 self._decode_slots,
             ]
             self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
-            self._static = (self._arrays_table, cell, self._kv_caches[0].f16, self.plan.logits, code, scale)
-            self._entry = self._lead = None
+            table = self._arrays_table.ctypes.data
+            self._static = (table, cell, self._kv_caches[0].f16, self.plan.logits, code, scale)
+            self._alone = self._lead = None
         return self._static
 
     def __call__(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
@@ -449,8 +463,9 @@ class CompiledForward:
         args = self._static_args()
         if self._logits is None or getrefcount(self._logits) > 2:  # (2: the attribute and the argument)
             self._logits = np.empty(self._n_logits, np.float32)
+            self._logits_at = self._logits.ctypes.data
         logits = self._logits
-        decode_run(self._arrays_table, token, position, logits)
+        decode_run(args[0], token, position, self._logits_at)
         self._launch(args, [token], 1, self.choice.pick(1), ())
         return logits
 
@@ -482,7 +497,7 @@ class CompiledForward:
     def _use_caches(self, caches: list[KVCache]) -> None:
         """Runs from now on read and write the KV caches ``caches`` (in this order)."""
         k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
-        self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), np.empty((0,) * 4, k[0].dtype))
+        self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), k[0].dtype.type(0))
         self._kv_caches = caches
         self._static = None
 
@@ -499,21 +514,22 @@ class CompiledForward:
         """Run the plan (arguments ``args``, :meth:`_static_args`) on ``threads`` threads with the run table and the
         status as set (ids ``ids`` of m tokens; ``prof``: the profile array when ``watchers`` are told of the nodes;
         ``kept`` rows of logits); raises on a run that stopped on an error."""
-        fn = self._entry or run_plan
         # (a run that may compile a function, or load it from numba's cache, tells the thread choice nothing)
-        measured = self._choosing and self._entry is not None and (threads == 1 or self._lead is not None)
+        measured = self._choosing and (self._alone if threads == 1 else self._lead) is not None
         t0 = perf_counter()
         mono0 = clock_ns() if watchers else 0
         if threads == 1:
-            failed = fn(0, 1, self._sync, *args)
+            failed = (self._alone or run_alone)(args)
         else:
-            failed = self.workers.run(fn, args, serve_plan, self._lead or lead_plan)
+            failed = self.workers.run(run_plan, args, serve_plan, self._lead or lead_plan)
         if measured:
             self.choice.record(m, threads, perf_counter() - t0)
-        if self._entry is None:  # run_plan is compiled for these types now: call it past numba's type dispatch
-            self._entry = entry_point(run_plan, (0, 1, self._sync, *args))
-        if self._lead is None and threads > 1:  # (compiled at the second run of these arguments on the workers)
-            self._lead = entry_point(lead_plan, (0, self._sync, self._sync, 0, args))
+        # compiled for these types now: called past numba's type dispatch from the next run on (lead_plan at the
+        # second run of these arguments on the workers)
+        if self._alone is None and threads == 1:
+            self._alone = entry_point(run_alone, (args,))
+        if self._lead is None and threads > 1:
+            self._lead = entry_point(lead_plan, (0, 0, 0, args))
         if failed:
             status = self._status.tolist()
             if status[STATUS_BAD_TOKEN]:

@@ -2,7 +2,7 @@
 (activation buffers, packed weights, norm vectors, RoPE tables, KV caches) at every run.
 
 Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
-:func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a 0-size array of it), which
+:func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a scalar of it), which
 rebuild row ``i`` of a table as an array view (no copy, no reference count), and ``f32_at``, ``f64_at``, ``i64_at``,
 ``u8_at``, ``bool_at``, the same for one array given by its address and shape (the rows are those of theirs).
 Hand-written because numba's typed List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per
@@ -48,8 +48,8 @@ def _pointer_to(dtype: types.Type):  # noqa: ANN202
 
 @intrinsic
 def _pointer_like(typingctx, like, addr):  # noqa: ANN001, ANN202, ARG001
-    """The address as a pointer to the dtype of the array ``like``."""
-    sig = types.CPointer(like.dtype)(like, types.int64)
+    """The address as a pointer to the type of the scalar ``like``."""
+    sig = types.CPointer(like)(like, types.int64)
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
         return builder.inttoptr(args[1], context.get_value_type(signature.return_type))
@@ -114,5 +114,6 @@ def u8_1d(table, i):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def like_4d(table, i, like):  # pragma: no cover - compiled
-    """Row ``i`` of an :func:`address_table` of 4-D arrays of the dtype of ``like`` (a 0-size array), as the array."""
+    """Row ``i`` of an :func:`address_table` of 4-D arrays of the type of the scalar ``like``, as the array (a scalar
+    argument: unboxed at a call for nothing, where a 0-size array costs microseconds cold)."""
     return numba.carray(_pointer_like(like, table[i, 0]), (table[i, 1], table[i, 2], table[i, 3], table[i, 4]))

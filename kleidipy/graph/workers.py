@@ -37,6 +37,7 @@ import numpy as np
 
 from kleidipy.core.buffers import check_threads
 from kleidipy.graph.atomics import atomic_add, atomic_load, atomic_store, cpu_pause, monotonic_ns, sched_yield
+from kleidipy.graph.views import i64_at
 
 #: threads at the current barrier.
 SYNC_ARRIVED = 0
@@ -72,10 +73,13 @@ GIL_LATE_ROUNDS = 200
 # the control array of a Workers (its own cache lines, apart from sync): the job counter, whether the job is the
 # previous one again (a serve loop takes it without going back to Python), the number of workers asleep or going to
 # sleep (counted before they read the job counter a last time: a job published before a look at it reaches them),
-# and the number of workers that finished the current job.
+# the address and the size of sync (set once: a lead gets both arrays from ctl's address, see pool_arrays), and the
+# number of workers that finished the current job.
 _CTL_JOB = 0
 _CTL_AGAIN = 1
 _CTL_SLEEPERS = 2
+_CTL_SYNC = 3
+_CTL_SYNC_SLOTS = 4
 _CTL_DONE = 8
 _CTL_SLOTS = 16
 
@@ -175,6 +179,15 @@ def _post(ctl: np.ndarray, sync: np.ndarray, seq: int, again: int) -> None:
     atomic_store(ctl, _CTL_JOB, seq)
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def pool_arrays(ctl_addr: int) -> tuple[np.ndarray, np.ndarray]:
+    """The control and the sync array of a Workers from the control array's address (what a ``lead`` is given: an
+    int argument costs nothing to unbox, an array ~4 µs when the call runs cold, after a plan streamed the weights
+    through the caches)."""
+    ctl = i64_at(ctl_addr, _CTL_SLOTS)
+    return ctl, i64_at(ctl[_CTL_SYNC], ctl[_CTL_SYNC_SLOTS])
+
+
 @numba.njit(nogil=True, cache=True)
 def post_again(ctl: np.ndarray, sync: np.ndarray, seq: int) -> bool:
     """A ``lead``'s start (see :meth:`Workers.run`): publish job ``seq`` as the previous job again (what
@@ -233,6 +246,8 @@ class _Pool:
         self.nth = n_threads
         self.sync = aligned_zeros(sync_slots)
         self.ctl = aligned_zeros(_CTL_SLOTS)
+        self.ctl[_CTL_SYNC], self.ctl[_CTL_SYNC_SLOTS] = self.sync.ctypes.data, self.sync.size
+        self.ctl_addr = self.ctl.ctypes.data
         self.spin_s = _spin_seconds()
         self.spin_ns = int(IDLE_SPIN_US * 1e3)
         self.max_delay = max(1, int(GIL_DELAY_MAX_US * 1e-6 / self.spin_s))
@@ -318,7 +333,7 @@ class _Pool:
                 if lead is not None and job is not None and job[2] is serve is not None and job[1] is args:
                     self.seq += 1
                     self.posted_at = time.perf_counter()
-                    out = lead(self.nth, self.sync, self.ctl, self.seq, args)
+                    out = lead(self.nth, self.ctl_addr, self.seq, args)
                     led = out is not None
                     if not led:  # a worker sleeps: the run is published, thread 0's share still to run
                         self.wake_sleepers()
@@ -392,10 +407,10 @@ class Workers:
         the objects of the previous run (``is``) is then taken inside the loop, without the GIL: what changes from run
         to run must live in the arrays ``args`` holds.
 
-        ``lead``: with ``serve``, a compiled (nogil) function ``lead(nth, sync, ctl, seq, args)`` (``args`` the tuple)
-        that thread 0 calls for such a run instead of ``fn``: it starts with ``if not post_again(ctl, sync, seq): return
-        None``, then returns ``fn(0, nth, sync, *args)`` after ``wait_done(ctl, nth - 1)``. ``fn``'s result must not be
-        None.
+        ``lead``: with ``serve``, a compiled (nogil) function ``lead(nth, ctl_addr, seq, args)`` (``args`` the tuple)
+        that thread 0 calls for such a run instead of ``fn``: it starts with ``ctl, sync = pool_arrays(ctl_addr)`` and
+        ``if not post_again(ctl, sync, seq): return None``, then returns ``fn(0, nth, sync, *args)`` after
+        ``wait_done(ctl, nth - 1)``. ``fn``'s result must not be None.
         """
         if self._closed:
             raise RuntimeError("these Workers are closed")

@@ -33,6 +33,7 @@ from kleidipy.graph.workers import (
     aligned_zeros,
     barrier,
     next_run,
+    pool_arrays,
     post_again,
     wait_done,
 )
@@ -236,7 +237,8 @@ def _step(ith, nth, sync, state, out, log):
 
 
 @numba.njit(nogil=True)
-def _lead_step(nth, sync, ctl, seq, args):
+def _lead_step(nth, ctl_addr, seq, args):
+    ctl, sync = pool_arrays(ctl_addr)
     if not post_again(ctl, sync, seq):
         return None
     out = _step(0, nth, sync, *args)
