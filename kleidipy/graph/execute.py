@@ -346,8 +346,8 @@ class CompiledForward:
         #: the embedding as the run does it (GET_ROWS of its bytes, code >= 0), or -1: the caller embeds in Python
         embd = getattr(lm.embedding, "compiled_rows", lambda: None)()
         self._embd = (-1, np.zeros((0, 0), np.uint8), np.float32(0.0)) if embd is None else embd
-        #: the address tables of the K and V arrays of the caches of the last run, and a 0-size array of their dtype
-        self._kv: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: the address tables of the K and V arrays of the caches of the last run, and a scalar of their dtype
+        self._kv: tuple[np.ndarray, np.ndarray, np.generic] | None = None
         self._kv_caches: list[KVCache] = []
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self._one_segment = np.array([[0, 0, 0, 1]], np.int64)
