@@ -101,7 +101,7 @@ RUN_SLOTS = 11
 #: weights through the caches; an int costs nothing.
 A_NODES, A_FPARAMS, A_BUFFERS, A_RHS, A_SIZES, A_CODES, A_PARAMS, A_VECTORS, A_COS, A_SIN = range(10)
 A_NEOX, A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN, A_DECODE = range(10, 20)
-A_SLOTS = 20
+A_SLOTS = A_DECODE + 1
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -288,9 +288,9 @@ def serve_plan(ith, nth, sync, ctl, seq, spin_ns, *args):  # pragma: no cover - 
 
 
 @numba.njit(cache=True, nogil=True)
-def run_alone(args):  # pragma: no cover - compiled
-    """:func:`run_plan` ``(0, 1, sync, *args)``: a run on the calling thread alone (its barriers return at once)."""
-    return run_plan(0, 1, np.zeros(SYNC_FIRST_FREE, np.int64), *args)
+def run_alone(sync_addr, args):  # pragma: no cover - compiled
+    """:func:`run_plan` ``(0, 1, sync at sync_addr, *args)``: a run on the calling thread alone (no barrier waits)."""
+    return run_plan(0, 1, i64_at(sync_addr, SYNC_FIRST_FREE), *args)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -370,6 +370,8 @@ class CompiledForward:
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._choosing = threads > 1 and adaptive
+        self._sync = np.zeros(SYNC_FIRST_FREE, np.int64)  # a run on the calling thread alone (no barrier waits)
+        self._sync_at = self._sync.ctypes.data
 
     @property
     def run_seconds(self) -> float:
@@ -519,15 +521,14 @@ class CompiledForward:
         t0 = perf_counter()
         mono0 = clock_ns() if watchers else 0
         if threads == 1:
-            failed = (self._alone or run_alone)(args)
+            failed = (self._alone or run_alone)(self._sync_at, args)
         else:
             failed = self.workers.run(run_plan, args, serve_plan, self._lead or lead_plan)
         if measured:
             self.choice.record(m, threads, perf_counter() - t0)
-        # compiled for these types now: called past numba's type dispatch from the next run on (lead_plan at the
-        # second run of these arguments on the workers)
+        # compiled for these types now: called past numba's dispatch from the next run (lead_plan: the 2nd on workers)
         if self._alone is None and threads == 1:
-            self._alone = entry_point(run_alone, (args,))
+            self._alone = entry_point(run_alone, (self._sync_at, args))
         if self._lead is None and threads > 1:
             self._lead = entry_point(lead_plan, (0, 0, 0, args))
         if failed:
