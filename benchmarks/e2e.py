@@ -106,17 +106,26 @@ def weight_bytes(g: ModelFile) -> int:
     return total
 
 
-def _pp_tg(reset, run, n_vocab: int, n_prompt: int, n_gen: int, reps: int) -> tuple[list, list]:  # noqa: ANN001
-    """pp and tg tokens/s of an engine given as ``reset()`` and ``run(token_ids)``: the same random prompt and the
-    same fixed decode tokens for every engine (decode cost only, no sampling), after one warm-up pass."""
+def _pp_tg(reset, run, n_vocab: int, n_prompt: int, n_gen: int, reps: int, depth: int) -> tuple[list, list]:  # noqa: ANN001
+    """pp and tg tokens/s of an engine given as ``reset()`` and ``run(token_ids)``, as llama-bench measures them: the
+    same random prompt and the same fixed decode tokens for every engine (decode cost only, no sampling), after one
+    warm-up pass; each test from an empty cache filled first (untimed) with ``depth`` tokens (llama-bench's ``-d``)."""
     rng = np.random.default_rng(0)
     ids = [int(i) for i in rng.integers(3, n_vocab, n_prompt)]
     gen_ids = [int(i) for i in rng.integers(3, n_vocab, n_gen)]
+    depth_ids = [int(i) for i in rng.integers(3, n_vocab, depth)]
+
+    def fresh() -> None:
+        reset()
+        if depth_ids:
+            run(depth_ids)
+
     run(ids[:8])  # warm-up: JIT caches, page-in
     pp, tg = [], []
     for _ in range(reps):
-        reset()
+        fresh()
         pp.append(n_prompt / _timed(lambda: run(ids)))
+        fresh()
         t0 = time.perf_counter()
         for tok in gen_ids:
             run([tok])
@@ -130,13 +139,14 @@ def bench_kleidipy(
     n_prompt: int,
     n_gen: int,
     reps: int,
+    depth: int,
     target,
     graph: bool,  # noqa: ANN001
 ) -> tuple[list, list, float | None]:
     """pp and tg tokens/s, and the host (Python) µs per decoded token outside the compiled plan (None eager)."""
     g = ModelFile(path)
     lm = g.arch.build(
-        g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=n_prompt + n_gen + 8
+        g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=depth + n_prompt + n_gen + 8
     )
     if graph:
         if not compile_model(lm, threads):
@@ -153,7 +163,7 @@ def bench_kleidipy(
         return out
 
     try:
-        pp, tg = _pp_tg(lm.reset, decode, g.hparams.n_vocab, n_prompt, n_gen, reps)
+        pp, tg = _pp_tg(lm.reset, decode, g.hparams.n_vocab, n_prompt, n_gen, reps, depth)
     finally:
         if lm.compiled is not None:
             lm.compiled.close()
@@ -161,12 +171,13 @@ def bench_kleidipy(
 
 
 def bench_llama_cpp(
-    python: str, path: Path, threads: int, n_prompt: int, n_gen: int, reps: int
+    python: str, path: Path, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int
 ) -> tuple[list, list] | None:
     """llama.cpp timed as llama-bench does (benchmarks/llama_cpp_bench.py, run by ``python``); None without
     llama-cpp-python there."""
     script = Path(__file__).with_name("llama_cpp_bench.py")
-    cmd = [python, str(script), str(path), "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads), "-r", str(reps)]
+    sizes = {"-p": n_prompt, "-n": n_gen, "-t": threads, "-r": reps, "-d": depth}
+    cmd = [python, str(script), str(path), *(str(x) for kv in sizes.items() for x in kv)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         print(f"llama.cpp: not measured ({done.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
@@ -188,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-r", "--reps", type=int, default=2)
+    ap.add_argument(
+        "-d", "--n-depth", type=int, default=0, help="tokens in the cache before each test, as llama-bench's -d"
+    )
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--models", default=",".join(model_files()))
     ap.add_argument("--target", default=None, help="kleidipy target (default: host / virtual sme2:svl=512)")
@@ -205,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     files = model_files()
     bw = memory_bandwidth_gbs()
     print(f"target {target.describe()}; memory read bandwidth (1 thread) {bw:.1f} GB/s", file=sys.stderr)
-    pp_name, tg_name = f"pp{args.n_prompt}", f"tg{args.n_gen}"
+    at = f" @ d{args.n_depth}" if args.n_depth else ""
+    pp_name, tg_name = f"pp{args.n_prompt}{at}", f"tg{args.n_gen}{at}"
     print(
         f"| model | size | threads | kleidipy {pp_name} | llama.cpp {pp_name} | ratio | kleidipy {tg_name} "
         f"| llama.cpp {tg_name} | ratio | decode roofline | % of roofline | host µs/token |"
@@ -216,11 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         wbytes = weight_bytes(ModelFile(path))
         roof = bw * 1e9 / wbytes
         for threads in (int(t) for t in args.threads.split(",")):
-            pp, tg, host = bench_kleidipy(path, threads, args.n_prompt, args.n_gen, args.reps, target, not args.eager)
+            pp, tg, host = bench_kleidipy(
+                path, threads, args.n_prompt, args.n_gen, args.reps, args.n_depth, target, not args.eager
+            )
             ref = (
                 None
                 if args.no_llama_cpp
-                else bench_llama_cpp(args.llama_cpp_python, path, threads, args.n_prompt, args.n_gen, args.reps)
+                else bench_llama_cpp(
+                    args.llama_cpp_python, path, threads, args.n_prompt, args.n_gen, args.reps, args.n_depth
+                )
             )
             ratio_pp = f"{statistics.mean(pp) / statistics.mean(ref[0]):.2f}x" if ref else "—"
             ratio_tg = f"{statistics.mean(tg) / statistics.mean(ref[1]):.2f}x" if ref else "—"

@@ -3,9 +3,10 @@
     python benchmarks/llama_cpp_bench.py MODEL.gguf -p 512 -n 128 -t 2 -r 2      # prints one JSON line
 
 pp: the prompt as one ``llama_decode`` (n_batch = n_ubatch = the prompt), then ``llama_synchronize``; tg: one token
-per ``llama_decode`` + ``llama_synchronize``; the KV cache cleared before each repetition, one warm-up run first; no
-logits are read (llama-bench's procedure). It needs only llama-cpp-python (no kleidipy), so ``benchmarks/e2e.py`` can
-run it with another interpreter (``--llama-cpp-python``), in a process of its own.
+per ``llama_decode`` + ``llama_synchronize``; the KV cache cleared before each test and filled (untimed) with
+``-d`` tokens, one warm-up run first; no logits are read (llama-bench's procedure: llama-bench's own pp512 and tg128
+agree with this script's within the spread on this machine). It needs only llama-cpp-python (no kleidipy), so
+``benchmarks/e2e.py`` can run it with another interpreter (``--llama-cpp-python``), in a process of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import time
 
 
-def bench(path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict[str, list[float]]:
+def bench(path: str, n_prompt: int, n_gen: int, threads: int, reps: int, depth: int = 0) -> dict[str, list[float]]:
     import llama_cpp as lc
 
     lc.llama_backend_init()
@@ -25,14 +26,15 @@ def bench(path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict
     if not model:
         raise SystemExit(f"llama.cpp cannot load {path}")
     cp = lc.llama_context_default_params()
-    cp.n_ctx = n_prompt + n_gen + 8
-    cp.n_batch = cp.n_ubatch = max(n_prompt, 1)
+    cp.n_ctx = depth + n_prompt + n_gen + 8
+    cp.n_batch = cp.n_ubatch = max(n_prompt, depth, 1)
     cp.n_threads = cp.n_threads_batch = threads
     ctx = lc.llama_init_from_model(model, cp)
     n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
     rng = random.Random(0)
     prompt = [rng.randrange(3, n_vocab) for _ in range(n_prompt)]
     gen = [rng.randrange(3, n_vocab) for _ in range(n_gen)]
+    filler = [rng.randrange(3, n_vocab) for _ in range(depth)]
 
     def decode(ids: list[int]) -> None:
         tokens = (lc.llama_token * len(ids))(*ids)
@@ -40,17 +42,20 @@ def bench(path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> dict
             raise SystemExit("llama_decode failed")
         lc.llama_synchronize(ctx)
 
-    def clear() -> None:
+    def fresh() -> None:
         lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
+        if filler:
+            decode(filler)
 
     decode(prompt[: min(8, n_prompt)])  # warm-up
     pp, tg = [], []
     try:
         for _ in range(reps):
-            clear()
+            fresh()
             t0 = time.perf_counter()
             decode(prompt)
             pp.append(n_prompt / (time.perf_counter() - t0))
+            fresh()
             t0 = time.perf_counter()
             for tok in gen:
                 decode([tok])
@@ -68,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("-r", "--reps", type=int, default=2)
+    ap.add_argument("-d", "--n-depth", type=int, default=0, help="tokens in the cache before each test")
     args = ap.parse_args(argv)
-    print(json.dumps(bench(args.model, args.n_prompt, args.n_gen, args.threads, args.reps)))
+    print(json.dumps(bench(args.model, args.n_prompt, args.n_gen, args.threads, args.reps, args.n_depth)))
     return 0
 
 
