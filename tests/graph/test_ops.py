@@ -203,7 +203,8 @@ def test_rope(rng: np.random.Generator, neox: bool) -> None:
 def test_store_kv(rng: np.random.Generator, f16: bool) -> None:
     m, n_head_kv, d, n_ctx, start = 3, 3, 8, 20, 14  # (positions 14..16 span two blocks of 16 cells)
     k, v = (rng.standard_normal((2, m, n_head_kv * d)) * 100).astype(np.float32)
-    k[0, :3] = [1e6, -1e-9, np.float32(65520.0)]
+    k[0, :8] = [1e6, -1e-9, np.float32(65520.0), np.float32(65519.996), 3e-8, -6e-8, np.inf, -0.0]
+    k[1, :3] = np.array([0x7FC00001, 0xFF800123, 0x7F812345], np.uint32).view(np.float32)  # NaNs, a signalling one
     dtype = np.float16 if f16 else np.float32
     for pieces in _splits(n_head_kv):
         cache = KVCache(1, n_head_kv, d, n_ctx, dtype)
