@@ -169,14 +169,14 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
             if rows == 0:
                 continue
             kind = 0 if rows == 1 else 1
-            code, prm, n, k = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1]
+            code, prm, n, k, w = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1], u8_1d(rhs, c)
             x = f32_2d(buffers, a)
             out = f32_at(run[RUN_LOGITS], (keep.size, run[RUN_N_VOCAB])) if b == logits_buffer else f32_2d(buffers, b)
             if d == 1:  # the previous MUL_MAT packed this input so: no pack, no barrier
                 if timed:
                     prof[ith, i, 1] = prof[ith, i, 0]
-                mm.matmul(code, prm, rows, n, k, lhs, u8_1d(rhs, c), out, ith, nth)
-            elif not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, u8_1d(rhs, c), out, n, k, status, prof, i):
+                mm.matmul(code, prm, rows, n, k, lhs, w, out, ith, nth)
+            elif not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, w, out, n, k, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
                 return 1
         elif op == OP_RMS_NORM:
@@ -356,8 +356,7 @@ class CompiledForward:
         self._static: tuple | None = None
         self._arrays_table = np.zeros((0, 5), np.int64)  # (the address table of the arrays the tuple gives)
         self._run_slots = np.zeros(RUN_SLOTS, np.int64)
-        #: the run table of a decoded token (:func:`decode_run` puts its id in slot RUN_TOKEN, its position in
-        #: _one_segment and the logits' address in slot RUN_LOGITS)
+        #: a decoded token's run table (decode_run sets its id, position (in _one_segment), logits' address)
         self._decode_slots = np.zeros(RUN_SLOTS, np.int64)
         self._logits: np.ndarray | None = None  # (the last decoded token's, and its address)
         self._logits_at = 0
@@ -384,20 +383,20 @@ class CompiledForward:
         self.workers.close()
 
     def warm_up(self) -> None:
-        """Run one token through the plan twice on a cache of its own, so that numba compiles (or loads from its cache)
-        the executor before the first real token; the thread choice starts afresh afterwards. A model whose
-        activations are not finite (weights loaded without the tensor check) is compiled all the same: the error
-        is left to the real forward passes."""
-        cache = self.lm.new_cache(1)
-        for _ in range(2):  # (the second run is the first run's again: on the workers, lead_plan's first)
+        """Run one token through the plan on a cache of its own, twice (the second: on the workers, lead_plan's first)
+        and on one thread as the thread choice's probes run (run_alone loaded at the first probe took ~0.2 s), so that
+        numba compiles (or loads from its cache) the executor before the first real token; the thread choice starts
+        afresh afterwards. Activations not finite (weights loaded unchecked): the error is left to the real runs."""
+        cache, first = self.lm.new_cache(1), self.choice
+        for choice in (first, first, ThreadChoice(1, False)):
+            self.choice = choice
             with suppress(NonFiniteInputError):
                 self.decode(0, cache, 0)
-        self.choice = ThreadChoice(self.choice.threads, self.choice.adaptive)
+        self.choice = ThreadChoice(first.threads, first.adaptive)
 
     def _grow_rows(self, m: int) -> None:
         """Buffers (and the packed-LHS scratch) for ubatches of up to m tokens (more than now)."""
-        # the arrays in a Python list (run_plan reads them through their address table, kept alive here); the
-        # logits buffer has no rows (the LM head writes into the array each run returns)
+        # (kept alive here, read through their address table; the logits buffer has no rows: the LM head writes out)
         self._arrays = [
             np.zeros((0 if i == self.plan.logits else m, w), np.float32) for i, w in enumerate(self.plan.widths)
         ]

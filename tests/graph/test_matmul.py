@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as T
 from kleidipy import formats
 from kleidipy.core.matmul import PreparedMatmul
 from kleidipy.graph import matmul as mm
+from kleidipy.graph.workers import Workers
 from kleidipy.kernels.catalogue import all_kernels, family_of, get_kernel
 from kleidipy.runtime.backend import KleidiBackend, RepackedLinear
 from kleidipy.target import parse_target
@@ -62,6 +63,34 @@ def test_pack_and_matmul_match_prepared_bit_for_bit(target, ggml_type):
                 mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
             assert np.array_equal(out[:m].view(np.uint32), want.view(np.uint32)), (prepared.kernel.name, m, nth)
             assert np.isnan(out[m:]).all()  # rows past m untouched
+
+
+@pytest.mark.parametrize("target", ["sme2:svl=512", "i8mm"])
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_mul_mat_node_on_workers(target: str, ggml_type: T) -> None:
+    """The whole node (each thread's share of the pack, a barrier, its share of the matmul) on 1-3 persistent
+    workers: the bits of the prepared matmul, and False on every thread for a NaN input (in any thread's share)."""
+    lin = _linear(target, ggml_type)
+    for m in (1, 5):
+        prepared = lin.gemv if m == 1 else lin.gemm
+        nk = mm.node_kernel(prepared)
+        x = _activations(m, seed=m)
+        want = prepared(x[:m])
+        for nth in (1, 2, 3):
+            with Workers(nth) as workers:
+                lhs = np.full(nk.lhs_bytes(m), 0xAB, np.uint8)
+                out, status, prof = (
+                    np.full((m, N), np.nan, np.float32),
+                    np.zeros(1, np.int64),
+                    np.zeros((0, 0, 3), np.int64),
+                )
+                args = (nk.code, nk.params, x, m, lhs, prepared.rhs, out, N, K, status, prof, 0)
+                assert workers.run(mm.mul_mat, args)
+                assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (prepared.kernel.name, m, nth)
+                bad = x.copy()
+                bad[m - 1, 3] = np.nan
+                assert not workers.run(mm.mul_mat, (nk.code, nk.params, bad, *args[3:]))
+                assert status[0] == 1
 
 
 @pytest.mark.parametrize(
