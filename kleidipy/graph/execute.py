@@ -384,11 +384,12 @@ class CompiledForward:
 
     def warm_up(self) -> None:
         """Run one token through the plan on a cache of its own, twice (the second: on the workers, lead_plan's first)
-        and on one thread as the thread choice's probes run (run_alone loaded at the first probe took ~0.2 s), so that
-        numba compiles (or loads from its cache) the executor before the first real token; the thread choice starts
+        and, when the thread choice probes, on one thread as its probes run (run_alone loaded at the first took ~0.2 s),
+        so that numba compiles (or loads from its cache) the executor before the first real token; the choice starts
         afresh afterwards. Activations not finite (weights loaded unchecked): the error is left to the real runs."""
         cache, first = self.lm.new_cache(1), self.choice
-        for choice in (first, first, ThreadChoice(1, False)):
+        probe = [ThreadChoice(1, False)] if self._choosing else []
+        for choice in (first, first, *probe):
             self.choice = choice
             with suppress(NonFiniteInputError):
                 self.decode(0, cache, 0)

@@ -103,6 +103,10 @@ def test_warm_up_readies_both_entry_points(tmp_path: Path) -> None:
     assert lm.compiled._lead is not None and lm.compiled._alone is not None
     assert lm.compiled.choice.threads == 2 and lm.compiled.choice.adaptive
     lm.compiled.close()
+    assert compile_model(lm, 2, adaptive=False)  # no probes: every run on the workers, nothing else loaded
+    lm.compiled.warm_up()
+    assert lm.compiled._lead is not None and lm.compiled._alone is None
+    lm.compiled.close()
 
 
 def test_nonfinite_activations_raise_and_the_plan_goes_on(tmp_path: Path) -> None:
