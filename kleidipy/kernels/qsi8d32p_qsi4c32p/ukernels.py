@@ -526,20 +526,23 @@ def _kernel(
     geometry: Callable[[int], Geometry],
     first_block_fmul: bool = False,
     alt_lhs_packers: tuple[LhsPacker, ...] = (),
+    lhs: LhsPacker | None = None,
 ) -> Qsi8d32pQsi4c32pKernel:
-    """A kernel with the packers of its tier: SME2 / SME1 RHS layouts with the SME LHS, or the NEON pair."""
+    """A kernel with the packers of its tier: SME2 / SME1 RHS layouts with the SME LHS, or the NEON pair (``lhs``:
+    another LHS packer of the layout)."""
     if tier in ("sme", "sme2"):
         lhs = LHS_QSI8D32P_F32_NEON
         rhs = RHS_QSI4C32PS1S0SCALEF16_NEON if tier == "sme2" else RHS_QSI4C32PS4S0SF16_NEON
     else:
-        lhs, rhs = LHS_QSI8D32P_F32, RHS_QSI4C32PSCALEF16
+        lhs, rhs = lhs or LHS_QSI8D32P_F32, RHS_QSI4C32PSCALEF16
     flags = {"first_block_fmul": True} if first_block_fmul else {}
     return Qsi8d32pQsi4c32pKernel(
         name, FAMILY_NAME, tier, kind, lhs, rhs, geometry, flags=flags, alt_lhs_packers=alt_lhs_packers
     )
 
 
-#: llama.cpp's I8MM GEMM packs its LHS with the 4x8sb packer (ties to even); the golden pairing uses the generic one.
+#: the 8x4x32 I8MM GEMM packs with the generic packer (ties away) and also accepts the 4x8sb packer's buffers (ties to
+#: even: the same layout)
 _I8MM_ALT = (LHS_QSI8D32P4X8SB_F32_NEON,)
 
 KERNELS = [
@@ -547,8 +550,14 @@ KERNELS = [
     _kernel("matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", "sme2", "gemv", _sme_gemv),
     _kernel("matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme_mopa", "sme", "gemm", _sme_gemm, True),
     _kernel("matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme_dot", "sme", "gemv", _sme_gemv),
+    # llama.cpp packs this GEMM's LHS with the 4x8sb packer (ties to even): so does the runtime, bit for bit with it
     _kernel(
-        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", "i8mm", "gemm", _neon(16, 4, 16), False, _I8MM_ALT
+        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
+        "i8mm",
+        "gemm",
+        _neon(16, 4, 16),
+        alt_lhs_packers=(LHS_QSI8D32P_F32,),
+        lhs=LHS_QSI8D32P4X8SB_F32_NEON,
     ),
     _kernel(
         "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "i8mm", "gemm", _neon(8, 4, 16), False, _I8MM_ALT

@@ -418,20 +418,25 @@ def test_4x8sb_rounds_ties_to_even(execution):
     np.testing.assert_array_equal(q_s, np.array(_model_quantize(x, ties_even=True)[0]))
 
 
-def test_i8mm_kernels_accept_the_4x8sb_lhs():
+def test_i8mm_kernels_accept_both_roundings_of_the_lhs():
+    """The 16x4 I8MM GEMM packs with the 4x8sb packer, as llama.cpp pairs them (ties to even), and accepts the
+    generic packer's buffers (the golden pairing); the 8x4x32 one the other way round."""
     rng = np.random.default_rng(5)
     m, n, k = 9, 12, 64
     x, blocks = _lhs(rng, m, k), _q4_0(rng, n, k)
     kern = get_kernel(I8MM_16X4)
-    assert fam.LHS_QSI8D32P4X8SB_F32_NEON in kern.alt_lhs_packers
-    lhs = fam.LHS_QSI8D32P4X8SB_F32_NEON.run(m, k, 4, 16, 2, x, bl=32)
+    assert kern.lhs_packer is fam.LHS_QSI8D32P4X8SB_F32_NEON and kern.alt_lhs_packers == (fam.LHS_QSI8D32P_F32,)
+    other = get_kernel("matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm")
+    assert other.lhs_packer is fam.LHS_QSI8D32P_F32 and other.alt_lhs_packers == (fam.LHS_QSI8D32P4X8SB_F32_NEON,)
+    lhs = fam.LHS_QSI8D32P_F32.run(m, k, 4, 16, 2, x, bl=32)
     rhs = kern.pack_rhs(n, k, blocks)
-    generic = kern.run(m, n, k, kern.pack_lhs(x), rhs)  # random data has no exact ties: same bytes, same dst
+    own = kern.run(m, n, k, kern.pack_lhs(x), rhs)  # random data has no exact ties: same bytes, same dst
     for execution in ("reference", "jit"):
         dst = kern.run(m, n, k, lhs, rhs, execution=execution)
-        assert bits_equal(dst, generic)
+        assert bits_equal(dst, own)
+    sb = fam.LHS_QSI8D32P4X8SB_F32_NEON.run(m, k, 4, 16, 2, x, bl=32)
     with pytest.raises(PackedLayoutMismatchError):  # same layout, but not this kernel's packer or kr
-        get_kernel(DOTPROD_16X4).run(m, n, k, lhs, get_kernel(DOTPROD_16X4).pack_rhs(n, k, blocks))
+        get_kernel(DOTPROD_16X4).run(m, n, k, sb, get_kernel(DOTPROD_16X4).pack_rhs(n, k, blocks))
 
 
 def test_f32_to_f16_bits_matches_numpy():
