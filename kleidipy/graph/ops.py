@@ -18,7 +18,7 @@ Inputs and outputs are C-contiguous float32 arrays unless stated; "in f32" means
 * :func:`swiglu`: ``ggml_vec_swiglu_f32``: ``silu(g) * up`` with ``silu(g) = g / (1 + expf(0 - g))`` (ggml_v_silu).
 * :func:`geglu`: ``ggml_vec_geglu_f32`` with GGML_GELU_FP16: the F16-table GELU of the gate, times up.
 * :func:`rope`: ggml_rope_ext's rotation of each pair by the angles of a cos/sin table (adjacent pairs or NEOX
-  halves), ``x0*c - x1*s`` and ``x0*s + x1*c`` in f32 (no fma).
+  halves), one product of each of ``x0*c - x1*s`` and ``x0*s + x1*c`` fused as GCC fuses them on AArch64.
 * the cells of llama.cpp's KV cache (F16 or F32: ``_load_cell``, ``_store_cell``); the cache's layout, its write and
   the attention over it are :mod:`kleidipy.graph.attention`'s.
 """
@@ -33,7 +33,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from kleidipy.core.numerics import F16_BITS_TO_F32, f32_bits, f32_to_f16_bits_scalar
+from kleidipy.core.numerics import F16_BITS_TO_F32, f32_bits, f32_to_f16_bits_scalar, fma32
 from kleidipy.core.vnni import HAS_F16C
 
 # ggml_v_expf's constants (NEON variant)
@@ -199,7 +199,11 @@ def geglu(gate, up, table, out, r0, r1):
 def rope(x, cos, sin, start, neox, h0, h1):
     """Rotate heads h0..h1-1 of x [m, n_heads, head_dim] in place, row t at position start + t, by the angles of
     the tables cos/sin [n_ctx, n_rot/2]: pair i is (2i, 2i+1) or, with ``neox``, (i, i + n_rot/2); dims past n_rot
-    pass through."""
+    pass through. Each pair (x0, x1) -> (x0·cos − x1·sin, x0·sin + x1·cos) with one product rounded and the other
+    fused, as ggml-cpu's ``rotate_pairs`` runs on AArch64 when GCC builds it (its default -ffp-contract=fast; the
+    disassembly of llama.cpp's libggml-cpu.so): the normal mode's vectorized loop computes fma(−x1, sin, x0·cos)
+    and fma(x0, sin, x1·cos), the NeoX mode's fma(x0, cos, −x1·sin) and fma(x0, sin, x1·cos) — llama.cpp on Arm
+    bit for bit (``tests/runtime/test_arm_reference.py``)."""
     half = cos.shape[1]
     for t in range(x.shape[0]):
         p = start + t
@@ -211,8 +215,8 @@ def rope(x, cos, sin, start, neox, h0, h1):
                 x1 = x[t, h, b]
                 c = cos[p, i]
                 s = sin[p, i]
-                x[t, h, a] = x0 * c - x1 * s
-                x[t, h, b] = x0 * s + x1 * c
+                x[t, h, a] = fma32(x0, c, -(x1 * s)) if neox else fma32(-x1, s, x0 * c)
+                x[t, h, b] = fma32(x0, s, x1 * c)
 
 
 def _load_cell(cell):  # pragma: no cover - replaced in compiled code by its overload

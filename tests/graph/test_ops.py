@@ -191,7 +191,10 @@ def test_rope(rng: np.random.Generator, neox: bool) -> None:
     b = a + half if neox else a + 1
     c, s = cos[start : start + m, None, :], sin[start : start + m, None, :]
     x0, x1 = x[:, :, a], x[:, :, b]
-    want[:, :, a], want[:, :, b] = x0 * c - x1 * s, x0 * s + x1 * c
+    # ggml-cpu's rotate_pairs as GCC fuses it on AArch64: one product rounded, the other fused
+    first = fma_f32(x0, c, -(x1 * s)) if neox else fma_f32(-x1, s, x0 * c)
+    want[:, :, a], want[:, :, b] = first, fma_f32(x0, s, x1 * c)
+    assert not _same(first, x0 * c - x1 * s)  # (the fused rounding shows on random data)
     for pieces in _splits(n_heads):
         got = x.copy()
         for h0, h1 in pieces:
