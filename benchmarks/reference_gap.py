@@ -6,9 +6,11 @@ MODEL keys: smollm2-q4_1, smollm2-q4_0, smollm2-q8_0, qwen25-q4_0, qwen25-q4_k_m
 Shipped files come from the catalogue (``kleidipy pull``); the Q4_0/Q8_0 ones are made by ``kleidipy quantize
 --pure`` (byte-identical to llama-quantize's) into the model cache's ``bench/`` folder. Per model it prints the mean
 and 90th percentile over prompt positions of the largest |Δ| among llama.cpp's top-10 logits after removing the
-mean shift (robust to the rounding noise one last logit row shows), top-1 agreement, and the range over prompts of
-the last-position max |Δ| that ``tests/runtime/test_runtime_reference.py`` bounds. The reference's Qwen2.5 Q4_K_M
-files are in ``tests/data/llama_cpp``.
+mean shift (robust to the rounding noise one last logit row shows), top-1 agreement, the range over prompts of
+the last-position max |Δ| that ``tests/runtime/test_runtime_reference.py`` bounds, how many prompts are llama.cpp's
+bit for bit (every top-10 and the last row) and, for the others, the first position whose top-10 differs. The
+reference's Qwen2.5 Q4_K_M files are in ``tests/data/llama_cpp``; ``--reference tests/data/llama_cpp_arm --target
+i8mm smollm2-q4_0`` measures against llama.cpp on Arm (with KleidiAI, under QEMU: that folder's README).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def model_path(key: str) -> Path:
 
 
 def logits_dir(key: str, reference: Path) -> Path:
+    if any((reference / "logits").glob(f"{key}__*__default.json")):
+        return reference / "logits"
     if key.startswith("gemma3"):
         return reference / "gemma3" / "logits"
     if key == "qwen25-q4_k_m":
@@ -54,23 +58,28 @@ def logits_dir(key: str, reference: Path) -> Path:
 
 
 def measure(engine: Engine, folder: Path, key: str) -> str:
-    gaps, agree, lasts = [], 0, []
+    gaps, agree, lasts, firsts = [], 0, [], []
     for f in sorted(folder.glob(f"{key}__*__default.json")):
         ref = json.loads(f.read_text())
         chat = ref["prompt_kind"] == "chat"
         ids = engine.chat_prompt(ref["messages"]) if chat else engine.prompt(ref["prompt_text"])
         engine.lm.reset()
         rows = engine.lm.forward(ids, all_logits=True)
-        for pos, row in zip(ref["positions"], rows, strict=False):
+        first = None
+        for i, (pos, row) in enumerate(zip(ref["positions"], rows, strict=False)):
             tokens = [t for t, _ in pos["top10"]]
-            d = row[tokens] - np.array([v for _, v in pos["top10"]])
+            d = row[tokens] - np.array([v for _, v in pos["top10"]], np.float32)
             gaps.append(float(np.abs(d - d.mean()).max()))
             agree += int(np.argmax(row)) == tokens[0]
+            first = i if first is None and d.any() else first
         last = np.load(f.with_name(f.name.replace(".json", ".last_logits.npy")))
         lasts.append(float(np.abs(rows[-1] - last).max()))
+        if first is not None or lasts[-1]:
+            firsts.append(f"{ref['prompt_name']} {first}")
+    n = len(lasts)
     return (
         f"| {key} | {np.mean(gaps):.4f} | {np.quantile(gaps, 0.9):.4f} | {agree}/{len(gaps)} | "
-        f"{min(lasts):.2f}–{max(lasts):.2f} |"
+        f"{min(lasts):.2f}–{max(lasts):.2f} | {n - len(firsts)}/{n} | {', '.join(firsts) or '—'} |"
     )
 
 
@@ -80,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="sme2:svl=512")
     parser.add_argument("--reference", type=Path, default=HERE.parent.parent / "shared" / "reference")
     args = parser.parse_args(argv)
-    print("| model | mean top-10 gap | p90 | top-1 | last-logit max \\|Δ\\| |")
-    print("|---|---|---|---|---|")
+    print("| model | mean top-10 gap | p90 | top-1 | last-logit max \\|Δ\\| | bit for bit | first differing position |")
+    print("|---|---|---|---|---|---|---|")
     for key in args.models:
         engine = Engine(model_path(key), target=parse_target(args.target), progress=False, notice=lambda _: None)
         print(measure(engine, logits_dir(key, args.reference), key), flush=True)
