@@ -100,7 +100,11 @@ def test_run_greedy_paris_and_seed_reproducible():
 
 
 def test_run_json_schema_and_grammar():
-    schema = '{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}'
+    # (no other properties: greedy text that rambles on in another string would be cut at -n before the JSON ends)
+    schema = (
+        '{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"], '
+        '"additionalProperties": false}'
+    )
     proc = run_cli("run", "-p", "What is the capital of France? Answer in JSON.", "--temp", "0", "-j", schema, "-q")
     assert proc.returncode == 0, proc.stderr
     assert isinstance(json.loads(proc.stdout)["city"], str)

@@ -525,42 +525,33 @@ def _kernel(
     kind: str,
     geometry: Callable[[int], Geometry],
     first_block_fmul: bool = False,
-    alt_lhs_packers: tuple[LhsPacker, ...] = (),
-    lhs: LhsPacker | None = None,
+    lhs_packers: tuple[LhsPacker, ...] = (LHS_QSI8D32P_F32,),
 ) -> Qsi8d32pQsi4c32pKernel:
-    """A kernel with the packers of its tier: SME2 / SME1 RHS layouts with the SME LHS, or the NEON pair (``lhs``:
-    another LHS packer of the layout)."""
+    """A kernel with the packers of its tier: SME2 / SME1 RHS layouts with the SME LHS, or the NEON pair (the NEON
+    kernels pack with lhs_packers[0] and accept the other packers' buffers too)."""
     if tier in ("sme", "sme2"):
-        lhs = LHS_QSI8D32P_F32_NEON
+        lhs_packers = (LHS_QSI8D32P_F32_NEON,)
         rhs = RHS_QSI4C32PS1S0SCALEF16_NEON if tier == "sme2" else RHS_QSI4C32PS4S0SF16_NEON
     else:
-        lhs, rhs = lhs or LHS_QSI8D32P_F32, RHS_QSI4C32PSCALEF16
+        rhs = RHS_QSI4C32PSCALEF16
     flags = {"first_block_fmul": True} if first_block_fmul else {}
     return Qsi8d32pQsi4c32pKernel(
-        name, FAMILY_NAME, tier, kind, lhs, rhs, geometry, flags=flags, alt_lhs_packers=alt_lhs_packers
+        name, FAMILY_NAME, tier, kind, lhs_packers[0], rhs, geometry, flags=flags, alt_lhs_packers=lhs_packers[1:]
     )
 
 
-#: the 8x4x32 I8MM GEMM packs with the generic packer (ties away) and also accepts the 4x8sb packer's buffers (ties to
-#: even: the same layout)
-_I8MM_ALT = (LHS_QSI8D32P4X8SB_F32_NEON,)
+#: the I8MM GEMMs' LHS packers, both of one layout: the 16x4 one packs as llama.cpp pairs them (4x8sb, ties to even:
+#: bit for bit with llama.cpp), the 8x4x32 one with the generic packer (ties away); each accepts the other's buffers
+_SB, _GENERIC = (LHS_QSI8D32P4X8SB_F32_NEON, LHS_QSI8D32P_F32), (LHS_QSI8D32P_F32, LHS_QSI8D32P4X8SB_F32_NEON)
 
 KERNELS = [
     _kernel("matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa", "sme2", "gemm", _sme_gemm, True),
     _kernel("matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot", "sme2", "gemv", _sme_gemv),
     _kernel("matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme_mopa", "sme", "gemm", _sme_gemm, True),
     _kernel("matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme_dot", "sme", "gemv", _sme_gemv),
-    # llama.cpp packs this GEMM's LHS with the 4x8sb packer (ties to even): so does the runtime, bit for bit with it
+    _kernel("matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", "i8mm", "gemm", _neon(16, 4, 16), False, _SB),
     _kernel(
-        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm",
-        "i8mm",
-        "gemm",
-        _neon(16, 4, 16),
-        alt_lhs_packers=(LHS_QSI8D32P_F32,),
-        lhs=LHS_QSI8D32P4X8SB_F32_NEON,
-    ),
-    _kernel(
-        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "i8mm", "gemm", _neon(8, 4, 16), False, _I8MM_ALT
+        "matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_8x4x32_neon_i8mm", "i8mm", "gemm", _neon(8, 4, 16), False, _GENERIC
     ),
     _kernel("matmul_clamp_f32_qsi8d32p4x4_qsi4c32p4x4_16x4_neon_dotprod", "dotprod", "gemm", _neon(16, 4, 8)),
     _kernel("matmul_clamp_f32_qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod", "dotprod", "gemv", _neon(1, 1, 16)),
