@@ -242,14 +242,13 @@ def test_chat_streamed_equals_non_streamed_equals_engine(smol: Server, smollm2: 
     choice = full.choices[0]
     assert full.object == "chat.completion" and choice.message.role == "assistant"
     assert choice.message.content == greedy_chat  # the server computes what `kleidipy run` computes
-    assert choice.finish_reason == "length"
-    n_prompt = len(smollm2.chat_prompt(MESSAGES))  # rendered with the GGUF's chat template
-    assert (full.usage.prompt_tokens, full.usage.completion_tokens, full.usage.total_tokens) == (
-        n_prompt, 12, n_prompt + 12)  # fmt: skip
+    n_prompt, n_out = len(smollm2.chat_prompt(MESSAGES)), full.usage.completion_tokens  # (the GGUF's chat template)
+    assert choice.finish_reason == ("length" if n_out == 12 else "stop") and 0 < n_out <= 12  # (an EOG can come first)
+    assert (full.usage.prompt_tokens, full.usage.total_tokens) == (n_prompt, n_prompt + n_out)
     stream = client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
     text, pieces, finish, use = _stream_text(stream)
-    assert text == greedy_chat and len(pieces) > 1 and finish == "length"
-    assert (use.prompt_tokens, use.completion_tokens, use.total_tokens) == (n_prompt, 12, n_prompt + 12)
+    assert text == greedy_chat and len(pieces) > 1 and finish == choice.finish_reason
+    assert (use.prompt_tokens, use.completion_tokens, use.total_tokens) == (n_prompt, n_out, n_prompt + n_out)
 
 
 def test_prompt_cache_prefills_only_the_new_tokens(smol: Server, smollm2: Engine) -> None:
