@@ -67,11 +67,12 @@ def measure(engine: Engine, folder: Path, key: str) -> str:
         rows = engine.lm.forward(ids, all_logits=True)
         first = None
         for i, (pos, row) in enumerate(zip(ref["positions"], rows, strict=False)):
-            tokens = [t for t, _ in pos["top10"]]
-            d = row[tokens] - np.array([v for _, v in pos["top10"]], np.float32)
+            tokens, values = [t for t, _ in pos["top10"]], [v for _, v in pos["top10"]]
+            d = row[tokens] - np.array(values)
             gaps.append(float(np.abs(d - d.mean()).max()))
             agree += int(np.argmax(row)) == tokens[0]
-            first = i if first is None and d.any() else first
+            if first is None and not np.array_equal(row[tokens], np.array(values, np.float32)):
+                first = i
         last = np.load(f.with_name(f.name.replace(".json", ".last_logits.npy")))
         lasts.append(float(np.abs(rows[-1] - last).max()))
         if first is not None or lasts[-1]:
