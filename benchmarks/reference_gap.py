@@ -86,13 +86,13 @@ def measure(engine: Engine, folder: Path, key: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", default=[*SHIPPED, *REQUANTIZED], choices=[*SHIPPED, *REQUANTIZED])
+    parser.add_argument("models", nargs="*", choices=[*SHIPPED, *REQUANTIZED], help="default: all")
     parser.add_argument("--target", default="sme2:svl=512")
     parser.add_argument("--reference", type=Path, default=HERE.parent.parent / "shared" / "reference")
     args = parser.parse_args(argv)
     print("| model | mean top-10 gap | p90 | top-1 | last-logit max \\|Δ\\| | bit for bit | first differing position |")
     print("|---|---|---|---|---|---|---|")
-    for key in args.models:
+    for key in args.models or [*SHIPPED, *REQUANTIZED]:
         engine = Engine(model_path(key), target=parse_target(args.target), progress=False, notice=lambda _: None)
         print(measure(engine, logits_dir(key, args.reference), key), flush=True)
     return 0
