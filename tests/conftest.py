@@ -5,6 +5,11 @@ caller names one (``.ci/run`` points it at a fresh directory, a developer may po
 directory made for this session and removed at its end; models are pulled into it once per session by
 ``model_files.model_file``. matplotlib's config/cache and hypothesis's storage directories are temporary too,
 hypothesis keeps no example database and pytest no cache directory (``-p no:cacheprovider`` in pyproject.toml).
+
+The tests run on two pytest-xdist workers (``-n auto --dist loadgroup`` in pyproject.toml; ``-p no:xdist`` runs them
+in this process): each test module is a unit one worker runs whole, and the emulated tests' groups
+(``emulator.GROUPS``) go first, so that the worker that takes the longest one (the SME CPUs') never waits behind
+another. Two workers, because the machine CI runs on has two cores and a QEMU run takes one.
 """
 
 import os
@@ -16,6 +21,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels thread themselves;
 from pathlib import Path
 
 import pytest
+from emulator import GROUPS
 from hypothesis import settings
 from paths import GOLDEN, REFERENCE  # noqa: E402
 
@@ -36,6 +42,22 @@ def pytest_configure(config: pytest.Config) -> None:
     _temporary_env("KLEIDIPY_CACHE", "kleidipy-test-cache-")
     _temporary_env("MPLCONFIGDIR", "kleidipy-test-mpl-")
     _temporary_env("HYPOTHESIS_STORAGE_DIRECTORY", "kleidipy-test-hypothesis-")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers (or one on one core) — more would each load their models for little gain."""
+    return min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own hook reads the groups)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test in an xdist group: its module's unless it names one; the emulated groups first, in GROUPS' order
+    (the rest keep theirs)."""
+    order = {name: i for i, name in enumerate(GROUPS)}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: order.get(item.get_closest_marker("xdist_group").args[0], len(order)))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -7,7 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "qemu-aarch64"
+
+# The emulated tests' groups for pytest-xdist (a module's ``pytestmark``): one worker runs a group's tests in turn,
+# so that the numba cache they share (one per CPU but for the SVL: scripts/qemu-aarch64) is compiled under QEMU
+# once, while the other worker runs the rest. tests/conftest.py starts these groups first, in this order.
+#: tests on ``max,sme-default-vector-length=N`` CPUs (SME, SME2)
+SME_GROUP = pytest.mark.xdist_group("qemu-sme")
+#: tests on ``cortex-a76`` (DotProd) and ``max,sme=off`` (I8MM, BF16) CPUs
+NEON_GROUP = pytest.mark.xdist_group("qemu-neon")
+#: tests that run several CPUs side by side
+TIERS_GROUP = pytest.mark.xdist_group("qemu-tiers")
+GROUPS = ("qemu-sme", "qemu-neon", "qemu-tiers")
 
 
 def qemu_script(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

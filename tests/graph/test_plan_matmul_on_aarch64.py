@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from emulator import ensure_emulator, run_emulated
+from emulator import SME_GROUP, ensure_emulator, run_emulated
+
+pytestmark = SME_GROUP
 
 CHECK = Path(__file__).resolve().parent / "plan_matmul_check.py"
 CPU = "max,sme-default-vector-length=64"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from emulator import ensure_emulator, start_emulated
+from emulator import TIERS_GROUP, ensure_emulator, start_emulated
+
+pytestmark = TIERS_GROUP
 
 CPUS = ("cortex-a76", "max,sme=off", "max,sme-default-vector-length=64")
 

@@ -10,7 +10,9 @@ import os
 import sys
 
 import pytest
-from emulator import SCRIPT, ensure_emulator, qemu_script
+from emulator import SCRIPT, TIERS_GROUP, ensure_emulator, qemu_script
+
+pytestmark = TIERS_GROUP
 
 
 def test_help():

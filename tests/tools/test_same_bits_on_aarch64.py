@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from emulator import SCRIPT, ensure_emulator
+from emulator import SCRIPT, TIERS_GROUP, ensure_emulator
 from greedy_bits import greedy_bits
 from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
+
+pytestmark = TIERS_GROUP
 
 TOOL = Path(__file__).resolve().parent / "greedy_bits.py"
 #: target -> the QEMU CPU of its tier

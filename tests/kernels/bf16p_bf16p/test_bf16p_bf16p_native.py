@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from emulator import ensure_emulator, run_emulated
+from emulator import NEON_GROUP, ensure_emulator, run_emulated
 
 from kleidipy.core import native
 from kleidipy.kernels.bf16p_bf16p import jit, ukernels
 from kleidipy.kernels.bf16p_bf16p import native as tiles
 from kleidipy.tools import asm
+
+pytestmark = NEON_GROUP
 
 CHECK = Path(__file__).resolve().parent / "native_tiles_check.py"
 #: (tile, ISA) -> (the instruction, its count per K step, KleidiAI's loop instructions per K step): K steps of 4

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from emulator import ensure_emulator, run_emulated
+from emulator import NEON_GROUP, ensure_emulator, run_emulated
 from kernel_helpers import mnemonics, portable_int8_lines
 
 from kleidipy.core import native
@@ -24,6 +24,8 @@ from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
 from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import best_matmul_qai8dxp
 from kleidipy.tools import asm
 from kleidipy.tools.kernel_asm import kleidiai_counts
+
+pytestmark = NEON_GROUP
 
 CHECK = Path(__file__).resolve().parent / "native_tiles_check.py"
 NEON_KERNELS = [k for k in fam.KERNELS if not k.is_sme]

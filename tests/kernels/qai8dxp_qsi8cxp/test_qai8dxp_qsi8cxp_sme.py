@@ -17,12 +17,14 @@ import re
 from pathlib import Path
 
 import pytest
-from emulator import ensure_emulator, run_emulated
+from emulator import SME_GROUP, ensure_emulator, run_emulated
 
 from kleidipy.core import native
 from kleidipy.kernels.qai8dxp_qsi8cxp import sme
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
 from kleidipy.tools import asm
+
+pytestmark = SME_GROUP
 
 CHECK = Path(__file__).resolve().parent / "sme_tiles_check.py"
 ISA = native.ISAS["aarch64-sme"]

@@ -12,12 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from emulator import ensure_emulator, run_emulated
+from emulator import NEON_GROUP, ensure_emulator, run_emulated
 from kernel_helpers import mnemonics, portable_int8_lines
 
 from kleidipy.core import native
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon, ukernels
 from kleidipy.tools import asm
+
+pytestmark = NEON_GROUP
 
 CHECK = Path(__file__).resolve().parent / "native_tiles_check.py"
 NEON_KERNELS = [k for k in ukernels.KERNELS if k.rhs_packer.neon]

@@ -17,10 +17,12 @@ import re
 from pathlib import Path
 
 import pytest
-from emulator import ensure_emulator, run_emulated
+from emulator import SME_GROUP, ensure_emulator, run_emulated
 
 from kleidipy.core import native
 from kleidipy.kernels.qsi8d32p_qai4c32p import sme2, ukernels
+
+pytestmark = SME_GROUP
 
 CHECK = Path(__file__).resolve().parent / "sme2_tiles_check.py"
 ISA = native.ISAS["aarch64-sme2"]

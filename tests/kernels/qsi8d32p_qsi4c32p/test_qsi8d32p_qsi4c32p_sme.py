@@ -17,11 +17,13 @@ import re
 from pathlib import Path
 
 import pytest
-from emulator import ensure_emulator, run_emulated
+from emulator import SME_GROUP, ensure_emulator, run_emulated
 
 from kleidipy.core import native
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit, sme, ukernels
 from kleidipy.tools import asm
+
+pytestmark = SME_GROUP
 
 CHECK = Path(__file__).resolve().parent / "sme_tiles_check.py"
 ISA = native.ISAS["aarch64-sme"]
