@@ -6,7 +6,7 @@ directory made for this session and removed at its end; models are pulled into i
 ``model_files.model_file``. matplotlib's config/cache and hypothesis's storage directories are temporary too,
 hypothesis keeps no example database and pytest no cache directory (``-p no:cacheprovider`` in pyproject.toml).
 
-The tests run on two pytest-xdist workers (``-n auto --dist loadgroup`` in pyproject.toml; ``-p no:xdist`` runs them
+The tests run on two pytest-xdist workers (``-n auto --dist loadgroup`` in pyproject.toml; ``-n 0`` runs them
 in this process): each test module is a unit one worker runs whole, and the emulated tests' groups
 (``emulator.GROUPS``) go first, so that the worker that takes the longest one (the SME CPUs') never waits behind
 another. Two workers, because the machine CI runs on has two cores and a QEMU run takes one.

@@ -20,6 +20,7 @@ import paths
 import pytest
 from model_files import SMOLLM2, requantized
 
+from kleidipy.graph.execute import compile_model
 from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 
@@ -38,7 +39,9 @@ SAME_UNTIL = {
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-thread", "2-threads"])
 def engine(request: pytest.FixtureRequest) -> Engine:
     path = requantized(SMOLLM2, "q4_0")
-    return Engine(path, target=parse_target("i8mm"), threads=request.param, progress=False, notice=print)
+    engine = Engine(path, target=parse_target("i8mm"), threads=request.param, progress=False, notice=print)
+    assert compile_model(engine.lm, request.param, adaptive=False)  # every run on all the threads, busy cores or not
+    return engine
 
 
 @pytest.mark.parametrize("prompt", list(SAME_UNTIL))

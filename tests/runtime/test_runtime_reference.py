@@ -37,6 +37,7 @@ import pytest
 from kernel_helpers import MatmulRecorder
 from model_files import GEMMA3, QWEN25, SMOLLM2, model_file, reference_entry, requantized, sha256_file
 
+from kleidipy.graph.execute import compile_model
 from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 
@@ -334,19 +335,19 @@ def test_default_model_greedy_paris(smollm2_q4_1: Engine) -> None:
 
 def test_threads_give_identical_logits(smollm2_q4_1: Engine) -> None:
     """Prefill (GEMM, columns split across threads by the production rule) and decode steps (GEMV) with 1 and
-    2 threads give the same bits."""
+    2 threads give the same bits (the compiled plan's every run on all the threads, busy cores or not)."""
     ids = smollm2_q4_1.prompt("The capital of France is")
     results = []
     try:
         for threads in (1, 2):
-            smollm2_q4_1.backend.threads = threads
+            assert compile_model(smollm2_q4_1.lm, threads, adaptive=False)
             smollm2_q4_1.lm.reset()
             prefill = smollm2_q4_1.lm.forward(ids, all_logits=True)
             decode = [smollm2_q4_1.lm.forward([int(np.argmax(prefill[-1]))])]
             decode.append(smollm2_q4_1.lm.forward([int(np.argmax(decode[-1]))]))
             results.append((prefill, *decode))
     finally:
-        smollm2_q4_1.backend.threads = 1
+        compile_model(smollm2_q4_1.lm, 1)
     for one, two in zip(*results, strict=True):
         assert one.tobytes() == two.tobytes()
 

@@ -12,6 +12,7 @@ from model_files import SMOLLM2, model_file
 
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.errors import KleidipyError
+from kleidipy.graph import contention
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.generate import PromptError
 from kleidipy.target import resolve_target, select_kernels
@@ -45,8 +46,11 @@ def trace(originals: dict):
 
 @pytest.fixture(scope="module")
 def plan_trace(originals: dict):
-    """The default path: the compiled plan on 2 threads, timed inside the plan."""
-    return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64, threads=2)
+    """The default path: the compiled plan on 2 threads, timed inside the plan — on cores no other process wants,
+    whatever else runs on the machine (else a run may take the calling thread alone: graph/contention.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(contention, "free_cores", lambda: 2)
+        return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64, threads=2)
 
 
 def assert_restored(originals: dict) -> None:
