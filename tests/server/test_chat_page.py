@@ -6,6 +6,8 @@ a wrong key, Stop and New chat behave. Skipped without /usr/bin/chromium (``.ci/
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,7 +124,9 @@ def test_chat_streams_the_reply_and_sends_the_whole_conversation(
     assert page.locator("#log .msg").count() == 0 and page.evaluate("messages.length") == 0
 
 
-def test_a_wrong_key_is_shown_and_stop_ends_the_reply(page: playwright.Page, server: Server) -> None:
+def test_a_wrong_key_is_shown_and_stop_ends_the_reply(
+    page: playwright.Page, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     playwright.expect(page.locator("#model")).to_contain_text("invalid API key", timeout=WAIT_MS)
     page.click("#settings summary")
     page.fill("#key", "wrong")
@@ -133,11 +137,23 @@ def test_a_wrong_key_is_shown_and_stop_ends_the_reply(page: playwright.Page, ser
     assert box.input_value() == "Count from 1 to 200."  # the turn is taken back, to send again
     assert page.locator("#log .msg").count() == 0 and page.evaluate("messages.length") == 0
 
+    # the reply is held after a few tokens until Stop is clicked: however fast the model and however slow the
+    # browser, Stop is clicked while the reply runs (121 greedy tokens took under a second; CI once missed it)
+    scheduler, released = server.app.state.scheduler, threading.Event()
+    forward, passes = scheduler._forward, itertools.count()
+
+    def held_forward(parts: list) -> list:
+        if next(passes) >= 4:
+            released.wait(HANG_TIMEOUT)
+        return forward(parts)
+
+    monkeypatch.setattr(scheduler, "_forward", held_forward)
     page.fill("#key", KEY)
-    page.fill("#temperature", "0")  # greedy counts for 121 tokens; a sampled reply could end before Stop is clicked
+    page.fill("#temperature", "0")
     page.click("#send")
     playwright.expect(page.locator(".msg.assistant")).not_to_have_text("", timeout=WAIT_MS)
     page.click("#stop")
+    released.set()
     wait_turns(page, 2)
     playwright.expect(page.locator(".msg.note")).to_have_text("(stopped)")
     assert page.locator("#error").text_content() == ""
