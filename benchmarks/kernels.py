@@ -99,7 +99,7 @@ class Path:
 
     def __init__(self) -> None:
         self.gemm, self.gemv = get_kernel(GEMM, SVL), get_kernel(GEMV, SVL)
-        self.nodes: dict[tuple[bool, int], NodeKernel] = {}
+        self.nodes: dict[tuple[bool, int, int], NodeKernel] = {}  # by (GEMV, n, k): a node holds no weights
         self.workers = {t: Workers(t) for t in (1, 2)}
         self.status = np.zeros(1, np.int64)
         self.untimed = np.zeros((0, 1, 3), np.int64)
@@ -108,7 +108,7 @@ class Path:
         return np.asarray(self.gemm.pack_rhs(n, k, blocks))
 
     def node(self, m: int, n: int, k: int, rhs: np.ndarray) -> NodeKernel:
-        key = (m == 1, id(rhs))
+        key = (m == 1, n, k)  # (never id(rhs): a freed copy's id comes back for a matrix of another shape)
         if key not in self.nodes:
             self.nodes[key] = node_kernel((self.gemv if m == 1 else self.gemm).prepare(n, k, rhs))
         return self.nodes[key]
