@@ -170,13 +170,21 @@ class LoopCount:
         return (self.instructions if count is None else count) * 1024 / self.macs
 
 
+def _vnni_accumulators(body: list[Line]) -> int:
+    """Registers a loop's ``vpdpbusd`` instructions accumulate into (AT&T: the last operand). A matmul tile keeps
+    several; a loop whose dots all go into one is a reduction — the LHS's per-block sums, ``vnni.neg_block_sums``,
+    with 32 dots in a row — and is not taken for the hot loop while a tile's loop is there."""
+    return len({line.operands.rsplit(",", 1)[-1].strip() for line in body if line.mnemonic.startswith("vpdpbus")})
+
+
 def hot_loop(text: str, svl_bits: int = 512, block_loops: bool = True, portable: bool = False) -> LoopCount | None:
     """The hot loop of an int8 matmul listing (module docstring), or None without one: of the loops holding dot
     instructions and a float multiply-add with no such loop inside them (failing those, or without
     ``block_loops``: loops holding dot instructions), the one with the most MACs (the main tile, not a tail), then
-    the shortest. ``block_loops=False`` suits code whose float epilogue runs after the whole K loop (kleidipy's
-    VNNI tiles): a loop around it holding both would be a loop over tiles. With ``portable`` (code without dot
-    instructions) the integer multiplies stand in for them (:func:`mul_macs`)."""
+    the shortest; on x86 a loop whose dots all accumulate into one register only when no other is there.
+    ``block_loops=False`` suits code whose float epilogue runs after the whole K loop (kleidipy's VNNI tiles): a
+    loop around it holding both would be a loop over tiles. With ``portable`` (code without dot instructions) the
+    integer multiplies stand in for them (:func:`mul_macs`)."""
     macs_of = mul_macs if portable else lambda line: dot_macs(line, svl_bits)
     lines = parse(text)
     spans = {True: [], False: []}
@@ -189,6 +197,7 @@ def hot_loop(text: str, svl_bits: int = 512, block_loops: bool = True, portable:
     if not found:
         return None
     inner = [s for s in found if not any(o is not s and s[0] <= o[0] and o[1] <= s[1] for o in found)]
-    counted = [(sum(macs_of(line) for line in body), body) for _, _, body in inner]
+    tiles = [s for s in inner if _vnni_accumulators(s[2]) != 1] or inner
+    counted = [(sum(macs_of(line) for line in body), body) for _, _, body in tiles]
     macs, body = max(counted, key=lambda c: (c[0], -len(c[1])))
     return LoopCount(tuple(body), Counter(line.mnemonic for line in body), macs)

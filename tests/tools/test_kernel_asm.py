@@ -82,6 +82,18 @@ def test_llvm_listing_and_dot_widths() -> None:
     assert asm.hot_loop("f:\n\tret\n") is None
 
 
+def test_an_x86_reduction_loop_is_not_the_hot_loop() -> None:
+    """A loop whose vpdpbusd all accumulate into one register (the LHS's block sums, more dots than a tile's loop)
+    is passed over for the tile's loop, which accumulates into several; alone, it is still found."""
+    reduction = "".join(f"\tvpdpbusd\t{8 * i}(%rax), %zmm24, %zmm1\n" for i in range(4))
+    tile = "\tvpdpbusd\t(%rdx), %zmm24, %zmm2\n\tvpdpbusd\t64(%rdx), %zmm24, %zmm3\n"
+    text = f"f:\n.LBB0_1:\n{reduction}\tjne\t.LBB0_1\n.LBB0_2:\n{tile}\tjne\t.LBB0_2\n\tretq\n"
+    loop = asm.hot_loop(text, block_loops=False)
+    assert loop is not None and loop.macs == 2 * 64 and loop.instructions == 3
+    alone = asm.hot_loop(f"f:\n.LBB0_1:\n{reduction}\tjne\t.LBB0_1\n\tretq\n", block_loops=False)
+    assert alone is not None and alone.macs == 4 * 64
+
+
 def test_kleidiai_counts_cover_the_int8_neon_kernels() -> None:
     counts = kleidiai_counts()
     assert len(counts["kleidiai_commit"]) == 40
