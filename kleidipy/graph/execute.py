@@ -13,12 +13,12 @@ functions (:mod:`kleidipy.graph.ops`, :mod:`kleidipy.graph.attention`) and the s
 
 :class:`CompiledForward` owns a model's plan, its buffers (grown to the largest ubatch seen) and the persistent
 workers (:class:`~kleidipy.graph.workers.Workers`, started once); per ubatch Python only fills the run's table (the
-token count and the addresses of the arrays that change; a decoded token's in one compiled call, :func:`decode_run`)
-and starts the run — which embeds the tokens itself when the embedding has a compiled GET_ROWS and writes the logits
-into the caller's array —, calling the compiled function past numba's type dispatch, with every array in one address
-table (rows ``A_*``); the workers stay in :func:`serve_plan` between runs and take the next one without the GIL, and
-thread 0 publishes such a run, takes its share and waits for the workers' end in one compiled call
-(:func:`lead_plan`).
+token count and the addresses of the arrays that change; for a decoded token the run's entry point sets it,
+:func:`decode_run`) and starts the run — which embeds the tokens itself when the embedding has a compiled GET_ROWS
+and writes the logits into the caller's array —, calling the compiled function past numba's type dispatch, with every
+array in one address table (rows ``A_*``); the workers stay in :func:`serve_plan` between runs and take the next one
+without the GIL, and thread 0 publishes such a run, takes its share and waits for the workers' end in one compiled
+call (:func:`lead_plan`): a decoded token is one compiled call from Python.
 Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
 maintained library runs a numba graph that way.
 """
@@ -265,7 +265,9 @@ def decode_run(table, token, position, logits):  # pragma: no cover - compiled
     ``position`` of the first KV cache, its logits at address ``logits`` [n_vocab] — a copy of the decode template (row
     ``A_DECODE``) with those three in their slots —, and clear the status of the last run: what Python would do in
     numpy steps, each run cold after the plan streamed the weights through the caches (every argument an int: an
-    array argument costs ~4 µs cold to unbox)."""
+    array argument costs ~4 µs cold to unbox). The run's entry points do this themselves for a ``token`` >= 0
+    (:func:`run_alone`, :func:`lead_plan`: one compiled call a token, not two); called alone before a run that
+    takes another way (the first on the workers, or one that wakes a sleeping worker)."""
     arrays = i64_at(table, (A_SLOTS, 5))
     run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
     run[:] = i64_at(arrays[A_DECODE, 0], arrays[A_DECODE, 1])
@@ -288,16 +290,23 @@ def serve_plan(ith, nth, sync, ctl, seq, spin_ns, *args):  # pragma: no cover - 
 
 
 @numba.njit(cache=True, nogil=True)
-def run_alone(sync_addr, args):  # pragma: no cover - compiled
-    """:func:`run_plan` ``(0, 1, sync at sync_addr, *args)``: a run on the calling thread alone (no barrier waits)."""
+def run_alone(sync_addr, args, token, position, logits):  # pragma: no cover - compiled
+    """:func:`run_plan` ``(0, 1, sync at sync_addr, *args)``: a run on the calling thread alone (no barrier waits);
+    with ``token`` >= 0 a decoded token's (:func:`decode_run` ``(args[0], token, position, logits)`` first)."""
+    if token >= 0:
+        decode_run(args[0], token, position, logits)
     return run_plan(0, 1, i64_at(sync_addr, SYNC_FIRST_FREE), *args)
 
 
 @numba.njit(cache=True, nogil=True)
-def lead_plan(nth, ctl_addr, seq, args):  # pragma: no cover - compiled
+def lead_plan(nth, ctl_addr, seq, args, token, position, logits):  # pragma: no cover - compiled
     """Thread 0 of a multi-thread run of the same arguments (the tuple ``args``) as the previous run
-    (:meth:`Workers.run`'s ``lead``): publishes job ``seq``, runs :func:`run_plan` ``(0, nth, sync, *args)`` and waits
-    for the workers' end; None (and nothing run) when a worker sleeps."""
+    (:meth:`Workers.run`'s ``lead``, ``token, position, logits`` its ``lead_args``): with ``token`` >= 0 sets a
+    decoded token's run table (:func:`decode_run`), publishes job ``seq``, runs :func:`run_plan` ``(0, nth, sync,
+    *args)`` and waits for the workers' end; None (the run published, thread 0's share not run) when a worker
+    sleeps."""
+    if token >= 0:
+        decode_run(args[0], token, position, logits)
     ctl, sync = pool_arrays(ctl_addr)
     if not post_again(ctl, sync, seq):
         return None
@@ -466,9 +475,13 @@ class CompiledForward:
         if self._logits is None or getrefcount(self._logits) > 2:  # (2: the attribute and the argument)
             self._logits = np.empty(self._n_logits, np.float32)
             self._logits_at = self._logits.ctypes.data
-        logits = self._logits
-        decode_run(args[0], token, position, self._logits_at)
-        self._launch(args, [token], 1, self.choice.pick(1), ())
+        logits, threads, at = self._logits, self.choice.pick(1), self._logits_at
+        if threads > 1 and self._lead is None:  # the first runs of these arguments on the workers: set here (the
+            # first takes the workers' first way, the second compiles lead_plan, or loads it, through its dispatcher)
+            decode_run(args[0], token, position, at)
+            self._launch(args, [token], 1, threads, ())
+        else:  # (the run's entry point sets the run table)
+            self._launch(args, [token], 1, threads, (), decode=(token, position, at))
         return logits
 
     def _run(self, ids: np.ndarray, caches: list[KVCache], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -512,25 +525,28 @@ class CompiledForward:
         watchers: Sequence[Observer],
         prof: np.ndarray | None = None,
         kept: int = 1,
+        decode: tuple[int, int, int] = (-1, 0, 0),
     ) -> None:
         """Run the plan (arguments ``args``, :meth:`_static_args`) on ``threads`` threads with the run table and the
-        status as set (ids ``ids`` of m tokens; ``prof``: the profile array when ``watchers`` are told of the nodes;
-        ``kept`` rows of logits); raises on a run that stopped on an error."""
+        status as set — or, ``decode`` = (token, position, logits' address) with a token >= 0, as the run's entry
+        point sets them for that decoded token (:func:`decode_run`) — (ids ``ids`` of m tokens; ``prof``: the
+        profile array when ``watchers`` are told of the nodes; ``kept`` rows of logits); raises on a run that
+        stopped on an error."""
         # (a run that may compile a function, or load it from numba's cache, tells the thread choice nothing)
         measured = self._choosing and (self._alone if threads == 1 else self._lead) is not None
         t0 = perf_counter()
         mono0 = clock_ns() if watchers else 0
         if threads == 1:
-            failed = (self._alone or run_alone)(self._sync_at, args)
+            failed = (self._alone or run_alone)(self._sync_at, args, *decode)
         else:
-            failed = self.workers.run(run_plan, args, serve_plan, self._lead or lead_plan)
+            failed = self.workers.run(run_plan, args, serve_plan, self._lead or lead_plan, decode)
         if measured:
             self.choice.record(m, threads, perf_counter() - t0)
         # compiled for these types now: called past numba's dispatch from the next run (lead_plan: the 2nd on workers)
         if self._alone is None and threads == 1:
-            self._alone = entry_point(run_alone, (self._sync_at, args))
+            self._alone = entry_point(run_alone, (self._sync_at, args, *decode))
         if self._lead is None and threads > 1:
-            self._lead = entry_point(lead_plan, (0, 0, 0, args))
+            self._lead = entry_point(lead_plan, (0, 0, 0, args, *decode))
         if failed:
             status = self._status.tolist()
             if status[STATUS_BAD_TOKEN]:

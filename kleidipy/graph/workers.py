@@ -323,7 +323,12 @@ class _Pool:
                 self.wake.notify_all()
 
     def run(
-        self, fn: Callable[..., Any], args: tuple, serve: Callable[..., Any] | None, lead: Callable[..., Any] | None
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        serve: Callable[..., Any] | None,
+        lead: Callable[..., Any] | None,
+        lead_args: tuple,
     ) -> Any:
         with self.run_lock:
             if self.stopping:
@@ -333,7 +338,7 @@ class _Pool:
                 if lead is not None and job is not None and job[2] is serve is not None and job[1] is args:
                     self.seq += 1
                     self.posted_at = time.perf_counter()
-                    out = lead(self.nth, self.ctl_addr, self.seq, args)
+                    out = lead(self.nth, self.ctl_addr, self.seq, args, *lead_args)
                     led = out is not None
                     if not led:  # a worker sleeps: the run is published, thread 0's share still to run
                         self.wake_sleepers()
@@ -396,6 +401,7 @@ class Workers:
         args: tuple = (),
         serve: Callable[..., Any] | None = None,
         lead: Callable[..., Any] | None = None,
+        lead_args: tuple = (),
     ) -> Any:
         """Run ``fn(ith, nth, sync, *args)`` on every thread; returns what thread 0's call returned when all
         returned, re-raising the exception a thread raised (the first one that is not the others' WorkerAborted).
@@ -407,15 +413,15 @@ class Workers:
         the objects of the previous run (``is``) is then taken inside the loop, without the GIL: what changes from run
         to run must live in the arrays ``args`` holds.
 
-        ``lead``: with ``serve``, a compiled (nogil) function ``lead(nth, ctl_addr, seq, args)`` (``args`` the tuple)
-        that thread 0 calls for such a run instead of ``fn``: it starts with ``ctl, sync = pool_arrays(ctl_addr)`` and
-        ``if not post_again(ctl, sync, seq): return None``, then returns ``fn(0, nth, sync, *args)`` after
-        ``wait_done(ctl, nth - 1)``. ``fn``'s result must not be None.
+        ``lead``: with ``serve``, a compiled (nogil) function ``lead(nth, ctl_addr, seq, args, *lead_args)`` (``args``
+        the tuple) that thread 0 calls for such a run instead of ``fn``: it starts with ``ctl, sync =
+        pool_arrays(ctl_addr)`` and ``if not post_again(ctl, sync, seq): return None``, then returns ``fn(0, nth,
+        sync, *args)`` after ``wait_done(ctl, nth - 1)``. ``fn``'s result must not be None.
         """
         if self._closed:
             raise RuntimeError("these Workers are closed")
         if self._pool is not None:
-            return self._pool.run(fn, args, serve, lead)
+            return self._pool.run(fn, args, serve, lead, lead_args)
         sync = self._inline_sync
         sync[:] = 0
         return fn(0, 1, sync, *args)

@@ -5,6 +5,7 @@ weight type and target, and the real SmolLM2, Qwen2.5 Q4_K_M and Gemma 3 as ship
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
 from tiny_models import write_model
 
 from kleidipy.errors import NonFiniteInputError
-from kleidipy.graph import contention
+from kleidipy.graph import contention, workers
 from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.execute import compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
@@ -277,4 +278,33 @@ def test_decoded_tokens_take_the_short_way_bit_for_bit(tmp_path: Path, threads: 
         with pytest.raises(InvalidTokenError):
             lm.forward(bad, cache=cache)
     assert cache.n_past == 3 and cache.tokens[:3].tolist() == [1, 2, 3]
+    lm.compiled.close()
+
+
+def test_decoded_tokens_wake_sleeping_workers_bit_for_bit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers that sleep as soon as a run ends (no idle spin) and have the time to: each decoded token's lead_plan
+    sets the token's run table, publishes the run and finds the worker asleep, so Python wakes it and runs thread 0's
+    share — the same bits as the op-by-op path, token after token."""
+    monkeypatch.setattr(workers, "IDLE_SPIN_US", 0.0)
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512")
+    tokens = [5, 260, 7, 9, 11, 3]
+
+    def decode_all() -> list[np.ndarray]:
+        cache = lm.new_cache()
+        lm.forward([1, 2, 3], cache=cache)
+        out = []
+        for t in tokens:
+            threading.Event().wait(0.005)  # (the worker goes to sleep meanwhile)
+            out.append(lm.forward([t], cache=cache).copy())
+        return out
+
+    want = decode_all()
+    assert compile_model(lm, 2, adaptive=False)
+    pool, woken = lm.compiled.workers._pool, []
+    wake = pool.wake_sleepers
+    pool.wake_sleepers = lambda: (woken.append(int(pool.ctl[workers._CTL_SLEEPERS])), wake())[1]
+    got = decode_all()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+    assert sum(1 for n in woken if n) >= len(tokens) - 2  # (the first two runs take other ways)
     lm.compiled.close()
