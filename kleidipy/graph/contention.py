@@ -12,6 +12,7 @@ average, ``psutil`` reads the same files per process.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -64,8 +65,9 @@ class ThreadChoice:
     slice for a thread that is off-CPU (ggml waits there). The choice follows the running costs, the other count
     being re-measured every PROBE_EVERY runs, or less often by the ratio of the two costs (a probe of all workers on
     a busy machine can cost 40 one-thread runs: waiting PROBE_EVERY x that ratio keeps the probes to about
-    1/PROBE_EVERY of the time), and a probe of all workers skipped while other processes want their cores
-    (:func:`free_cores`, read only then: tens of µs every PROBE_EVERY or more runs). A prefill run (a probe would
+    1/PROBE_EVERY of the time; the chosen count is timed one run in UNTIMED + 1), and a probe of all workers skipped
+    while other processes want their cores (:func:`free_cores`, read only then: tens of µs every PROBE_EVERY or more
+    runs). A prefill run (a probe would
     cost a whole batch) takes every worker when there are as many cores that no other process wants at its start
     (:func:`free_cores`; also where that cannot be read), else the calling thread alone. The result is the same bits
     at either count."""
@@ -77,16 +79,29 @@ class ThreadChoice:
     NEW = 0.3
     #: one thread is chosen only when it costs this fraction of all the workers' cost or less (noise is not a reason)
     MARGIN = 0.8
+    #: decode runs after a timed one that take the count it chose without being timed (nor choosing): a decoded
+    #: token's Python runs cold after the plan, ~1 µs a line, and choosing and timing every run cost it 10-30 µs
+    UNTIMED = 3
 
     def __init__(self, threads: int, adaptive: bool = True) -> None:
         self.threads, self.adaptive = threads, adaptive
         self._cost: dict[int, float] = {}
         self._since_probe = 0
+        #: decode runs left that take ``_held`` threads untimed, and how many will once the last pick's run is
+        #: recorded
+        self._hold, self._held, self._pending = 0, threads, 0
+        #: whether the run of the last pick is to be timed (:meth:`record`)
+        self.timing = True
 
     def pick(self, m: int) -> int:
-        """The thread count for a run of m tokens."""
+        """The thread count for a run of m tokens; :attr:`timing` says whether to :meth:`record` the run's cost."""
         if self.threads == 1 or not self.adaptive:
             return self.threads
+        if m == 1 and self._hold:
+            self._hold -= 1
+            self.timing = False
+            return self._held
+        self.timing = True
         if m != 1:  # (the plan runs on every worker or on the caller alone)
             return self.threads if self._cores_free() else 1
         if self.threads not in self._cost:  # every worker is measured first, once their cores are free (looked at
@@ -101,7 +116,10 @@ class ThreadChoice:
         alone = self._cost[1] <= self.MARGIN * self._cost[self.threads]
         best, other = (1, self.threads) if alone else (self.threads, 1)
         self._since_probe += 1
-        if self._since_probe < self.PROBE_EVERY * max(1.0, self._cost[other] / self._cost[best]):
+        every = self.PROBE_EVERY * max(1.0, self._cost[other] / self._cost[best])
+        if self._since_probe < every:  # once this run is recorded, the next up to the probe (at most UNTIMED) take
+            self._pending = min(self.UNTIMED, math.ceil(every - self._since_probe) - 1)  # the same count untimed
+            self._held = best
             return best
         self._since_probe = 0
         if other == self.threads and not self._cores_free():
@@ -122,5 +140,7 @@ class ThreadChoice:
     def record(self, m: int, threads: int, seconds: float) -> None:
         """A run of m tokens on ``threads`` threads took ``seconds``."""
         if m == 1:
+            self._hold, self._pending = self._pending, 0
+            self._since_probe += self._hold
             old = self._cost.get(threads)
             self._cost[threads] = seconds if old is None else (1 - self.NEW) * old + self.NEW * seconds

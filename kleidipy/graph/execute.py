@@ -533,7 +533,7 @@ class CompiledForward:
         profile array when ``watchers`` are told of the nodes; ``kept`` rows of logits); raises on a run that
         stopped on an error."""
         # (a run that may compile a function, or load it from numba's cache, tells the thread choice nothing)
-        measured = self._choosing and (self._alone if threads == 1 else self._lead) is not None
+        measured = self._choosing and self.choice.timing and (self._alone if threads == 1 else self._lead) is not None
         t0 = perf_counter()
         mono0 = clock_ns() if watchers else 0
         if threads == 1:

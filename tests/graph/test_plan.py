@@ -141,6 +141,30 @@ def test_thread_choice_follows_the_measured_cost(monkeypatch: pytest.MonkeyPatch
     assert ThreadChoice(2, adaptive=False).pick(1) == 2 and ThreadChoice(1).pick(1) == 1
 
 
+def test_thread_choice_times_one_decode_run_in_untimed_plus_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a timed run of the chosen count is recorded, UNTIMED runs take that count untimed (a decoded token's
+    Python is short); a probe is never among them and comes when it would without them."""
+    monkeypatch.setattr(contention, "free_cores", lambda: 2)
+    cost = {1: 0.004, 2: 0.010}  # (the second core busy: one thread is faster)
+    choice = ThreadChoice(2)
+    picks = []
+    for _ in range(44):
+        count = choice.pick(1)
+        picks.append((count, choice.timing))
+        if choice.timing:
+            choice.record(1, count, cost[count])
+    untimed = [(1, False)] * ThreadChoice.UNTIMED
+    assert picks[:2] == [(2, True), (1, True)]  # each count measured once first
+    assert picks[2:10] == ([(1, True)] + untimed) * 2
+    # the probe: the 40th pick once both counts are measured (PROBE_EVERY × the cost ratio 2.5), timed
+    assert [p for p in picks if p[0] == 2] == [(2, True)] * 2 and picks.index((2, True), 1) == 2 + 39
+    assert picks[42] == (1, True)  # (a choice afresh after it)
+    choice.pick(1)
+    for _ in range(20):
+        choice.record(1, 2, 0.001)  # the cores are free again
+    assert choice.pick(1) == 2
+
+
 def test_decode_probes_every_worker_only_on_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     """One thread measured faster (another process on the second core): while that process wants the core, the
     probes of both threads (each waits at every barrier for it) are skipped, and taken again once it is free."""
