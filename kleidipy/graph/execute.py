@@ -265,9 +265,8 @@ def decode_run(table, token, position, logits):  # pragma: no cover - compiled
     ``position`` of the first KV cache, its logits at address ``logits`` [n_vocab] — a copy of the decode template (row
     ``A_DECODE``) with those three in their slots —, and clear the status of the last run: what Python would do in
     numpy steps, each run cold after the plan streamed the weights through the caches (every argument an int: an
-    array argument costs ~4 µs cold to unbox). The run's entry points do this themselves for a ``token`` >= 0
-    (:func:`run_alone`, :func:`lead_plan`: one compiled call a token, not two); called alone before a run that
-    takes another way (the first on the workers, or one that wakes a sleeping worker)."""
+    array argument costs ~4 µs cold to unbox). The entry points run it for a ``token`` >= 0; called alone before
+    the first runs of new arguments on the workers."""
     arrays = i64_at(table, (A_SLOTS, 5))
     run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
     run[:] = i64_at(arrays[A_DECODE, 0], arrays[A_DECODE, 1])
@@ -300,11 +299,9 @@ def run_alone(sync_addr, args, token, position, logits):  # pragma: no cover - c
 
 @numba.njit(cache=True, nogil=True)
 def lead_plan(nth, ctl_addr, seq, args, token, position, logits):  # pragma: no cover - compiled
-    """Thread 0 of a multi-thread run of the same arguments (the tuple ``args``) as the previous run
-    (:meth:`Workers.run`'s ``lead``, ``token, position, logits`` its ``lead_args``): with ``token`` >= 0 sets a
-    decoded token's run table (:func:`decode_run`), publishes job ``seq``, runs :func:`run_plan` ``(0, nth, sync,
-    *args)`` and waits for the workers' end; None (the run published, thread 0's share not run) when a worker
-    sleeps."""
+    """Thread 0 of a run of the previous run's arguments ``args`` (:meth:`Workers.run`'s ``lead``): a decoded
+    token's run table for ``token`` >= 0 (:func:`decode_run`), job ``seq`` published, :func:`run_plan` ``(0, nth,
+    sync, *args)``, the workers' end awaited; None (published, not run) when a worker sleeps."""
     if token >= 0:
         decode_run(args[0], token, position, logits)
     ctl, sync = pool_arrays(ctl_addr)
@@ -422,28 +419,11 @@ class CompiledForward:
         if self._static is None:
             kc, vc, cell = self._kv
             code, rows, scale = self._embd
-            arrays = [
-                self.plan.nodes,
-                self.plan.fparams,
-                self._buffers,
-                self._rhs,
-                self._sizes,
-                self._codes,
-                self._params,
-                self._vectors,
-                self._cos,
-                self._sin,
-                self._neox,
-                self._gelu,
-                kc,
-                vc,
-                self._lhs,
-                self._scratch,
-                self._status,
-                rows,
-                self._run_slots,
-                self._decode_slots,
-            ]
+            arrays = [  # (rows A_*)
+                self.plan.nodes, self.plan.fparams, self._buffers, self._rhs, self._sizes, self._codes, self._params,
+                self._vectors, self._cos, self._sin, self._neox, self._gelu, kc, vc, self._lhs, self._scratch,
+                self._status, rows, self._run_slots, self._decode_slots,
+            ]  # fmt: skip
             self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
             table = self._arrays_table.ctypes.data
             self._static = (table, cell, self._kv_caches[0].f16, self.plan.logits, code, scale)
@@ -462,7 +442,7 @@ class CompiledForward:
         """One token (an id, checked) of the sequence of ``cache`` at ``position``: what ``self([token],
         [Segment(cache, position, 0, 1)], [0])[0]`` gives [n_vocab], without building the segment and row lists or
         reading any array's address (a decoded token's Python time is mostly such steps, each run cold after the
-        plan): one compiled call sets the run table (:func:`decode_run`). The logits go into the array of the last
+        plan): the run's entry point sets the run table (:func:`decode_run`). The logits go into the array of the last
         decoded token when nothing else holds it any more (its reference count says so: a caller that kept it gets a
         new array), which spares a cold allocation (~10 µs after the plan)."""
         if not self._rows:
@@ -476,8 +456,7 @@ class CompiledForward:
             self._logits = np.empty(self._n_logits, np.float32)
             self._logits_at = self._logits.ctypes.data
         logits, threads, at = self._logits, self.choice.pick(1), self._logits_at
-        if threads > 1 and self._lead is None:  # the first runs of these arguments on the workers: set here (the
-            # first takes the workers' first way, the second compiles lead_plan, or loads it, through its dispatcher)
+        if threads > 1 and self._lead is None:  # (the first runs of these arguments on the workers)
             decode_run(args[0], token, position, at)
             self._launch(args, [token], 1, threads, ())
         else:  # (the run's entry point sets the run table)
@@ -528,10 +507,9 @@ class CompiledForward:
         decode: tuple[int, int, int] = (-1, 0, 0),
     ) -> None:
         """Run the plan (arguments ``args``, :meth:`_static_args`) on ``threads`` threads with the run table and the
-        status as set — or, ``decode`` = (token, position, logits' address) with a token >= 0, as the run's entry
-        point sets them for that decoded token (:func:`decode_run`) — (ids ``ids`` of m tokens; ``prof``: the
-        profile array when ``watchers`` are told of the nodes; ``kept`` rows of logits); raises on a run that
-        stopped on an error."""
+        status as set, or as the entry point sets them for ``decode`` = (token >= 0, position, logits' address)
+        (ids ``ids`` of m tokens; ``prof``: the profile array for ``watchers``; ``kept`` rows of logits); raises on a
+        run that stopped on an error."""
         # (a run that may compile a function, or load it from numba's cache, tells the thread choice nothing)
         measured = self._choosing and self.choice.timing and (self._alone if threads == 1 else self._lead) is not None
         t0 = perf_counter()
