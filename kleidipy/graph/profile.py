@@ -1,5 +1,5 @@
 """A timed run of the compiled plan told as the runtime's observers hear the op-by-op path: the per-node,
-per-thread monotonic ns stamps that :func:`~kleidipy.graph.execute.run_plan` records (its ``prof`` array, as
+per-thread monotonic ns stamps that :func:`~kleidipy.graph.walk.run_plan` records (its ``prof`` array, as
 ggml's graph profiling does) turned into :class:`~kleidipy.runtime.observer.NodeRun` events, and a MUL_MAT node
 into the :class:`~kleidipy.runtime.observer.KernelCall` that `kleidipy trace` shows.
 """
