@@ -29,6 +29,8 @@ from kleidipy.graph.plan import NotPlannableError, Plan, build_plan
 from kleidipy.graph.profile import kernel_call, node_runs
 from kleidipy.graph.views import address_table
 from kleidipy.graph.walk import (
+    DECODE_SLOTS,
+    DECODE_TOKENS,
     RUN_SLOTS,
     RUN_TOKEN,
     STATUS_BAD_TOKEN,
@@ -98,8 +100,9 @@ class CompiledForward:
         self._static: tuple | None = None
         self._arrays_table = np.zeros((0, 5), np.int64)  # (the address table of the arrays the tuple gives)
         self._run_slots = np.zeros(RUN_SLOTS, np.int64)
-        #: a decoded token's run table (decode_run sets its id, position (in _one_segment), logits' address)
-        self._decode_slots = np.zeros(RUN_SLOTS, np.int64)
+        #: a decoded token's run table (decode_run sets its id, position (in _one_segment), logits' address), and the
+        #: address of the first KV cache's token record
+        self._decode_slots = np.zeros(DECODE_SLOTS, np.int64)
         self._logits: np.ndarray | None = None  # (the last decoded token's, and its address)
         self._logits_at = 0
         self._decode_slots[:RUN_TOKEN] = (
@@ -108,6 +111,8 @@ class CompiledForward:
         )  # fmt: skip
         #: run_alone and lead_plan compiled for the types of the arguments (None: not known yet)
         self._alone = self._lead = None
+        #: the KV cache whose decoded tokens take decode's short way (None: none yet, or the arguments changed)
+        self._decoding: KVCache | None = None
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._choosing = threads > 1 and adaptive
@@ -146,7 +151,7 @@ class CompiledForward:
         self._buffers = address_table(self._arrays, np.float32)
         self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
         self._rows = m
-        self._static = None
+        self._static = self._decoding = None
 
     def _static_args(self) -> tuple:
         """run_plan's arguments after ``sync``: the same tuple until the buffers grow or other KV caches come (a run
@@ -176,11 +181,35 @@ class CompiledForward:
 
     def decode(self, token: int, cache: KVCache, position: int) -> np.ndarray:
         """One token (an id, checked) of the sequence of ``cache`` at ``position``: what ``self([token],
-        [Segment(cache, position, 0, 1)], [0])[0]`` gives [n_vocab], without building the segment and row lists or
-        reading any array's address (a decoded token's Python time is mostly such steps, each run cold after the
-        plan): the run's entry point sets the run table (:func:`decode_run`). The logits go into the array of the last
-        decoded token when nothing else holds it any more (its reference count says so: a caller that kept it gets a
-        new array), which spares a cold allocation (~10 µs after the plan)."""
+        [Segment(cache, position, 0, 1)], [0])[0]`` gives [n_vocab], its id written into ``cache.tokens[position]``
+        (the caller counts the position in), without building the segment and row lists or reading any array's
+        address: the run's entry point sets the run table (:func:`~kleidipy.graph.walk.decode_run`). A decoded token's
+        Python time is mostly steps like those, each run cold after the plan streamed the weights through the caches
+        (~1-4 µs a line): once a token of ``cache`` ran on the arguments in use, the next take this short way — the
+        thread choice, one compiled call, its result. The logits go into the array of the last decoded token when
+        nothing else holds it any more (its reference count says so: a caller that kept it gets a new array), which
+        spares a cold allocation (~10 µs after the plan)."""
+        if cache is not self._decoding:  # (None until _decode_setup found the short way ready)
+            return self._decode_setup(token, cache, position)
+        logits = self._logits if getrefcount(self._logits) <= 2 else self._new_logits()  # (2: attribute, argument)
+        threads = self.choice.pick(1)
+        t0 = perf_counter() if self._choosing and self.choice.timing else 0.0
+        if threads == 1:
+            failed = self._alone(self._sync_at, self._static, token, position, self._logits_at)
+        else:
+            failed = self.workers.run(
+                run_plan, self._static, serve_plan, self._lead, (token, position, self._logits_at)
+            )
+        if t0:
+            self.choice.record(1, threads, perf_counter() - t0)
+        if failed:
+            self._raise_failed([token])
+        return logits
+
+    def _decode_setup(self, token: int, cache: KVCache, position: int) -> np.ndarray:
+        """:meth:`decode` the long way: the buffers, the caches and the arguments set up as needed, the entry points
+        compiled on their first runs (and the embedding done in Python when it has no compiled GET_ROWS); afterwards
+        the short way is taken for ``cache`` when everything it calls is known."""
         if not self._rows:
             self._grow_rows(1)
         if len(self._kv_caches) != 1 or self._kv_caches[0] is not cache:
@@ -188,16 +217,23 @@ class CompiledForward:
         if self._embd[0] < 0:
             self._arrays[0][:1] = self.lm.embedding(np.array([token], np.int64))
         args = self._static_args()
-        if self._logits is None or getrefcount(self._logits) > 2:  # (2: the attribute and the argument)
-            self._logits = np.empty(self._n_logits, np.float32)
-            self._logits_at = self._logits.ctypes.data
-        logits, threads, at = self._logits, self.choice.pick(1), self._logits_at
+        logits = self._new_logits() if self._logits is None or getrefcount(self._logits) > 2 else self._logits
+        threads, at = self.choice.pick(1), self._logits_at
         if threads > 1 and self._lead is None:  # (the first runs of these arguments on the workers)
             decode_run(args[0], token, position, at)
             self._launch(args, [token], 1, threads, ())
         else:  # (the run's entry point sets the run table)
             self._launch(args, [token], 1, threads, (), decode=(token, position, at))
+        alone = self._alone is not None or (self.choice.threads > 1 and not self._choosing)
+        lead = self._lead is not None or self.choice.threads == 1
+        self._decoding = cache if alone and lead and self._embd[0] >= 0 else None
         return logits
+
+    def _new_logits(self) -> np.ndarray:
+        """A new array for a decoded token's logits (and its address)."""
+        self._logits = np.empty(self._n_logits, np.float32)
+        self._logits_at = self._logits.ctypes.data
+        return self._logits
 
     def _run(self, ids: np.ndarray, caches: list[KVCache], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
         """:meth:`__call__` with the segments as the int64 table run_plan reads (cache index in ``caches``, first
@@ -229,7 +265,8 @@ class CompiledForward:
         k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
         self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), k[0].dtype.type(0))
         self._kv_caches = caches
-        self._static = None
+        self._decode_slots[DECODE_TOKENS] = caches[0].tokens.ctypes.data
+        self._static = self._decoding = None
 
     def _launch(
         self,
@@ -262,17 +299,21 @@ class CompiledForward:
         if self._lead is None and threads > 1:
             self._lead = entry_point(lead_plan, (0, 0, 0, args, *decode))
         if failed:
-            status = self._status.tolist()
-            if status[STATUS_BAD_TOKEN]:
-                shown = [int(i) for i in ids[:8]]
-                raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {shown}")
-            weight = self.plan.weights[int(self.plan.nodes[status[STATUS_NODE], 3])]
-            raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
+            self._raise_failed(ids)
         for node in node_runs(self.plan, prof, m, kept, t0 - mono0 / 1e9) if watchers else ():
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:
                     observer.on_matmul(kernel_call(self.plan, node))
+
+    def _raise_failed(self, ids: Sequence[int] | np.ndarray) -> None:
+        """Raise what stopped the run of tokens ``ids`` (its status says)."""
+        status = self._status.tolist()
+        if status[STATUS_BAD_TOKEN]:
+            shown = [int(i) for i in ids[:8]]
+            raise InvalidTokenError(f"token ids must be in [0, {self._embd[1].shape[0]}), got {shown}")
+        weight = self.plan.weights[int(self.plan.nodes[status[STATUS_NODE], 3])]
+        raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
 
 
 def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:

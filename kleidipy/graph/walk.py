@@ -57,6 +57,10 @@ RUN_LOGITS, RUN_N_VOCAB, RUN_IDS = 7, 8, 9
 #: a decoded token's id, in the table itself (a decode run's ``ids`` is this slot)
 RUN_TOKEN = 10
 RUN_SLOTS = 11
+#: the decode template's slot past a run table's: the address of the first KV cache's token record
+#: (:attr:`~kleidipy.runtime.kv_cache.KVCache.tokens`), where a decoded token writes its id
+DECODE_TOKENS = RUN_SLOTS
+DECODE_SLOTS = DECODE_TOKENS + 1
 
 
 #: rows of the table of the arrays run_plan reads (:func:`~kleidipy.graph.views.address_table` of any dtype): the
@@ -231,13 +235,16 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
 def decode_run(table, token, position, logits):  # pragma: no cover - compiled
     """Set the run table (in the table at address ``table``, row ``A_RUN``) to a decoded token's: ``token`` at
     ``position`` of the first KV cache, its logits at address ``logits`` [n_vocab] — a copy of the decode template (row
-    ``A_DECODE``) with those three in their slots —, and clear the status of the last run: what Python would do in
-    numpy steps, each run cold after the plan streamed the weights through the caches (every argument an int: an
+    ``A_DECODE``) with those three in their slots —, ``token`` into that cache's token record at ``position`` (the
+    caller counts the position in once the run succeeded), and clear the status of the last run: what Python would do
+    in numpy steps, each run cold after the plan streamed the weights through the caches (every argument an int: an
     array argument costs ~4 µs cold to unbox). The entry points run it for a ``token`` >= 0; called alone before
     the first runs of new arguments on the workers."""
     arrays = i64_at(table, (A_SLOTS, 5))
     run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
-    run[:] = i64_at(arrays[A_DECODE, 0], arrays[A_DECODE, 1])
+    template = i64_at(arrays[A_DECODE, 0], DECODE_SLOTS)
+    run[:] = template[:RUN_SLOTS]
+    i64_at(template[DECODE_TOKENS], position + 1)[position] = token
     run[RUN_TOKEN] = token
     run[RUN_LOGITS] = logits
     i64_at(run[RUN_SEGS], (1, 4))[0, 1] = position

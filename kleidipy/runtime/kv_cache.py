@@ -118,13 +118,8 @@ class KVCache:
         v = self.v[layer].reshape(h, attention.LANES, nb, d).transpose(0, 2, 1, 3).reshape(h, nb * attention.LANES, d)
         return k[:, :n_kv].copy(), v[:, :n_kv].copy()
 
-    def advance(self, start: int, ids: np.ndarray | int) -> None:
-        """Mark positions start..start+len(ids)-1 as filled with tokens ``ids`` (after every layer stored them), or
-        position start with token ``ids`` when it is one id."""
-        if isinstance(ids, int):  # (a decoded token: no slice of numpy, each a µs when run cold)
-            self.tokens[start] = ids
-            self.n_past = start + 1
-            return
+    def advance(self, start: int, ids: np.ndarray) -> None:
+        """Mark positions start..start+len(ids)-1 as filled with tokens ``ids`` (after every layer stored them)."""
         self.tokens[start : start + len(ids)] = ids
         self.n_past = start + len(ids)
 

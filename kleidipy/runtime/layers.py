@@ -347,7 +347,8 @@ class CausalLM:
             token, start = token_ids[0], cache.n_past
             if not 0 <= token < self.hparams.n_vocab:
                 raise InvalidTokenError(self._bad_ids(token, token))
-            cache.check(start, 1)
+            if start >= cache.n_ctx:  # (the one check of cache.check a token at n_past can fail: no call for it)
+                cache.check(start, 1)
             return self._forward_one(token, cache, start, all_logits)
         ids = self._check_ids(token_ids)
         start = cache.n_past if positions is None else _first_position(positions, ids.size)
@@ -407,7 +408,7 @@ class CausalLM:
         """:meth:`forward` of one checked token at position ``start`` of ``cache`` on the compiled plan, unobserved:
         the short way (:meth:`~kleidipy.graph.execute.CompiledForward.decode`)."""
         logits = self.compiled.decode(token, cache, start)
-        cache.advance(start, token)
+        cache.n_past = start + 1  # (decode wrote the token into cache.tokens)
         return logits[None] if all_logits else logits
 
     def _run_ubatch(

@@ -269,8 +269,10 @@ def test_a_timed_prefill_of_several_ubatches_tells_the_nodes_that_ran(tmp_path: 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decoded_tokens_take_the_short_way_bit_for_bit(tmp_path: Path, threads: int) -> None:
     """A decoded token (a list of one int, or an int array of one) runs through CompiledForward.decode: the same bits
-    as the op-by-op path; its logits array is reused only when the caller dropped it (one kept is never written
-    again); a bad id is refused before anything runs; the plan's clock counts the runs."""
+    as the op-by-op path, and its id in the cache's token record; after a cache's first decoded token the next take
+    the short way (no setup), two caches decoded in turns each their own first; its logits array is reused only when
+    the caller dropped it (one kept is never written again); a bad id is refused before anything runs; the plan's
+    clock counts the runs."""
     lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512")
     tokens = [5, 260, 7, 9, 11]
 
@@ -284,12 +286,23 @@ def test_decoded_tokens_take_the_short_way_bit_for_bit(tmp_path: Path, threads: 
             del logits  # (dropped: the next token may reuse the array)
         return out, cache.tokens[: cache.n_past].copy()
 
+    def in_turns() -> list[np.ndarray]:
+        caches = [lm.new_cache(), lm.new_cache()]
+        return [lm.forward([t], cache=caches[i % 2]).copy() for i, t in enumerate(tokens + tokens)]
+
     want, want_ids = decode_all()
+    want_turns = in_turns()
     assert compile_model(lm, threads, adaptive=False)
+    setups = []
+    setup = lm.compiled._decode_setup
+    lm.compiled._decode_setup = lambda *a: (setups.append(a[1]), setup(*a))[1]
     got, got_ids = decode_all()
-    for g, w in zip(got, want, strict=True):
+    assert len(setups) == 1
+    for g, w in zip(got + in_turns(), want + want_turns, strict=True):
         np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
     np.testing.assert_array_equal(got_ids, want_ids)
+    assert len(setups) == 1 + 2 * len(tokens)  # (in turns: every token its cache's first since the other's)
+    del lm.compiled._decode_setup
     cache = lm.new_cache()
     kept = lm.forward([1], cache=cache)
     before, clock = kept.copy(), lm.compiled.run_seconds
