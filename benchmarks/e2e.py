@@ -11,7 +11,8 @@ its compiled plan on persistent threads (``--eager``: op by op from Python); "ho
 decoded token outside the plan (the call into numba, its argument unboxing, included: the plan clocks itself).
 llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``:
 low-level ``llama_decode``, no logits read) by an interpreter with llama-cpp-python, in its own process (same
-files, same threads, same run). The decode roofline is weight bytes per token / measured memory read bandwidth.
+files, same threads, same run). The decode roofline is weight bytes per token / the memory read bandwidth measured
+at that thread count (``benchmarks/kernels.py``'s streaming read, split over the threads).
 Prints a markdown table.
 """
 
@@ -24,12 +25,13 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from kernels import read_bandwidth  # (benchmarks/ is on the path when a script here runs)
 
 from kleidipy.graph.execute import compile_model
 from kleidipy.runtime.backend import KleidiBackend
@@ -74,22 +76,6 @@ def model_files() -> dict[str, Path | callable]:
         "qwen25-q4_0": quantized("qwen2.5-coder-0.5b-instruct", "qwen25-q4_0"),
         "tinyllama-q4_0": tinyllama,
     }
-
-
-@numba.njit(nogil=True, cache=True)
-def _read_sum(a: np.ndarray) -> np.int64:
-    s = np.int64(0)
-    for i in range(a.size):
-        s += a[i]
-    return s
-
-
-def memory_bandwidth_gbs(size: int = 1 << 30, reps: int = 3) -> float:
-    """Single-thread read bandwidth: best of ``reps`` passes over a ``size``-byte int64 array."""
-    a = np.ones(size // 8, dtype=np.int64)
-    _read_sum(a[:16])
-    best = min(_timed(lambda: _read_sum(a)) for _ in range(reps))
-    return size / best / 1e9
 
 
 def _timed(fn) -> float:  # noqa: ANN001
@@ -217,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         args.n_prompt, args.n_gen, args.reps = 64, 16, 1
     target = resolve_target(args.target)
     files = model_files()
-    bw = memory_bandwidth_gbs()
-    print(f"target {target.describe()}; memory read bandwidth (1 thread) {bw:.1f} GB/s", file=sys.stderr)
+    counts = [int(t) for t in args.threads.split(",")]
+    with ThreadPoolExecutor(max(counts)) as pool:  # (the read bandwidth at each thread count: its decode roofline)
+        bw = {t: read_bandwidth(t, pool, 3) for t in counts}
+    shown = ", ".join(f"{t} thread{'s' * (t > 1)} {b:.1f}" for t, b in bw.items())
+    print(f"target {target.describe()}; memory read bandwidth {shown} GB/s", file=sys.stderr)
     at = f" @ d{args.n_depth}" if args.n_depth else ""
     pp_name, tg_name = f"pp{args.n_prompt}{at}", f"tg{args.n_gen}{at}"
     print(
@@ -229,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.models.split(","):
         path = files[key]()
         wbytes = weight_bytes(ModelFile(path))
-        roof = bw * 1e9 / wbytes
-        for threads in (int(t) for t in args.threads.split(",")):
+        for threads in counts:
+            roof = bw[threads] * 1e9 / wbytes
             pp, tg, host = bench_kleidipy(
                 path, threads, args.n_prompt, args.n_gen, args.reps, args.n_depth, target, not args.eager
             )
