@@ -20,6 +20,7 @@ from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.execute import compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
 from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.kv_cache import ContextOverflowError
 from kleidipy.runtime.layers import CausalLM, Segment
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.observer import NodeRun, Observer
@@ -315,6 +316,26 @@ def test_decoded_tokens_take_the_short_way_bit_for_bit(tmp_path: Path, threads: 
         with pytest.raises(InvalidTokenError):
             lm.forward(bad, cache=cache)
     assert cache.n_past == 3 and cache.tokens[:3].tolist() == [1, 2, 3]
+    lm.compiled.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_decoded_token_past_the_context_is_refused_on_the_short_way(tmp_path: Path, threads: int) -> None:
+    """The short way checks the context's end itself: a token at n_past = n_ctx raises ContextOverflowError before
+    anything runs, the cache keeps its positions, and a rewound cache decodes on."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "sme2:svl=512", n_ctx=8)
+    assert compile_model(lm, threads, adaptive=False)
+    cache = lm.new_cache()
+    lm.forward([1, 2, 3, 4, 5, 6], cache=cache)
+    lm.forward([7], cache=cache)
+    lm.forward([8], cache=cache)  # (the short way from the second decoded token on)
+    clock = lm.compiled.run_seconds
+    with pytest.raises(ContextOverflowError, match="n_ctx=8"):
+        lm.forward([9], cache=cache)
+    assert cache.n_past == 8 and lm.compiled.run_seconds == clock
+    cache.n_past = 7
+    assert lm.forward([9], cache=cache).shape == (lm.hparams.n_vocab,)
+    assert cache.n_past == 8 and cache.tokens[:8].tolist() == [1, 2, 3, 4, 5, 6, 7, 9]
     lm.compiled.close()
 
 
