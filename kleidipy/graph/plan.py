@@ -94,7 +94,8 @@ class PlanBuilder:
     vectors: list[np.ndarray] = field(default_factory=list)
     ropes: list[RoPE] = field(default_factory=list)
     _weight_ids: dict[int, int] = field(default_factory=dict)
-    _vector_ids: dict[int, int] = field(default_factory=dict)
+    #: by id: the array given and its index (holding it keeps its id from being reused by another array)
+    _vector_ids: dict[int, tuple[np.ndarray, int]] = field(default_factory=dict)
     _buffers: dict[tuple[str, int], int] = field(default_factory=dict)
     #: (input buffer, weight) of the last MUL_MAT whose packed LHS is still that of its input, or None
     _packed: tuple[int, int] | None = None
@@ -111,9 +112,9 @@ class PlanBuilder:
 
     def _vector(self, v: np.ndarray) -> int:
         if id(v) not in self._vector_ids:
-            self._vector_ids[id(v)] = len(self.vectors)
+            self._vector_ids[id(v)] = (v, len(self.vectors))
             self.vectors.append(np.ascontiguousarray(v, dtype=np.float32))
-        return self._vector_ids[id(v)]
+        return self._vector_ids[id(v)][1]
 
     def _weight(self, linear: object) -> int:
         if not isinstance(linear, RepackedLinear):
