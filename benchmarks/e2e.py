@@ -11,9 +11,12 @@ its compiled plan on persistent threads (``--eager``: op by op from Python); "ho
 decoded token outside the plan (the call into numba, its argument unboxing, included: the plan clocks itself).
 llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``:
 low-level ``llama_decode``, no logits read) by an interpreter with llama-cpp-python, in its own process (same
-files, same threads, same run). The decode roofline is weight bytes per token / the memory read bandwidth measured
-at that thread count (``benchmarks/kernels.py``'s streaming read, split over the threads).
-Prints a markdown table.
+files, same threads, same run). The measurements are taken in rounds, one repetition of each per round (kleidipy and
+llama.cpp at every thread count, then the read bandwidth), so that each ratio compares figures taken in the same
+phases of the machine (on a VM, whose speed drifts with its neighbours, back-to-back repetitions of one engine do
+not). The decode roofline is weight bytes per token / the memory read bandwidth measured at that thread count in the
+rounds (``benchmarks/kernels.py``'s streaming read, split over the threads). Prints two markdown tables: the runs, and
+each thread count against the first (kleidipy's and llama.cpp's speed-ups).
 """
 
 from __future__ import annotations
@@ -92,68 +95,79 @@ def weight_bytes(g: ModelFile) -> int:
     return total
 
 
-def _pp_tg(reset, run, n_vocab: int, n_prompt: int, n_gen: int, reps: int, depth: int) -> tuple[list, list]:  # noqa: ANN001
-    """pp and tg tokens/s of an engine given as ``reset()`` and ``run(token_ids)``, as llama-bench measures them: the
-    same random prompt and the same fixed decode tokens for every engine (decode cost only, no sampling), after one
-    warm-up pass; each test from an empty cache filled first (untimed) with ``depth`` tokens (llama-bench's ``-d``)."""
-    rng = np.random.default_rng(0)
-    ids = [int(i) for i in rng.integers(3, n_vocab, n_prompt)]
-    gen_ids = [int(i) for i in rng.integers(3, n_vocab, n_gen)]
-    depth_ids = [int(i) for i in rng.integers(3, n_vocab, depth)]
+class _Tests:
+    """llama-bench's tests of an engine given as ``reset()`` and ``run(token_ids)``: the same random prompt and the
+    same fixed decode tokens for every engine (decode cost only, no sampling), after one warm-up pass; each test from
+    an empty cache filled first (untimed) with ``depth`` tokens (llama-bench's ``-d``). :meth:`rep` runs one
+    repetition of both: pp and tg tokens/s."""
 
-    def fresh() -> None:
-        reset()
-        if depth_ids:
-            run(depth_ids)
+    def __init__(self, reset, run, n_vocab: int, n_prompt: int, n_gen: int, depth: int) -> None:  # noqa: ANN001
+        rng = np.random.default_rng(0)
+        self.ids = [int(i) for i in rng.integers(3, n_vocab, n_prompt)]
+        self.gen_ids = [int(i) for i in rng.integers(3, n_vocab, n_gen)]
+        self.depth_ids = [int(i) for i in rng.integers(3, n_vocab, depth)]
+        self.reset, self.run = reset, run
+        run(self.ids[:8])  # warm-up: JIT caches, page-in
 
-    run(ids[:8])  # warm-up: JIT caches, page-in
-    pp, tg = [], []
-    for _ in range(reps):
-        fresh()
-        pp.append(n_prompt / _timed(lambda: run(ids)))
-        fresh()
+    def _fresh(self) -> None:
+        self.reset()
+        if self.depth_ids:
+            self.run(self.depth_ids)
+
+    def rep(self) -> tuple[float, float]:
+        self._fresh()
+        pp = len(self.ids) / _timed(lambda: self.run(self.ids))
+        self._fresh()
         t0 = time.perf_counter()
-        for tok in gen_ids:
-            run([tok])
-        tg.append(n_gen / (time.perf_counter() - t0))
-    return pp, tg
+        for tok in self.gen_ids:
+            self.run([tok])
+        return pp, len(self.gen_ids) / (time.perf_counter() - t0)
 
 
-def bench_kleidipy(
-    path: Path,
-    threads: int,
-    n_prompt: int,
-    n_gen: int,
-    reps: int,
-    depth: int,
-    target,
-    graph: bool,  # noqa: ANN001
-) -> tuple[list, list, float | None]:
-    """pp and tg tokens/s, and the host (Python) µs per decoded token outside the compiled plan (None eager)."""
-    g = ModelFile(path)
-    lm = g.arch.build(
-        g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=depth + n_prompt + n_gen + 8
-    )
-    if graph:
-        if not compile_model(lm, threads):
-            raise SystemExit(f"{path}: cannot run as a compiled plan")
-        lm.compiled.warm_up()  # (as the engine does: numba compiles, or loads, the multi-thread entry points here)
-    host: list[float] = []
+class KleidipyEngine:
+    """A model loaded for the benchmark at one thread count: :meth:`rep` gives one repetition's pp and tg tokens/s,
+    :attr:`host_us` the host (Python) µs per decoded token outside the compiled plan (median so far; None eager)."""
 
-    def decode(ids: list[int]) -> np.ndarray:
+    def __init__(
+        self,
+        path: Path,
+        threads: int,
+        n_prompt: int,
+        n_gen: int,
+        depth: int,
+        target,
+        graph: bool,  # noqa: ANN001
+    ) -> None:
+        g = ModelFile(path)
+        self.lm = lm = g.arch.build(
+            g, linear=KleidiBackend(target, threads=threads, notice=lambda _m: None), n_ctx=depth + n_prompt + n_gen + 8
+        )
+        if graph:
+            if not compile_model(lm, threads):
+                raise SystemExit(f"{path}: cannot run as a compiled plan")
+            lm.compiled.warm_up()  # (as the engine does: numba compiles, or loads, the multi-thread entry points here)
+        self.host: list[float] = []
+        self.tests = _Tests(lm.reset, self._decode, g.hparams.n_vocab, n_prompt, n_gen, depth)
+
+    def _decode(self, ids: list[int]) -> np.ndarray:
+        lm = self.lm
         if lm.compiled is None or len(ids) != 1:
             return lm.forward(ids)
         t0, inside = time.perf_counter(), lm.compiled.run_seconds
         out = lm.forward(ids)
-        host.append(time.perf_counter() - t0 - (lm.compiled.run_seconds - inside))
+        self.host.append(time.perf_counter() - t0 - (lm.compiled.run_seconds - inside))
         return out
 
-    try:
-        pp, tg = _pp_tg(lm.reset, decode, g.hparams.n_vocab, n_prompt, n_gen, reps, depth)
-    finally:
-        if lm.compiled is not None:
-            lm.compiled.close()
-    return pp, tg, 1e6 * statistics.median(host) if host else None
+    def rep(self) -> tuple[float, float]:
+        return self.tests.rep()
+
+    @property
+    def host_us(self) -> float | None:
+        return 1e6 * statistics.median(self.host) if self.host else None
+
+    def close(self) -> None:
+        if self.lm.compiled is not None:
+            self.lm.compiled.close()
 
 
 def bench_llama_cpp(
@@ -177,6 +191,10 @@ def _fmt(values: list[float] | None) -> str:
         return "—"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.1f} ± {sd:.1f}"
+
+
+def _ratio(a: list[float], b: list[float]) -> str:
+    return f"{statistics.mean(a) / statistics.mean(b):.2f}x" if a and b else "—"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,40 +222,64 @@ def main(argv: list[str] | None = None) -> int:
     target = resolve_target(args.target)
     files = model_files()
     counts = [int(t) for t in args.threads.split(",")]
-    with ThreadPoolExecutor(max(counts)) as pool:  # (the read bandwidth at each thread count: its decode roofline)
-        bw = {t: read_bandwidth(t, pool, 3) for t in counts}
-    shown = ", ".join(f"{t} thread{'s' * (t > 1)} {b:.1f}" for t, b in bw.items())
-    print(f"target {target.describe()}; memory read bandwidth {shown} GB/s", file=sys.stderr)
+    print(f"target {target.describe()}", file=sys.stderr)
     at = f" @ d{args.n_depth}" if args.n_depth else ""
     pp_name, tg_name = f"pp{args.n_prompt}{at}", f"tg{args.n_gen}{at}"
     print(
         f"| model | size | threads | kleidipy {pp_name} | llama.cpp {pp_name} | ratio | kleidipy {tg_name} "
-        f"| llama.cpp {tg_name} | ratio | decode roofline | % of roofline | host µs/token |"
+        f"| llama.cpp {tg_name} | ratio | read GB/s | decode roofline | % of roofline | host µs/token |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for key in args.models.split(","):
-        path = files[key]()
-        wbytes = weight_bytes(ModelFile(path))
-        for threads in counts:
-            roof = bw[threads] * 1e9 / wbytes
-            pp, tg, host = bench_kleidipy(
-                path, threads, args.n_prompt, args.n_gen, args.reps, args.n_depth, target, not args.eager
-            )
-            ref = (
-                None
-                if args.no_llama_cpp
-                else bench_llama_cpp(
-                    args.llama_cpp_python, path, threads, args.n_prompt, args.n_gen, args.reps, args.n_depth
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    llama = not args.no_llama_cpp
+    scaling = []
+    with ThreadPoolExecutor(max(counts)) as pool:
+        for key in args.models.split(","):
+            path = files[key]()
+            wbytes = weight_bytes(ModelFile(path))
+            engines = {
+                t: KleidipyEngine(path, t, args.n_prompt, args.n_gen, args.n_depth, target, not args.eager)
+                for t in counts
+            }
+            runs = {t: {name: [] for name in ("pp", "tg", "ref_pp", "ref_tg", "bw")} for t in counts}
+            try:
+                for _ in range(args.reps):  # rounds: each takes every measurement once, so all see the same VM
+                    for t in counts:
+                        r = runs[t]
+                        pp, tg = engines[t].rep()
+                        r["pp"].append(pp)
+                        r["tg"].append(tg)
+                        ref = llama and bench_llama_cpp(
+                            args.llama_cpp_python, path, t, args.n_prompt, args.n_gen, 1, args.n_depth
+                        )
+                        llama = bool(ref)
+                        if ref:
+                            r["ref_pp"] += ref[0]
+                            r["ref_tg"] += ref[1]
+                        r["bw"].append(read_bandwidth(t, pool, 3))  # (the decode roofline at this thread count)
+            finally:
+                for engine in engines.values():
+                    engine.close()
+            for t in counts:
+                r, host = runs[t], engines[t].host_us
+                roof = statistics.mean(r["bw"]) * 1e9 / wbytes
+                print(
+                    f"| {key} | {wbytes / 2**20:.0f} MiB | {t} | {_fmt(r['pp'])} | {_fmt(r['ref_pp'])} "
+                    f"| {_ratio(r['pp'], r['ref_pp'])} | {_fmt(r['tg'])} | {_fmt(r['ref_tg'])} "
+                    f"| {_ratio(r['tg'], r['ref_tg'])} | {statistics.mean(r['bw']):.1f} | {roof:.1f} t/s "
+                    f"| {100 * statistics.mean(r['tg']) / roof:.0f} % | {'—' if host is None else f'{host:.0f}'} |",
+                    flush=True,
                 )
-            )
-            ratio_pp = f"{statistics.mean(pp) / statistics.mean(ref[0]):.2f}x" if ref else "—"
-            ratio_tg = f"{statistics.mean(tg) / statistics.mean(ref[1]):.2f}x" if ref else "—"
-            print(
-                f"| {key} | {wbytes / 2**20:.0f} MiB | {threads} | {_fmt(pp)} | {_fmt(ref and ref[0])} | {ratio_pp} "
-                f"| {_fmt(tg)} | {_fmt(ref and ref[1])} | {ratio_tg} | {roof:.1f} t/s "
-                f"| {100 * statistics.mean(tg) / roof:.0f} % | {'—' if host is None else f'{host:.0f}'} |",
-                flush=True,
-            )
+            one = runs[counts[0]]
+            scaling += [
+                f"| {key} | {t} vs {counts[0]} | {_ratio(runs[t]['pp'], one['pp'])} "
+                f"| {_ratio(runs[t]['tg'], one['tg'])} "
+                f"| {_ratio(runs[t]['ref_pp'], one['ref_pp'])} | {_ratio(runs[t]['ref_tg'], one['ref_tg'])} |"
+                for t in counts[1:]
+            ]
+    if scaling:
+        print("\n| model | threads | kleidipy pp | kleidipy tg | llama.cpp pp | llama.cpp tg |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(scaling))
     return 0
 
 
