@@ -370,7 +370,8 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
             q8_jit.matmul_qai8dxp(
                 rows, cnt, k_int, a_i8, a_i32, a_f32, b, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, dst
             )
-            _store_clamped(dst, out, rows, n0, n1)
+            for i in range(rows):
+                q40_vnni.clamp_in_place(dst[i])
             return
     elif code == BF16:
         res = bf16_native.matmul_bf16_native(rows, cnt, k, a, b, mr, nr, kr, params[P_TWO_ACCUMULATORS] != 0)
