@@ -15,7 +15,7 @@ slots below). Two compiled (``nogil``, cached) entry points dispatch on the code
   ±FLT_MAX: llama.cpp's share of the columns — per = roundup(ceil(n / nth), n_step), columns [ith·per, min(n,
   (ith + 1)·per)) — or, when that splits unevenly and whole mr-row groups split better, a share of the row groups
   with all the columns (:func:`split`). Every output is computed alone, so it is the bits
-  ``prepared.matmul(prepared.pack(x), m)`` gives, at every nth and either split. The Q4_0 SME2-layout GEMM on
+  ``prepared.matmul(prepared.pack(x), m)`` gives, at every nth and either split. The Q4_0 SME2-layout GEMM and GEMV on
   the VNNI (or portable) tiles stores and clamps into out itself (``vnni.compute_into``); the other routines
   return their block, which is copied in clamped (``_store_clamped``: for a 512 × 1536 GEMM a 3 MB copy, ~13 % of
   the node on a 576-deep one).
@@ -339,7 +339,7 @@ def matmul(code, params, m, n, k, lhs, rhs, out, ith, nth):  # pragma: no cover 
     lhs_stride = params[P_LHS_STRIDE]
     a = lhs[r0 // mr * lhs_stride : (r1 + mr - 1) // mr * lhs_stride]
     b = rhs[n0 // nr * rstride : (n1 + nr - 1) // nr * rstride]
-    if code == Q4_0_SME2 and rows > 1 and not q40_sme2.AVAILABLE:  # the tiles store (and clamp) into out
+    if code == Q4_0_SME2 and not q40_sme2.AVAILABLE:  # the tiles store (and clamp) into out
         ld = out.shape[1]
         q40_vnni.compute_into(_Q4_0_ISA, rows, cnt, k, mr, nr, a, b, fmul, out.reshape(-1)[r0 * ld + n0 :], ld)
         return
