@@ -133,21 +133,22 @@ def test_row_split_matches_prepared_bit_for_bit(target: str, ggml_type: T) -> No
 
 @pytest.mark.parametrize("target", ["sme2:svl=512", "sme2:svl=2048"])
 def test_outputs_past_flt_max_are_clamped_where_they_are_stored(target: str) -> None:
-    """Finite activations so large that outputs pass ±FLT_MAX: the GEMMs that store into out themselves (the Q4_0
-    SME2 layout on the host's tiles) clamp there, whole panels and a last partial one (n = 200), at 1-3 threads,
-    the bits of the prepared matmul."""
+    """Finite activations so large that outputs pass ±FLT_MAX: the matmuls that store into out themselves (the Q4_0
+    SME2 layout on the host's tiles, the GEMV as the GEMMs) clamp there, whole panels and a last partial one (n =
+    200), at 1-3 threads, the bits of the prepared matmul."""
     lin = _linear(target, T.Q4_0)
-    for m in (2, 17, 40):
-        nk = mm.node_kernel(lin.gemm)
+    for m in (1, 2, 17, 40):
+        prepared = lin.gemv if m == 1 else lin.gemm
+        nk = mm.node_kernel(prepared)
         x = _activations(m, seed=m)
         x[:m] *= np.float32(1e37)  # (|x| < 3.4e38 still: activations stay finite)
-        want = lin.gemm(x[:m])
+        want = prepared(x[:m])
         assert np.isin(want, [np.float32(-3.4028235e38), np.float32(3.4028235e38)]).any()  # (and NaN: inf - inf)
         for nth in (1, 2, 3):
             lhs, _ = _pack(nk, x, m, nth)
             out = np.full((m + 1, N), np.nan, np.float32)
             for ith in range(nth):
-                mm.matmul(nk.code, nk.params, m, N, K, lhs, lin.gemm.rhs, out, ith, nth)
+                mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
             assert np.array_equal(out[:m].view(np.uint32), want.view(np.uint32)), (m, nth)
             assert np.isnan(out[m:]).all()
 

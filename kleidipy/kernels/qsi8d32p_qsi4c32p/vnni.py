@@ -457,15 +457,16 @@ def compute_into(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld):  # 
     result array in between: the whole panels' tiles store into dst and clamp their rows at once; a last partial
     panel goes through a scratch of whole panels (its tiles store 64 columns). The same bits as ``_compute`` and a
     clamp. For the compiled plan's matmuls, whose results would otherwise be allocated and copied (3 MB for a 512 ×
-    1536 GEMM; for a GEMV of whole panels, which takes :func:`_gemv` as ``_compute`` does, ~1.5 µs of a 5 µs
-    576 × 576 one in cache)."""
+    1536 GEMM; for a GEMV, whose whole panels take :func:`_gemv` as ``_compute``'s do, ~1.5 µs of a 5 µs 576 × 576
+    one in cache)."""
     full = n // PANEL_COLS * PANEL_COLS
     params, corr, sl, init, acc = _prologue(isa, m, n, k, mr, nr, lhs, ld, first_block_fmul)
-    if m == 1 and nr % PANEL_COLS == 0 and full == n:  # the GEMV's streams, then the row's clamp
-        _gemv(isa, params, lhs, corr, sl, rhs, dst, acc, n // PANEL_COLS, init)
-        clamp_in_place(dst[:n])
-        return
-    _tiles(isa, params, m, nr, lhs, corr, sl, rhs, dst, acc, init, (0, full), ld)
+    if m == 1 and nr % PANEL_COLS == 0:  # the whole panels on the GEMV's streams (as _compute), then their clamp
+        if full > 0:
+            _gemv(isa, params, lhs, corr, sl, rhs, dst, acc, full // PANEL_COLS, init)
+            clamp_in_place(dst[:full])
+    else:
+        _tiles(isa, params, m, nr, lhs, corr, sl, rhs, dst, acc, init, (0, full), ld)
     if full < n:
         params[_LDO] = PANEL_COLS
         part = np.empty(m * PANEL_COLS + full + PANEL_COLS, np.float32)  # row i at part[i·64 + full ...]
