@@ -16,7 +16,9 @@ llama.cpp at every thread count, then the read bandwidth), so that each ratio co
 phases of the machine (on a VM, whose speed drifts with its neighbours, back-to-back repetitions of one engine do
 not). The decode roofline is weight bytes per token / the memory read bandwidth measured at that thread count in the
 rounds (``benchmarks/kernels.py``'s streaming read, split over the threads). Prints two markdown tables: the runs, and
-each thread count against the first (kleidipy's and llama.cpp's speed-ups).
+each thread count against the first: kleidipy's and llama.cpp's speed-ups, the read bandwidth's, and the decode
+speed-up the read bandwidth leaves kleidipy (its roofline at that count over its decode at the first: a run that
+reads at the limit gains no more, whatever its code).
 """
 
 from __future__ import annotations
@@ -197,6 +199,17 @@ def _ratio(a: list[float], b: list[float]) -> str:
     return f"{statistics.mean(a) / statistics.mean(b):.2f}x" if a and b else "—"
 
 
+def _scaling_row(key: str, r: dict, first: dict, label: str, wbytes: int) -> str:
+    """A row of the second table: run r against the first thread count's (kleidipy's and llama.cpp's speed-ups, the
+    read bandwidth's, and kleidipy's decode speed-up were r's decode at its roofline)."""
+    at_limit = [bw * 1e9 / wbytes for bw in r["bw"]]
+    return (
+        f"| {key} | {label} | {_ratio(r['pp'], first['pp'])} | {_ratio(r['tg'], first['tg'])} "
+        f"| {_ratio(r['ref_pp'], first['ref_pp'])} | {_ratio(r['ref_tg'], first['ref_tg'])} "
+        f"| {_ratio(r['bw'], first['bw'])} | {_ratio(at_limit, first['tg'])} |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="pp64 / tg16, one repetition")
@@ -269,16 +282,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {100 * statistics.mean(r['tg']) / roof:.0f} % | {'—' if host is None else f'{host:.0f}'} |",
                     flush=True,
                 )
-            one = runs[counts[0]]
-            scaling += [
-                f"| {key} | {t} vs {counts[0]} | {_ratio(runs[t]['pp'], one['pp'])} "
-                f"| {_ratio(runs[t]['tg'], one['tg'])} "
-                f"| {_ratio(runs[t]['ref_pp'], one['ref_pp'])} | {_ratio(runs[t]['ref_tg'], one['ref_tg'])} |"
-                for t in counts[1:]
-            ]
+            scaling += [_scaling_row(key, runs[t], runs[counts[0]], f"{t} vs {counts[0]}", wbytes) for t in counts[1:]]
     if scaling:
-        print("\n| model | threads | kleidipy pp | kleidipy tg | llama.cpp pp | llama.cpp tg |")
-        print("|---|---|---|---|---|---|")
+        print(
+            "\n| model | threads | kleidipy pp | kleidipy tg | llama.cpp pp | llama.cpp tg | read GB/s "
+            "| kleidipy tg at the read's limit |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
         print("\n".join(scaling))
     return 0
 
