@@ -9,13 +9,18 @@ Models: SmolLM2-135M (Q4_1 as shipped, and Q4_0 made by `kleidipy quantize --pur
 shipped, a Q4_K_M mix, and Q4_0), and a TinyLlama-1.1B-shaped random-weight Q4_0 model written here. kleidipy runs
 its compiled plan on persistent threads (``--eager``: op by op from Python); "host µs/token" is the Python time per
 decoded token outside the plan (the call into numba, its argument unboxing, included: the plan clocks itself).
-llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``:
-low-level ``llama_decode``, no logits read) by an interpreter with llama-cpp-python, in its own process (same
-files, same threads, same run). The measurements are taken in rounds, one repetition of each per round (kleidipy and
-llama.cpp at every thread count, then the read bandwidth), so that each ratio compares figures taken in the same
-phases of the machine (on a VM, whose speed drifts with its neighbours, back-to-back repetitions of one engine do
-not). The decode roofline is weight bytes per token / the memory read bandwidth measured at that thread count in the
-rounds (``benchmarks/kernels.py``'s streaming read, split over the threads). Prints two markdown tables: the runs, and
+llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``: low-level ``llama_decode``, no logits
+read) by an interpreter with llama-cpp-python, in its own process (same files, same threads, same run). Build that
+llama-cpp-python for the host, ``CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python``; on a CPU with AMX
+also ``-DCMAKE_C_FLAGS=... -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"`` (both), since llama.cpp's
+AMX matmul crashes there (``ggml_backend_amx_mul_mat``, ggml-org/llama.cpp#20824; GCC keeps an explicit ``-mno-*``
+over ``-march=native``), so llama.cpp runs its AVX-512 code with its x86 repack, as on a CPU without AMX. The
+measurements are taken in rounds, one repetition of each per round (kleidipy and llama.cpp at every thread count,
+then the read bandwidth), so that each ratio compares figures taken in the same phases of the machine (on a VM,
+whose speed drifts with its neighbours, back-to-back repetitions of one engine do not). The decode roofline is
+weight bytes per token / the memory read bandwidth measured at that thread count in the rounds
+(``benchmarks/kernels.py``'s streaming read, split over the threads, each part read as 1, 2 and 4 streams side by
+side, the fastest). Prints two markdown tables: the runs, and
 each thread count against the first: kleidipy's and llama.cpp's speed-ups, the read bandwidth's, and the decode
 speed-up the read bandwidth leaves kleidipy (its roofline at that count over its decode at the first: a run that
 reads at the limit gains no more, whatever its code).

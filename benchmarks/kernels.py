@@ -26,7 +26,7 @@ import numpy as np
 from kleidipy.core import vnni
 from kleidipy.graph import matmul as mm
 from kleidipy.graph.matmul import NodeKernel, node_kernel
-from kleidipy.graph.workers import Workers
+from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, share
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_pack as vk_pack
@@ -63,28 +63,71 @@ def on_threads(fn: Callable[[int], object], threads: int, pool: ThreadPoolExecut
 # --------------------------------------------------------------------------------------------- machine
 
 
+#: memory streams a read takes at once, up to as many as the Q4_0 GEMV reads (far-apart panels): on some hosts (an
+#: Intel Xeon VM here) a thread reads faster from two streams than from one, which the hardware prefetcher follows
+#: only so far ahead (one thread: ~18 GB/s from one stream, ~22 from two, in one measurement)
+READ_STREAMS = (1, 2, 4)
+#: uint64 words a stream gives per turn: 512 bytes, 8 cache lines (a turn of one line each measured ~half as fast)
+_TURN_WORDS = 64
+
+
 @numba.njit(nogil=True, fastmath=True, cache=True)
-def _read_reduce(a: np.ndarray) -> int:
-    words = a.view(np.uint64)
+def _read_reduce(a: np.ndarray, streams: int = 1) -> int:
+    """XOR of the 8-byte words of ``a`` (its bytes past a multiple of 8 left out), read as ``streams`` equal parts
+    side by side, 512 bytes of each in turn (the words past ``streams`` whole parts of turns at the end)."""
+    words = a[: a.size // 8 * 8].view(np.uint64)
+    per = words.size // streams // _TURN_WORDS * _TURN_WORDS
     acc = np.uint64(0)
-    for i in range(words.size):
+    for i in range(0, per, _TURN_WORDS):
+        for s in range(streams):
+            base = s * per + i
+            for j in range(_TURN_WORDS):
+                acc ^= words[base + j]
+    for i in range(streams * per, words.size):
         acc ^= words[i]
     return acc
 
 
 def read_bandwidth(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
-    """GB/s of a streaming read of 512 MiB split across ``threads`` threads."""
+    """GB/s of a streaming read of 512 MiB split across ``threads`` threads, each reading its part as each count
+    of streams of READ_STREAMS (the fastest: the limit a memory-bound kernel can reach)."""
     buf = np.ones(512 << 20, np.uint8)
     parts = np.array_split(buf, threads)
-    seconds = best_time(lambda: on_threads(lambda t: _read_reduce(parts[t]), threads, pool), repeat)
+    seconds = min(
+        best_time(lambda s=s: on_threads(lambda t: _read_reduce(parts[t], s), threads, pool), repeat)
+        for s in READ_STREAMS
+    )
     return buf.nbytes / seconds / 1e9
 
 
+#: vpdpbusd per chain of a peak measurement (12 chains): ~3 ms at two a cycle — a much shorter run (50,000 took
+#: ~0.1 ms) measures the hand-off to the threads more than the instruction
+PEAK_ITERS = 2_000_000
+
+
+def peak_gops(threads: int, seconds: float) -> float:
+    """int8 GOPS of a peak measurement on ``threads`` threads that took ``seconds`` (2 ops per multiply-add)."""
+    return threads * 12 * PEAK_ITERS * 64 * 2 / seconds / 1e9
+
+
 def dpbusd_peak(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
-    """int8 GOPS of independent vpdpbusd chains on ``threads`` threads (2 ops per multiply-add)."""
-    iters = 400_000
-    seconds = best_time(lambda: on_threads(lambda t: vnni.dpbusd_loop(vnni.HOST_ISA, iters), threads, pool), repeat)
-    return threads * 12 * iters * 64 * 2 / seconds / 1e9
+    """int8 GOPS of independent vpdpbusd chains on ``threads`` threads."""
+    fn = lambda: on_threads(lambda t: vnni.dpbusd_loop(vnni.HOST_ISA, PEAK_ITERS), threads, pool)  # noqa: E731
+    return peak_gops(threads, best_time(fn, repeat))
+
+
+@numba.njit(nogil=True, cache=True)
+def _read_share(ith: int, nth: int, sync: np.ndarray, a: np.ndarray, streams: int) -> None:
+    """Thread ith's share of a read of ``a``'s whole cache lines as ``streams`` streams (a :class:`Workers` run:
+    the alternate roofline of a GEMV runs on the threads the node runs on)."""
+    lo, hi = share(a.size // 64, ith, nth)
+    sync[SYNC_FIRST_FREE + ith] = np.int64(_read_reduce(a[lo * 64 : hi * 64], streams))
+
+
+@numba.njit(nogil=True, cache=True)
+def _dpbusd_share(ith: int, nth: int, sync: np.ndarray, isa: object, iters: int) -> None:
+    """Thread ith's vpdpbusd chains (a :class:`Workers` run, as :func:`_read_share`)."""
+    sync[SYNC_FIRST_FREE + ith] = vnni.dpbusd_loop(isa, iters)
 
 
 # --------------------------------------------------------------------------------------------- kernels
@@ -178,8 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"host ISA: {vnni.HOST_ISA.name}; path: {path.name}; SVL {SVL}; {clock}; load {os.getloadavg()[0]:.1f}")
     print(f"memory read bandwidth: {bw[1]:.1f} GB/s (1 thread), {bw[2]:.1f} GB/s (2 threads)")
     print(f"vpdpbusd peak: {peak[1]:.0f} GOPS (1 thread), {peak[2]:.0f} GOPS (2 threads)")
-    print("roofline column: the same measurement made alternately with the matmul (read of the same weights")
-    print("for the GEMV, vpdpbusd chains for the GEMM), so both see the same load from other processes;")
+    print("roofline column: the same measurement made alternately with the matmul on the same worker threads (read")
+    print("of the same weights as 1, 2 and 4 streams, the fastest, for the GEMV; vpdpbusd chains for the GEMM), so")
+    print("both see the same load from other processes; memory read bandwidth: the fastest of 1, 2 and 4 streams;")
     print("compute-only columns: the VNNI compute called directly on a packed LHS (no LHS pack, clamp, copy,")
     print("thread pool).\n")
     print(
@@ -229,7 +273,6 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
             # CPU time of the process per thread leaves out the time other processes hold the cores
             clock = (lambda t=threads: time.process_time() / t) if cpu else time.perf_counter
             if m == 1:  # GEMV: weight copies larger than the caches (they come from DRAM), vs reading them
-                parts = {id(c): np.array_split(c, threads) for c in copies}
 
                 def matmul() -> None:
                     path.run(x, n, copies[next(turn) % len(copies)], out, scratch, threads)  # noqa: B023
@@ -237,11 +280,13 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
                 def direct() -> None:
                     run_direct(m, n, k, lhs, copies[next(turn) % len(copies)], threads, pool)  # noqa: B023
 
-                def roof() -> None:
-                    chunks = parts[id(copies[next(turn) % len(copies)])]  # noqa: B023
-                    on_threads(lambda t: _read_reduce(chunks[t]), threads, pool)  # noqa: B023
+                def roof(streams: int) -> None:
+                    weights = copies[next(turn) % len(copies)]  # noqa: B023
+                    path.workers[threads].run(_read_share, (weights, streams))  # noqa: B023
 
-                seconds, bare, ref = best_interleaved([matmul, direct, roof], 5 * repeat, 0.1, clock)
+                roofs = [lambda s=s: roof(s) for s in READ_STREAMS]  # noqa: B023
+                seconds, bare, *refs = best_interleaved([matmul, direct, *roofs], 5 * repeat, 0.1, clock)
+                ref = min(refs)
                 roofline = rhs.nbytes / ref / 1e9
                 value, bare_value, unit = rhs.nbytes / seconds / 1e9, rhs.nbytes / bare / 1e9, "GB/s read"
             else:  # GEMM vs vpdpbusd chains
@@ -252,13 +297,11 @@ def bench_shape(path: Path, rng, n: int, k: int, repeat: int, pool, cpu: bool): 
                 def direct() -> None:
                     run_direct(m, n, k, lhs, rhs, threads, pool)  # noqa: B023
 
-                iters = 50_000
-
                 def roof() -> None:
-                    on_threads(lambda t: vnni.dpbusd_loop(vnni.HOST_ISA, iters), threads, pool)  # noqa: B023
+                    path.workers[threads].run(_dpbusd_share, (vnni.HOST_ISA, PEAK_ITERS))  # noqa: B023
 
                 seconds, bare, ref = best_interleaved([matmul, direct, roof], repeat, 0.0, clock)
-                roofline = threads * 12 * iters * 64 * 2 / ref / 1e9
+                roofline = peak_gops(threads, ref)
                 value, bare_value, unit = 2 * m * n * k / seconds / 1e9, 2 * m * n * k / bare / 1e9, "GOPS peak"
             gbs, gops = rhs.nbytes / seconds / 1e9, 2 * m * n * k / seconds / 1e9
             yield (
