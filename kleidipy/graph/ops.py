@@ -53,7 +53,8 @@ def expf_ir(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     ``n = round(x / ln 2)``, ``b = x - n ln 2`` (two fused steps), a degree-5 polynomial ``j`` of b (fused), result
     ``k + k*j`` with ``k = 2^n``; when ``|n| > 126`` the scale is split in two factors (``(s2 + s2*j) * s1``), and
     when ``|n| > 192`` the result is ``s1*s1`` (0 or inf). Max error 1.45 + 0.5 ulp; below -103.97 it flushes to 0,
-    above 88.38 to inf. Every case is computed and the result selected, as the vector code does: no branch."""
+    above 88.38 to inf. Every case is computed and the result selected (no branch; ggml's vector code branches
+    around the rare cases), the rare ones from scale 1 in the lanes that do not take them."""
     fty = x.type
     lanes = fty.count if isinstance(fty, ir.VectorType) else 0
     ity = ir.VectorType(ir.IntType(32), lanes) if lanes else ir.IntType(32)
@@ -84,15 +85,18 @@ def expf_ir(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     u = b.fmul(bn, bn)
     j = fma(fma(fma(cf(_C5), bn, cf(_C4)), u, fma(cf(_C3), bn, cf(_C2))), u, b.fmul(cf(_C1), bn))
     an = b.call(fabs_fn, [n])
-    d = b.select(b.fcmp_ordered("<=", n, cf(0.0)), ci(0x82000000), ci(0))
-    s1 = b.bitcast(b.add(d, ci(0x7F000000)), fty)
-    s2 = b.bitcast(b.sub(e, d), fty)
+    negative = b.fcmp_ordered("<=", n, cf(0.0))
+    d = b.select(negative, ci(0x82000000), ci(0))
+    # the split scales where |n| > 126, else 1: a lane whose result is `near` must not compute the other cases from
+    # its own scales (their products underflow to subnormals: a microcode assist per lane on Intel cores, ~10x the
+    # whole expf; ggml's vector code branches around them)
+    split_lane = b.fcmp_ordered(">", an, cf(126.0))
+    s1 = b.select(split_lane, b.bitcast(b.add(d, ci(0x7F000000)), fty), cf(1.0))
+    s2 = b.select(split_lane, b.bitcast(b.sub(e, d), fty), cf(1.0))
     split = b.fmul(fma(s2, j, s2), s1)
-    flush = b.fmul(s1, s1)
+    flush = b.select(negative, cf(0.0), cf(float("inf")))  # s1·s1: 2^-250 rounds to +0, 2^254 overflows
     near = fma(k, j, k)
-    return b.select(
-        b.fcmp_ordered(">", an, cf(192.0)), flush, b.select(b.fcmp_ordered(">", an, cf(126.0)), split, near)
-    )
+    return b.select(b.fcmp_ordered(">", an, cf(192.0)), flush, b.select(split_lane, split, near))
 
 
 @intrinsic
