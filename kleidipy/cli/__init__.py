@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import importlib.metadata
 import sys
 from typing import NoReturn
 
@@ -30,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kleidipy",
         description="KleidiAI-compatible quantized matmul micro-kernels in Python, and an LLM runtime on them.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"kleidipy {importlib.metadata.version('kleidipy')}",
+        help="print kleidipy's version and exit",
     )
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

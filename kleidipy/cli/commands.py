@@ -48,16 +48,19 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     from kleidipy.kernels.catalogue import all_kernels, get_kernel
     from kleidipy.target import selected_uses, standing
 
-    target = _target(args)
-    if args.isa and not args.asm:
+    if args.isa and args.asm is None:
         raise InvalidArgumentError("--isa goes with --asm NAME")
-    if args.asm:
+    for flag, name, what in (("--asm", args.asm, "kernel"), ("--explain", args.explain, "kernel or packer")):
+        if name is not None and not name.strip():
+            raise InvalidArgumentError(f"{flag} needs a {what} name (`kleidipy kernels` lists the kernels)")
+    target = _target(args)
+    if args.asm is not None:
         from kleidipy.tools.kernel_asm import default_isa, format_listing, listing
 
         kern = get_kernel(args.asm, target.svl_bits or 512)
         print(format_listing(listing(kern, args.isa or default_isa(kern))))
         return 0
-    if args.explain:
+    if args.explain is not None:
         from kleidipy.core.names import format_explanation
 
         svl = target.svl_bits if target.svl_bits else 512
@@ -99,7 +102,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from kleidipy.runtime.pull import get_spec, list_models, model_path
 
-    if args.path:
+    if args.path is not None:
         get_spec(args.path)  # unknown name -> UnknownModelError with a suggestion
         path = model_path(args.path)
         if path is None:

@@ -158,6 +158,8 @@ def get_spec(name: str) -> ModelSpec:
 
 def _unknown_message(name: str) -> str:
     names = sorted(CATALOGUE)
+    if not name.strip():
+        return f"no model name given (catalogue: {', '.join(names)})"
     query = name.lower()
     closest = [n for n in names if query and query in n] or difflib.get_close_matches(query, names, 1, 0.0)
     return f"unknown model {name!r}; did you mean {closest[0]!r}? (catalogue: {', '.join(names)})"

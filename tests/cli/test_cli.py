@@ -1,8 +1,11 @@
 """The kleidipy command line: one clear line and a non-zero exit for every kind of bad input; --help explains."""
 
+import importlib.metadata
 import json
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -29,6 +32,39 @@ def one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
     assert "Traceback" not in proc.stderr
     for word in words:
         assert word in lines[0], lines[0]
+
+
+def main_error(capsys: pytest.CaptureFixture, *args: str) -> str:
+    """Run ``kleidipy ARGS`` in-process, expecting one error line and exit 2; that line."""
+    assert main(list(args)) == 2
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("kleidipy: error:")]
+    assert len(lines) == 1 and "Traceback" not in err and not out, err
+    return lines[0]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"kleidipy {importlib.metadata.version('kleidipy')}\n"
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert run_cli("--version").stdout == f"kleidipy {pyproject['project']['version']}\n"  # e.g. kleidipy 0.1.0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("kernels", "--explain", ""), "--explain needs a kernel or packer name"),
+        (("kernels", "--explain", "  "), "--explain needs a kernel or packer name"),
+        (("kernels", "--asm", ""), "--asm needs a kernel name"),
+        (("models", "--path", ""), "no model name given"),
+        (("pull", ""), "no model name given"),
+    ],
+)
+def test_empty_names_are_one_line_errors(capsys, args, words):
+    """An empty name is refused, not read as "no name": `kernels --explain ''` used to list the whole catalogue."""
+    assert words in main_error(capsys, *args)
 
 
 def test_every_command_has_help():
