@@ -10,6 +10,7 @@ bad value becomes an :class:`APIError` that names the offending ``param``, in Op
 cannot compile is a 400), and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. Options this server cannot
 honour (``tools``, ``logit_bias``, ``echo``, ``suffix``, ``best_of > 1``) are rejected rather than ignored; fields
 it does not know are ignored, as most OpenAI-compatible servers do.
+``model`` may be left out of a chat or completion request (llama-server's rule: one model is served).
 
 Defaults: OpenAI's for its own fields (temperature 1, top_p 1; ``max_tokens`` 16 for completions and "until the
 end of the context" for chat), llama.cpp server's for the extras (top_k 40, min_p 0.05, repeat_penalty 1).
@@ -146,8 +147,12 @@ def _boolean(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
     return value
 
 
-def _model(body: Mapping[str, Any]) -> str:
+def _model(body: Mapping[str, Any], required: bool = True) -> str:
+    """The ``model`` named ("" when not ``required`` and left out or null: one model is served, and llama-server
+    answers a chat or completion request that names none)."""
     model = body.get("model")
+    if model is None and not required:
+        return ""
     if not isinstance(model, str) or not model:
         raise invalid("model", "you must provide a model parameter (a non-empty string)", "missing_required_parameter")
     return model
@@ -211,7 +216,7 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
     seed = _integer(body, "seed", None)
     return dict(
         kind=kind,
-        model=_model(body),
+        model=_model(body, required=False),
         params=_sampling(body),
         max_tokens=max_tokens,
         seed=seed,

@@ -198,6 +198,18 @@ def test_any_model_name_is_served_by_the_one_model(smol: Server) -> None:
         assert reply.model == SMOLLM2 and reply.usage.completion_tokens <= 2
 
 
+def test_a_request_without_model_is_served(smol: Server, greedy_chat: str) -> None:
+    """As llama-server does: a chat or completion body without "model" (or with null) is answered by the one
+    model, named in the reply (curl examples leave it out)."""
+    status, reply = smol.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12, "temperature": 0})
+    assert status == 200 and reply["model"] == SMOLLM2
+    assert reply["choices"][0]["message"]["content"] == greedy_chat
+    status, reply = smol.post("/v1/completions", {"model": None, "prompt": "The capital of France is", "max_tokens": 2})
+    assert status == 200 and reply["model"] == SMOLLM2 and reply["usage"]["completion_tokens"] <= 2
+    status, err = smol.post("/v1/chat/completions", {"model": 5, "messages": MESSAGES})
+    assert status == 400 and is_openai_error(err, "model")  # a model given must still be a name
+
+
 def test_tokenize_and_detokenize(smol: Server, smollm2: Engine) -> None:
     text = "The capital of France is"
     status, body = smol.post("/tokenize", {"content": text})
@@ -392,7 +404,7 @@ def test_bad_requests_get_openai_errors(smol: Server) -> None:
         return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
 
     cases = [
-        ({"messages": MESSAGES}, 400, "model"),
+        ({**chat, "model": ""}, 400, "model"),
         ({"model": SMOLLM2}, 400, "messages"),
         ({**chat, "messages": []}, 400, "messages"),
         ({**chat, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
