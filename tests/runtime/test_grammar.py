@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import llguidance
 import numpy as np
 import pytest
 from tiny_models import bpe_vocab
@@ -122,3 +123,65 @@ def test_gbnf(tokenizer: Tokenizer) -> None:
     assert text in ("yes", "no") and gen.finish_reason == "stop"
     with pytest.raises(GrammarError, match="invalid grammar"):
         Grammar.gbnf("root ::= (")
+
+
+SELF = {"$ref": "#"}
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+INTERNALS = ("<state>", "<grammar>", "NoExtensionBias", "Parser", "Tokens")
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        (SELF, "no text matches it"),
+        (CYCLE, "no text matches it"),
+        ({"type": "object", "properties": {"a": SELF}, "required": ["a"]}, "no finite JSON value"),
+        ({"type": "array", "items": {"$ref": "#/$defs/x"}, "minItems": 1, "$defs": {"x": SELF}}, "no finite"),
+        ({"type": "array", "prefixItems": [SELF], "minItems": 2}, "no finite JSON value"),
+        ({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}},
+          "$ref": "#/$defs/n"}, "no finite JSON value"),
+        (False, "Unsatisfiable schema: schema is false"),
+    ],
+)  # fmt: skip
+def test_schemas_no_text_can_match_are_refused_when_compiled(schema: object, message: str) -> None:
+    """Self-referencing schemas compiled, then failed at the first token with llguidance's parser state (a 500
+    carrying it); an object requiring itself generated for ever. Now each is a GrammarError of one clean line."""
+    with pytest.raises(GrammarError, match=message) as err:
+        Grammar.json_schema(schema)
+    assert "\n" not in str(err.value) and not any(word in str(err.value) for word in INTERNALS)
+    with pytest.raises(GrammarError, match="no text matches it"):
+        Grammar.gbnf("root ::= root")
+
+
+def test_recursive_schemas_with_a_way_out_compile(tokenizer: Tokenizer) -> None:
+    node = {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}
+    for schema in (
+        {"type": "object", "properties": {"a": SELF}},
+        {"$defs": {"n": {**node, "required": ["next"]}}, "$ref": "#/$defs/n"},
+        {"anyOf": [SELF, {"type": "integer"}]},
+        {"type": "array", "items": SELF},
+    ):
+        assert Grammar.json_schema(schema).matcher(tokenizer).allowed().any()
+
+
+def test_a_long_ref_chain_is_refused_before_llguidance_sees_it() -> None:
+    """~950 chained $ref overflow llguidance's stack (a segfault): more than MAX_REF_DEPTH are refused."""
+    defs = {f"a{i}": {"type": "array", "items": {"$ref": f"#/$defs/a{i - 1}"}} for i in range(1, 1000)}
+    with pytest.raises(GrammarError, match="more than 100 deep"):
+        Grammar.json_schema({"$defs": {**defs, "a0": {"type": "integer"}}, "$ref": "#/$defs/a999"})
+    nested: object = {"type": "integer"}
+    for _ in range(5000):
+        nested = {"anyOf": [nested]}
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        Grammar.json_schema(nested)
+
+
+def test_a_failure_while_matching_carries_no_internals(tokenizer: Tokenizer) -> None:
+    """A grammar that fails only while generating (made here without the checks) gives our message alone."""
+    matcher = Grammar(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(SELF))).matcher(tokenizer)
+    with pytest.raises(GrammarError, match="allows no token here") as err:
+        matcher.allowed()
+    assert not any(word in str(err.value) for word in INTERNALS)
+    matcher = Grammar.json_schema(SCHEMA).matcher(tokenizer)
+    with pytest.raises(GrammarError, match=f"^token {ord('x')} does not match the grammar$"):
+        matcher.accept(ord("x"))
