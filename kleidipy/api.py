@@ -143,4 +143,13 @@ def load(
     """Load a GGUF file or a catalogue model (pulled on first use), repacking its weights for ``target``'s kernels
     (a spec such as ``"sme2:svl=512"`` or ``"i8mm"``; default: ``$KLEIDIPY_TARGET``, else the host)."""
     resolved = parse_target(target) if isinstance(target, str) else target or resolve_target()
-    return LLM(Engine(model, target=resolved, threads=threads, execution=execution, n_ctx=n_ctx, progress=progress))
+    engine = Engine(
+        model,
+        target=resolved,
+        threads=threads,
+        execution=execution,
+        n_ctx=n_ctx,
+        progress=progress,
+        background_compile=True,
+    )
+    return LLM(engine)

@@ -51,6 +51,12 @@ class Target:
     def has(self, *features: str) -> bool:
         return set(features) <= self.features
 
+    def spec(self) -> str:
+        """The ``--target`` text that names this target again (``host`` for the detected one)."""
+        if not self.virtual:
+            return "host"
+        return f"{self.name}:svl={self.svl_bits}" if self.svl_bits else self.name
+
     def describe(self) -> str:
         svl = f", SVL {self.svl_bits}" if self.svl_bits else ""
         kind = "virtual " if self.virtual else ""

@@ -17,6 +17,9 @@ import shutil
 import tempfile
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels thread themselves; keep BLAS out of the way
+# a first run's compiled plan is built in the foreground here (no process outlives a test); tests of the background
+# build set it themselves
+os.environ["KLEIDIPY_BACKGROUND_COMPILE"] = "0"
 
 from pathlib import Path
 

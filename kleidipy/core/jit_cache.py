@@ -55,6 +55,7 @@ def install(caching: ModuleType) -> None:
         return
     stamp = package_stamp()
     classes[:] = [_keyed(c, stamp) for c in classes]
+    caching.Cache._save_overload = _guarded(caching.Cache._save_overload)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -83,3 +84,23 @@ def install_with_numba() -> None:
         install(sys.modules[_CACHING])
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
+
+
+#: whether this process writes what it compiles to numba's cache (see :func:`pause_saving`)
+_saving = True
+
+
+def pause_saving(paused: bool) -> None:
+    """Stop (or resume) writing this process's compiled functions to numba's cache. Used while another process
+    builds the compiled plan into the same cache: two processes that add entries of one function to its index at
+    once can pair one signature with the other's code (numba picks the data file's name before it writes either)."""
+    global _saving
+    _saving = not paused
+
+
+def _guarded(save: object) -> object:
+    def _save_overload(self: object, sig: object, data: object) -> None:
+        if _saving:
+            save(self, sig, data)
+
+    return _save_overload

@@ -316,6 +316,15 @@ class CompiledForward:
         raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
 
 
+def plannable(lm: CausalLM) -> bool:
+    """Whether ``lm`` can run as a compiled plan (every weight a jit-executed KleidiAI matmul), without compiling."""
+    try:
+        build_plan(lm)
+    except NotPlannableError:
+        return False
+    return True
+
+
 def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:
     """Run ``lm``'s forward pass from now on as one compiled plan on ``threads`` persistent workers (each run on
     all of them, or with ``adaptive`` on the calling thread alone when that measures faster:

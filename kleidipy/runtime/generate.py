@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from kleidipy.core.buffers import check_threads
 from kleidipy.errors import KleidipyError
-from kleidipy.graph.execute import compile_model
-from kleidipy.runtime import tensor_check
+from kleidipy.graph.execute import compile_model, plannable
+from kleidipy.runtime import plan_build, tensor_check
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.chat_template import ChatTemplate
 from kleidipy.runtime.grammar import Grammar
@@ -240,6 +240,9 @@ class Engine:
     #: run the forward pass as one compiled plan on persistent threads (:mod:`kleidipy.graph`; jit execution only);
     #: False runs it op by op from Python (the reference execution, same bits)
     graph: bool = True
+    #: on a first run (no compiled plan cached for this CPU and these sources), build the plan in a background process
+    #: and run op by op meanwhile (:mod:`kleidipy.runtime.plan_build`); False compiles it before the first token
+    background_compile: bool = False
 
     def __post_init__(self) -> None:
         t0 = time.perf_counter()
@@ -273,16 +276,51 @@ class Engine:
         t2 = time.perf_counter()
         if cache is not None:
             cache.save()
-        if self.graph and self.execution == "jit" and compile_model(self.lm, self.threads):
-            slow = threading.Timer(1.0, self.notice, ("compiling the forward pass for this CPU (once: it is cached)",))
-            slow.start()
-            try:
-                self.lm.compiled.warm_up()
-            finally:
-                slow.cancel()
+        #: the compiled plan's first build, in a child process, while this one runs op by op (None: no build)
+        self.build: plan_build.PlanBuild | None = None
+        if self.graph and self.execution == "jit":
+            self._compile()
         self.timings = Timings(load_s=time.perf_counter() - t0, repack_s=t2 - t1)
         #: why the last generation ended (None before the first one)
         self.finish_reason: FinishReason | None = None
+
+    def _compile(self) -> None:
+        """The forward pass as a compiled plan: loaded from numba's cache, built in the background on a first run
+        (``background_compile``; this process runs op by op until :meth:`poll_compiled` finds it built), or
+        compiled here (once: cached) — after any build another process has in progress."""
+        if not plan_build.ready(self.kv_dtype) and self.background_compile and plan_build.enabled():
+            if not plannable(self.lm):
+                return
+            self.build = plan_build.PlanBuild(self.path, self.target.spec(), self.kv_dtype)
+            self.notice(
+                "first run on this CPU: the compiled forward pass builds in the background (once, a few minutes; "
+                "then cached); until it is ready the model runs op by op, its kernels compiling now (~30 s)"
+            )
+            return
+        if plan_build.building():
+            self.notice("waiting for another kleidipy process that is building the compiled forward pass")
+            plan_build.wait_for_build()
+        if not compile_model(self.lm, self.threads):
+            return
+        slow = threading.Timer(1.0, self.notice, ("compiling the forward pass for this CPU (once: it is cached)",))
+        slow.start()
+        try:
+            self.lm.compiled.warm_up()
+        finally:
+            slow.cancel()
+        plan_build.mark_ready(self.kv_dtype)
+
+    def poll_compiled(self) -> bool:
+        """Take the compiled plan once the background build is over (True when it switched now): the same bits,
+        faster. Call between generations."""
+        if self.build is None or not self.build.finished():
+            return False
+        self.build = None
+        if not plan_build.ready(self.kv_dtype):
+            return False
+        self._compile()
+        self.notice("the compiled forward pass is ready: from now on the model runs as one compiled plan")
+        return self.lm.compiled is not None
 
     def set_threads(self, threads: int) -> None:
         """Run the kernels on ``threads`` threads from now on (a compiled plan gets new workers)."""
@@ -319,6 +357,7 @@ class Engine:
         kept and only the rest is prefilled (a growing conversation); otherwise the KV cache starts empty. A
         ``grammar`` constrains the text (and ends it when complete). When the iterator is exhausted,
         ``finish_reason`` and ``timings`` (``n_cached``: prompt tokens reused) describe it."""
+        self.poll_compiled()
         ids = list(prompt_ids)
         if not ids:
             raise PromptError("the prompt is empty")

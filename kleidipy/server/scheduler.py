@@ -100,8 +100,11 @@ class Scheduler:
         max_queue: int = 1024,
         deterministic: bool = False,
         n_batch: int | None = None,
+        poll: Callable[[], object] = lambda: None,
     ) -> None:
         self.lm = lm
+        #: called before each round: the engine takes its compiled plan there once a background build is over
+        self._poll = poll
         self.n_ctx = n_ctx
         self.max_queue = max_queue
         #: one forward pass per slot and step (reproducible replies) instead of one per round for all slots
@@ -187,6 +190,7 @@ class Scheduler:
                 if self._stopping:
                     break
                 self._admit()
+            self._poll()
             self._run_embeds()
             if self.deterministic:
                 for slot in self.slots:

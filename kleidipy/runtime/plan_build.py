@@ -1,0 +1,165 @@
+"""The compiled plan's first build on a machine, in a background process: a first run answers op by op (the
+reference execution, whose kernels compile in seconds) while a child process compiles the plan (minutes) into
+numba's cache and marks it ready; a later load, or this process once the child is done, loads it from there.
+
+The marker is keyed as numba's cache is (every kleidipy source file, this CPU's code generation, the KV cache's
+type); an exclusive lock beside it lets one process build at a time, and a process that must compile in the
+foreground waits for a build in progress instead of compiling the same functions beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from kleidipy.core import jit_cache
+
+#: KLEIDIPY_BACKGROUND_COMPILE=0 compiles a first run's plan in the foreground, as every run did before
+ENV = "KLEIDIPY_BACKGROUND_COMPILE"
+
+
+def enabled() -> bool:
+    """Whether a first run may build the plan in the background (``$KLEIDIPY_BACKGROUND_COMPILE`` is not 0)."""
+    return os.environ.get(ENV, "1").strip() not in ("0", "false", "no", "off")
+
+
+def _cache_dir() -> Path:
+    from kleidipy.graph.walk import run_plan
+
+    return Path(run_plan._cache._cache_path)
+
+
+def _marker(kv_dtype: type) -> Path:
+    from kleidipy.graph.walk import run_plan
+
+    machine = repr(run_plan.targetctx.codegen().magic_tuple()).encode()
+    key = hashlib.sha256(jit_cache.package_stamp().encode() + machine).hexdigest()[:24]
+    return _cache_dir() / f"kleidipy-plan-{key}-{np.dtype(kv_dtype).name}.ready"
+
+
+def _lock_path() -> Path:
+    return _cache_dir() / "kleidipy-plan-build.lock"
+
+
+def ready(kv_dtype: type) -> bool:
+    """Whether the plan for a KV cache of ``kv_dtype`` is in numba's cache for these sources and this CPU."""
+    return _marker(kv_dtype).is_file()
+
+
+def mark_ready(kv_dtype: type) -> None:
+    """Record that the plan's code is in numba's cache (after a run compiled and saved it)."""
+    path = _marker(kv_dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def building() -> bool:
+    """Whether some process holds the build lock now."""
+    try:
+        with _lock_path().open("a") as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+@contextmanager
+def _exclusive() -> Iterator[bool]:
+    """The build lock if no other process holds it (True), else nothing (False)."""
+    path = _lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+def wait_for_build() -> None:
+    """Return once no other process builds the plan (it saves what this process would compile again)."""
+    try:
+        with _lock_path().open("a") as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+    except OSError:
+        return
+
+
+class PlanBuild:
+    """A child process building the plan of ``model`` (a GGUF path) for ``target`` into numba's cache; this
+    process writes nothing to numba's cache meanwhile (:func:`~kleidipy.core.jit_cache.pause_saving`)."""
+
+    def __init__(self, model: Path, target: str, kv_dtype: type) -> None:
+        self.kv_dtype = kv_dtype
+        self.started = time.monotonic()
+        self.log = _cache_dir() / "kleidipy-plan-build.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", __name__, str(model), "--target", target, "--kv", np.dtype(kv_dtype).name]
+        jit_cache.pause_saving(True)
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def finished(self) -> bool:
+        """Whether the build is over (this child's and any other process's): numba's cache may be written again."""
+        if self.process.poll() is None or building():
+            return False
+        jit_cache.pause_saving(False)
+        return True
+
+    def describe(self) -> str:
+        return f"pid {self.process.pid}, {time.monotonic() - self.started:.0f} s so far; log: {self.log}"
+
+
+def _build(model: str, target: str, kv: str) -> int:
+    """The child: load ``model`` for ``target`` op by op, compile its plan for one and two threads, run a token
+    through it (which compiles and saves every entry point), then mark it ready. Another build in progress: exit."""
+    from kleidipy.graph.execute import compile_model
+    from kleidipy.runtime.generate import Engine
+    from kleidipy.target import parse_target
+
+    with _exclusive() as mine:
+        if not mine:
+            print("another process is building the plan", file=sys.stderr)
+            return 0
+        kv_dtype = np.dtype(kv).type
+        engine = Engine(
+            model, target=parse_target(target), progress=False, check_tensors=False, graph=False, kv_dtype=kv_dtype
+        )
+        t0 = time.perf_counter()
+        if not compile_model(engine.lm, 2):
+            print("the model cannot run as a compiled plan", file=sys.stderr)
+            return 0
+        engine.lm.compiled.warm_up()
+        engine.lm.compiled.close()
+        mark_ready(kv_dtype)
+        print(f"plan built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=_build.__doc__)
+    parser.add_argument("model")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--kv", default="float16")
+    args = parser.parse_args(argv)
+    os.nice(5)
+    return _build(args.model, args.target, args.kv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
