@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import llguidance
 import numpy as np
 import openai
 import pytest
@@ -35,8 +36,9 @@ from hypothesis import strategies as st
 from model_files import SMOLLM2
 
 from kleidipy.runtime.generate import Engine, Generation
+from kleidipy.runtime.grammar import Grammar
 from kleidipy.runtime.sampler import SamplingParams
-from kleidipy.server import create_app, serve
+from kleidipy.server import create_app, schemas, serve
 from kleidipy.server.app import ServerConfigError
 from kleidipy.server.scheduler import Job, Scheduler
 from kleidipy.server.schemas import APIError, parse_chat, parse_completion
@@ -744,6 +746,36 @@ def test_pages_from_other_sites_cannot_drive_the_api(tiny: Engine) -> None:
             conn.close()
     with serving(tiny, parallel=1, cors=("*",)) as server:
         assert server.post("/v1/chat/completions", body, Origin="https://any.example")[0] == 200
+
+
+#: llguidance's words for its parser state, which a reply must never carry
+GRAMMAR_INTERNALS = ("<state>", "<grammar>", "NoExtensionBias", "Parser", "Tokens")
+
+
+def test_unusable_json_schemas_are_400_before_anything_runs(tiny: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schema referencing itself, or a $defs cycle, compiled and then failed at sampling (a 500 carrying
+    llguidance's parser state; a 200 and an error event when streamed): now a 400 invalid_request_error about
+    response_format, streamed or not, with nothing generated. A grammar that fails while generating all the same
+    (let through here by hand) ends as a 500 of one short message of ours."""
+    cycle = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+    body = {"model": "tiny-chat.gguf", "messages": MESSAGES, "max_tokens": 4}
+    with serving(tiny, parallel=1) as server:
+        for schema in ({"$ref": "#"}, cycle):
+            response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+            for stream in (False, True):
+                request = {**body, "response_format": response_format, "stream": stream}
+                status, err = server.post("/v1/chat/completions", request)
+                assert status == 400 and is_openai_error(err, "response_format"), err
+                message = err["error"]["message"]
+                assert err["error"]["type"] == "invalid_request_error" and "no text matches it" in message
+                assert not any(word in message for word in GRAMMAR_INTERNALS), message
+        assert server.app.state.scheduler.stats.requests == 0  # nothing ran
+        unchecked = Grammar(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(cycle)))
+        monkeypatch.setattr(schemas, "response_format_grammar", lambda value: unchecked)
+        status, err = server.post("/v1/chat/completions", {**body, "response_format": {"type": "json_object"}})
+        assert status == 500 and err["error"]["type"] == "server_error", err
+        assert "grammar allows no token" in err["error"]["message"]
+        assert not any(word in err["error"]["message"] for word in GRAMMAR_INTERNALS), err
 
 
 def test_api_key(tiny: Engine) -> None:
