@@ -116,7 +116,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine(args: argparse.Namespace):  # noqa: ANN202
+def _engine(args: argparse.Namespace, background: bool = False):  # noqa: ANN202
+    """The model of ``args``, loaded; ``background``: a first run builds the compiled plan in the background and
+    answers op by op meanwhile (run, chat)."""
     from kleidipy.runtime.generate import Engine
 
     return Engine(
@@ -129,6 +131,7 @@ def _engine(args: argparse.Namespace):  # noqa: ANN202
         check_tensors=args.check_tensors,
         repack_cache=args.repack_cache,
         graph=args.graph,
+        background_compile=background,
     )
 
 
@@ -166,11 +169,15 @@ def _seed(args: argparse.Namespace) -> int | None:
 def cmd_run(args: argparse.Namespace) -> int:
     from kleidipy.runtime.generate import PromptError, check_prompt_text, read_prompt_file
 
-    if (args.prompt is None) == (args.file is None):
-        raise PromptError("give the prompt with -p TEXT or -f FILE (one of them)")
-    args.prompt = read_prompt_file(args.file) if args.file else check_prompt_text(args.prompt)
+    sources = {"PROMPT": args.prompt_text, "-p": args.prompt, "-f": args.file}
+    given = [name for name, value in sources.items() if value is not None]
+    if len(given) != 1:
+        what = f"the prompt is given {len(given)} times ({' and '.join(given)})" if given else "no prompt"
+        raise PromptError(f"{what}: give it once, as kleidipy run PROMPT, -p TEXT or -f FILE")
+    text = args.prompt if args.prompt_text is None else args.prompt_text
+    args.prompt = read_prompt_file(args.file) if args.file is not None else check_prompt_text(text)
     params, grammar = _sampling(args), _grammar(args)
-    engine = _engine(args)
+    engine = _engine(args, background=True)
     chat = engine.chat_template.from_model if args.chat is None else args.chat  # as llama-cli and ollama run
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if chat else engine.prompt(args.prompt)
     if not chat:
@@ -215,7 +222,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from kleidipy.runtime.context_shift import shift_messages
 
     params, grammar = _sampling(args), _grammar(args)
-    engine = _engine(args)
+    engine = _engine(args, background=True)
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -252,6 +259,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kleidipy.tools.trace import trace_target
     from kleidipy.tools.trace_report import run_trace
 
     chrome_trace = Path(args.chrome_trace) if args.chrome_trace else None
@@ -259,8 +267,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         run_trace(
             args.model,
             args.prompt,
-            args.n_predict,
-            _target(args),
+            args.n_decode,
+            trace_target(args.target),  # the seeds' SME2 CPU unless named: not the host's default for `run`
             args.threads,
             json_out=args.json,
             chrome_trace_path=chrome_trace,
@@ -269,6 +277,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
             chat=args.chat,
             check_tensors=args.check_tensors,
             graph=args.graph,
+            as_q4_0=args.as_q4_0,
+            tables=args.tables,
         )
     )
     if chrome_trace is not None:

@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf_writer import tiny_model
 from model_files import SMOLLM2, model_file
+from tiny_models import write_model
 
 from kleidipy.cli import build_parser, main
 from kleidipy.cli.commands import _sampling
@@ -170,8 +171,55 @@ def test_readme_first_command_answers_paris():
     args = build_parser().parse_args(["run", "-p", "What is the capital of France?"])
     engine = Engine(args.model, progress=False)
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}])
-    replies = ["".join(engine.generate(ids, args.n_predict, _sampling(args), seed=seed)) for seed in range(1, 41)]
+    # the first 128 tokens of each reply (the rate was measured so; the CLI's default -n -1 runs to the end of the
+    # turn, and a seed that loops would run to the end of SmolLM2's 8192-token context)
+    replies = ["".join(engine.generate(ids, 128, _sampling(args), seed=seed)) for seed in range(1, 41)]
     assert sum("Paris" in reply for reply in replies) >= 20, replies
+
+
+def test_run_takes_the_prompt_as_an_argument(capsys):
+    """`kleidipy run "question"` is `-p "question"`; giving the prompt twice, or not at all, is one error line."""
+    proc = run_cli("run", "The capital of France is", "--no-chat", "--temp", "0", "-n", "4", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("The capital of France is Paris")
+    assert "PROMPT and -p" in main_error(capsys, "run", "-m", "/no/such.gguf", "question", "-p", "question")
+    assert "PROMPT and -f" in main_error(capsys, "run", "-m", "/no/such.gguf", "question", "-f", "prompt.txt")
+    line = main_error(capsys, "run", "-m", "/no/such.gguf", "a", "-p", "b", "-f", "prompt.txt")
+    assert "given 3 times" in line and "give it once, as kleidipy run PROMPT, -p TEXT or -f FILE" in line
+    assert "no prompt" in main_error(capsys, "run", "-m", "/no/such.gguf")
+    assert "the prompt is empty" in main_error(capsys, "run", "-m", "/no/such.gguf", "")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny qwen2 (random weights, context 256, ChatML template)."""
+    return write_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf", "qwen2", T.Q4_0)
+
+
+def test_run_generates_until_the_end_of_the_turn_or_the_context_by_default(tiny, capsys, monkeypatch):
+    """-n is -1 by default, as in llama-cli: no token limit (it was 128), so a reply that never ends fills the
+    context; -n N still cuts it, with its one line."""
+    for command in ("run", "chat"):
+        assert build_parser().parse_args([command]).n_predict == -1
+    limits = []
+    generate = Engine.generate
+
+    def spy(self, prompt_ids, max_tokens=None, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        limits.append(max_tokens)
+        return generate(self, prompt_ids, max_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    flags = ["-m", str(tiny), "--no-chat", "--temp", "0", "--no-graph", "-q"]
+    assert main(["run", "hi", "-c", "200", *flags]) == 0  # random weights: the model never ends its turn
+    assert limits == [None]
+    assert "kleidipy: reply cut (the context of 200 is full)" in capsys.readouterr().err.splitlines()
+    assert main(["run", "hi", "-n", "3", *flags]) == 0
+    assert limits[-1] == 3 and "kleidipy: reply cut (-n 3 tokens reached)" in capsys.readouterr().err.splitlines()
+    typed = iter(["hi", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(typed))
+    assert main(["chat", "-m", str(tiny), "-c", "200", "--temp", "0", "--no-graph", "-q"]) == 0
+    assert limits[-1] is None
+    assert "kleidipy: reply cut (the context of 200 is full)" in capsys.readouterr().err.splitlines()
 
 
 def test_invalid_utf8_prompts(tmp_path):
