@@ -3,8 +3,11 @@
 Nothing a test run writes lands outside temporary directories: the model cache is ``$KLEIDIPY_CACHE`` when the
 caller names one (``.ci/run`` points it at a fresh directory, a developer may point it at a kept one), else a
 directory made for this session and removed at its end; models are pulled into it once per session by
-``model_files.model_file``. matplotlib's config/cache and hypothesis's storage directories are temporary too,
-hypothesis keeps no example database and pytest no cache directory (``-p no:cacheprovider`` in pyproject.toml).
+``model_files.model_file``. ``scripts/qemu-aarch64`` builds its emulation cache (QEMU, the arm64 sysroot, the aarch64
+wheels: ~380 MB) in ``$KLEIDIPY_CACHE/qemu-aarch64`` unless ``$KLEIDIPY_QEMU_DIR`` names another place, so it is
+warm across one CI run and for a developer who keeps a cache, and never under the user's home by default. matplotlib's
+config/cache and hypothesis's storage directories are temporary too, hypothesis keeps no example database and pytest
+no cache directory (``-p no:cacheprovider`` in pyproject.toml).
 
 The tests run on two pytest-xdist workers (``-n auto --dist loadgroup`` in pyproject.toml; ``-n 0`` runs them
 in this process): each test module is a unit one worker runs whole, and the emulated tests' groups
@@ -42,7 +45,7 @@ def _temporary_env(name: str, prefix: str) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _temporary_env("KLEIDIPY_CACHE", "kleidipy-test-cache-")
+    _temporary_env("KLEIDIPY_CACHE", "kleidipy-test-cache-")  # models, repack cache and the QEMU emulation cache
     _temporary_env("MPLCONFIGDIR", "kleidipy-test-mpl-")
     _temporary_env("HYPOTHESIS_STORAGE_DIRECTORY", "kleidipy-test-hypothesis-")
 

@@ -1,18 +1,32 @@
 """scripts/qemu-aarch64: kleidipy on emulated aarch64 Linux (QEMU user mode).
 
-The fast tests run the script without emulation (help, argument errors, cache status, a download failure against a
-closed loopback port). One test runs `kernels` under `-cpu cortex-a76`, building the cache first when it is missing
-(`scripts/qemu-aarch64 --setup`: a few hundred MB of downloads).
+The fast tests run the script without emulation (help, argument errors, where its cache goes and its status, a
+download failure against a closed loopback port). One test runs `kernels` under `-cpu cortex-a76`, building the cache
+first when it is missing (`scripts/qemu-aarch64 --setup`: a few hundred MB of downloads).
 """
 
 import ast
+import importlib.machinery
+import importlib.util
 import os
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from emulator import SCRIPT, TIERS_GROUP, ensure_emulator, qemu_script
 
+from kleidipy.runtime.pull import cache_dir as models_dir
+
 pytestmark = TIERS_GROUP
+
+
+def load_script() -> ModuleType:
+    """The script as a module (it has no .py suffix), its ``main`` not run."""
+    loader = importlib.machinery.SourceFileLoader("qemu_aarch64_script", str(SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def test_help():
@@ -53,6 +67,45 @@ def test_argument_errors(args, message, tmp_path):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert not (tmp_path / "cache").exists()  # nothing built on an argument error
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"KLEIDIPY_QEMU_DIR": "/q", "KLEIDIPY_CACHE": "/k", "XDG_CACHE_HOME": "/x"}, "/q"),
+        ({"KLEIDIPY_CACHE": "/k", "XDG_CACHE_HOME": "/x"}, "/k/qemu-aarch64"),
+        ({"KLEIDIPY_QEMU_DIR": "", "KLEIDIPY_CACHE": "/k"}, "/k/qemu-aarch64"),
+        ({"XDG_CACHE_HOME": "/x"}, "/x/kleidipy/qemu-aarch64"),
+        ({"XDG_CACHE_HOME": "relative"}, "/home/u/.cache/kleidipy/qemu-aarch64"),  # not absolute: ignored (XDG spec)
+        ({}, "/home/u/.cache/kleidipy/qemu-aarch64"),
+    ],
+)
+def test_cache_dir_follows_kleidipy_cache(env, want, monkeypatch):
+    """$KLEIDIPY_QEMU_DIR, else qemu-aarch64/ beside the models in kleidipy's cache ($KLEIDIPY_CACHE, else the user
+    cache directory platformdirs gives kleidipy)."""
+    for name in ("KLEIDIPY_QEMU_DIR", "KLEIDIPY_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "/home/u")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    got = load_script().cache_dir()
+    assert got == Path(want)
+    if not env.get("KLEIDIPY_QEMU_DIR"):
+        assert got.parent == models_dir().parent  # the same cache as kleidipy's models
+
+
+def test_status_names_the_cache_in_kleidipy_cache(tmp_path):
+    """The script run as the tests run it: with no $KLEIDIPY_QEMU_DIR its cache is $KLEIDIPY_CACHE/qemu-aarch64
+    (tests/conftest.py points $KLEIDIPY_CACHE at a temporary directory unless the caller names one), and asking
+    for the status creates nothing."""
+    proc = qemu_script("--status", env={"KLEIDIPY_QEMU_DIR": "", "KLEIDIPY_CACHE": str(tmp_path)})
+    assert proc.returncode == 1
+    assert f"cache    {tmp_path / 'qemu-aarch64'}" in proc.stdout.splitlines()
+    assert list(tmp_path.iterdir()) == []
+    session = qemu_script("--status")  # this session's own environment
+    where = session.stdout.splitlines()[-1].removeprefix("cache    ")
+    chosen = os.environ.get("KLEIDIPY_QEMU_DIR") or os.path.join(os.environ["KLEIDIPY_CACHE"], "qemu-aarch64")
+    assert Path(where) == Path(chosen).absolute()
 
 
 def test_status_of_an_empty_cache_builds_nothing(tmp_path):
