@@ -16,7 +16,7 @@ from tiny_models import model_parts, write_model
 from kleidipy.cli import main
 from kleidipy.errors import BufferSizeError, InvalidArgumentError, KernelShapeError, KleidipyError, NonFiniteInputError
 from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.runtime import kv_cache
+from kleidipy.runtime import chat_template, kv_cache
 from kleidipy.runtime.chat_template import ChatTemplate, ChatTemplateError
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.gguf_file import WEIGHT_TYPES, Tensor
@@ -301,3 +301,38 @@ def test_chrome_trace_says_where(capsys: pytest.CaptureFixture, tiny: Path, tmp_
 def test_every_error_here_is_a_kleidipy_error() -> None:
     for cls in (TokenizerError, ChatTemplateError, NonFiniteTensorError, InvalidArgumentError, APIError):
         assert issubclass(cls, KleidipyError)
+
+
+# 11. hostile chat templates and unusable JSON schemas (issue 50): one line, exit != 0; a 400 from the server
+
+RECURSIVE_MACRO = "{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(40) }}"
+SCHEMA_CYCLE = '{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}'
+
+
+def test_cli_hostile_chat_template(capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.5)
+    for source, words in [
+        (RECURSIVE_MACRO, ("takes more than 0.5 s",)),
+        ("{{ raise_exception('a\nb') }}", ("chat template: a b",)),
+        ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", ("adds",)),
+    ]:
+        path = write_model(tmp_path / "m.gguf", kv={"tokenizer.chat_template": source})
+        one_line_error(*cli(capsys, "run", "-m", str(path), "-p", "hi", "-q", "-n", "1"), *words)
+
+
+def test_cli_unusable_json_schema(capsys: pytest.CaptureFixture, tiny: Path) -> None:
+    for schema in ('{"$ref": "#"}', SCHEMA_CYCLE):
+        status, err = cli(capsys, "run", "-m", str(tiny), "-p", "hi", "-q", "-n", "1", "-j", schema)
+        one_line_error(status, err, "invalid JSON schema: no text matches it")
+        assert "NoExtensionBias" not in err and "<state>" not in err
+
+
+def test_server_hostile_chat_template(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.5)
+    path = write_model(tmp_path / "m.gguf", kv={"tokenizer.chat_template": RECURSIVE_MACRO})
+    with TestClient(create_app(Engine(path, n_ctx=256, progress=False), parallel=1)) as client:
+        for stream in (False, True):
+            got = client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 2, "stream": stream})
+            error = got.json()["error"]
+            assert got.status_code == 400 and error["type"] == "invalid_request_error", got.text
+            assert error["message"] == "chat template takes more than 0.5 s to render"
