@@ -10,6 +10,7 @@ prefill and decode tokens/s) the way llama.cpp's tools report them.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -219,6 +220,31 @@ class _RepackProgress(Observer):
         self.bar.update()
 
 
+@contextlib.contextmanager
+def _compiling(shown: bool) -> Iterator[None]:
+    """A status line while a first run's kernels compile (numba compiles each on its first call): what, and for how
+    long so far."""
+    if not shown:
+        yield
+        return
+    desc = "kleidipy: compiling this model's kernels for this CPU (first run)"
+    bar = tqdm(desc=desc, bar_format="{desc}: {elapsed}", file=sys.stderr, leave=False)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
+
+
 @dataclass
 class Engine:
     """A loaded model ready to generate (see the module docstring)."""
@@ -278,6 +304,7 @@ class Engine:
             cache.save()
         #: the compiled plan's first build, in a child process, while this one runs op by op (None: no build)
         self.build: plan_build.PlanBuild | None = None
+        self._ran = False  # (a generation has run: the op-by-op kernels are compiled)
         if self.graph and self.execution == "jit":
             self._compile()
         self.timings = Timings(load_s=time.perf_counter() - t0, repack_s=t2 - t1)
@@ -388,9 +415,13 @@ class Engine:
             n_cached=n_cached,
             grammar=grammar,
         )
+        cold = 2 if self.build is not None and not self._ran else 0  # (a first run's prefill and first decode step)
+        self._ran = True
         while not gen.done:
             prefill, t0 = gen.prefilling, time.perf_counter()
-            piece = gen.step(self.lm.forward)  # one forward pass (the whole prompt, or one token) + sampling
+            with _compiling(self.progress) if cold else contextlib.nullcontext():
+                piece = gen.step(self.lm.forward)  # one forward pass (the whole prompt, or one token) + sampling
+            cold = max(cold - 1, 0)
             if prefill:
                 t.prefill_s += time.perf_counter() - t0
             else:

@@ -157,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True)
     parser.add_argument("--kv", default="float16")
     args = parser.parse_args(argv)
-    os.nice(5)
     return _build(args.model, args.target, args.kv)
 
 
 if __name__ == "__main__":
+    os.nice(5)  # the foreground process answers meanwhile
     sys.exit(main())

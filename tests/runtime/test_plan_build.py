@@ -1,0 +1,123 @@
+"""A first run's compiled plan built in the background (kleidipy.runtime.plan_build): the engine answers op by op
+meanwhile with the same bits, takes the plan once the build is over, writes no numba cache while another process
+builds, and a foreground compile waits for a build in progress."""
+
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from model_files import SMOLLM2
+
+from kleidipy.core import jit_cache
+from kleidipy.runtime import plan_build
+from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.sampler import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class _FakeBuild:
+    """A build that is over at the second poll (no child process: the plan is compiled when the engine takes it)."""
+
+    def __init__(self, model: Path, target: str, kv_dtype: type) -> None:
+        self.model, self.target, self.polls = model, target, 0
+        jit_cache.pause_saving(True)
+
+    def finished(self) -> bool:
+        self.polls += 1
+        if self.polls < 2:
+            return False
+        jit_cache.pause_saving(False)
+        return True
+
+
+def _tokens(engine: Engine, prompt: str, n: int) -> list[str]:
+    return list(engine.generate(engine.prompt(prompt), max_tokens=n, params=GREEDY))
+
+
+def test_first_run_answers_op_by_op_then_takes_the_plan_with_the_same_bits(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv(plan_build.ENV, "1")
+    ready = {"now": False}
+    monkeypatch.setattr(plan_build, "ready", lambda kv_dtype: ready["now"])
+    monkeypatch.setattr(plan_build, "mark_ready", lambda kv_dtype: None)
+    monkeypatch.setattr(plan_build, "PlanBuild", _FakeBuild)
+    notices: list[str] = []
+    engine = Engine(SMOLLM2, target=None, progress=False, background_compile=True, notice=notices.append)
+    assert engine.lm.compiled is None and isinstance(engine.build, _FakeBuild)
+    assert engine.build.target == engine.target.spec() and any("background" in n for n in notices)
+    first = _tokens(engine, "The capital of France is", 8)  # poll 1: still building -> op by op
+    assert engine.lm.compiled is None and not jit_cache._saving
+    ready["now"] = True
+    second = _tokens(engine, "The capital of France is", 8)  # poll 2: built -> the compiled plan
+    assert engine.lm.compiled is not None and engine.build is None and jit_cache._saving
+    assert any("ready" in n for n in notices)
+    assert first == second
+    engine.lm.compiled.close()
+
+
+def test_no_background_build_when_disabled_or_not_asked(monkeypatch) -> None:
+    monkeypatch.setenv(plan_build.ENV, "0")
+    assert not plan_build.enabled()
+    monkeypatch.setenv(plan_build.ENV, "1")
+    assert plan_build.enabled()
+
+
+def test_saving_paused_writes_no_numba_cache(monkeypatch, tmp_path) -> None:
+    (tmp_path / "kp_cached_mod.py").write_text(
+        textwrap.dedent(
+            """
+            import numba
+
+            @numba.njit(cache=True)
+            def twice(x):
+                return 2 * x
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("kp_cached_mod")
+    cache = tmp_path / "__pycache__"
+    jit_cache.pause_saving(True)
+    try:
+        assert module.twice(3) == 6
+        assert not list(cache.glob("*.nbi"))
+    finally:
+        jit_cache.pause_saving(False)
+    assert module.twice(3.0) == 6.0
+    assert list(cache.glob("*.nbi"))
+    sys.modules.pop("kp_cached_mod", None)
+
+
+def test_one_builder_at_a_time_and_foreground_waits(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(plan_build, "_cache_dir", lambda: tmp_path)
+    assert not plan_build.building()
+    with plan_build._exclusive() as mine:
+        assert mine and plan_build.building()
+        with plan_build._exclusive() as second:
+            assert not second
+    assert not plan_build.building()
+    plan_build.wait_for_build()  # nothing in progress: returns at once
+
+
+def test_marker_is_keyed_by_kv_type(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(plan_build, "_cache_dir", lambda: tmp_path)
+    assert not plan_build.ready(np.float16)
+    plan_build.mark_ready(np.float16)
+    assert plan_build.ready(np.float16) and not plan_build.ready(np.float32)
+
+
+@pytest.mark.parametrize("spec", ["i8mm", "dotprod", "sme2:svl=256", "sme:svl=512"])
+def test_target_spec_names_the_target_again(spec) -> None:
+    from kleidipy.target import parse_target
+
+    assert parse_target(parse_target(spec).spec()) == parse_target(spec)
+
+
+def test_the_child_builds_the_plan_and_marks_it_ready(monkeypatch, tmp_path) -> None:
+    marker = {}
+    monkeypatch.setattr(plan_build, "mark_ready", lambda kv_dtype: marker.setdefault("kv", np.dtype(kv_dtype)))
+    assert plan_build.main([str(SMOLLM2), "--target", "i8mm", "--kv", "float16"]) == 0
+    assert marker == {"kv": np.dtype(np.float16)}
