@@ -38,7 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"kleidipy {importlib.metadata.version('kleidipy')}",
         help="print kleidipy's version and exit",
     )
-    parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show tracebacks on errors, and say which virtual Arm CPU a command targets on a host without Arm matmul "
+        "features (`kleidipy kernels` always says)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -104,7 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "chat",
             "interactive chat with the model's chat template",
-            "Chat with a model using the chat template stored in its GGUF; history is kept; Ctrl-C stops a reply.",
+            "Chat with a model using the chat template stored in its GGUF; history is kept; Ctrl-C stops a reply. "
+            "A line that starts with / and a letter is a command, never sent to the model: /help lists them, /clear "
+            "forgets the conversation (the model stays loaded), /exit (/quit, /bye or Ctrl-D) quits; // sends a "
+            "message that starts with /.",
         ),
     ):
         p = sub.add_parser(name, help=help_text, description=desc)

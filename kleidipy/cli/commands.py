@@ -8,9 +8,13 @@ import contextlib
 import json
 import platform
 import sys
+from typing import TYPE_CHECKING
 
 from kleidipy.core import buffers
 from kleidipy.errors import InvalidArgumentError, KleidipyError
+
+if TYPE_CHECKING:
+    from kleidipy.target import Target
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
@@ -30,18 +34,22 @@ def cmd_golden(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _target(args: argparse.Namespace):  # noqa: ANN202
-    """Resolve --target / KLEIDIPY_TARGET / host, saying so in one line when the target is the virtual default."""
+def _target(args: argparse.Namespace) -> Target:
+    """Resolve --target / KLEIDIPY_TARGET / host; with --verbose, say so in one line when the target is the virtual
+    default (`kleidipy kernels` always states it)."""
     from kleidipy.target import resolve_target
 
     target = resolve_target(getattr(args, "target", None))
-    if target.source == "default":
-        print(
-            f"kleidipy: no Arm matmul features on this {platform.machine()} host: "
-            f"targeting a {target.describe()} (choose with --target or KLEIDIPY_TARGET)",
-            file=sys.stderr,
-        )
+    if target.source == "default" and getattr(args, "verbose", False):
+        print(f"kleidipy: {_default_target_note(target)}", file=sys.stderr)
     return target
+
+
+def _default_target_note(target: Target) -> str:
+    return (
+        f"no Arm matmul features on this {platform.machine()} host: targeting a {target.describe()} "
+        "(choose with --target or KLEIDIPY_TARGET)"
+    )
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
@@ -78,7 +86,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             )
         return 0
     selected = selected_uses(target)
-    print(f"target: {target.describe()}")
+    print(f"target: {_default_target_note(target) if target.source == 'default' else target.describe()}")
     header = f"{'kernel':<70} {'family':<18} {'tier':<7} {'kind':<4} {'mr':>3} {'nr':>3} {'kr':>2} {'sr':>2} "
     print(header + f"{'m_step':>6} {'n_step':>6}  selected")
     for kern in sorted(all_kernels(), key=lambda k: (k.family, k.tier, k.kind, k.name)):
@@ -218,25 +226,66 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+CHAT_HELP = """\
+commands (a line that starts with / and a letter; never sent to the model):
+  /help, /?            this list
+  /clear               forget the conversation (the --system message stays), keep the model loaded
+  /exit, /quit, /bye   leave the chat (Ctrl-D too)
+Ctrl-C stops a reply. Any other line is sent as typed ("/ 2" and "/3" too); to send a message that starts
+with / and a letter, type // (the first / is dropped: "//usr/bin?" sends "/usr/bin?")."""
+
+_CHAT_COMMANDS = {"/help": "help", "/?": "help", "/clear": "clear", "/exit": "exit", "/quit": "exit", "/bye": "exit"}
+
+
+def _chat_command(line: str) -> str | None:
+    """The command a chat line gives ("help", "clear" or "exit"), or None for a message to send. An unknown
+    command, or one followed by more words, raises InvalidArgumentError (the chat prints it and goes on)."""
+    text = line.strip()
+    if not (text.startswith("/") and (text[1:2].isalpha() or text[1:2] == "?")):
+        return None
+    word, *rest = text.split()
+    command = _CHAT_COMMANDS.get(word.lower())
+    if command is None:
+        raise InvalidArgumentError(
+            f"unknown command {word} (/help lists the commands; // sends a message that starts with /)"
+        )
+    if rest:
+        raise InvalidArgumentError(f"{word} takes nothing after it (/help lists the commands)")
+    return command
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from kleidipy.runtime.context_shift import shift_messages
 
     params, grammar = _sampling(args), _grammar(args)
     engine = _engine(args, background=True)
-    messages: list[dict[str, str]] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    print("kleidipy chat: type a message, Ctrl-C stops a reply, Ctrl-D (or /exit) quits.", file=sys.stderr)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages: list[dict[str, str]] = list(system)
+    print("kleidipy chat: type a message; /help lists the commands, Ctrl-D or /exit quits.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
         except EOFError:
             print()
             return 0
-        if line.strip() in ("/exit", "/quit"):
+        try:
+            command = _chat_command(line)
+        except InvalidArgumentError as exc:
+            print(f"kleidipy: {exc}", file=sys.stderr)
+            continue
+        if command == "exit":
             return 0
+        if command == "help":
+            print(CHAT_HELP)
+            continue
+        if command == "clear":
+            messages = list(system)
+            print("kleidipy: conversation cleared (the model stays loaded)", file=sys.stderr)
+            continue
         if not line.strip():
             continue
+        if line.lstrip().startswith("//"):
+            line = line.replace("/", "", 1)
         messages.append({"role": "user", "content": line})
         room = min(engine.context_length // 4, args.n_predict if args.n_predict > 0 else engine.context_length)
         messages, dropped = shift_messages(messages, lambda m: len(engine.chat_prompt(m)), engine.context_length, room)

@@ -14,10 +14,12 @@ from model_files import SMOLLM2, model_file
 from tiny_models import write_model
 
 from kleidipy.cli import build_parser, main
-from kleidipy.cli.commands import _sampling
+from kleidipy.cli.commands import CHAT_HELP, _chat_command, _sampling
+from kleidipy.errors import InvalidArgumentError
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import CATALOGUE
+from kleidipy.target import resolve_target
 
 
 def run_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
@@ -204,7 +206,7 @@ def test_run_generates_until_the_end_of_the_turn_or_the_context_by_default(tiny,
     limits = []
     generate = Engine.generate
 
-    def spy(self, prompt_ids, max_tokens=None, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def spy(self: Engine, prompt_ids: list[int], max_tokens: int | None = None, *args: object, **kwargs: object):
         limits.append(max_tokens)
         return generate(self, prompt_ids, max_tokens, *args, **kwargs)
 
@@ -220,6 +222,24 @@ def test_run_generates_until_the_end_of_the_turn_or_the_context_by_default(tiny,
     assert main(["chat", "-m", str(tiny), "-c", "200", "--temp", "0", "--no-graph", "-q"]) == 0
     assert limits[-1] is None
     assert "kleidipy: reply cut (the context of 200 is full)" in capsys.readouterr().err.splitlines()
+
+
+def test_the_default_target_is_stated_where_it_matters(tiny, capsys, monkeypatch):
+    """On a host without Arm matmul features, run says nothing of the virtual target it picks (it used to on every
+    command); `kleidipy kernels` states it in its target line, and --verbose prints it for any command."""
+    monkeypatch.delenv("KLEIDIPY_TARGET", raising=False)
+    target = resolve_target()
+    flags = ["-m", str(tiny), "hi", "-n", "1", "--no-graph", "-q"]
+    assert main(["run", *flags]) == 0
+    assert "Arm matmul" not in capsys.readouterr().err
+    assert main(["--verbose", "run", *flags]) == 0
+    err = capsys.readouterr().err
+    assert main(["kernels"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("target: ") and target.describe() in first
+    if target.source == "default":  # not an Arm host with its features
+        assert "no Arm matmul features" in first and "--target" in first
+        assert err.count("no Arm matmul features") == 1
 
 
 def test_invalid_utf8_prompts(tmp_path):
@@ -334,6 +354,54 @@ def test_chat_keeps_the_conversation(monkeypatch, capsys):
     rest = prompts[1][len(prompts[0] + replies[0]) :]
     assert "What is the capital of France?" not in rest and "And of Italy?" in rest
     assert capsys.readouterr().out == f"> {replies[0]}\n> {replies[1]}\n> "
+
+
+def test_chat_commands_are_never_sent_to_the_model(monkeypatch, capsys):
+    """/help lists the commands, /clear forgets the conversation (the system message stays), /quit quits; an
+    unknown /word or a command with more words is one line and the chat goes on; // sends a message that starts
+    with /, and "/ 2" is a message."""
+    typed = ["/help", "/nope", "/clear now", "Say hi.", "/clear", "//usr/bin is a folder?", "/ 2", "/QUIT"]
+    code, prompts, replies = chat(monkeypatch, typed, "-n", "2", "--system", "Answer briefly.")
+    out, err = capsys.readouterr()
+    assert code == 0 and len(prompts) == 3
+    assert "Say hi." in prompts[0]
+    assert "Say hi." not in prompts[1] and "Answer briefly." in prompts[1]
+    assert "/usr/bin is a folder?" in prompts[1] and "//usr" not in prompts[1]
+    assert prompts[2].startswith(prompts[1] + replies[1]) and "/ 2" in prompts[2][len(prompts[1]) :]
+    assert out.startswith(f"> {CHAT_HELP}\n> > > ")
+    for notice in (
+        "kleidipy: unknown command /nope (/help lists the commands; // sends a message that starts with /)",
+        "kleidipy: /clear takes nothing after it (/help lists the commands)",
+        "kleidipy: conversation cleared (the model stays loaded)",
+    ):
+        assert err.splitlines().count(notice) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("line", "command"),
+    [
+        ("/help", "help"),
+        (" /? ", "help"),
+        ("/clear", "clear"),
+        ("/exit", "exit"),
+        ("/Quit", "exit"),
+        ("/bye", "exit"),
+        ("hello /exit", None),
+        ("//exit", None),
+        ("/ exit", None),
+        ("/3 of 4", None),
+        ("/", None),
+        ("", None),
+    ],
+)
+def test_chat_command_lines(line, command):
+    assert _chat_command(line) == command
+
+
+@pytest.mark.parametrize(("line", "words"), [("/nope", "unknown command /nope"), ("/exit now", "takes nothing")])
+def test_chat_command_mistakes(line, words):
+    with pytest.raises(InvalidArgumentError, match=words):
+        _chat_command(line)
 
 
 @pytest.mark.parametrize(("at_prompt", "status"), [(EOFError(), 0), (KeyboardInterrupt(), 130)])
