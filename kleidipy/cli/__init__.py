@@ -169,19 +169,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunks", type=int, default=None, help="score at most this many chunks (default: all)")
     p.set_defaults(func=commands.cmd_perplexity)
 
-    from kleidipy.tools.trace import DEFAULT_PROMPT
+    from kleidipy.tools.trace import DEFAULT_PROMPT, TRACE_TARGET
 
     p = sub.add_parser(
         "trace",
         help="run a short generation and show each stage's call stack down to the micro-kernels",
         description="Run a model and print, per stage (model load, prefill, decode), the call stack from the "
-        "runtime operation down to the KleidiAI packers and kernels that ran, with call counts, time and bytes "
-        "per kernel and per weight. --json for machines, --chrome-trace FILE for Perfetto / chrome://tracing.",
+        "runtime operation down to the KleidiAI packers and kernels that ran, with call counts, time and bytes, on "
+        f"one screen; --tables adds the tables per kernel, per weight and per plan op. The target is {TRACE_TARGET} "
+        "(the seeds' SME2 CPU) unless --target or KLEIDIPY_TARGET names one; the default model runs as a copy "
+        "requantized to Q4_0 (the seeds' weights). --json for machines, --chrome-trace FILE for Perfetto / "
+        "chrome://tracing.",
     )
     _add_runtime_args(p, quiet=None, repack_cache=False)
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("-n", "--n-predict", type=int, default=8, help="tokens to decode (default 8)")
+    p.add_argument(
+        "-n",
+        "--n-decode",
+        "--n-predict",
+        dest="n_decode",
+        type=int,
+        default=8,
+        help="decode passes, as llama-bench's -n (default 8); the prefill's logits give one token more",
+    )
+    p.add_argument(
+        "--as-q4_0",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="trace a copy of the model with its matrices requantized to Q4_0 as llama-quantize does, made once in "
+        "the cache (default: for the default model only)",
+    )
+    p.add_argument("--tables", action="store_true", help="add the tables per kernel, per weight and per plan op")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--chrome-trace", metavar="FILE", help="also write a Chrome trace-event file")
     p.set_defaults(func=commands.cmd_trace)

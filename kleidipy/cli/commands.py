@@ -308,6 +308,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kleidipy.tools.trace import trace_target
     from kleidipy.tools.trace_report import run_trace
 
     chrome_trace = Path(args.chrome_trace) if args.chrome_trace else None
@@ -315,8 +316,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         run_trace(
             args.model,
             args.prompt,
-            args.n_predict,
-            _target(args),
+            args.n_decode,
+            trace_target(args.target),  # the seeds' SME2 CPU unless named: not the host's default for `run`
             args.threads,
             json_out=args.json,
             chrome_trace_path=chrome_trace,
@@ -325,6 +326,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
             chat=args.chat,
             check_tensors=args.check_tensors,
             graph=args.graph,
+            as_q4_0=args.as_q4_0,
+            tables=args.tables,
         )
     )
     if chrome_trace is not None:

@@ -23,35 +23,53 @@ times itself: each worker thread records the start, the end of a MUL_MAT's LHS p
 :class:`~kleidipy.runtime.observer.NodeRun` and each MUL_MAT node as a KernelCall — the trace shows the path that
 runs. An engine without an observer runs the plain path: tracing off costs nothing.
 
+What it traces by default is the seeds' story (Arm's Learning Path example): the Q4_0 weights on the SME2 CPU at
+SVL 512 (:data:`TRACE_TARGET`, whatever the host's default target for ``run``; ``--target`` or ``$KLEIDIPY_TARGET``
+chooses another). The default model's matrices are not Q4_0, so the trace runs a copy of it requantized to Q4_0 as
+``llama-quantize`` does (:func:`q4_0_copy`, made once and kept in the cache's ``trace/`` folder); another model is
+traced as it is unless asked. ``n_decode`` counts decode passes, as llama-bench's ``-n``: the prefill's logits give
+the first token, each decode pass one more (llama-cli's ``-n`` counts all of them: ``n_decode + 1``).
+
 The outputs made from a :class:`Trace` (text report, JSON, Chrome trace-event file) and the ``kleidipy trace``
 command are in :mod:`kleidipy.tools.trace_report`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 import types
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from kleidipy.errors import KleidipyError
+from gguf import GGMLQuantizationType as GGMLType
+
+from kleidipy.errors import InvalidArgumentError, KleidipyError
 from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.observer import KernelCall, NodeRun, Observer, RepackCall
-from kleidipy.runtime.pull import DEFAULT_MODEL
-from kleidipy.target import Target, resolve_target
+from kleidipy.runtime.pull import DEFAULT_MODEL, cache_dir, resolve_model
+from kleidipy.target import Target, parse_target
+from kleidipy.tools.quantize import quantize_gguf, target_type
 
 STAGES = ("model load", "prefill", "decode")
 DEFAULT_PROMPT = "The capital of France is"
+#: the trace's target unless --target or $KLEIDIPY_TARGET names one: the seeds' SME2 CPU, SVL 512
+TRACE_TARGET = "sme2:svl=512"
+#: how :func:`trace_target` chose when nothing named a target
+TRACE_DEFAULT = "trace default"
 
 
 # --------------------------------------------------------------------------------------------- records
 
 
 class TraceError(KleidipyError, OSError):
-    """The Chrome trace-event file cannot be written."""
+    """A file of the trace cannot be written: the Chrome trace-event file, or the model's Q4_0 copy."""
 
 
 @dataclass
@@ -118,20 +136,87 @@ class Trace:
     """Everything a trace recorded (times in seconds since the trace began)."""
 
     model: str
-    path: str
+    path: str  # the file that ran: the model's, or its Q4_0 copy (see ``requantized``)
     target: str
+    target_source: str  # "--target", "KLEIDIPY_TARGET", or TRACE_DEFAULT
     execution: str
     threads: int
     graph: bool  # the forward pass ran as a compiled plan (else op by op from Python)
     prompt_tokens: int
-    decoded_tokens: int
+    n_decode: int  # decode passes asked for (-n); the prefill's logits give one token more
+    decoded_tokens: int  # decode passes run (fewer when the generation ended or the context is full)
+    finish_reason: str | None  # "stop" (end of generation) or "length" (-n reached, or the context)
     text: str
     timings: str
     hparams: dict[str, Any]
     stages: list[Stage]
+    requantized: Requantized | None = None  # the matrices were requantized to Q4_0 for the trace
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
+
+    def kernel_types(self) -> dict[str, int]:
+        """Matmul weights per kernel weight type at load (``{"q4_0": 210, "q8_0": 1}``): the families that ran."""
+        return dict(Counter(op.weight_type.partition(" -> ")[2] for op in self.stage("model load").ops))
+
+
+@dataclass
+class Requantized:
+    """The Q4_0 copy a trace ran instead of the model file (:func:`q4_0_copy`)."""
+
+    source: str  # the model file
+    copy: str
+    from_types: dict[str, int]  # the GGUF types of the matrices requantized, and how many of each
+    reused: bool  # made by an earlier trace
+    seconds: float  # to make it (0 when reused)
+
+
+# --------------------------------------------------------------------------------------------- choices
+
+
+def trace_target(spec: str | None = None) -> Target:
+    """``spec`` if given, else ``$KLEIDIPY_TARGET``, else :data:`TRACE_TARGET` (not the host's default target: the
+    trace tells the seeds' SME2 story unless asked otherwise)."""
+    if spec:
+        return parse_target(spec, "--target")
+    env = os.environ.get("KLEIDIPY_TARGET")
+    if env:
+        return parse_target(env, "KLEIDIPY_TARGET")
+    return parse_target(TRACE_TARGET, TRACE_DEFAULT)
+
+
+def q4_0_copy(model: str | Path) -> Requantized | None:
+    """The model with its matrices requantized to Q4_0 as ``llama-quantize … Q4_0`` does (the LM head keeps its
+    mixture's type: SmolLM2's stays Q8_0), or None when they are Q4_0 already. The copy is made once per model file
+    (its path, size and time) in the cache's ``trace/`` folder, replacing the copy of an older version."""
+    path = resolve_model(model)
+    src = ModelFile(path)
+    tied = src.hparams.tied_embeddings
+    changed = Counter(
+        t.ggml_type.name
+        for t in src.tensors.values()
+        if target_type(t, GGMLType.Q4_0, pure=False, tied=tied)[0] != t.ggml_type
+    )
+    del src
+    if not changed:
+        return None
+    where, stat = path.resolve(), path.stat()
+    place = hashlib.sha256(str(where).encode()).hexdigest()[:8]
+    state = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:8]
+    folder = cache_dir().parent / "trace"
+    copy = folder / f"{path.stem}.{place}-{state}.Q4_0.gguf"
+    found = copy.is_file()
+    t0 = perf_counter()
+    if not found:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for old in folder.glob(f"{path.stem}.{place}-*.Q4_0.gguf"):
+                old.unlink()
+        except OSError as exc:
+            raise TraceError(f"cannot keep the Q4_0 copy in {folder}: {exc.strerror or exc}") from None
+        print(f"kleidipy: requantizing {path.name} to Q4_0 for the trace (once: kept in {folder})", file=sys.stderr)
+        quantize_gguf(path, copy, "q4_0", progress=False)
+    return Requantized(str(path), str(copy), dict(changed), found, 0.0 if found else perf_counter() - t0)
 
 
 # --------------------------------------------------------------------------------------------- frames
@@ -296,7 +381,7 @@ class Tracer(Observer):
 def trace_generation(
     model: str | Path = DEFAULT_MODEL,
     prompt: str = DEFAULT_PROMPT,
-    n_predict: int = 8,
+    n_decode: int = 8,
     target: str | Target | None = None,
     threads: int = 1,
     execution: str = "jit",
@@ -304,26 +389,39 @@ def trace_generation(
     chat: bool = False,
     check_tensors: bool = True,
     graph: bool = True,
+    as_q4_0: bool | None = None,
 ) -> Trace:
-    """Load ``model`` and generate ``n_predict`` tokens (greedy) from ``prompt``, tracing every KleidiAI call (and,
-    when the forward pass runs as a compiled plan, every node of it per thread)."""
-    tgt = target if isinstance(target, Target) else resolve_target(target)
+    """Load ``model`` (with ``as_q4_0``, its Q4_0 copy: :func:`q4_0_copy`; None: for the default model only), run
+    ``prompt`` as the prefill and ``n_decode`` decode passes (greedy: ``n_decode + 1`` tokens predicted, the first from
+    the prefill's logits), tracing every KleidiAI call (and, when the forward pass runs as a compiled plan, every node
+    of it per thread). ``target``: :func:`trace_target`'s choice when None."""
+    if n_decode < 0:
+        raise InvalidArgumentError(f"-n counts decode passes: 0 or more, got {n_decode}")
+    tgt = target if isinstance(target, Target) else trace_target(target)
+    if as_q4_0 is None:
+        as_q4_0 = str(model) == DEFAULT_MODEL
+    requantized = q4_0_copy(model) if as_q4_0 else None
+    path = requantized.copy if requantized else model
     tracer = Tracer()
-    engine = tracer.load(model, tgt, threads, execution, n_ctx, check_tensors, graph)
+    engine = tracer.load(path, tgt, threads, execution, n_ctx, check_tensors, graph)
     ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.prompt(prompt)
-    text = tracer.generate(engine, ids, n_predict)
+    text = tracer.generate(engine, ids, n_decode + 1)
     t, hp = engine.timings, engine.lm.hparams
     return Trace(
         model=str(model),
         path=str(engine.path),
         target=tgt.describe(),
+        target_source=tgt.source,
         execution=execution,
         threads=threads,
         graph=engine.lm.compiled is not None,
         prompt_tokens=t.n_prompt,
+        n_decode=n_decode,
         decoded_tokens=t.n_decoded,
+        finish_reason=engine.finish_reason,
         text=text,
         timings=t.summary(),
         hparams={f.name: getattr(hp, f.name) for f in fields(hp)},
         stages=[tracer.stages[name] for name in STAGES],
+        requantized=requantized,
     )

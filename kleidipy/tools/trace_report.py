@@ -1,16 +1,23 @@
 """What ``kleidipy trace`` prints and writes from a :class:`~kleidipy.tools.trace.Trace`: the call-stack tree, the
-kernel and weight tables, the stage summaries, the text report, the JSON and the Chrome trace-event file."""
+kernel and weight tables, the stage summaries, the text report, the JSON and the Chrome trace-event file.
+
+The text report is a summary that fits a screen — the run (model, weights, target, tokens), then per stage its totals,
+its call stacks (single-child frames on one line, ``×N`` where a frame ran N times) down to the ``kai_run_…`` calls,
+and the compiled plan's time per op —; ``tables`` adds per stage the full call-stack tree and the per-kernel,
+per-weight and per-plan-op tables. Everything printed is read from the :class:`Trace`: :func:`to_json` is the same
+content for machines."""
 
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.target import Target
-from kleidipy.tools.trace import DEFAULT_PROMPT, Stage, Trace, TraceError, trace_generation
+from kleidipy.tools.trace import DEFAULT_PROMPT, TRACE_DEFAULT, Stage, Trace, TraceError, trace_generation
 
 # --------------------------------------------------------------------------------------------- aggregation
 
@@ -155,8 +162,11 @@ def node_table(stage: Stage) -> list[dict[str, Any]]:
 
 def to_json(trace: Trace) -> dict[str, Any]:
     """The report as a JSON-serialisable dict (the same content as :func:`format_text`)."""
-    head = {k: getattr(trace, k) for k in ("model", "path", "target", "execution", "threads", "graph")}
-    head |= {k: getattr(trace, k) for k in ("prompt_tokens", "decoded_tokens", "text", "timings")}
+    head = {k: getattr(trace, k) for k in ("model", "path", "target", "target_source", "execution", "threads", "graph")}
+    head["requantized"] = None if trace.requantized is None else vars(trace.requantized)
+    head["kernel_types"] = trace.kernel_types()
+    head |= {k: getattr(trace, k) for k in ("prompt_tokens", "n_decode", "decoded_tokens", "finish_reason")}
+    head |= {k: getattr(trace, k) for k in ("text", "timings")}
     head["hparams"] = {
         k: v if v is None or isinstance(v, int | float | str) else str(v) for k, v in trace.hparams.items()
     }
@@ -261,19 +271,140 @@ def _tree_lines(nodes: list[Node]) -> list[tuple[str, Node]]:
     return out
 
 
-def _summary_line(stage: Stage, s: dict[str, Any]) -> str:
-    share = f"{s['kernel_seconds']:.3f} s of the {s['wall_seconds']:.3f} s wall ({100 * s['kernel_fraction']:.1f}%)"
+#: the summary's width: call chains wrap before it
+WIDTH = 120
+
+
+def _fmt_t(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
+
+
+def _stage_title(stage: Stage, s: dict[str, Any]) -> str:
+    share = f"{_fmt_t(s['kernel_seconds'])} ({100 * s['kernel_fraction']:.1f}%"
     if stage.name == "model load":
         return (
-            f"{s['repacks']} weights repacked in {s['repack_seconds']:.3f} s (KleidiBackend.__call__); "
-            f"kai_run_rhs_pack_… {share}; read {_fmt_b(s['bytes_read']).strip()} of GGUF weights, "
-            f"wrote {_fmt_b(s['bytes_written']).strip()} packed"
+            f"== model load in {_fmt_t(s['wall_seconds'])}: {s['repacks']} weights repacked in "
+            f"{_fmt_t(s['repack_seconds'])}, kai_run_rhs_pack_… {share}); {_fmt_b(s['bytes_read']).strip()} read, "
+            f"{_fmt_b(s['bytes_written']).strip()} packed"
         )
+    passes, tokens = s["forward_passes"], s["tokens"]
     return (
-        f"{s['forward_passes']} forward pass(es), {s['tokens']} token(s): {s['matmuls']} matmuls "
-        f"({s['gemm']} GEMM, {s['gemv']} GEMV, {s['matmuls_per_pass']:g} per pass); KleidiAI {share}: "
-        f"LHS pack {s['lhs_pack_seconds']:.3f} s, matmul {s['matmul_seconds']:.3f} s"
+        f"== {stage.name}: {passes} pass{'es' * (passes != 1)} of {tokens // max(passes, 1)} token"
+        f"{'s' * (tokens != passes)} in {_fmt_t(s['wall_seconds'])}, {s['matmuls']} matmuls ({s['gemm']} GEMM, "
+        f"{s['gemv']} GEMV): KleidiAI {share}, LHS pack {_fmt_t(s['lhs_pack_seconds'])})"
     )
+
+
+def _wrapped(pieces: list[str], lead: str, more: str, sep: str = " → ") -> list[str]:
+    """``pieces`` joined by ``sep`` on lines of at most :data:`WIDTH` (the first after ``lead``, the others after
+    ``more``), breaking only between pieces: an arrow starts the next line, a comma ends the line."""
+    arrow = sep.strip() == "→"
+    lines = [lead + pieces[0]]
+    for piece in pieces[1:]:
+        if len(lines[-1]) + len(sep) + len(piece) <= WIDTH:
+            lines[-1] += sep + piece
+        elif arrow:
+            lines.append(more + sep.lstrip() + piece)
+        else:
+            lines[-1] += sep.rstrip()
+            lines.append(more + piece)
+    return lines
+
+
+def _stack_rows(nodes: list[Node]) -> list[tuple[str, Node | None]]:
+    """The call-stack tree with its single-child frames joined into chains: (text, None) for a chain's lines,
+    (indented name, node) for a ``kai_run_…`` leaf."""
+    rows: list[tuple[str, Node | None]] = []
+
+    def walk(node: Node, lead: str, branch: str) -> None:
+        if node.frame.startswith("kai_run_"):
+            rows.append((lead + branch + node.frame, node))
+            return
+        chain = [node]
+        while len(chain[-1].children) == 1 and not next(iter(chain[-1].children)).startswith("kai_run_"):
+            chain.append(next(iter(chain[-1].children.values())))
+        inner = lead + {"": "", "├─ ": "│  ", "└─ ": "   "}[branch] + "  "
+        pieces = [n.frame + (f" ×{n.calls}" if n.calls > 1 else "") for n in chain]
+        rows.extend((text, None) for text in _wrapped(pieces, lead + branch, inner))
+        kids = list(chain[-1].children.values())
+        for i, kid in enumerate(kids):
+            walk(kid, inner, "└─ " if i == len(kids) - 1 else "├─ ")
+
+    for root in nodes:
+        walk(root, "", "")
+    return rows
+
+
+def _stack_lines(stage: Stage) -> list[str]:
+    """The stage's call stacks, each ``kai_run_…`` leaf with its role, calls, time and bytes read."""
+    rows = _stack_rows(call_tree(stage))
+    roles = {c.name: c.role for c in stage.kai_calls()}
+    width = max(len(text) for text, node in rows if node is not None)
+    head = f"{'call stack (×N: N calls) → KleidiAI':<{width}} {'role':<8} {'calls':>6} {'time':>13} {'bytes read':>12}"
+    return [head] + [
+        text
+        if node is None
+        else f"{text:<{width}} {roles[node.frame]:<8} {node.calls:>6} {_fmt_s(node.seconds)} {_fmt_b(node.bytes_read)}"
+        for text, node in rows
+    ]
+
+
+def _plan_lines(stage: Stage) -> list[str]:
+    """The compiled plan's time per op, slowest first (none when the model ran op by op)."""
+    pieces = [f"{r['op']} {1e3 * r['seconds']:.1f}" for r in node_table(stage)]
+    return _wrapped(pieces, "plan (ms per op): ", "  ", sep=", ") if pieces else []
+
+
+def _count(types: dict[str, int]) -> str:
+    return ", ".join(f"{name} ({n})" for name, n in types.items())
+
+
+def _weights_line(trace: Trace) -> str:
+    """Which weights ran, and the one flag that changes it: the Q4_0 copy, or the family of the model as it is."""
+    kinds = f"weights: kernels {_count(trace.kernel_types())}"
+    r = trace.requantized
+    if r is not None:
+        made = "made by an earlier trace" if r.reused else f"made in {r.seconds:.1f} s"
+        types = " and ".join(f"{n} {name}" for name, n in r.from_types.items())
+        return (
+            f"{kinds}; {types} matrices requantized to Q4_0 as llama-quantize does, in a copy {made} "
+            "(--no-as-q4_0: the file as it is)"
+        )
+    if "q4_0" in trace.kernel_types():
+        return f"{kinds}, as the file has them"
+    return f"{kinds}, as the file has them: not the seeds' Q4_0 path (--as-q4_0 traces a copy requantized to Q4_0)"
+
+
+def _tokens_line(trace: Trace) -> str:
+    """What -n meant: the prefill's logits give the first token, each decode pass one more."""
+    ran, asked = trace.decoded_tokens, trace.n_decode
+    note = f"-n {asked}"
+    if ran < asked:
+        note += ": the end of the answer came first" if trace.finish_reason == "stop" else ": the context is full"
+    rest = f"token {ran + 1}" if ran == 1 else f"tokens 2-{ran + 1}"
+    how = f", {rest} from {ran} decode pass{'es' * (ran != 1)}" if ran else ""
+    return (
+        f"tokens: prompt {trace.prompt_tokens}; {ran + 1} predicted: token 1 from the prefill's logits{how} ({note}): "
+        + repr(trace.text)
+    )
+
+
+def _header(trace: Trace) -> list[str]:
+    hp = trace.hparams
+    chosen = {TRACE_DEFAULT: "the trace's default (--target chooses)"}.get(
+        trace.target_source, f"from {trace.target_source}"
+    )
+    lines = [
+        f"kleidipy trace: {trace.model} ({trace.path})",
+        f"target: {trace.target}: {chosen}",
+        _weights_line(trace),
+        f"{hp['architecture']}: {hp['n_layer']} layers, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, "
+        f"{hp['n_head']}/{hp['n_head_kv']} heads, n_vocab {hp['n_vocab']} | {trace.execution}, {trace.threads} "
+        f"thread{'s' * (trace.threads != 1)}, " + ("compiled plan (timed inside it)" if trace.graph else "op by op"),
+        _tokens_line(trace),
+        trace.timings,
+    ]
+    return [part for line in lines for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ")]
 
 
 def _weight_lines(stage: Stage, rows: list[dict[str, Any]]) -> list[str]:
@@ -298,47 +429,52 @@ def _weight_lines(stage: Stage, rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def format_text(trace: Trace) -> str:
-    """The human-readable report: per stage a summary, the call-stack tree, the per-kernel and per-weight tables."""
-    hp = trace.hparams
-    lines = [
-        f"kleidipy trace: {trace.model} ({trace.path})",
-        f"target: {trace.target} | execution {trace.execution} | threads {trace.threads} | "
-        + ("compiled plan (timed inside it)" if trace.graph else "op by op (--no-graph)"),
-        f"{hp['architecture']}: {hp['n_layer']} layers, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, "
-        f"{hp['n_head']}/{hp['n_head_kv']} heads, n_vocab {hp['n_vocab']}",
-        f"prompt {trace.prompt_tokens} tokens, decoded {trace.decoded_tokens}; text: {trace.text!r}",
-        trace.timings,
+def _table_lines(stage: Stage) -> list[str]:
+    """The stage's full call-stack tree (every frame with its calls, time and bytes) and its per-kernel, per-weight
+    and per-plan-op tables."""
+    lines = [f"== {stage.name}: tables =="]
+    tree = _tree_lines(call_tree(stage))
+    width = max([len(text) for text, _ in tree] + [10])
+    lines.append(f"{'call stack':<{width}} {'calls':>7} {'time':>13} {'bytes read':>12}")
+    lines += [f"{text:<{width}} {n.calls:>7} {_fmt_s(n.seconds)} {_fmt_b(n.bytes_read)}" for text, n in tree]
+    lines += ["", f"{'KleidiAI function':<84} {'role':<8} {'calls':>6} {'time':>13} {'bytes read':>12} {'written':>12}"]
+    lines += [
+        f"{r['kernel']:<84} {r['role']:<8} {r['calls']:>6} {_fmt_s(r['seconds'])} "
+        f"{_fmt_b(r['bytes_read'])} {_fmt_b(r['bytes_written'])}"
+        for r in kernel_table(stage)
     ]
+    rows = weight_table(stage)
+    if rows:
+        lines += ["", *_weight_lines(stage, rows)]
+    nodes = node_table(stage)
+    if nodes:
+        lines += ["", f"{'plan op':<12} {'nodes':>7} {'time':>13}"]
+        lines += [f"{r['op']:<12} {r['nodes']:>7} {_fmt_s(r['seconds'])}" for r in nodes]
+    return lines
+
+
+def format_text(trace: Trace, tables: bool = False) -> str:
+    """The report: the summary (module docstring), then with ``tables`` the full tree and the tables of every
+    stage."""
+    lines = _header(trace)
     for stage in trace.stages:
-        lines += ["", f"== {stage.name} ==", _summary_line(stage, stage_summary(stage)), ""]
-        tree = _tree_lines(call_tree(stage))
-        width = max([len(text) for text, _ in tree] + [10])
-        lines.append(f"{'call stack':<{width}} {'calls':>7} {'time':>13} {'bytes read':>12}")
-        lines += [f"{text:<{width}} {n.calls:>7} {_fmt_s(n.seconds)} {_fmt_b(n.bytes_read)}" for text, n in tree]
-        lines += [
-            "",
-            f"{'KleidiAI function':<84} {'role':<8} {'calls':>6} {'time':>13} {'bytes read':>12} {'written':>12}",
-        ]
-        lines += [
-            f"{r['kernel']:<84} {r['role']:<8} {r['calls']:>6} {_fmt_s(r['seconds'])} "
-            f"{_fmt_b(r['bytes_read'])} {_fmt_b(r['bytes_written'])}"
-            for r in kernel_table(stage)
-        ]
-        rows = weight_table(stage)
-        if rows:
-            lines += ["", *_weight_lines(stage, rows)]
-        nodes = node_table(stage)
-        if nodes:
-            lines += ["", f"{'plan op':<12} {'nodes':>7} {'time':>13}"]
-            lines += [f"{r['op']:<12} {r['nodes']:>7} {_fmt_s(r['seconds'])}" for r in nodes]
+        if stage.ops or stage.passes:
+            lines += ["", _stage_title(stage, stage_summary(stage)), *_stack_lines(stage), *_plan_lines(stage)]
+        else:
+            lines += ["", f"== {stage.name}: no forward pass"]
+    if not tables:
+        lines += ["", "per kernel, per weight and per plan op: --tables; for machines: --json, --chrome-trace FILE"]
+        return "\n".join(lines)
+    for stage in trace.stages:
+        if stage.ops or stage.passes:
+            lines += ["", *_table_lines(stage)]
     return "\n".join(lines)
 
 
 def run_trace(
     model: str | Path = DEFAULT_MODEL,
     prompt: str = DEFAULT_PROMPT,
-    n_predict: int = 8,
+    n_decode: int = 8,
     target: str | Target | None = None,
     threads: int = 1,
     json_out: bool = False,
@@ -349,13 +485,18 @@ def run_trace(
     chat: bool = False,
     check_tensors: bool = True,
     graph: bool = True,
+    as_q4_0: bool | None = None,
+    tables: bool = False,
 ) -> str:
-    """``kleidipy trace``: trace a generation; returns the report (text, or JSON with ``json_out``) and writes the
-    Chrome trace-event file to ``chrome_trace_path`` when given."""
-    trace = trace_generation(model, prompt, n_predict, target, threads, execution, n_ctx, chat, check_tensors, graph)
+    """``kleidipy trace``: trace a generation (:func:`~kleidipy.tools.trace.trace_generation`); returns the report
+    (the summary, with ``tables`` the tables too, or JSON with ``json_out``) and writes the Chrome trace-event file to
+    ``chrome_trace_path`` when given."""
+    trace = trace_generation(
+        model, prompt, n_decode, target, threads, execution, n_ctx, chat, check_tensors, graph, as_q4_0
+    )
     if chrome_trace_path is not None:
         try:
             Path(chrome_trace_path).write_text(json.dumps(chrome_trace(trace)))
         except OSError as exc:
             raise TraceError(f"cannot write the Chrome trace to '{chrome_trace_path}': {exc.strerror or exc}") from None
-    return json.dumps(to_json(trace), indent=1) if json_out else format_text(trace)
+    return json.dumps(to_json(trace), indent=1) if json_out else format_text(trace, tables)

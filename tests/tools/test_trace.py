@@ -1,28 +1,46 @@
 """kleidipy.tools.trace: a traced short generation of the default model on the virtual SME2 (SVL 512) target — stages,
 frames, kernel names, counts against the model's hyper-parameters, JSON and Chrome trace outputs, the tracer
-detached and nothing patched afterwards."""
+detached and nothing patched afterwards; ``kleidipy trace`` with no arguments tells the seeds' story (the Q4_0 SME2
+kernels, on a Q4_0 copy of the Q4_1 default model) in a summary of one screen, the tables behind ``--tables``, and
+``-n`` counts decode passes."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 from pathlib import Path
 
 import pytest
+from gguf import GGMLQuantizationType as T
 from model_files import SMOLLM2, model_file
+from tiny_models import write_model
 
+from kleidipy.cli import main
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.errors import KleidipyError
+from kleidipy.errors import InvalidArgumentError, KleidipyError
 from kleidipy.graph import contention
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.generate import PromptError
+from kleidipy.runtime.model_file import ModelFile
+from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.target import resolve_target, select_kernels
-from kleidipy.tools.trace import Op, Stage, Tracer, trace_generation
+from kleidipy.tools.trace import TRACE_DEFAULT, Op, Stage, Tracer, q4_0_copy, trace_generation, trace_target
 from kleidipy.tools.trace_report import call_tree, chrome_trace, format_text, run_trace, to_json
 
-MODEL = SMOLLM2
+MODEL = SMOLLM2  # Q4_1: traced as its Q4_0 copy (as_q4_0=True), as `kleidipy trace` runs the default model
 TARGET = "sme2:svl=512"
-GEMM_Q4_1 = "kai_run_matmul_clamp_f32_qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa"
-GEMV_Q4_1 = "kai_run_matmul_clamp_f32_qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot"
+#: the seeds' path (Arm's Learning Path): Q4_0 weights repacked at load, the LHS quantized and packed, the SME2 MOPA
+#: GEMM at prefill and the SME2 SDOT GEMV at decode
+RHS_PACK = "kai_run_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon"
+LHS_PACK = "kai_run_lhs_quant_pack_qsi8d32p_f32_neon"
+GEMM_Q4_0 = "kai_run_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
+GEMV_Q4_0 = "kai_run_matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"
+N_DECODE = 3
+STAGES = ("model load", "prefill", "decode")
+#: lines of one screen
+SCREEN = 40
 #: matmul weights of a llama block: q, k, v, output, gate, up, down
 PER_LAYER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -41,7 +59,8 @@ def originals() -> dict:
 @pytest.fixture(scope="module")
 def trace(originals: dict):
     """The op-by-op path (--no-graph): every MUL_MAT reached through the model's Python frames."""
-    return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64, graph=False)
+    prompt = "The capital of France is"
+    return trace_generation(MODEL, prompt, N_DECODE, TARGET, n_ctx=64, graph=False, as_q4_0=True)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +69,18 @@ def plan_trace(originals: dict):
     whatever else runs on the machine (else a run may take the calling thread alone: graph/contention.py)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(contention, "free_cores", lambda: 2)
-        return trace_generation(MODEL, "The capital of France is", n_predict=4, target=TARGET, n_ctx=64, threads=2)
+        prompt = "The capital of France is"
+        return trace_generation(MODEL, prompt, N_DECODE, TARGET, threads=2, n_ctx=64, as_q4_0=True)
+
+
+@pytest.fixture(scope="module")
+def default_text(originals: dict) -> str:
+    """``kleidipy trace`` with no arguments (no KLEIDIPY_TARGET either), as a user runs it first."""
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.delenv("KLEIDIPY_TARGET", raising=False)
+        assert main(["trace"]) == 0
+    return out.getvalue()
 
 
 def assert_restored(originals: dict) -> None:
@@ -80,9 +110,11 @@ def test_model_load_one_repack_per_matmul_weight(trace) -> None:
     assert all(len(op.calls) == 1 and op.calls[0].role == "rhs_pack" for op in load.ops)
     assert all(op.frames[-1] == "KleidiBackend.__call__" for op in load.ops)
     assert load.ops[0].frames[:3] == ("Engine.__init__", "Engine.__post_init__", "Llama.__init__")
-    target = resolve_target(TARGET)
-    q4_1 = select_kernels("q4_1", target).gemm.rhs_packer.kai_name
-    assert {op.calls[0].name for op in load.ops[:-1]} == {q4_1}
+    assert select_kernels("q4_0", resolve_target(TARGET)).gemm.rhs_packer.kai_name == RHS_PACK
+    assert {op.calls[0].name for op in load.ops[:-1]} == {RHS_PACK}
+    assert {op.weight_type for op in load.ops[:-1]} == {"Q4_0 -> q4_0"}  # the copy's weights, requantized
+    assert trace.requantized is not None and trace.requantized.from_types == {"Q4_1": len(load.ops) - 1}
+    assert trace.path == trace.requantized.copy and trace.kernel_types() == {"q4_0": len(load.ops) - 1, "q8_0": 1}
     for op in load.ops:
         call = op.calls[0]
         assert call.name.startswith("kai_run_rhs_pack_")
@@ -111,10 +143,10 @@ def test_prefill_gemm_and_counts(trace) -> None:
         want_m = 1 if op.weight in last_rows else trace.prompt_tokens
         assert op.m == want_m, op.weight
         if op.weight != weights[-1]:
-            assert name == (GEMV_Q4_1 if want_m == 1 else GEMM_Q4_1), op.weight
+            assert name == (GEMV_Q4_0 if want_m == 1 else GEMM_Q4_0), op.weight
         assert [c.role for c in op.calls] == ["lhs_pack", "gemv" if want_m == 1 else "gemm"]
-        assert op.calls[0].name.startswith("kai_run_lhs_quant_pack_")
-    assert kernels.count(GEMM_Q4_1) == len(weights) - len(last_rows)
+        assert op.calls[0].name == (LHS_PACK if op.weight != weights[-1] else "kai_run_lhs_quant_pack_qai8dxp_f32")
+    assert kernels.count(GEMM_Q4_0) == len(weights) - len(last_rows)
     s = to_json(trace)["stages"][1]["summary"]
     assert (s["matmuls"], s["gemm"], s["gemv"]) == (len(weights), len(weights) - len(last_rows), len(last_rows))
     assert 0 < s["kernel_seconds"] <= s["wall_seconds"]
@@ -129,19 +161,19 @@ def test_prefill_gemm_and_counts(trace) -> None:
         "LlamaBlock.__call__",
     )
     attention += ("SelfAttention.__call__", "SelfAttention._project", "RepackedLinear.__call__")
-    assert attention + ("compute_forward_mul_mat", GEMM_Q4_1) in paths(prefill)
-    ffn = attention[:8] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_1)
+    assert attention + ("compute_forward_mul_mat", GEMM_Q4_0) in paths(prefill)
+    ffn = attention[:8] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_0)
     assert ffn in paths(prefill)
 
 
 def test_decode_gemv_and_counts(trace) -> None:
     decode = trace.stage("decode")
     weights = matmul_weights(trace.hparams)
-    assert 1 <= len(decode.passes) == trace.decoded_tokens <= 3  # of 4 tokens sampled, the last one is not run
+    assert len(decode.passes) == trace.decoded_tokens == trace.n_decode == N_DECODE  # -n: decode passes
     assert all(p.tokens == 1 for p in decode.passes)
     assert [op.weight for op in decode.ops] == weights * len(decode.passes)
     assert all(op.m == 1 and op.calls[-1].role == "gemv" for op in decode.ops)
-    assert {op.calls[-1].name for op in decode.ops if op.weight != weights[-1]} == {GEMV_Q4_1}
+    assert {op.calls[-1].name for op in decode.ops if op.weight != weights[-1]} == {GEMV_Q4_0}
     tree = call_tree(decode)
     assert [(n.frame, n.calls) for n in tree] == [("Engine.generate", 1)]
     (step,) = tree[0].children.values()
@@ -163,7 +195,7 @@ def test_json_and_chrome_trace(trace, tmp_path: Path) -> None:
     assert [s["name"] for s in data["stages"]] == ["model load", "prefill", "decode"]
     assert data["stages"][0]["summary"]["repacks"] == len(matmul_weights(trace.hparams))
     assert data["stages"][1]["tree"][0]["frame"] == "Engine.generate"
-    assert any(row["kernel"] == GEMV_Q4_1 for row in data["stages"][2]["kernels"])
+    assert any(row["kernel"] == GEMV_Q4_0 for row in data["stages"][2]["kernels"])
 
     events = json.loads(json.dumps(chrome_trace(trace)))["traceEvents"]
     xs = [e for e in events if e["ph"] == "X"]
@@ -173,7 +205,7 @@ def test_json_and_chrome_trace(trace, tmp_path: Path) -> None:
     assert sum(e["cat"] in ("mul_mat", "repack") for e in xs) == n_ops
     assert [e["name"] for e in xs if e["cat"] == "stage"] == ["model load", "prefill", "decode"]
     gemm = next(e for e in xs if e["cat"] == "gemm")
-    assert gemm["name"] == GEMM_Q4_1 and {"weight", "m", "n", "k", "bytes_read"} <= gemm["args"].keys()
+    assert gemm["name"] == GEMM_Q4_0 and {"weight", "m", "n", "k", "bytes_read"} <= gemm["args"].keys()
     # complete events nest: every kai call inside its op, every op inside a stage, nothing straddles
     open_: list[dict] = []
     for e in xs:  # sorted by (ts, -dur)
@@ -192,19 +224,118 @@ def test_json_and_chrome_trace(trace, tmp_path: Path) -> None:
 
 def test_run_trace_outputs(originals: dict, tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
-    text = run_trace(MODEL, "Hi", 2, TARGET, json_out=True, chrome_trace_path=out, n_ctx=32)
+    text = run_trace(MODEL, "Hi", 1, TARGET, json_out=True, chrome_trace_path=out, n_ctx=32, as_q4_0=True)
     data = json.loads(text)
     assert data["target"].startswith("virtual SME2") and data["stages"][2]["summary"]["forward_passes"] == 1
+    assert (data["n_decode"], data["decoded_tokens"], data["target_source"]) == (1, 1, "--target")
+    assert data["requantized"]["from_types"] == {"Q4_1": 210} and data["kernel_types"] == {"q4_0": 210, "q8_0": 1}
     chrome = json.loads(out.read_text())
     assert any(e["ph"] == "X" and e["cat"] == "gemv" for e in chrome["traceEvents"])
     assert_restored(originals)
 
 
+def unwrapped(text: str) -> str:
+    """The report with its wrapped lines joined (a long line goes on after a line break and two spaces)."""
+    return text.replace("\n  ", " ")
+
+
+def parts(text: str) -> dict[str, str]:
+    """The summary's parts: "head" (the run), then each stage's, from its ``== stage`` title on."""
+    head, *stages = text.split("\n\n== ")
+    return {"head": head} | {name: part for part in stages for name in STAGES if part.startswith(name)}
+
+
 def test_text_report(trace) -> None:
+    """The summary of the op-by-op path: per stage the Python frames down to the seeds' kai_run_ calls."""
     text = format_text(trace)
-    for header in ("== model load ==", "== prefill ==", "== decode =="):
-        assert header in text
-    assert GEMM_Q4_1 in text and GEMV_Q4_1 in text and "└─ kai_run_rhs_pack_" in text
+    stage = parts(text)
+    assert list(stage) == ["head", *STAGES]
+    assert "├─ " + RHS_PACK in stage["model load"] and "KleidiBackend.__call__ ×211" in stage["model load"]
+    for name, kernel in (("prefill", GEMM_Q4_0), ("decode", GEMV_Q4_0)):
+        assert LHS_PACK in stage[name] and kernel in stage[name] and "compute_forward_mul_mat" in stage[name]
+    assert GEMM_Q4_0 not in stage["decode"]
+    assert f"== decode: {N_DECODE} passes of 1 token in " in text
+    head = unwrapped(stage["head"])
+    assert "210 Q4_1 matrices requantized to Q4_0 as llama-quantize does" in head
+    assert "(--no-as-q4_0: the file as it is)" in head and "op by op" in head
+    want = f"{N_DECODE + 1} predicted: token 1 from the prefill's logits, tokens 2-{N_DECODE + 1} from {N_DECODE}"
+    assert f"{want} decode passes (-n {N_DECODE}): {trace.text!r}" in head
+    assert "blk.0.attn_q.weight" not in text  # the tables: --tables
+
+
+def test_default_invocation_tells_the_seeds_story(default_text: str) -> None:
+    """`kleidipy trace`: the seeds' Q4_0 SME2 stacks — the RHS repack at load, the LHS quantize+pack and the MOPA GEMM
+    at prefill, the SDOT GEMV at decode — on the trace's own SME2 target, 8 decode passes, on one screen."""
+    lines = default_text.rstrip("\n").splitlines()
+    assert len(lines) <= SCREEN, default_text
+    stage = parts(default_text)
+    head = unwrapped(stage["head"])
+    assert "target: virtual SME2 CPU, SVL 512" in head and "the trace's default (--target chooses)" in head
+    assert ("requantized to Q4_0" in head) == (q4_0_copy(DEFAULT_MODEL) is not None)
+    assert "kernels q4_0 (" in head and "(-n 8" in head and "compiled plan" in head
+    assert RHS_PACK in stage["model load"] and "KleidiBackend.__call__ ×" in stage["model load"]
+    for name in ("prefill", "decode"):
+        assert "Engine.generate → Generation.step" in stage[name] and "CompiledForward._launch" in stage[name]
+        assert LHS_PACK in stage[name]
+    assert GEMM_Q4_0 in stage["prefill"] and GEMV_Q4_0 in stage["decode"] and GEMM_Q4_0 not in stage["decode"]
+    assert "blk.0.attn_q.weight" not in default_text and "--tables" in lines[-1]
+
+
+def test_tables_behind_the_flag(plan_trace) -> None:
+    """--tables: the summary, then per stage the full tree and the tables per kernel, weight and plan op."""
+    summary, full = format_text(plan_trace), format_text(plan_trace, tables=True)
+    assert len(summary.splitlines()) <= SCREEN
+    assert full.startswith(summary.rsplit("\n\n", 1)[0] + "\n\n== model load: tables ==")
+    for table in ("KleidiAI function", "plan op ", "blk.0.attn_q.weight"):
+        assert table not in summary and table in full
+    assert full.count("\nblk.0.attn_q.weight ") == 3  # the weight tables of the load, the prefill and the decode
+
+
+def test_n_counts_decode_passes() -> None:
+    """-n is the decode passes (llama-bench's -n): 0 or more, checked before anything loads."""
+    with pytest.raises(InvalidArgumentError, match="-n counts decode passes"):
+        trace_generation("no-such-model", n_decode=-1, target=TARGET)
+
+
+def test_the_file_as_it_is_says_its_family_and_the_flag(tmp_path: Path) -> None:
+    """Another model than the default is traced as it is: a Q4_1 one says in one line that it ran the Q4_1 family
+    and which flag shows the seeds' Q4_0 path; -n 0 runs the prefill alone (one token, from its logits)."""
+    model = write_model(tmp_path / "tiny.gguf", "llama", T.Q4_1)
+    trace = trace_generation(model, "hi", 0, TARGET, n_ctx=32, graph=False)
+    assert trace.requantized is None and trace.path == str(model) and "q4_1" in trace.kernel_types()
+    assert trace.decoded_tokens == 0 and not trace.stage("decode").passes and len(trace.stage("prefill").passes) == 1
+    head = unwrapped(parts(format_text(trace))["head"])
+    (line,) = [line for line in head.splitlines() if line.startswith("weights:")]
+    assert "q4_1 (" in line and "not the seeds' Q4_0 path (--as-q4_0 traces a copy requantized to Q4_0)" in line
+    assert "1 predicted: token 1 from the prefill's logits (-n 0)" in head
+    assert "\n\n== decode: no forward pass" in format_text(trace)
+
+
+def test_q4_0_copy_made_once_per_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Q4_0 copy goes to the cache's trace/ folder once; a changed model file gets a new copy, replacing the old;
+    a Q4_0 model needs none."""
+    monkeypatch.setenv("KLEIDIPY_CACHE", str(tmp_path / "cache"))
+    src = write_model(tmp_path / "tiny.gguf", "llama", T.Q4_1)
+    first, again = q4_0_copy(src), q4_0_copy(src)
+    assert first.copy == again.copy and Path(first.copy).parent == tmp_path / "cache" / "trace"
+    assert (first.reused, again.reused, again.seconds) == (False, True, 0.0)
+    types = {t.ggml_type for t in ModelFile(first.copy).tensors.values() if ".attn_q." in t.name}
+    assert types == {T.Q4_0} and first.from_types["Q4_1"] > 0
+    assert q4_0_copy(first.copy) is None
+    stat = src.stat()
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    newer = q4_0_copy(src)
+    assert newer.copy != first.copy and not newer.reused and not Path(first.copy).exists()
+
+
+def test_trace_target_is_the_seeds_sme2_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace's target is sme2:svl=512 unless --target or KLEIDIPY_TARGET names one, whatever `run`'s default."""
+    monkeypatch.delenv("KLEIDIPY_TARGET", raising=False)
+    target = trace_target(None)
+    assert (target.name, target.svl_bits, target.source) == ("sme2", 512, TRACE_DEFAULT)
+    monkeypatch.setenv("KLEIDIPY_TARGET", "i8mm")
+    assert (trace_target(None).name, trace_target(None).source) == ("i8mm", "KLEIDIPY_TARGET")
+    assert (trace_target("dotprod").name, trace_target("dotprod").source) == ("dotprod", "--target")
 
 
 def test_hooks_restored_on_errors(originals: dict) -> None:
@@ -286,7 +417,7 @@ def test_plan_trace_outputs(plan_trace) -> None:
     assert len(nodes) == sum(len(n.threads) for n in runs) + packs
     assert {e["tid"] for e in nodes} == {2, 3} and all(e["dur"] >= 0 for e in nodes)
     text = format_text(plan_trace)
-    assert "compiled plan (timed inside it)" in text and "plan op" in text and "ATTENTION" in text
+    assert "compiled plan (timed inside it)" in text and "\nplan (ms per op): " in text and "ATTENTION" in text
     data = json.loads(json.dumps(to_json(plan_trace)))
     assert data["graph"] is True
     table = {row["op"]: row for row in data["stages"][2]["nodes"]}
