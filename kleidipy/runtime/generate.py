@@ -223,8 +223,8 @@ class _RepackProgress(Observer):
 @contextlib.contextmanager
 def _compiling(shown: bool) -> Iterator[None]:
     """A status line while a first run's kernels compile (numba compiles each on its first call): what, and for how
-    long so far."""
-    if not shown:
+    long so far (on a terminal; elsewhere the load's notice said it)."""
+    if not shown or not sys.stderr.isatty():
         yield
         return
     desc = "kleidipy: compiling this model's kernels for this CPU (first run)"
