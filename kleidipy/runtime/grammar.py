@@ -14,10 +14,11 @@ way llguidance's llama.cpp adapter marks them, the model's end-of-generation ids
 exact tokenizer for its re-tokenization.
 
 A grammar is checked when it is made, so that one that cannot be used is refused before anything is generated:
-llguidance validates it, starts it on a vocabulary of the 256 bytes (a grammar no text can start, such as
-``{"$ref": "#"}``, or an unsatisfiable schema fails there), and a JSON schema whose ``$ref`` cycles leave no finite
-value (an object that requires itself) is refused too. Errors carry a short message of kleidipy's own: llguidance's
-parser state never reaches them.
+llguidance validates it, a JSON schema's is started on a vocabulary of the 256 bytes (a schema no text can start,
+such as ``{"$ref": "#"}``, or an unsatisfiable one fails there; a GBNF / Lark grammar may name special tokens, so it
+meets its vocabulary only in :class:`GrammarMatcher`), and a JSON schema whose ``$ref`` cycles leave no finite
+value (an object that requires itself) or go too deep is refused too. Errors carry a short message of kleidipy's
+own: llguidance's parser state never reaches them.
 
 Why llguidance rather than xgrammar, measured on SmolLM2's 49152-token vocabulary (2-core x86, one thread):
 the library's tokenizer from kleidipy's token bytes 0.19 s (xgrammar 0.03 s; once per model), schema compile +
@@ -76,15 +77,9 @@ class Grammar:
 
     @classmethod
     def _checked(cls, source: str, what: str) -> Grammar:
-        """``source`` once llguidance has validated it and computed its first step on the 256 bytes."""
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source)
         if failed:
             raise GrammarError(f"invalid {what}: {_one_line(messages[0])}")
-        matcher = llguidance.LLMatcher(_byte_tokenizer(), source, log_level=0)
-        if not matcher.is_error():
-            matcher.compute_bitmask()  # fails where nothing may come first
-        if matcher.is_error():
-            raise GrammarError(f"invalid {what}: {_matcher_error(matcher)}")
         return cls(source)
 
     @classmethod
@@ -101,6 +96,13 @@ class Grammar:
         except RecursionError:
             raise GrammarError("invalid JSON schema: nested too deeply") from None
         grammar = cls._checked(source, "JSON schema")
+        # a JSON schema's grammar is text only (no special token a vocabulary may lack): its first step on the 256
+        # bytes is every vocabulary's
+        matcher = llguidance.LLMatcher(_byte_tokenizer(), source, log_level=0)
+        if not matcher.is_error():
+            matcher.compute_bitmask()  # fails where nothing may come first
+        if matcher.is_error():
+            raise GrammarError(f"invalid JSON schema: {_matcher_error(matcher)}")
         if _endless(schema):
             raise GrammarError("invalid JSON schema: its $ref cycles leave no finite JSON value matching it")
         return grammar
