@@ -25,10 +25,11 @@ runs. An engine without an observer runs the plain path: tracing off costs nothi
 
 What it traces by default is the seeds' story (Arm's Learning Path example): the Q4_0 weights on the SME2 CPU at
 SVL 512 (:data:`TRACE_TARGET`, whatever the host's default target for ``run``; ``--target`` or ``$KLEIDIPY_TARGET``
-chooses another). The default model's matrices are not Q4_0, so the trace runs a copy of it requantized to Q4_0 as
-``llama-quantize`` does (:func:`q4_0_copy`, made once and kept in the cache's ``trace/`` folder); another model is
-traced as it is unless asked. ``n_decode`` counts decode passes, as llama-bench's ``-n``: the prefill's logits give
-the first token, each decode pass one more (llama-cli's ``-n`` counts all of them: ``n_decode + 1``).
+chooses another). When the default model's matrices are not Q4_0 (SmolLM2's are Q4_1), the trace runs a copy of it
+requantized to Q4_0 as ``llama-quantize`` does (:func:`q4_0_copy`, made once and kept in the cache's ``trace/``
+folder); another model is traced as it is unless asked, and the report says which kernel family ran. ``n_decode``
+counts decode passes, as llama-bench's ``-n``: the prefill's logits give the first token, each decode pass one more
+(llama-cli's ``-n`` counts all of them: ``n_decode + 1``).
 
 The outputs made from a :class:`Trace` (text report, JSON, Chrome trace-event file) and the ``kleidipy trace``
 command are in :mod:`kleidipy.tools.trace_report`.
