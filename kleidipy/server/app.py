@@ -1,13 +1,14 @@
 """The OpenAI-compatible HTTP server: a Starlette ASGI app over one loaded :class:`~kleidipy.runtime.generate.Engine`.
 
-Routes: ``GET /`` (a chat page for the browser, :data:`CHAT_PAGE`), ``GET /health``, ``GET /v1/models``,
+Routes: ``GET /`` (a chat page for the browser, :data:`CHAT_PAGE`, and the Markdown scripts it loads from
+``GET /static/vendor/...``, :data:`VENDOR`), ``GET /health``, ``GET /v1/models``,
 ``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages rendered with the GGUF's chat template) and
 ``POST /v1/completions``, non-streamed or streamed as server-sent events (``data: {chunk}`` ... ``data: [DONE]``),
 ``POST /v1/embeddings`` (mean-pooled, normalized final hidden state), llama-server's ``POST /tokenize`` and
 ``POST /detokenize``, and ``GET /metrics`` (Prometheus).
-One model is served: a request may name any model (as with llama-server) and the reply names the real one. Bodies
-must be ``application/json`` of at most ``max_body`` bytes; with an API key every request but the chat page's
-needs ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
+One model is served: a request may name any model, or none (as with llama-server), and the reply names the real
+one. Bodies must be ``application/json`` of at most ``max_body`` bytes; with an API key every request but the chat
+page's (the page and its scripts) needs ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
 
 Context: ``n_ctx`` of the engine is the total, split evenly between the ``parallel`` slots (llama.cpp server's
 ``-c`` / ``-np``). A prompt longer than a slot's context, or ``max_tokens`` above it, is a 400; a generation
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import hmac
 import importlib.resources
 import json
@@ -68,13 +70,28 @@ from kleidipy.target import Target
 
 MAX_BODY = 1 << 20  # bytes
 MIN_SLOT_CTX = 16  # tokens
-#: the chat page served at ``GET /`` (package data: one HTML file, its script and style inline)
+#: the chat page served at ``GET /`` (package data: one HTML file, its own script and style inline)
 CHAT_PAGE = importlib.resources.files("kleidipy.server") / "static" / "chat.html"
-#: the page may run its own inline script and style and call this server, nothing else (no other site, no frames)
-CHAT_PAGE_CSP = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-    "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-)
+#: the browser scripts the page loads from this server (package data: marked and DOMPurify, vendor/README.md)
+VENDOR = importlib.resources.files("kleidipy.server") / "static" / "vendor"
+
+
+def chat_page_csp(page: bytes) -> str:
+    """The chat page's Content-Security-Policy: scripts from this server and the page's own inline ``<script>`` and
+    ``<style>``, allowed by their SHA-256 (so no other inline script, handler or style attribute runs, whatever
+    the rendered Markdown holds); calls to this server; nothing else (no other site, no frames)."""
+
+    def hashes(tag: bytes) -> str:
+        bodies = re.findall(rb"<%s>(.*?)</%s>" % (tag, tag), page, re.DOTALL)
+        # the browser hashes the element's text, whose line ends the HTML parser made \n
+        digests = (hashlib.sha256(b.replace(b"\r\n", b"\n").replace(b"\r", b"\n")).digest() for b in bodies)
+        return "".join(f" 'sha256-{base64.b64encode(d).decode()}'" for d in digests)
+
+    styles = hashes(b"style") or " 'none'"
+    return (
+        f"default-src 'none'; script-src 'self'{hashes(b'script')}; style-src{styles}; connect-src 'self'; "
+        "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
 
 
 class ServerConfigError(KleidipyError, ValueError):
@@ -87,14 +104,15 @@ def error_response(exc: APIError) -> JSONResponse:
 
 class APIKeyMiddleware:
     """Answers 401 unless the request carries ``Authorization: Bearer <key>`` (the scheme in any case, RFC 7235);
-    the chat page itself (``GET /``) holds no secret and is served to anyone, its API calls send the key."""
+    the chat page itself (``GET /`` and its ``/static/`` scripts) holds no secret and is served to anyone, its API
+    calls send the key."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not (scope["path"] == "/" and scope["method"] in ("GET", "HEAD")):
+        if scope["type"] == "http" and not (_page_path(scope["path"]) and scope["method"] in ("GET", "HEAD")):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             scheme, _, token = given.strip(b" ").partition(b" ")
             if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.key)):
@@ -102,6 +120,11 @@ class APIKeyMiddleware:
                 await error_response(APIError(401, message, code="invalid_api_key"))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _page_path(path: str) -> bool:
+    """Whether ``path`` is the chat page's (the page or one of its scripts): served without the API key."""
+    return path == "/" or path.startswith("/static/")
 
 
 #: origins a browser page may call the API from without --cors: pages served from this machine
@@ -165,7 +188,9 @@ def create_app(
     lifespan; ``app.state.scheduler`` is the :class:`Scheduler`, which batches the slots' steps unless
     ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it."""
     slot_ctx = slot_context(engine.context_length, parallel)
-    scheduler = Scheduler(engine.lm, parallel, slot_ctx, max_queue, deterministic=deterministic)
+    scheduler = Scheduler(
+        engine.lm, parallel, slot_ctx, max_queue, deterministic=deterministic, poll=engine.poll_compiled
+    )
     name = model_id(engine)
     aliases = {name, os.fspath(engine.model), engine.path.name}
     created = int(engine.path.stat().st_mtime)
@@ -375,11 +400,24 @@ def create_app(
         return Response(metrics_text(scheduler), media_type=METRICS_TYPE)
 
     page = CHAT_PAGE.read_bytes()
+    page_csp = chat_page_csp(page)
+    scripts = {f.name: f.read_bytes() for f in VENDOR.iterdir() if f.name.endswith(".js")}
+    etags = {name: f'"{hashlib.sha256(data).hexdigest()[:32]}"' for name, data in scripts.items()}
 
     async def chat_page(request: Request) -> Response:
         """``GET /``: the chat page, a static HTML file whose script streams replies from ``/v1/chat/completions``
         (same origin, so the Origin rules let it in; an API key is typed into the page)."""
-        return HTMLResponse(page, headers={"Content-Security-Policy": CHAT_PAGE_CSP, "Cache-Control": "no-cache"})
+        return HTMLResponse(page, headers={"Content-Security-Policy": page_csp, "Cache-Control": "no-cache"})
+
+    async def vendor_script(request: Request) -> Response:
+        """``GET /static/vendor/NAME``: a script of the chat page (revalidated by its ETag: 304 when unchanged)."""
+        name = request.path_params["name"]
+        if name not in scripts:
+            raise HTTPException(404)
+        headers = {"ETag": etags[name], "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        if etags[name] in request.headers.get("if-none-match", ""):
+            return Response(status_code=304, headers=headers)
+        return Response(scripts[name], media_type="text/javascript; charset=utf-8", headers=headers)
 
     async def health(request: Request) -> Response:
         busy = scheduler.busy
@@ -417,6 +455,7 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/", chat_page, methods=["GET"]),
+            Route("/static/vendor/{name}", vendor_script, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),

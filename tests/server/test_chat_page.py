@@ -1,8 +1,10 @@
 """The chat page (``GET /``) in a real browser: Debian's chromium, headless, driven by Playwright, against SmolLM2
 served in-process with an API key. A greedy reply streams in and equals Engine.generate's, the model's name is
-shown, the second turn sends both turns, model output is text (never HTML), nothing is fetched from elsewhere, and
-a wrong key, Stop and New chat behave. Skipped without /usr/bin/chromium (``.ci/run`` installs it with apt;
-``playwright install`` downloads a browser from the internet and is never used)."""
+shown, the second turn sends both turns, the user's text is text (never HTML), nothing is fetched from elsewhere,
+and a wrong key, Stop and New chat behave. A reply is Markdown, rendered while it streams (code in monospace
+blocks, lists), with the HTML it holds shown as text and nothing of it run; the page fits a phone's width.
+Skipped without /usr/bin/chromium (``.ci/run`` installs it with apt; ``playwright install`` downloads a browser
+from the internet and is never used)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from model_files import SMOLLM2
 from test_server import HANG_TIMEOUT, Server, serving
@@ -161,3 +164,114 @@ def test_a_wrong_key_is_shown_and_stop_ends_the_reply(
     while server.request("GET", "/health", headers={"Authorization": f"Bearer {KEY}"})[1]["slots_processing"]:
         assert time.monotonic() < deadline, "the aborted stream did not free its slot"
         time.sleep(0.05)
+
+
+#: a reply in Markdown, as the model is made to write it token by token: a fenced code block, a list, raw HTML
+#: (shown as the text it is, never run), a javascript: link (dropped) and an image (a link: nothing is fetched)
+MARKDOWN_REPLY = (
+    "Here is the code:\n\n```python\nfor i in range(3):\n    print(i, '<b>not bold</b>')\n```\n\n"
+    "- one\n- **two**\n\n"
+    "<img src=x onerror=\"window.pwned = 'img'\"> <script>window.pwned = 'script'</script>\n\n"
+    "[click](javascript:window.pwned='link') and ![logo](https://example.com/logo.png)"
+)
+
+
+def scripted_forward(scheduler: object, tokens: list[int], hold_at: int, held: threading.Event) -> object:
+    """The scheduler's forward pass (the KV cache is filled as usual) with the logits replaced so that the greedy
+    reply is ``tokens``: pass i picks tokens[i]; pass ``hold_at`` waits for ``held`` (the page shows the reply
+    so far meanwhile)."""
+    forward, passes = scheduler._forward, itertools.count()
+
+    def scripted(parts: list) -> list:
+        i = next(passes)
+        if i == hold_at:
+            held.wait(HANG_TIMEOUT)
+        logits = forward(parts)
+        picked = np.full_like(logits[0], -1e4)
+        picked[tokens[min(i, len(tokens) - 1)]] = 1e4
+        return [picked]
+
+    return scripted
+
+
+def test_a_reply_is_markdown_rendered_as_it_streams_and_sanitized(
+    page: playwright.Page, server: Server, smollm2: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tok = smollm2.tokenizer
+    tokens = tok.encode(MARKDOWN_REPLY, add_special=False)
+    assert tok.decode(tokens) == MARKDOWN_REPLY
+    tokens.append(min(tok.eog_ids))
+    # hold the reply inside its code block, the closing fence not yet sent
+    hold_at = next(k for k in range(len(tokens)) if "print" in tok.decode(tokens[:k]))
+    scheduler, released = server.app.state.scheduler, threading.Event()
+    monkeypatch.setattr(scheduler, "_forward", scripted_forward(scheduler, tokens, hold_at, released))
+    console = []
+    page.on("console", lambda m: console.append(m.text))
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.click("#settings summary")
+    page.fill("#key", KEY)
+    page.fill("#temperature", "0")
+    page.fill("#input", "Show me some Markdown.")
+    page.press("#input", "Enter")
+
+    reply = page.locator(".msg.assistant")
+    code = reply.locator("pre > code")
+    try:  # mid-stream: the open fence is already a code block
+        playwright.expect(code).to_contain_text("print", timeout=WAIT_MS)
+        assert page.evaluate("messages.length") == 0
+    finally:
+        released.set()
+    wait_turns(page, 2)
+    assert page.evaluate("messages[1].content") == MARKDOWN_REPLY  # the conversation keeps the Markdown
+    assert code.text_content() == "for i in range(3):\n    print(i, '<b>not bold</b>')\n"
+    font = code.evaluate("e => getComputedStyle(e).fontFamily")
+    assert "monospace" in font and "monospace" not in reply.locator("p").first.evaluate(
+        "e => getComputedStyle(e).fontFamily"
+    )
+    assert reply.locator("ul > li").all_text_contents() == ["one", "two"]
+    assert reply.locator("ul > li strong").text_content() == "two"
+    # nothing of the HTML in the reply is an element or ran: it reads as text
+    assert page.locator("#log img, #log script, #log b").count() == 0
+    assert page.evaluate("window.pwned") is None
+    assert "<img src=x onerror=\"window.pwned = 'img'\">" in reply.text_content()
+    assert "<script>window.pwned = 'script'</script>" in reply.text_content()
+    links = reply.locator("a")
+    assert links.count() == 2 and links.nth(0).get_attribute("href") is None  # javascript: dropped
+    assert links.nth(1).get_attribute("href") == "https://example.com/logo.png"
+    assert links.nth(1).get_attribute("target") == "_blank"
+    links.nth(0).click()
+    assert page.evaluate("window.pwned") is None
+    origin = f"http://127.0.0.1:{server.port}/"
+    assert all(url.startswith(origin) for url in requests), requests
+    assert not [m for m in console if "Content Security Policy" in m]
+
+
+PHONE = {"width": 380, "height": 740}
+
+
+def test_the_page_fits_a_phone(browser: playwright.Browser, server: Server) -> None:
+    """At 380 px nothing makes the page wider than the screen: a long code line and a wide table scroll inside
+    the reply, the message box and its buttons stay on screen."""
+    context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{server.port}/")
+        wide = (
+            "A paragraph with a_very_long_identifier_that_does_not_fit_on_a_phone_screen_at_all_" * 2 + "\n\n"
+            "```\n" + "x = " + "1 + " * 60 + "1\n```\n\n"
+            "| " + " | ".join(f"column {i}" for i in range(12)) + " |\n|" + "---|" * 12 + "\n"
+            "| " + " | ".join(f"cell {i}" for i in range(12)) + " |\n"
+        )
+        page.evaluate("text => { bubble('user', text); renderReply(bubble('assistant', ''), text); }", wide)
+        assert page.locator(".msg.assistant table td").count() == 12
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        for selector in ("pre", "table"):
+            box = page.locator(f".msg.assistant {selector}").bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], selector
+            assert page.locator(f".msg.assistant {selector}").evaluate("e => e.scrollWidth > e.clientWidth")
+        for selector in ("#input", "#send", "#stop", "#new", "#settings summary"):
+            box = page.locator(selector).bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], selector
+    finally:
+        context.close()

@@ -35,6 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_files import SMOLLM2
 
+import kleidipy.server
 from kleidipy.runtime.generate import Engine, Generation
 from kleidipy.runtime.grammar import Grammar
 from kleidipy.runtime.sampler import SamplingParams
@@ -796,6 +797,23 @@ def test_api_key(tiny: Engine) -> None:
             assert "connect-src 'self'" in page.headers["Content-Security-Policy"]
             assert b"<title>kleidipy chat</title>" in page.read()
         assert server.request("POST", "/", b"{}", {"Content-Type": "application/json"})[0] == 401
+        # the page's scripts (marked, DOMPurify) come from this server, keyless too; the page runs no other script
+        vendor = Path(kleidipy.server.__file__).parent / "static" / "vendor"
+        for name in ("marked.umd.js", "purify.min.js"):
+            url = f"http://127.0.0.1:{server.port}/static/vendor/{name}"
+            with urllib.request.urlopen(url, timeout=60) as script:
+                assert script.headers["Content-Type"] == "text/javascript; charset=utf-8"
+                assert script.headers["X-Content-Type-Options"] == "nosniff"
+                assert script.read() == (vendor / name).read_bytes()
+                etag = script.headers["ETag"]
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            conn.request("GET", f"/static/vendor/{name}", headers={"If-None-Match": etag})
+            assert conn.getresponse().status == 304  # revalidated, not sent again
+            conn.close()
+        status, body = server.request("GET", "/static/vendor/README.md")
+        assert status == 404 and is_openai_error(body)
+        csp = page.headers["Content-Security-Policy"]
+        assert "script-src 'self' 'sha256-" in csp and "unsafe" not in csp
 
 
 # ---------------------------------------------------------------------------------------------------------------
