@@ -152,7 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
         constraint.add_argument(
             "-j", "--json-schema", metavar="SCHEMA", help="reply with JSON matching this JSON schema ('{}': any JSON)"
         )
+        constraint.add_argument(
+            "-jf",
+            "--json-schema-file",
+            metavar="FILE",
+            help="reply with JSON matching the JSON schema in this UTF-8 file (llama.cpp's -jf)",
+        )
         constraint.add_argument("--grammar", metavar="GBNF", help="reply with text matching this GBNF grammar")
+        constraint.add_argument(
+            "--grammar-file", metavar="FILE", help="reply with text matching the GBNF grammar in this UTF-8 file"
+        )
         p.set_defaults(func=commands.cmd_run if name == "run" else commands.cmd_chat)
 
     p = sub.add_parser(

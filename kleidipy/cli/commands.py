@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kleidipy.core import buffers
@@ -156,16 +158,39 @@ def _sampling(args: argparse.Namespace):  # noqa: ANN202
     )
 
 
+def _read_text_file(path: str, what: str, error: type[KleidipyError]) -> str:
+    """The text of a UTF-8 file named on the command line; ``error`` with one line naming ``what`` it is when the
+    file is missing, unreadable or not UTF-8."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise error(f"no such {what}: {path}") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path} is not valid UTF-8 (byte {exc.start})") from None
+
+
 def _grammar(args: argparse.Namespace):  # noqa: ANN202
-    """--json-schema / --grammar as a Grammar (None without), checked before the model is loaded."""
+    """--json-schema(-file) / --grammar(-file) as a Grammar (None without), checked before the model is loaded."""
     from kleidipy.runtime.grammar import Grammar, GrammarError
 
-    if args.json_schema is not None:
+    if args.json_schema_file is not None:
+        path = args.json_schema_file
+        text, where = _read_text_file(path, "JSON schema file", GrammarError), f"JSON schema file {path}"
+    else:
+        text, where = args.json_schema, "--json-schema"
+    if text is not None:
         try:
-            schema = json.loads(args.json_schema)
+            schema = json.loads(text)
         except ValueError as exc:
-            raise GrammarError(f"--json-schema is not valid JSON: {exc}") from None
+            hint = " (to read a file, use -jf/--json-schema-file)" if os.path.isfile(text) else ""
+            raise GrammarError(f"{where} is not valid JSON: {exc}{hint}") from None
         return Grammar.json_schema(schema)
+    if args.grammar_file is not None:
+        return Grammar.gbnf(_read_text_file(args.grammar_file, "grammar file", GrammarError))
     return None if args.grammar is None else Grammar.gbnf(args.grammar)
 
 
@@ -175,7 +200,7 @@ def _seed(args: argparse.Namespace) -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kleidipy.runtime.generate import PromptError, check_prompt_text, read_prompt_file
+    from kleidipy.runtime.generate import PromptError, check_prompt_text
 
     sources = {"PROMPT": args.prompt_text, "-p": args.prompt, "-f": args.file}
     given = [name for name, value in sources.items() if value is not None]
@@ -183,7 +208,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         what = f"the prompt is given {len(given)} times ({' and '.join(given)})" if given else "no prompt"
         raise PromptError(f"{what}: give it once, as kleidipy run PROMPT, -p TEXT or -f FILE")
     text = args.prompt if args.prompt_text is None else args.prompt_text
-    args.prompt = read_prompt_file(args.file) if args.file is not None else check_prompt_text(text)
+    if args.file is not None:
+        text = _read_text_file(args.file, "prompt file", PromptError)
+    args.prompt = check_prompt_text(text)
     params, grammar = _sampling(args), _grammar(args)
     engine = _engine(args, background=True)
     chat = engine.chat_template.from_model if args.chat is None else args.chat  # as llama-cli and ollama run
@@ -212,10 +239,9 @@ def _say_if_cut(engine, args: argparse.Namespace) -> None:  # noqa: ANN001
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
-    from kleidipy.runtime.generate import read_prompt_file
-    from kleidipy.tools.perplexity import perplexity
+    from kleidipy.tools.perplexity import PerplexityError, perplexity
 
-    text = read_prompt_file(args.file).removesuffix("\n")  # as llama-perplexity reads -f
+    text = _read_text_file(args.file, "text file", PerplexityError).removesuffix("\n")  # as llama-perplexity reads -f
     engine = _engine(args)
 
     def report(result) -> None:  # noqa: ANN001
@@ -345,8 +371,6 @@ def _shape(text: str) -> tuple[int, int, int]:
 
 
 def cmd_layout(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from kleidipy.tools.layout import render_layout
 
     dims = dict(zip(("m", "n", "k"), _shape(args.shape), strict=True)) if args.shape else {}
