@@ -13,6 +13,7 @@ import contextlib
 import gc
 import http.client
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -1013,9 +1014,16 @@ def test_serve_runs_uvicorn_on_loopback(tiny: Engine) -> None:
                     break
             except OSError:
                 time.sleep(0.2)
+        # another server on this port: refused in one line, before its model (which does not exist) is loaded
+        message = f"port {port} on 127.0.0.1 is in use (choose another with --port)"
+        with pytest.raises(ServerConfigError, match=re.escape(message)):
+            serve(tiny.path.with_name("never-loaded.gguf"), port=port)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
-        assert f"serving tiny-chat.gguf on http://127.0.0.1:{port}/v1 (2 slot(s) x 2048 tokens" in proc.stderr.read()
+        stderr = proc.stderr.read()
+        assert f"serving tiny-chat.gguf on http://127.0.0.1:{port}/v1 (2 slot(s) x 2048 tokens" in stderr
+        url = f"http://127.0.0.1:{port}"
+        assert f"kleidipy: chat page at {url}/ - OpenAI API at {url}/v1\n" in stderr  # once it is served
     finally:
         proc.kill()
         proc.wait()
