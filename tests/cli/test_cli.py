@@ -38,8 +38,12 @@ def one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
 
 
 def main_error(capsys: pytest.CaptureFixture, *args: str) -> str:
-    """Run ``kleidipy ARGS`` in-process, expecting one error line and exit 2; that line."""
-    assert main(list(args)) == 2
+    """Run ``kleidipy ARGS`` in-process, expecting one error line and exit 2 (argparse's too); that line."""
+    try:
+        status = main(list(args))
+    except SystemExit as exc:
+        status = exc.code
+    assert status == 2
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.startswith("kleidipy: error:")]
     assert len(lines) == 1 and "Traceback" not in err and not out, err
@@ -138,7 +142,7 @@ def test_run_greedy_paris_and_seed_reproducible():
     assert a.returncode == 0 and a.stdout == b.stdout
 
 
-def test_run_json_schema_and_grammar():
+def test_run_json_schema_and_grammar(tmp_path):
     # (no other properties: greedy text that rambles on in another string would be cut at -n before the JSON ends)
     schema = (
         '{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"], '
@@ -149,9 +153,43 @@ def test_run_json_schema_and_grammar():
     assert isinstance(json.loads(proc.stdout)["city"], str)
     proc = run_cli("run", "-p", "Is Paris in France?", "--grammar", 'root ::= "yes" | "no"', "-q")
     assert proc.returncode == 0 and proc.stdout.strip() in ("yes", "no"), proc.stderr
+    (tmp_path / "schema.json").write_text(schema)
+    (tmp_path / "yes-no.gbnf").write_text('root ::= "yes" | "no"\n')
+    proc = run_cli("run", "-p", "What is the capital of France? Answer in JSON.", "--temp", "0", "-q", "-jf",
+                   str(tmp_path / "schema.json"))  # fmt: skip
+    assert proc.returncode == 0 and isinstance(json.loads(proc.stdout)["city"], str), proc.stderr
+    proc = run_cli("run", "-p", "Is Paris in France?", "--grammar-file", str(tmp_path / "yes-no.gbnf"), "-q")
+    assert proc.returncode == 0 and proc.stdout.strip() in ("yes", "no"), proc.stderr
     one_line_error(run_cli("run", "-p", "hi", "-j", "{nope", "-q"), "--json-schema is not valid JSON")
     one_line_error(run_cli("run", "-p", "hi", "-j", '{"type": "strin"}', "-q"), "invalid JSON schema")
     one_line_error(run_cli("run", "-p", "hi", "--grammar", "root ::= (", "-q"), "invalid grammar")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("perplexity", "-f", "missing.txt"), "no such text file: missing.txt"),
+        (("perplexity", "-f", "."), "cannot read text file .: Is a directory"),
+        (("perplexity", "-f", "latin1.txt"), "text file latin1.txt is not valid UTF-8 (byte 3)"),
+        (("run", "-f", "missing.txt"), "no such prompt file: missing.txt"),
+        (("run", "-p", "hi", "-jf", "missing.json"), "no such JSON schema file: missing.json"),
+        (("run", "-p", "hi", "-jf", "latin1.txt"), "JSON schema file latin1.txt is not valid UTF-8 (byte 3)"),
+        (("run", "-p", "hi", "-jf", "bad.json"), "JSON schema file bad.json is not valid JSON: Expecting"),
+        (("run", "-p", "hi", "-j", "bad.json"), "(to read a file, use -jf/--json-schema-file)"),
+        (("run", "-p", "hi", "--grammar-file", "missing.gbnf"), "no such grammar file: missing.gbnf"),
+        (("run", "-p", "hi", "--grammar-file", "bad.json"), "invalid grammar"),
+        (("chat", "--grammar-file", "missing.gbnf"), "no such grammar file: missing.gbnf"),
+        (("run", "-p", "hi", "-jf", "bad.json", "-j", "{}"), "not allowed with argument"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else None,
+)
+def test_file_arguments_are_one_line_errors(tmp_path, monkeypatch, capsys, args, line):
+    """Every file named on the command line: missing, a directory, not UTF-8 or not what it should hold is one
+    line naming the file and what it was for (perplexity -f called its text a "prompt file"), before any load."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
+    (tmp_path / "bad.json").write_text("{nope")
+    assert line in main_error(capsys, *args, "-m", "/no/such.gguf")
 
 
 def test_run_defaults_are_llama_cpp_sampling_and_a_cut_reply_says_so():
