@@ -301,12 +301,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "models",
-        help="list the model catalogue and what is pulled",
-        description="List the catalogue models (name, size, description) and where each pulled one is cached; "
-        "--path NAME prints just that file's path (for scripts).",
+        help="list the model catalogue, what is pulled and the repack cache's size",
+        description="List the catalogue models (name, size, description), where each pulled one is cached and the "
+        "size of its repacked weights, then the repack cache's total (its files for GGUF files outside the "
+        "catalogue included); --path NAME prints just that file's path (for scripts). `kleidipy rm NAME` removes a "
+        "model and its repacked weights.",
     )
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")
     p.set_defaults(func=commands.cmd_models)
+
+    p = sub.add_parser(
+        "rm",
+        help="remove a pulled model and its repacked weights from the cache",
+        description="Delete catalogue model NAME's file from the model cache and every repack cache file made from "
+        "it (all targets and executions), as `ollama rm` does; `kleidipy pull NAME` fetches it again. "
+        "`kleidipy models` shows what each takes.",
+    )
+    p.add_argument("name", metavar="NAME", help="catalogue name, e.g. smollm2-135m-instruct")
+    p.set_defaults(func=commands.cmd_rm)
     return parser
 
 

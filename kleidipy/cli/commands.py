@@ -109,8 +109,17 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+def _files(count: int) -> str:
+    return f"{count} file{'s' * (count != 1)}"
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from kleidipy.runtime.pull import get_spec, list_models, model_path
+    from kleidipy.runtime.repack_cache import cache_files, repack_dir
 
     if args.path is not None:
         get_spec(args.path)  # unknown name -> UnknownModelError with a suggestion
@@ -120,9 +129,36 @@ def cmd_models(args: argparse.Namespace) -> int:
             return 1
         print(path)
         return 0
+    repacked = cache_files()
+    catalogue = set()
     for info in list_models():
+        sha256 = get_spec(info.name).sha256
+        catalogue.add(sha256)
         state = str(info.path) if info.pulled else "not pulled"
+        mine = [file for file in repacked if file.model_sha256 == sha256]
+        if mine:
+            state += f"; repack cache {_mib(sum(file.size for file in mine))} in {_files(len(mine))}"
         print(f"{info.name:<30} {info.size / 2**20:7.1f} MiB  {info.description}\n{'':<30} {state}")
+    others = [file for file in repacked if file.model_sha256 not in catalogue]
+    total = f"{_mib(sum(file.size for file in repacked))} in {_files(len(repacked))}" if repacked else "empty"
+    other = f" ({_mib(sum(file.size for file in others))} of it for GGUF files outside the catalogue)" if others else ""
+    print(f"repack cache {repack_dir()}: {total}{other}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from kleidipy.runtime.pull import ModelNotPulledError, get_spec, remove_model
+    from kleidipy.runtime.repack_cache import remove_model_caches
+
+    spec = get_spec(args.name)  # unknown name -> UnknownModelError with a suggestion
+    size = remove_model(args.name)
+    caches = remove_model_caches(spec.sha256)
+    if size is None and not caches:
+        raise ModelNotPulledError(f"{args.name} is not pulled: nothing to remove (`kleidipy models` lists what is)")
+    removed = [] if size is None else [f"its file ({_mib(size)})"]
+    if caches:
+        removed.append(f"{_files(len(caches))} of repacked weights ({_mib(sum(file.size for file in caches))})")
+    print(f"removed {args.name}: {' and '.join(removed)}")
     return 0
 
 

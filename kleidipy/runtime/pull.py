@@ -67,6 +67,14 @@ class RegistryUnreachableError(ModelFetchError):
     """The package registry could not be reached while installing a model part."""
 
 
+class ModelNotPulledError(KleidipyError, LookupError):
+    """A catalogue model that is not in the cache (nothing to remove)."""
+
+
+class CacheRemoveError(KleidipyError, OSError):
+    """A cached model file that cannot be removed (permissions, a read-only disk)."""
+
+
 class ChecksumMismatchError(KleidipyError, ValueError):
     """The assembled model file does not have the catalogue's sha256 (nothing is left in the cache)."""
 
@@ -176,6 +184,21 @@ def model_path(name: str) -> Path | None:
     spec = get_spec(name)
     path = cache_dir() / spec.filename
     return path if path.is_file() and path.stat().st_size == spec.size else None
+
+
+def remove_model(name: str) -> int | None:
+    """Delete catalogue model ``name``'s file from the cache (an interrupted copy of another size too); the bytes
+    it held, or None when there was no such file. Its repack cache files are
+    :func:`kleidipy.runtime.repack_cache.remove_model_caches`'."""
+    path = cache_dir() / get_spec(name).filename
+    try:
+        size = path.stat().st_size
+        path.unlink()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CacheRemoveError(f"cannot remove {path}: {exc.strerror or exc}") from None
+    return size
 
 
 def catalogue_sha256(path: str | os.PathLike[str]) -> str | None:

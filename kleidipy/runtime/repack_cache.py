@@ -8,6 +8,8 @@ model, else path + size + mtime), the target's name, features and SVL, the execu
 cache format — and, per weight, its GGUF type, kernel weight type, shape, packed layout, byte range and crc32.
 Reading checks the key (stale: rebuilt) and every crc32 and size (corrupt: rebuilt), each with a one-line
 notice. Files are written to a temporary name and renamed, so a reader never sees half a file.
+:func:`cache_files` lists the files with their size and model (``kleidipy models``); :func:`remove_model_caches`
+deletes a catalogue model's (``kleidipy rm``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
@@ -39,7 +42,7 @@ _ALIGN = 64
 
 
 class RepackCacheError(KleidipyError, ValueError):
-    """A repack cache file that cannot be used: unreadable, truncated, or a checksum that does not match."""
+    """A repack cache file that cannot be used (unreadable, truncated, a checksum that does not match) or removed."""
 
 
 @dataclass(frozen=True)
@@ -179,11 +182,7 @@ def read_cache(path: Path) -> tuple[dict, dict[str, CachedWeight]]:
     """(key, weights) of a cache file, every weight's size and crc32 checked (RepackCacheError otherwise)."""
     try:
         with path.open("rb") as f:
-            if f.read(len(_MAGIC)) != _MAGIC:
-                raise RepackCacheError("not a kleidipy repack cache file")
-            (size,) = struct.unpack("<Q", _read_exactly(f, 8))
-            header = json.loads(_read_exactly(f, size))
-            start = _data_start(size)
+            header, start = _read_header(f)
             weights = {}
             for e in header["weights"]:
                 f.seek(start + e["offset"])
@@ -204,9 +203,68 @@ def read_cache(path: Path) -> tuple[dict, dict[str, CachedWeight]]:
         raise RepackCacheError(f"unreadable header: {exc}") from None
 
 
+def read_key(path: Path) -> dict:
+    """The key a cache file was made for, from its header alone (RepackCacheError when it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            return dict(_read_header(f)[0]["key"])
+    except RepackCacheError:
+        raise
+    except OSError as exc:
+        raise RepackCacheError(exc.strerror or str(exc)) from None
+    except (ValueError, KeyError, TypeError) as exc:  # not the JSON header we write
+        raise RepackCacheError(f"unreadable header: {exc}") from None
+
+
+@dataclass(frozen=True)
+class CacheFile:
+    """A repack cache file on disk: its size and, when it was made from a pulled catalogue model, that model's
+    sha256 (None for a GGUF file of the user's, or a file whose header cannot be read)."""
+
+    path: Path
+    size: int
+    model_sha256: str | None
+
+
+def cache_files() -> list[CacheFile]:
+    """Every repack cache file in :func:`repack_dir` (none when it does not exist), by name."""
+    files = []
+    for path in sorted(repack_dir().glob("*.kpack")):
+        try:
+            size = path.stat().st_size
+        except OSError:  # removed meanwhile
+            continue
+        try:
+            model = str(read_key(path).get("model", ""))
+        except RepackCacheError:  # counted all the same, as no model's
+            model = ""
+        files.append(CacheFile(path, size, model.removeprefix("sha256:") if model.startswith("sha256:") else None))
+    return files
+
+
+def remove_model_caches(sha256: str) -> list[CacheFile]:
+    """Delete every repack cache file (all targets and executions) made from the catalogue model with this sha256;
+    the files removed (RepackCacheError, naming the file, when one cannot be)."""
+    removed = [file for file in cache_files() if file.model_sha256 == sha256]
+    for file in removed:
+        try:
+            file.path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise RepackCacheError(f"cannot remove the repack cache file {file.path}: {exc.strerror or exc}") from None
+    return removed
+
+
 def _data_start(header_size: int) -> int:
     """Offset of the first weight: after the magic, the header length and the header, aligned."""
     return roundup(len(_MAGIC) + 8 + header_size, _ALIGN)
+
+
+def _read_header(f: BinaryIO) -> tuple[dict, int]:
+    """(header, offset of the first weight) of the cache file open as ``f``, read from its start."""
+    if f.read(len(_MAGIC)) != _MAGIC:
+        raise RepackCacheError("not a kleidipy repack cache file")
+    (size,) = struct.unpack("<Q", _read_exactly(f, 8))
+    return json.loads(_read_exactly(f, size)), _data_start(size)
 
 
 def _read_exactly(f, size: int) -> bytes:

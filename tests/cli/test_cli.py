@@ -19,6 +19,7 @@ from kleidipy.errors import InvalidArgumentError
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import CATALOGUE
+from kleidipy.runtime.repack_cache import write_cache
 from kleidipy.target import resolve_target
 
 
@@ -77,7 +78,7 @@ def test_empty_names_are_one_line_errors(capsys, args, words):
 def test_every_command_has_help():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert {"run", "chat", "pull", "models", "kernels", "golden", "trace", "layout", "emulate"} <= set(commands)
+    assert {"run", "chat", "pull", "models", "rm", "kernels", "golden", "trace", "layout", "emulate"} <= set(commands)
     for name, sub in commands.items():
         assert sub.description, f"`kleidipy {name} --help` has no description"
 
@@ -490,8 +491,8 @@ def test_models_lists_the_catalogue_and_marks_what_is_pulled(tmp_path, monkeypat
 
     def listed() -> dict[str, str]:
         assert main(["models"]) == 0
-        lines = capsys.readouterr().out.splitlines()
-        assert len(lines) == 2 * len(CATALOGUE)
+        *lines, total = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 * len(CATALOGUE) and total == f"repack cache {tmp_path / 'repack'}: empty"
         return {name.split()[0]: state.strip() for name, state in zip(lines[0::2], lines[1::2], strict=True)}
 
     assert listed() == dict.fromkeys(CATALOGUE, "not pulled")
@@ -511,6 +512,39 @@ def test_models_lists_the_catalogue_and_marks_what_is_pulled(tmp_path, monkeypat
     assert listed() == dict.fromkeys(CATALOGUE, "not pulled")
     assert main(["models", "--path", "smollm"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_models_shows_the_repack_cache_and_rm_removes_a_model_with_it(tmp_path, monkeypatch, capsys):
+    """`models` gives each model's repacked weights and the repack cache's total (files for other GGUF files and
+    unreadable ones included); `rm NAME` deletes the model file and its repack files, for every target, and
+    nothing else; a model not pulled, an unknown or an empty name is one error line."""
+    monkeypatch.setenv("KLEIDIPY_CACHE", str(tmp_path))
+    spec = CATALOGUE[SMOLLM2]
+    cached = tmp_path / "models" / spec.filename
+    cached.parent.mkdir()
+    with cached.open("wb") as f:
+        f.truncate(spec.size)
+    repack = tmp_path / "repack"
+    write_cache(repack / "smollm2.i8mm.kpack", {"model": f"sha256:{spec.sha256}", "target": "i8mm"}, {})
+    write_cache(repack / "smollm2.sme2.kpack", {"model": f"sha256:{spec.sha256}", "target": "sme2"}, {})
+    write_cache(repack / "mine.i8mm.kpack", {"model": "/home/me/mine.gguf:1000:1", "target": "i8mm"}, {})
+    (repack / "broken.kpack").write_bytes(bytes(2**20))
+    sizes = {path.name: path.stat().st_size for path in repack.iterdir()}
+    ours = sizes["smollm2.i8mm.kpack"] + sizes["smollm2.sme2.kpack"]
+
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == [str(cached) + ";", "repack", "cache", f"{ours / 2**20:.1f}", "MiB", "in", "2", "files"]
+    other = f"{(sum(sizes.values()) - ours) / 2**20:.1f} MiB of it for GGUF files outside the catalogue"
+    assert lines[-1] == f"repack cache {repack}: {sum(sizes.values()) / 2**20:.1f} MiB in 4 files ({other})"
+
+    assert main(["rm", SMOLLM2]) == 0
+    out = capsys.readouterr().out
+    assert out == f"removed {SMOLLM2}: its file (93.8 MiB) and 2 files of repacked weights ({ours / 2**20:.1f} MiB)\n"
+    assert not cached.exists() and sorted(path.name for path in repack.iterdir()) == ["broken.kpack", "mine.i8mm.kpack"]
+    assert "is not pulled: nothing to remove" in main_error(capsys, "rm", SMOLLM2)
+    assert "did you mean 'smollm2-135m-instruct'" in main_error(capsys, "rm", "smollm")
+    assert "no model name given" in main_error(capsys, "rm", "")
 
 
 # --------------------------------------------------------------------------------------------- quantize

@@ -3,7 +3,9 @@ corrupt cache file is noticed and rebuilt, one file per target, and --no-repack-
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +15,18 @@ from gguf_writer import tiny_kv, tiny_tensors, write_gguf
 from tiny_models import bpe_vocab
 
 from kleidipy.cli import main
-from kleidipy.runtime import repack_cache
+from kleidipy.runtime import pull, repack_cache
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.observer import Observer, RepackCall
-from kleidipy.runtime.repack_cache import cache_path, repack_dir
+from kleidipy.runtime.pull import ModelSpec, cache_dir
+from kleidipy.runtime.repack_cache import (
+    RepackCacheError,
+    cache_files,
+    cache_path,
+    read_key,
+    remove_model_caches,
+    repack_dir,
+)
 from kleidipy.target import parse_target
 
 SHAPE = dict(n_layer=1, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_ctx=64)
@@ -138,6 +148,32 @@ def test_unwritable_cache_directory_is_a_notice(model):
     fresh, notices, _ = load(model)
     assert sum("could not write the repack cache" in n for n in notices) == 1
     assert np.array_equal(load(model, repack_cache=False)[0], fresh)
+
+
+def test_cache_files_know_their_model_and_a_catalogue_model_s_files_are_removed(model, monkeypatch):
+    """Each cache file's size and model (the catalogue sha256 it was made from, None for a GGUF file of the
+    user's or an unreadable file); remove_model_caches deletes that model's files for every target, no other."""
+    pulled = cache_dir() / "kquant-pulled.gguf"
+    pulled.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model, pulled)
+    data = pulled.read_bytes()
+    spec = ModelSpec("kquant", "tiny", pulled.name, len(data), hashlib.sha256(data).hexdigest(), ())
+    monkeypatch.setitem(pull.CATALOGUE, spec.name, spec)
+    load(model)
+    load(pulled)
+    load(pulled, "i8mm")
+    (repack_dir() / "garbage.kpack").write_bytes(b"not a cache")
+    files = cache_files()
+    assert [file.size for file in files] == [file.path.stat().st_size for file in files]
+    assert sorted(file.model_sha256 or "" for file in files) == ["", "", spec.sha256, spec.sha256]
+    with pytest.raises(RepackCacheError, match="not a kleidipy repack cache file"):
+        read_key(repack_dir() / "garbage.kpack")
+    removed = remove_model_caches(spec.sha256)
+    targets = ("sme2:svl=512", "i8mm")
+    assert {file.path for file in removed} == {cache_path(pulled, parse_target(t), "jit") for t in targets}
+    assert {file.path for file in cache_files()} == {cache_path(model, parse_target(targets[0]), "jit"),
+                                                     repack_dir() / "garbage.kpack"}  # fmt: skip
+    assert remove_model_caches(spec.sha256) == []
 
 
 def test_cli_no_repack_cache_writes_nothing(model, capsys):
