@@ -387,7 +387,8 @@ def _add_target_arg(p: argparse.ArgumentParser) -> None:
         "--target",
         metavar="T",
         help="Arm CPU to target: sme2[:svl=128..2048], sme[:svl=N], i8mm, dotprod or host "
-        "(default: $KLEIDIPY_TARGET, else the host; a virtual sme2:svl=512 CPU on non-Arm hosts)",
+        "(default: $KLEIDIPY_TARGET, else the host; on a host without Arm matmul features a virtual CPU, which "
+        "`kleidipy kernels` names)",
     )
 
 
