@@ -19,7 +19,7 @@ from typing import Any, TypedDict, Unpack
 
 from kleidipy.runtime.generate import Engine, FinishReason
 from kleidipy.runtime.grammar import Grammar, response_format_grammar
-from kleidipy.runtime.pull import DEFAULT_MODEL
+from kleidipy.runtime.pull import default_model
 from kleidipy.runtime.sampler import SamplingParams
 from kleidipy.target import Target, parse_target, resolve_target
 
@@ -132,7 +132,7 @@ class LLM:
 
 
 def load(
-    model: str | Path = DEFAULT_MODEL,
+    model: str | Path | None = None,
     *,
     target: str | Target | None = None,
     threads: int = 1,
@@ -140,11 +140,12 @@ def load(
     execution: str = "jit",
     progress: bool = False,
 ) -> LLM:
-    """Load a GGUF file or a catalogue model (pulled on first use), repacking its weights for ``target``'s kernels
-    (a spec such as ``"sme2:svl=512"`` or ``"i8mm"``; default: ``$KLEIDIPY_TARGET``, else the host)."""
+    """Load a GGUF file or a catalogue model (pulled on first use; None: ``$KLEIDIPY_MODEL``, else the default
+    model), repacking its weights for ``target``'s kernels (a spec such as ``"sme2:svl=512"`` or ``"i8mm"``;
+    default: ``$KLEIDIPY_TARGET``, else the host)."""
     resolved = parse_target(target) if isinstance(target, str) else target or resolve_target()
     engine = Engine(
-        model,
+        model or default_model(),
         target=resolved,
         threads=threads,
         execution=execution,

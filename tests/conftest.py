@@ -23,6 +23,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # kernels thread themselves;
 # a first run's compiled plan is built in the foreground here (no process outlives a test); tests of the background
 # build set it themselves
 os.environ["KLEIDIPY_BACKGROUND_COMPILE"] = "0"
+# the model a test loads when it names none: SmolLM2 135M, which the tests were written for (fast on two cores); the
+# tests of the default model itself (README's examples) unset it
+os.environ["KLEIDIPY_MODEL"] = "smollm2-135m-instruct"
 
 from pathlib import Path
 

@@ -17,7 +17,7 @@ from typing import NoReturn
 from kleidipy.cli import commands
 from kleidipy.core import buffers
 from kleidipy.errors import KleidipyError
-from kleidipy.runtime.pull import DEFAULT_MODEL
+from kleidipy.runtime.pull import MODEL_ENV, default_model
 
 
 class _Parser(argparse.ArgumentParser):
@@ -329,8 +329,8 @@ def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, 
     p.add_argument(
         "-m",
         "--model",
-        default=DEFAULT_MODEL,
-        help=f"GGUF file or catalogue name (default: {DEFAULT_MODEL}, pulled on first use)",
+        default=default_model(),
+        help=f"GGUF file or catalogue name (default: {default_model()}, pulled on first use; ${MODEL_ENV} sets it)",
     )
     if thread_list:
         p.add_argument("-t", "--threads", default="1", help="comma-separated thread counts (default 1)")

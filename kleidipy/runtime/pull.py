@@ -112,8 +112,17 @@ class ModelInfo:
     path: Path | None
 
 
-#: the catalogue model every command, the server and the Python API load when none is named
-DEFAULT_MODEL = "smollm2-135m-instruct"
+#: the catalogue model every command, the server and the Python API load when none is named (and
+#: ``$KLEIDIPY_MODEL`` names none): the catalogue's best at everyday questions (benchmarks/first_answers.py)
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+#: names the model to load when none is given (a catalogue name or a GGUF path), as llama.cpp's LLAMA_ARG_MODEL
+MODEL_ENV = "KLEIDIPY_MODEL"
+
+
+def default_model() -> str:
+    """The model loaded when none is named: ``$KLEIDIPY_MODEL``, else :data:`DEFAULT_MODEL`."""
+    return os.environ.get(MODEL_ENV, "").strip() or DEFAULT_MODEL
+
 
 CATALOGUE: dict[str, ModelSpec] = {
     spec.name: spec

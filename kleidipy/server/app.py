@@ -49,7 +49,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.chat_template import ChatTemplateError
 from kleidipy.runtime.generate import Engine, Generation, PromptError
-from kleidipy.runtime.pull import CATALOGUE, DEFAULT_MODEL
+from kleidipy.runtime.pull import CATALOGUE, default_model
 from kleidipy.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from kleidipy.server.metrics import metrics_text
 from kleidipy.server.scheduler import Job, Scheduler
@@ -515,7 +515,7 @@ async def watch_disconnect(request: Request, jobs: list[Job]) -> None:
 
 
 def serve(
-    model: str = DEFAULT_MODEL,
+    model: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8080,
     threads: int = 1,
@@ -532,7 +532,8 @@ def serve(
     graph: bool = True,
     deterministic: bool = False,
 ) -> None:
-    """Load ``model`` and serve it until interrupted (``kleidipy serve``). ``ctx`` is the total context, split
+    """Load ``model`` (None: :func:`~kleidipy.runtime.pull.default_model`) and serve it until interrupted
+    (``kleidipy serve``). ``ctx`` is the total context, split
     between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved);
     ``deterministic``: each slot steps in a forward pass of its own (:class:`Scheduler`). The port is taken before
     the model is loaded (a busy one is a ServerConfigError), and a line gives the page's URL once it is served."""
@@ -553,7 +554,7 @@ def serve(
 
     with sock:
         engine = Engine(
-            model,
+            model or default_model(),
             target=target,
             threads=threads,
             execution=execution,

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from kleidipy.core.buffers import check_threads
 from kleidipy.errors import InvalidArgumentError, KleidipyError
 from kleidipy.runtime.generate import Engine
-from kleidipy.runtime.pull import DEFAULT_MODEL
+from kleidipy.runtime.pull import default_model
 from kleidipy.target import Target, resolve_target
 
 #: seed of the random prompt / generation tokens
@@ -64,7 +64,7 @@ class BenchRow:
 
 
 def run_bench(
-    model: str | os.PathLike[str] | Engine = DEFAULT_MODEL,
+    model: str | os.PathLike[str] | Engine | None = None,
     n_prompt: int = 512,
     n_gen: int = 128,
     threads_list: Sequence[int] = (1,),
@@ -77,9 +77,10 @@ def run_bench(
     repack_cache: bool = True,
     graph: bool = True,
 ) -> list[BenchRow]:
-    """Load ``model`` (a path or catalogue name; an :class:`Engine` is used as it is, ``target`` and ``execution``
-    then being its own) once and time ``pp{n_prompt}`` and ``tg{n_gen}`` (a count of 0 skips the test) at every
-    thread count of ``threads_list``, ``repetitions`` times each (see the module docstring)."""
+    """Load ``model`` (a path or catalogue name, None: the default model; an :class:`Engine` is used as it is,
+    ``target`` and ``execution`` then being its own) once and time ``pp{n_prompt}`` and ``tg{n_gen}`` (a count of
+    0 skips the test) at every thread count of ``threads_list``, ``repetitions`` times each
+    (see the module docstring)."""
     tests = [(name, n) for name, n in ((f"pp{n_prompt}", n_prompt), (f"tg{n_gen}", n_gen)) if n > 0]
     if n_prompt < 0 or n_gen < 0 or not tests:
         raise BenchError(f"need a prompt (-p) or generation (-n) length > 0, got -p {n_prompt} -n {n_gen}")
@@ -90,7 +91,7 @@ def run_bench(
         engine = model
     else:
         engine = Engine(
-            model,
+            model or default_model(),
             target=target or resolve_target(),
             execution=execution,
             progress=progress,

