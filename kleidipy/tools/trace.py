@@ -54,7 +54,7 @@ from kleidipy.errors import InvalidArgumentError, KleidipyError
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.observer import KernelCall, NodeRun, Observer, RepackCall
-from kleidipy.runtime.pull import DEFAULT_MODEL, cache_dir, resolve_model
+from kleidipy.runtime.pull import cache_dir, default_model, resolve_model
 from kleidipy.target import Target, parse_target
 from kleidipy.tools.quantize import quantize_gguf, target_type
 
@@ -380,7 +380,7 @@ class Tracer(Observer):
 
 
 def trace_generation(
-    model: str | Path = DEFAULT_MODEL,
+    model: str | Path | None = None,
     prompt: str = DEFAULT_PROMPT,
     n_decode: int = 8,
     target: str | Target | None = None,
@@ -392,15 +392,17 @@ def trace_generation(
     graph: bool = True,
     as_q4_0: bool | None = None,
 ) -> Trace:
-    """Load ``model`` (with ``as_q4_0``, its Q4_0 copy: :func:`q4_0_copy`; None: for the default model only), run
-    ``prompt`` as the prefill and ``n_decode`` decode passes (greedy: ``n_decode + 1`` tokens predicted, the first from
-    the prefill's logits), tracing every KleidiAI call (and, when the forward pass runs as a compiled plan, every node
-    of it per thread). ``target``: :func:`trace_target`'s choice when None."""
+    """Load ``model`` (None: the default model, ``$KLEIDIPY_MODEL`` or the catalogue's) — with ``as_q4_0`` its Q4_0
+    copy (:func:`q4_0_copy`; None: for the default model only) —, run ``prompt`` as the prefill and ``n_decode``
+    decode passes (greedy: ``n_decode + 1`` tokens predicted, the first from the prefill's logits), tracing every
+    KleidiAI call (and, when the forward pass runs as a compiled plan, every node of it per thread). ``target``:
+    :func:`trace_target`'s choice when None."""
     if n_decode < 0:
         raise InvalidArgumentError(f"-n counts decode passes: 0 or more, got {n_decode}")
     tgt = target if isinstance(target, Target) else trace_target(target)
+    model = default_model() if model is None else model
     if as_q4_0 is None:
-        as_q4_0 = str(model) == DEFAULT_MODEL
+        as_q4_0 = str(model) == default_model()
     requantized = q4_0_copy(model) if as_q4_0 else None
     path = requantized.copy if requantized else model
     tracer = Tracer()

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kleidipy.runtime.pull import DEFAULT_MODEL
 from kleidipy.target import Target
 from kleidipy.tools.trace import DEFAULT_PROMPT, TRACE_DEFAULT, Stage, Trace, TraceError, trace_generation
 
@@ -472,7 +471,7 @@ def format_text(trace: Trace, tables: bool = False) -> str:
 
 
 def run_trace(
-    model: str | Path = DEFAULT_MODEL,
+    model: str | Path | None = None,
     prompt: str = DEFAULT_PROMPT,
     n_decode: int = 8,
     target: str | Target | None = None,

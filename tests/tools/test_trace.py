@@ -24,7 +24,7 @@ from kleidipy.graph import contention
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.generate import PromptError
 from kleidipy.runtime.model_file import ModelFile
-from kleidipy.runtime.pull import DEFAULT_MODEL
+from kleidipy.runtime.pull import default_model
 from kleidipy.target import resolve_target, select_kernels
 from kleidipy.tools.trace import TRACE_DEFAULT, Op, Stage, Tracer, q4_0_copy, trace_generation, trace_target
 from kleidipy.tools.trace_report import call_tree, chrome_trace, format_text, run_trace, to_json
@@ -271,7 +271,7 @@ def test_default_invocation_tells_the_seeds_story(default_text: str) -> None:
     stage = parts(default_text)
     head = unwrapped(stage["head"])
     assert "target: virtual SME2 CPU, SVL 512" in head and "the trace's default (--target chooses)" in head
-    assert ("requantized to Q4_0" in head) == (q4_0_copy(DEFAULT_MODEL) is not None)
+    assert ("requantized to Q4_0" in head) == (q4_0_copy(default_model()) is not None)
     assert "kernels q4_0 (" in head and "(-n 8" in head and "compiled plan" in head
     assert RHS_PACK in stage["model load"] and "KleidiBackend.__call__ ×" in stage["model load"]
     for name in ("prefill", "decode"):
