@@ -305,6 +305,7 @@ class Engine:
         #: the compiled plan's first build, in a child process, while this one runs op by op (None: no build)
         self.build: plan_build.PlanBuild | None = None
         self._ran = False  # (a generation has run: the op-by-op kernels are compiled)
+        self._polls = 0  # (calls of poll_compiled)
         if self.graph and self.execution == "jit":
             self._compile()
         self.timings = Timings(load_s=time.perf_counter() - t0, repack_s=t2 - t1)
@@ -320,8 +321,8 @@ class Engine:
                 return
             self.build = plan_build.PlanBuild(self.path, self.target.spec(), self.kv_dtype)
             self.notice(
-                "first run on this CPU: the compiled forward pass builds in the background (once, a few minutes; "
-                "then cached); until it is ready the model runs op by op, its kernels compiling now (~30 s)"
+                "first run on this CPU: the model runs op by op, its kernels compiling now (~30 s); after the first "
+                "answer the compiled forward pass builds in the background (once, a few minutes; then cached)"
             )
             return
         if plan_build.building():
@@ -340,7 +341,14 @@ class Engine:
     def poll_compiled(self) -> bool:
         """Take the compiled plan once the background build is over (True when it switched now): the same bits,
         faster. Call between generations."""
-        if self.build is None or not self.build.finished():
+        if self.build is None:
+            return False
+        self._polls += 1
+        if not self.build.started:
+            if self._polls > 1:  # (a server's second round: its first request's kernels compiled)
+                self.build.start()
+            return False
+        if not self.build.finished():
             return False
         self.build = None
         if not plan_build.ready(self.kv_dtype):
@@ -417,16 +425,20 @@ class Engine:
         )
         cold = 2 if self.build is not None and not self._ran else 0  # (a first run's prefill and first decode step)
         self._ran = True
-        while not gen.done:
-            prefill, t0 = gen.prefilling, time.perf_counter()
-            with _compiling(self.progress) if cold else contextlib.nullcontext():
-                piece = gen.step(self.lm.forward)  # one forward pass (the whole prompt, or one token) + sampling
-            cold = max(cold - 1, 0)
-            if prefill:
-                t.prefill_s += time.perf_counter() - t0
-            else:
-                t.decode_s += time.perf_counter() - t0
-                t.n_decoded += 1
-            if piece:
-                yield piece
+        try:
+            while not gen.done:
+                prefill, t0 = gen.prefilling, time.perf_counter()
+                with _compiling(self.progress) if cold else contextlib.nullcontext():
+                    piece = gen.step(self.lm.forward)  # one forward pass (the whole prompt, or one token) + sampling
+                cold = max(cold - 1, 0)
+                if prefill:
+                    t.prefill_s += time.perf_counter() - t0
+                else:
+                    t.decode_s += time.perf_counter() - t0
+                    t.n_decoded += 1
+                if piece:
+                    yield piece
+        finally:
+            if self.build is not None:
+                self.build.start()  # (after the first answer, not beside it; once)
         self.finish_reason, t.n_generated = gen.finish_reason, gen.n_generated

@@ -99,30 +99,36 @@ def wait_for_build() -> None:
 
 
 class PlanBuild:
-    """A child process building the plan of ``model`` (a GGUF path) for ``target`` into numba's cache; this
-    process writes nothing to numba's cache meanwhile (:func:`~kleidipy.core.jit_cache.pause_saving`)."""
+    """A child process building the plan of ``model`` (a GGUF path) for ``target`` into numba's cache, once
+    :meth:`start` is called (after this process's first answer: the two would share the CPU); this process writes
+    nothing to numba's cache from then on until the build is over (:func:`~kleidipy.core.jit_cache.pause_saving`)."""
 
     def __init__(self, model: Path, target: str, kv_dtype: type) -> None:
-        self.kv_dtype = kv_dtype
-        self.started = time.monotonic()
-        self.log = _cache_dir() / "kleidipy-plan-build.log"
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", __name__, str(model), "--target", target, "--kv", np.dtype(kv_dtype).name]
+        self.command = [sys.executable, "-m", __name__, str(model), "--target", target, "--kv", np.dtype(kv_dtype).name]
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.process is not None
+
+    def start(self) -> None:
+        """Start the child (its output goes to a log beside numba's cache); it outlives this process if need be."""
+        if self.process is not None:
+            return
+        log = _cache_dir() / "kleidipy-plan-build.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
         jit_cache.pause_saving(True)
-        with self.log.open("w") as log:
+        with log.open("w") as out:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
 
     def finished(self) -> bool:
         """Whether the build is over (this child's and any other process's): numba's cache may be written again."""
-        if self.process.poll() is None or building():
+        if self.process is None or self.process.poll() is None or building():
             return False
         jit_cache.pause_saving(False)
         return True
-
-    def describe(self) -> str:
-        return f"pid {self.process.pid}, {time.monotonic() - self.started:.0f} s so far; log: {self.log}"
 
 
 def _build(model: str, target: str, kv: str) -> int:

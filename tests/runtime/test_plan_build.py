@@ -20,18 +20,19 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 class _FakeBuild:
-    """A build that is over at the second poll (no child process: the plan is compiled when the engine takes it)."""
+    """A build without a child process (the plan is compiled when the engine takes it), over when ``done`` says."""
 
     def __init__(self, model: Path, target: str, kv_dtype: type) -> None:
-        self.model, self.target, self.polls = model, target, 0
+        self.model, self.target, self.started, self.done = model, target, False, False
+
+    def start(self) -> None:
+        self.started = True
         jit_cache.pause_saving(True)
 
     def finished(self) -> bool:
-        self.polls += 1
-        if self.polls < 2:
-            return False
-        jit_cache.pause_saving(False)
-        return True
+        if self.started and self.done:
+            jit_cache.pause_saving(False)
+        return self.started and self.done
 
 
 def _tokens(engine: Engine, prompt: str, n: int) -> list[str]:
@@ -46,16 +47,29 @@ def test_first_run_answers_op_by_op_then_takes_the_plan_with_the_same_bits(monke
     monkeypatch.setattr(plan_build, "PlanBuild", _FakeBuild)
     notices: list[str] = []
     engine = Engine(SMOLLM2, target=None, progress=False, background_compile=True, notice=notices.append)
-    assert engine.lm.compiled is None and isinstance(engine.build, _FakeBuild)
-    assert engine.build.target == engine.target.spec() and any("background" in n for n in notices)
-    first = _tokens(engine, "The capital of France is", 8)  # poll 1: still building -> op by op
-    assert engine.lm.compiled is None and not jit_cache._saving
-    ready["now"] = True
-    second = _tokens(engine, "The capital of France is", 8)  # poll 2: built -> the compiled plan
+    build = engine.build
+    assert engine.lm.compiled is None and isinstance(build, _FakeBuild) and not build.started
+    assert build.target == engine.target.spec() and any("background" in n for n in notices)
+    first = _tokens(engine, "The capital of France is", 8)  # op by op; the build starts after the answer
+    assert engine.lm.compiled is None and build.started and not jit_cache._saving
+    second = _tokens(engine, "The capital of France is", 8)  # still building: op by op
+    assert engine.lm.compiled is None and engine.build is build
+    ready["now"] = build.done = True
+    third = _tokens(engine, "The capital of France is", 8)  # built: the compiled plan
     assert engine.lm.compiled is not None and engine.build is None and jit_cache._saving
     assert any("ready" in n for n in notices)
-    assert first == second
+    assert first == second == third
     engine.lm.compiled.close()
+
+
+def test_a_server_starts_the_build_at_its_second_round(monkeypatch) -> None:
+    monkeypatch.setenv(plan_build.ENV, "1")
+    monkeypatch.setattr(plan_build, "ready", lambda kv_dtype: False)
+    monkeypatch.setattr(plan_build, "PlanBuild", _FakeBuild)
+    engine = Engine(SMOLLM2, target=None, progress=False, background_compile=True, notice=lambda msg: None)
+    assert not engine.poll_compiled() and not engine.build.started  # before the first round
+    assert not engine.poll_compiled() and engine.build.started  # before the second
+    jit_cache.pause_saving(False)
 
 
 def test_no_background_build_when_disabled_or_not_asked(monkeypatch) -> None:
