@@ -351,7 +351,7 @@ def _stack_lines(stage: Stage) -> list[str]:
 def _plan_lines(stage: Stage) -> list[str]:
     """The compiled plan's time per op, slowest first (none when the model ran op by op)."""
     pieces = [f"{r['op']} {1e3 * r['seconds']:.1f}" for r in node_table(stage)]
-    return _wrapped(pieces, "plan (ms per op): ", "  ", sep=", ") if pieces else []
+    return _wrapped(pieces, "plan (ms): ", "  ", sep=", ") if pieces else []
 
 
 def _count(types: dict[str, int]) -> str:
@@ -364,7 +364,9 @@ def _weights_line(trace: Trace) -> str:
     r = trace.requantized
     if r is not None:
         made = "made by an earlier trace" if r.reused else f"made in {r.seconds:.1f} s"
-        types = " and ".join(f"{n} {name}" for name, n in r.from_types.items())
+        types = ", ".join(f"{n} {name}" for name, n in r.from_types.items())
+        if len(r.from_types) > 1:
+            types = f"{sum(r.from_types.values())} ({types})"
         return (
             f"{kinds}; {types} matrices requantized to Q4_0 as llama-quantize does, in a copy {made} "
             "(--no-as-q4_0: the file as it is)"
@@ -394,7 +396,7 @@ def _header(trace: Trace) -> list[str]:
         trace.target_source, f"from {trace.target_source}"
     )
     lines = [
-        f"kleidipy trace: {trace.model} ({trace.path})",
+        f"kleidipy trace: {trace.model} ({Path(trace.path).name})",
         f"target: {trace.target}: {chosen}",
         _weights_line(trace),
         f"{hp['architecture']}: {hp['n_layer']} layers, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, "
@@ -403,7 +405,9 @@ def _header(trace: Trace) -> list[str]:
         _tokens_line(trace),
         trace.timings,
     ]
-    return [part for line in lines for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ")]
+    return [
+        part for line in lines for part in textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    ]
 
 
 def _weight_lines(stage: Stage, rows: list[dict[str, Any]]) -> list[str]:
