@@ -1,6 +1,6 @@
 """CLI argument ranges: every numeric option of every command with every kind of bad (and some good) value, run
 in-process on a tiny model. Each run must succeed, or end with exactly one ``kleidipy: error:`` line, no traceback
-and a non-zero exit status. ``serve`` does not start listening (uvicorn.run is replaced)."""
+and a non-zero exit status. ``serve`` does not start serving (uvicorn.Server.run is replaced)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def cli_outcome(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_cli_argument_ranges(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     model = write_model(tmp_path / "tiny.gguf", "qwen2", T.Q4_0)
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: setattr(server, "started", True))
     # the multi-thread entry points compiled once, untimed: in a fresh virtualenv their first compile can take longer
     # than a case's time limit, whose alarm then interrupts numba mid-compile (a later case met "no compiled object")
     assert main(command_line("bench", "-t", "2", model)) == 0
