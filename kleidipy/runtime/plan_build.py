@@ -1,5 +1,5 @@
 """The compiled plan's first build on a machine, in a background process: a first run answers op by op (the
-reference execution, whose kernels compile in seconds) while a child process compiles the plan (minutes) into
+reference execution, whose kernels compile in seconds), then a child process compiles the plan (minutes) into
 numba's cache and marks it ready; a later load, or this process once the child is done, loads it from there.
 
 The marker is keyed as numba's cache is (every kleidipy source file, this CPU's code generation, the KV cache's
