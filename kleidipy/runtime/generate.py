@@ -59,18 +59,6 @@ def check_prompt_text(text: str) -> str:
     return text
 
 
-def read_prompt_file(path: str) -> str:
-    """A prompt file's text, strictly UTF-8 (PromptError otherwise)."""
-    try:
-        data = open(path, "rb").read()  # noqa: SIM115
-    except OSError as exc:
-        raise PromptError(f"cannot read prompt file {path}: {exc.strerror}") from None
-    try:
-        return check_prompt_text(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise PromptError(f"prompt file {path} is not valid UTF-8 (byte {exc.start})") from None
-
-
 @dataclass
 class Timings:
     """Wall-clock seconds of each stage and the token counts, as llama.cpp's timing summary."""
