@@ -118,7 +118,7 @@ def _files(count: int) -> str:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from kleidipy.runtime.pull import get_spec, list_models, model_path
+    from kleidipy.runtime.pull import get_spec, list_models, model_path, trace_copies
     from kleidipy.runtime.repack_cache import cache_files, repack_dir
 
     if args.path is not None:
@@ -138,26 +138,45 @@ def cmd_models(args: argparse.Namespace) -> int:
         mine = [file for file in repacked if file.model_sha256 == sha256]
         if mine:
             state += f"; repack cache {_mib(sum(file.size for file in mine))} in {_files(len(mine))}"
+        copies = trace_copies(get_spec(info.name).filename)
+        if copies:
+            state += f"; trace's Q4_0 copy {_mib(_sizes(copies))}"
         print(f"{info.name:<30} {info.size / 2**20:7.1f} MiB  {info.description}\n{'':<30} {state}")
     others = [file for file in repacked if file.model_sha256 not in catalogue]
     total = f"{_mib(sum(file.size for file in repacked))} in {_files(len(repacked))}" if repacked else "empty"
     other = f" ({_mib(sum(file.size for file in others))} of it for GGUF files outside the catalogue)" if others else ""
     print(f"repack cache {repack_dir()}: {total}{other}")
+    copies = trace_copies()
+    if copies:
+        print(f"trace's Q4_0 copies {copies[0].parent}: {_mib(_sizes(copies))} in {_files(len(copies))}")
     return 0
 
 
+def _sizes(paths: list[Path]) -> int:
+    return sum(path.stat().st_size for path in paths if path.is_file())
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
-    from kleidipy.runtime.pull import ModelNotPulledError, get_spec, remove_model
+    from kleidipy.runtime.pull import CacheRemoveError, ModelNotPulledError, get_spec, remove_model, trace_copies
     from kleidipy.runtime.repack_cache import remove_model_caches
 
     spec = get_spec(args.name)  # unknown name -> UnknownModelError with a suggestion
     size = remove_model(args.name)
     caches = remove_model_caches(spec.sha256)
-    if size is None and not caches:
+    copies = trace_copies(spec.filename)
+    copied = _sizes(copies)
+    for copy in copies:
+        try:
+            copy.unlink(missing_ok=True)
+        except OSError as exc:
+            raise CacheRemoveError(f"cannot remove {copy}: {exc.strerror or exc}") from None
+    if size is None and not caches and not copies:
         raise ModelNotPulledError(f"{args.name} is not pulled: nothing to remove (`kleidipy models` lists what is)")
     removed = [] if size is None else [f"its file ({_mib(size)})"]
     if caches:
         removed.append(f"{_files(len(caches))} of repacked weights ({_mib(sum(file.size for file in caches))})")
+    if copies:
+        removed.append(f"trace's Q4_0 copy ({_mib(copied)})")
     print(f"removed {args.name}: {' and '.join(removed)}")
     return 0
 

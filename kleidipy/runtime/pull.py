@@ -184,6 +184,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or platformdirs.user_cache_dir("kleidipy")) / "models"
 
 
+def trace_dir() -> Path:
+    """Where ``kleidipy trace`` keeps the Q4_0 copies it makes of models (beside the models)."""
+    return cache_dir().parent / "trace"
+
+
+def trace_copies(model_file: str | None = None) -> list[Path]:
+    """The Q4_0 copies in :func:`trace_dir`: all of them, or those made from the GGUF file named ``model_file``."""
+    pattern = f"{Path(model_file).stem}.*.Q4_0.gguf" if model_file else "*.Q4_0.gguf"
+    return sorted(trace_dir().glob(pattern))
+
+
 def get_spec(name: str) -> ModelSpec:
     """The catalogue entry called ``name``; UnknownModelError (naming the closest entry) otherwise."""
     try:

@@ -54,7 +54,7 @@ from kleidipy.errors import InvalidArgumentError, KleidipyError
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.observer import KernelCall, NodeRun, Observer, RepackCall
-from kleidipy.runtime.pull import cache_dir, default_model, resolve_model
+from kleidipy.runtime.pull import default_model, resolve_model, trace_dir
 from kleidipy.target import Target, parse_target
 from kleidipy.tools.quantize import quantize_gguf, target_type
 
@@ -204,7 +204,7 @@ def q4_0_copy(model: str | Path) -> Requantized | None:
     where, stat = path.resolve(), path.stat()
     place = hashlib.sha256(str(where).encode()).hexdigest()[:8]
     state = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:8]
-    folder = cache_dir().parent / "trace"
+    folder = trace_dir()
     copy = folder / f"{path.stem}.{place}-{state}.Q4_0.gguf"
     found = copy.is_file()
     t0 = perf_counter()

@@ -529,17 +529,26 @@ def test_models_shows_the_repack_cache_and_rm_removes_a_model_with_it(tmp_path, 
     (repack / "broken.kpack").write_bytes(bytes(2**20))
     sizes = {path.name: path.stat().st_size for path in repack.iterdir()}
     ours = sizes["smollm2.i8mm.kpack"] + sizes["smollm2.sme2.kpack"]
+    trace = tmp_path / "trace"  # kleidipy trace's Q4_0 copies: SmolLM2's and another model's
+    trace.mkdir()
+    (trace / "SmolLM2-135M-Instruct.Q4_1.1234abcd-5678ef90.Q4_0.gguf").write_bytes(bytes(3 * 2**20))
+    (trace / "other.aaaa-bbbb.Q4_0.gguf").write_bytes(bytes(2**20))
 
     assert main(["models"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split() == [str(cached) + ";", "repack", "cache", f"{ours / 2**20:.1f}", "MiB", "in", "2", "files"]
+    assert lines[1] == f"{'':<30} {cached}; repack cache {ours / 2**20:.1f} MiB in 2 files; trace's Q4_0 copy 3.0 MiB"
     other = f"{(sum(sizes.values()) - ours) / 2**20:.1f} MiB of it for GGUF files outside the catalogue"
-    assert lines[-1] == f"repack cache {repack}: {sum(sizes.values()) / 2**20:.1f} MiB in 4 files ({other})"
+    assert lines[-2] == f"repack cache {repack}: {sum(sizes.values()) / 2**20:.1f} MiB in 4 files ({other})"
+    assert lines[-1] == f"trace's Q4_0 copies {trace}: 4.0 MiB in 2 files"
 
     assert main(["rm", SMOLLM2]) == 0
     out = capsys.readouterr().out
-    assert out == f"removed {SMOLLM2}: its file (93.8 MiB) and 2 files of repacked weights ({ours / 2**20:.1f} MiB)\n"
+    assert out == (
+        f"removed {SMOLLM2}: its file (93.8 MiB) and 2 files of repacked weights ({ours / 2**20:.1f} MiB) and "
+        "trace's Q4_0 copy (3.0 MiB)\n"
+    )
     assert not cached.exists() and sorted(path.name for path in repack.iterdir()) == ["broken.kpack", "mine.i8mm.kpack"]
+    assert [path.name for path in trace.iterdir()] == ["other.aaaa-bbbb.Q4_0.gguf"]
     assert "is not pulled: nothing to remove" in main_error(capsys, "rm", SMOLLM2)
     assert "did you mean 'smollm2-135m-instruct'" in main_error(capsys, "rm", "smollm")
     assert "no model name given" in main_error(capsys, "rm", "")
