@@ -9,13 +9,11 @@ foreground waits for a build in progress instead of compiling the same functions
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,7 +74,7 @@ def building() -> bool:
 
 
 @contextmanager
-def _exclusive() -> Iterator[bool]:
+def exclusive() -> Iterator[bool]:
     """The build lock if no other process holds it (True), else nothing (False)."""
     path = _lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +102,8 @@ class PlanBuild:
     nothing to numba's cache from then on until the build is over (:func:`~kleidipy.core.jit_cache.pause_saving`)."""
 
     def __init__(self, model: Path, target: str, kv_dtype: type) -> None:
-        self.command = [sys.executable, "-m", __name__, str(model), "--target", target, "--kv", np.dtype(kv_dtype).name]
+        kv = np.dtype(kv_dtype).name
+        self.command = [sys.executable, "-m", "kleidipy.runtime.plan_child", str(model), "--target", target, "--kv", kv]
         self.process: subprocess.Popen | None = None
 
     @property
@@ -129,43 +128,3 @@ class PlanBuild:
             return False
         jit_cache.pause_saving(False)
         return True
-
-
-def _build(model: str, target: str, kv: str) -> int:
-    """The child: load ``model`` for ``target`` op by op, compile its plan for one and two threads, run a token
-    through it (which compiles and saves every entry point), then mark it ready. Another build in progress: exit."""
-    from kleidipy.graph.execute import compile_model
-    from kleidipy.runtime.generate import Engine
-    from kleidipy.target import parse_target
-
-    with _exclusive() as mine:
-        if not mine:
-            print("another process is building the plan", file=sys.stderr)
-            return 0
-        kv_dtype = np.dtype(kv).type
-        engine = Engine(
-            model, target=parse_target(target), progress=False, check_tensors=False, graph=False, kv_dtype=kv_dtype
-        )
-        t0 = time.perf_counter()
-        if not compile_model(engine.lm, 2):
-            print("the model cannot run as a compiled plan", file=sys.stderr)
-            return 0
-        engine.lm.compiled.warm_up()
-        engine.lm.compiled.close()
-        mark_ready(kv_dtype)
-        print(f"plan built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=_build.__doc__)
-    parser.add_argument("model")
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--kv", default="float16")
-    args = parser.parse_args(argv)
-    return _build(args.model, args.target, args.kv)
-
-
-if __name__ == "__main__":
-    os.nice(5)  # the foreground process answers meanwhile
-    sys.exit(main())

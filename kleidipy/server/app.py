@@ -21,15 +21,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import errno
 import hashlib
 import hmac
 import importlib.resources
 import json
 import os
 import re
-import socket
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -49,7 +46,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.chat_template import ChatTemplateError
 from kleidipy.runtime.generate import Engine, Generation, PromptError
-from kleidipy.runtime.pull import CATALOGUE, default_model
+from kleidipy.runtime.pull import CATALOGUE
 from kleidipy.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from kleidipy.server.metrics import metrics_text
 from kleidipy.server.scheduler import Job, Scheduler
@@ -68,7 +65,6 @@ from kleidipy.server.schemas import (
     parse_tokenize,
     usage,
 )
-from kleidipy.target import Target
 
 MAX_BODY = 1 << 20  # bytes
 MIN_SLOT_CTX = 16  # tokens
@@ -512,98 +508,6 @@ async def watch_disconnect(request: Request, jobs: list[Job]) -> None:
     for job in jobs:
         job.cancel()
         job.events.put_nowait(("disconnect", None))
-
-
-def serve(
-    model: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    threads: int = 1,
-    ctx: int | None = None,
-    parallel: int = 4,
-    api_key: str | None = None,
-    cors: tuple[str, ...] = (),
-    target: Target | None = None,
-    execution: str = "jit",
-    progress: bool = True,
-    log_level: str = "info",
-    check_tensors: bool = True,
-    repack_cache: bool = True,
-    graph: bool = True,
-    deterministic: bool = False,
-) -> None:
-    """Load ``model`` (None: :func:`~kleidipy.runtime.pull.default_model`) and serve it until interrupted
-    (``kleidipy serve``). ``ctx`` is the total context, split
-    between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved);
-    ``deterministic``: each slot steps in a forward pass of its own (:class:`Scheduler`). The port is taken before
-    the model is loaded (a busy one is a ServerConfigError), and a line gives the page's URL once it is served."""
-    import uvicorn
-
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ServerConfigError(f"--port must be in 0..65535, got {port!r}")
-    slot_context(ctx or parallel * MIN_SLOT_CTX, parallel)  # fail before loading the model
-    sock = listen_socket(host, port)  # likewise, and no other process can take the port while the model loads
-    port = sock.getsockname()[1]  # --port 0: the one the system chose
-    url = f"http://{_url_host(host)}:{port}"
-
-    class ReadyServer(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            if self.started:  # llama-server's "server is listening on" line
-                print(f"kleidipy: chat page at {url}/ - OpenAI API at {url}/v1", file=sys.stderr, flush=True)
-
-    with sock:
-        engine = Engine(
-            model or default_model(),
-            target=target,
-            threads=threads,
-            execution=execution,
-            n_ctx=ctx,
-            progress=progress,
-            check_tensors=check_tensors,
-            repack_cache=repack_cache,
-            graph=graph,
-            background_compile=True,
-        )
-        app = create_app(engine, parallel=parallel, api_key=api_key, cors=tuple(cors), deterministic=deterministic)
-        print(
-            f"kleidipy: serving {app.state.model_id} on http://{host}:{port}/v1 "
-            f"({parallel} slot(s) x {app.state.slot_ctx} tokens of context)",
-            file=sys.stderr,
-        )
-        if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"kleidipy: warning: listening on {host} without --api-key", file=sys.stderr)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-        server = ReadyServer(config)
-        with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl+C is the way to stop
-            server.run(sockets=[sock])
-    if not server.started:  # uvicorn said why (as uvicorn.run exits)
-        sys.exit(3)
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host``:``port`` as uvicorn binds one (IPv6 if the host has a colon, SO_REUSEADDR), not yet
-    listening; a busy port, or a host that is not this machine's, is a ServerConfigError of one line."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        if sys.platform != "win32":  # there, SO_REUSEADDR would let it share a port that another server listens on
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ServerConfigError(f"port {port} on {host} is in use (choose another with --port)") from None
-        if exc.errno == errno.EACCES:
-            message = f"no permission to listen on port {port} on {host} (choose another with --port)"
-            raise ServerConfigError(message) from None
-        raise ServerConfigError(f"cannot listen on {host} port {port}: {exc.strerror or exc} (check --host)") from None
-    return sock
-
-
-def _url_host(host: str) -> str:
-    """The host of a URL to this server: a wildcard address shows as this machine's loopback, IPv6 in brackets."""
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"[{host}]" if ":" in host else host
 
 
 def _base64(vector: np.ndarray) -> str:

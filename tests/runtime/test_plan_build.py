@@ -12,7 +12,7 @@ import pytest
 from model_files import SMOLLM2
 
 from kleidipy.core import jit_cache
-from kleidipy.runtime import plan_build
+from kleidipy.runtime import plan_build, plan_child
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.sampler import SamplingParams
 
@@ -108,9 +108,9 @@ def test_saving_paused_writes_no_numba_cache(monkeypatch, tmp_path) -> None:
 def test_one_builder_at_a_time_and_foreground_waits(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(plan_build, "_cache_dir", lambda: tmp_path)
     assert not plan_build.building()
-    with plan_build._exclusive() as mine:
+    with plan_build.exclusive() as mine:
         assert mine and plan_build.building()
-        with plan_build._exclusive() as second:
+        with plan_build.exclusive() as second:
             assert not second
     assert not plan_build.building()
     plan_build.wait_for_build()  # nothing in progress: returns at once
@@ -133,5 +133,5 @@ def test_target_spec_names_the_target_again(spec) -> None:
 def test_the_child_builds_the_plan_and_marks_it_ready(monkeypatch, tmp_path) -> None:
     marker = {}
     monkeypatch.setattr(plan_build, "mark_ready", lambda kv_dtype: marker.setdefault("kv", np.dtype(kv_dtype)))
-    assert plan_build.main([str(SMOLLM2), "--target", "i8mm", "--kv", "float16"]) == 0
+    assert plan_child.main([str(SMOLLM2), "--target", "i8mm", "--kv", "float16"]) == 0
     assert marker == {"kv": np.dtype(np.float16)}
