@@ -292,7 +292,6 @@ class Engine:
             cache.save()
         #: the compiled plan's first build, in a child process, while this one runs op by op (None: no build)
         self.build: plan_build.PlanBuild | None = None
-        self._ran = False  # (a generation has run: the op-by-op kernels are compiled)
         self._polls = 0  # (calls of poll_compiled)
         if self.graph and self.execution == "jit":
             self._compile()
@@ -411,8 +410,8 @@ class Engine:
             n_cached=n_cached,
             grammar=grammar,
         )
-        cold = 2 if self.build is not None and not self._ran else 0  # (a first run's prefill and first decode step)
-        self._ran = True
+        # a first run's prefill and first decode step compile the op-by-op kernels (the build starts after them)
+        cold = 2 if self.build is not None and not self.build.started else 0
         try:
             while not gen.done:
                 prefill, t0 = gen.prefilling, time.perf_counter()
