@@ -176,14 +176,14 @@ class Path:
         """The LHS quantize+pack alone, on the calling thread."""
         node = self.node(x.shape[0], n, x.shape[1], rhs)
         out = np.empty(node.lhs_bytes(x.shape[0]), np.uint8)
-        mm.pack_lhs(node.code, node.params, x, x.shape[0], out, 0, 1)
+        mm.pack_lhs(node.params, x, x.shape[0], out, 0, 1)
         return out
 
     def run(self, x: np.ndarray, n: int, rhs: np.ndarray, out: np.ndarray, lhs: np.ndarray, threads: int) -> None:
         """The whole node: out[:m] = x @ W^T on ``threads`` workers."""
         m, k = x.shape
         node = self.node(m, n, k, rhs)
-        args = (node.code, node.params, x, m, lhs, rhs, out, n, k, self.status, self.untimed, 0)
+        args = (node.params, x, m, lhs, rhs, out, n, self.status, self.untimed, 0)
         self.workers[threads].run(mm.mul_mat, args)
 
 

@@ -3,7 +3,7 @@
 A family (``kleidipy/kernels/<family>/``, as KleidiAI's ``kai/ukernels/matmul/<family>/``) owns its packers and
 matmul kernels (``ukernels``), their numba code (``jit``, ``vnni``), their instruction programs for the emulator
 (``isa``), the adaptor from GGML weight bytes to its RHS packer's inputs (``ggml``) and its native tiles
-(``neon``, ``sme2``). Its ``__init__`` states
+(``neon``, ``sme2``) and its kernels' routines in the compiled plan (``node``). Its ``__init__`` states
 all of that in one :class:`Family`; adding a family is adding one folder.
 """
 
@@ -19,12 +19,15 @@ from llvmlite import ir
 
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.native import NativeIsa
+from kleidipy.core.node import NodeKernel
 from kleidipy.core.packers import Packer, RhsPacker
 
 #: (GGML type, raw tensor bytes, n, k, RHS packer, execution) -> (rhs, packer keywords)
 FromGGML = Callable[[GGMLType, np.ndarray, int, int, RhsPacker, str], tuple[np.ndarray, dict]]
 #: (float weights [n, k], RHS packer) -> (rhs, packer keywords): the family's weight format made from floats
 FromFloat = Callable[[np.ndarray, RhsPacker], tuple[np.ndarray, dict]]
+#: (kernel, k) -> the kernel's routines in the compiled plan (None: it has none)
+Node = Callable[[MatmulKernel, int], NodeKernel | None]
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class Family:
     #: the family's native-tile modules (``neon``, ``sme2``): each has ``kernel_tile(kernel, isa)`` -> the LLVM
     #: module (or its IR text) of the kernel's tile for a :class:`~kleidipy.core.native.NativeIsa`, or None
     native: tuple[ModuleType, ...] = ()
+    #: the compiled plan's routines of a kernel (``node.node``, :mod:`kleidipy.core.node`; None: the plan runs none
+    #: of the family's kernels)
+    node: Node | None = None
 
     def native_tile(self, kernel: MatmulKernel, isa: NativeIsa) -> ir.Module | str | None:
         """The LLVM module (or IR text) of a kernel's native tile for ``isa`` (None: the family has none)."""

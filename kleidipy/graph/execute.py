@@ -69,7 +69,6 @@ class CompiledForward:
         self._rhs_arrays = [np.asarray(w.rhs) for w in plan.weights]  # (kept alive: run_plan reads their addresses)
         self._rhs = address_table(self._rhs_arrays, np.uint8)
         self._sizes = np.array([[w.n, w.k] for w in plan.weights], np.int64)
-        self._codes = np.array([[w.gemv.code, w.gemm.code] for w in plan.weights], np.int64)
         width = max(len(k.params) for w in plan.weights for k in (w.gemv, w.gemm))
         self._params = np.zeros((2 * len(plan.weights), width), np.int64)
         for i, w in enumerate(plan.weights):
@@ -161,7 +160,7 @@ class CompiledForward:
             kc, vc, cell = self._kv
             code, rows, scale = self._embd
             arrays = [  # (rows A_*)
-                self.plan.nodes, self.plan.fparams, self._buffers, self._rhs, self._sizes, self._codes, self._params,
+                self.plan.nodes, self.plan.fparams, self._buffers, self._rhs, self._sizes, self._params,
                 self._vectors, self._cos, self._sin, self._neox, self._gelu, kc, vc, self._lhs, self._scratch,
                 self._status, rows, self._run_slots, self._decode_slots,
             ]  # fmt: skip

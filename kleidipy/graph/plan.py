@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kleidipy.graph.matmul import NodeKernel, node_kernel, same_lhs
+from kleidipy.core.node import NodeKernel
+from kleidipy.graph.matmul import node_kernel, same_lhs
 from kleidipy.runtime.backend import RepackedLinear
 from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttention, SwiGLU
 

@@ -3,8 +3,8 @@
 
 Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
 :func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a scalar of it), which
-rebuild row ``i`` of a table as an array view (no copy, no reference count), and ``f32_at``, ``f64_at``, ``i64_at``,
-``u8_at``, ``bool_at``, the same for one array given by its address and shape (the rows are those of theirs).
+rebuild row ``i`` of a table as an array view (no copy, no reference count; one array at an address:
+:mod:`kleidipy.core.pointers`).
 Hand-written because numba's typed List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per
 List argument at every call (numba types and unboxes it in Python), which the plan paid seven times per decoded token on
 every thread; a table is one array argument (~0.1 µs). The caller keeps the arrays alive for as long as it passes their
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numba
 import numpy as np
-from numba import types
-from numba.extending import intrinsic
+
+from kleidipy.core.pointers import f32_at, like_at, u8_at
 
 
 def address_table(arrays: Sequence[np.ndarray], dtype: type | None) -> np.ndarray:
@@ -31,67 +31,6 @@ def address_table(arrays: Sequence[np.ndarray], dtype: type | None) -> np.ndarra
         table[i, 0] = a.ctypes.data
         table[i, 1 : 1 + a.ndim] = a.shape
     return table
-
-
-def _pointer_to(dtype: types.Type):  # noqa: ANN202
-    @intrinsic
-    def to_pointer(typingctx, addr):  # noqa: ANN001, ANN202, ARG001
-        sig = types.CPointer(dtype)(types.int64)
-
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-        return sig, codegen
-
-    return to_pointer
-
-
-@intrinsic
-def _pointer_like(typingctx, like, addr):  # noqa: ANN001, ANN202, ARG001
-    """The address as a pointer to the type of the scalar ``like``."""
-    sig = types.CPointer(like)(like, types.int64)
-
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
-        return builder.inttoptr(args[1], context.get_value_type(signature.return_type))
-
-    return sig, codegen
-
-
-_f32_pointer = _pointer_to(types.float32)
-_f64_pointer = _pointer_to(types.float64)
-_u8_pointer = _pointer_to(types.uint8)
-_bool_pointer = _pointer_to(types.boolean)
-_i64_pointer = _pointer_to(types.int64)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def f32_at(addr, shape):  # pragma: no cover - compiled
-    """The C-contiguous float32 array of ``shape`` (an int or a tuple) at address ``addr``, as the array."""
-    return numba.carray(_f32_pointer(addr), shape)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def i64_at(addr, shape):  # pragma: no cover - compiled
-    """The C-contiguous int64 array of ``shape`` (an int or a tuple) at address ``addr``, as the array."""
-    return numba.carray(_i64_pointer(addr), shape)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def f64_at(addr, shape):  # pragma: no cover - compiled
-    """The C-contiguous float64 array of ``shape`` at address ``addr``, as the array."""
-    return numba.carray(_f64_pointer(addr), shape)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def u8_at(addr, shape):  # pragma: no cover - compiled
-    """The C-contiguous uint8 array of ``shape`` at address ``addr``, as the array."""
-    return numba.carray(_u8_pointer(addr), shape)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def bool_at(addr, shape):  # pragma: no cover - compiled
-    """The C-contiguous bool array of ``shape`` at address ``addr``, as the array."""
-    return numba.carray(_bool_pointer(addr), shape)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -116,4 +55,4 @@ def u8_1d(table, i):  # pragma: no cover - compiled
 def like_4d(table, i, like):  # pragma: no cover - compiled
     """Row ``i`` of an :func:`address_table` of 4-D arrays of the type of the scalar ``like``, as the array (a scalar
     argument: unboxed at a call for nothing, where a 0-size array costs microseconds cold)."""
-    return numba.carray(_pointer_like(like, table[i, 0]), (table[i, 1], table[i, 2], table[i, 3], table[i, 4]))
+    return like_at(like, table[i, 0], (table[i, 1], table[i, 2], table[i, 3], table[i, 4]))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from kleidipy.core.pointers import bool_at, f32_at, f64_at, i64_at, u8_at
 from kleidipy.formats.rows import get_rows
 from kleidipy.graph import attention, ops
 from kleidipy.graph import matmul as mm
@@ -39,7 +40,7 @@ from kleidipy.graph.plan import (
     OP_STORE_KV,
     OP_SWIGLU,
 )
-from kleidipy.graph.views import bool_at, f32_1d, f32_2d, f32_at, f64_at, i64_at, like_4d, u8_1d, u8_at
+from kleidipy.graph.views import f32_1d, f32_2d, like_4d, u8_1d
 from kleidipy.graph.workers import SYNC_FIRST_FREE, barrier, next_run, pool_arrays, post_again, share, wait_done
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node; [2], [3] thread 0's
@@ -65,14 +66,15 @@ DECODE_SLOTS = DECODE_TOKENS + 1
 
 #: rows of the table of the arrays run_plan reads (:func:`~kleidipy.graph.views.address_table` of any dtype): the
 #: plan's nodes and float parameters; the address tables of the activation buffers, the packed weights, their sizes,
-#: kernel codes and parameters, the norm vectors, the RoPE cos/sin tables, whether each RoPE is NeoX; the GELU table;
+#: their kernels' parameter records (:mod:`kleidipy.core.node`), the norm vectors, the RoPE cos/sin tables, whether
+#: each RoPE is NeoX; the GELU table;
 #: the address tables of the K and V caches; the packed-LHS scratch, attention's scratch [threads, n], the status,
 #: the embedding's bytes, the run table and a decoded token's run table (:func:`decode_run`). The table's address is
 #: the one argument instead of twenty arrays: numba unboxes every array argument of a call (a reference-counted
 #: MemInfo: a malloc, a free, Python reference counts), ~4 µs each when the call runs cold, after the plan streamed the
 #: weights through the caches; an int costs nothing.
-A_NODES, A_FPARAMS, A_BUFFERS, A_RHS, A_SIZES, A_CODES, A_PARAMS, A_VECTORS, A_COS, A_SIN = range(10)
-A_NEOX, A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN, A_DECODE = range(10, 20)
+A_NODES, A_FPARAMS, A_BUFFERS, A_RHS, A_SIZES, A_PARAMS, A_VECTORS, A_COS, A_SIN, A_NEOX = range(10)
+A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN, A_DECODE = range(10, 19)
 A_SLOTS = A_DECODE + 1
 
 
@@ -100,7 +102,7 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
     arrays = i64_at(table, (A_SLOTS, 5))
     nodes, buffers, rhs = _i64_2d(arrays, A_NODES), _i64_2d(arrays, A_BUFFERS), _i64_2d(arrays, A_RHS)
     fparams = f64_at(arrays[A_FPARAMS, 0], arrays[A_FPARAMS, 1])
-    sizes, codes, params = _i64_2d(arrays, A_SIZES), _i64_2d(arrays, A_CODES), _i64_2d(arrays, A_PARAMS)
+    sizes, params = _i64_2d(arrays, A_SIZES), _i64_2d(arrays, A_PARAMS)
     vectors, cos, sin = _i64_2d(arrays, A_VECTORS), _i64_2d(arrays, A_COS), _i64_2d(arrays, A_SIN)
     neox = bool_at(arrays[A_NEOX, 0], arrays[A_NEOX, 1])
     gelu_table = f32_at(arrays[A_GELU, 0], arrays[A_GELU, 1])
@@ -141,14 +143,14 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
             if rows == 0:
                 continue
             kind = 0 if rows == 1 else 1
-            code, prm, n, k, w = codes[c, kind], params[2 * c + kind], sizes[c, 0], sizes[c, 1], u8_1d(rhs, c)
+            prm, n, w = params[2 * c + kind], sizes[c, 0], u8_1d(rhs, c)
             x = f32_2d(buffers, a)
             out = f32_at(run[RUN_LOGITS], (keep.size, run[RUN_N_VOCAB])) if b == logits_buffer else f32_2d(buffers, b)
             if d == 1:  # the previous MUL_MAT packed this input so: no pack, no barrier
                 if timed:
                     prof[ith, i, 1] = prof[ith, i, 0]
-                mm.matmul(code, prm, rows, n, k, lhs, w, out, ith, nth)
-            elif not mm.mul_mat(ith, nth, sync, code, prm, x, rows, lhs, w, out, n, k, status, prof, i):
+                mm.matmul(prm, rows, n, lhs, w, out, ith, nth)
+            elif not mm.mul_mat(ith, nth, sync, prm, x, rows, lhs, w, out, n, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
                 return 1
         elif op == OP_RMS_NORM:

@@ -36,8 +36,8 @@ import numba
 import numpy as np
 
 from kleidipy.core.buffers import check_threads
+from kleidipy.core.pointers import i64_at
 from kleidipy.graph.atomics import atomic_add, atomic_load, atomic_store, cpu_pause, monotonic_ns, sched_yield
-from kleidipy.graph.views import i64_at
 
 #: threads at the current barrier.
 SYNC_ARRIVED = 0

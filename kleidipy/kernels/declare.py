@@ -17,10 +17,11 @@ def declare(
     adaptor: ModuleType,
     ggml_types: tuple[GGMLType, ...] = (),
     native: tuple[ModuleType, ...] = (),
+    node: ModuleType | None = None,
 ) -> Family:
     """The family of ``ukernels`` (its FAMILY_NAME, KERNELS and PACKERS), taking ``ggml_types`` through
     ``adaptor.from_ggml`` (none: no GGML type is the family's format) and floats through ``adaptor.from_float``;
-    ``native`` its native-tile modules."""
+    ``native`` its native-tile modules, ``node`` the module of its compiled plan routines."""
     family = Family(
         name=ukernels.FAMILY_NAME,
         kernels=tuple(ukernels.KERNELS),
@@ -30,6 +31,7 @@ def declare(
         from_float=adaptor.from_float,
         programs=isa.PROGRAMS,
         native=native,
+        node=node.node if node is not None else None,
     )
     attach_programs(family.kernels, family.programs)
     return family

@@ -36,17 +36,17 @@ def main() -> int:
             for nth in (1, 2):
                 lhs = np.zeros(nk.lhs_bytes(m), np.uint8)
                 for ith in range(nth):
-                    mm.pack_lhs(nk.code, nk.params, x, m, lhs, ith, nth)
+                    mm.pack_lhs(nk.params, x, m, lhs, ith, nth)
                 out = np.empty((m, N), np.float32)
                 for ith in range(nth):
-                    mm.matmul(nk.code, nk.params, m, N, K, lhs, packed, out, ith, nth)
+                    mm.matmul(nk.params, m, N, lhs, packed, out, ith, nth)
                 if not np.array_equal(out.view(np.uint32), want.view(np.uint32)):
                     print(f"DIFFERENT {kern.name} m={m} threads={nth}")
                     failed += 1
-        if kern.tier != "sme2" and nk.code in (mm.Q4_1, mm.Q8_0):  # the portable loops: not the native tiles
-            print(f"PORTABLE {kern.name}: code {nk.code}")
+        if kern.tier != "sme2" and nk.routine.endswith("_portable"):  # the portable loops: not the native tiles
+            print(f"PORTABLE {kern.name}: {nk.routine}")
             failed += 1
-        print(f"{kern.name}: code {nk.code}")
+        print(f"{kern.name}: {nk.routine}")
     return 1 if failed else 0
 
 

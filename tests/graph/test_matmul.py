@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as T
 
 from kleidipy import formats
 from kleidipy.core.matmul import PreparedMatmul
+from kleidipy.core.node import P_MR, P_N_STEP, NodeKernel
 from kleidipy.graph import matmul as mm
 from kleidipy.graph.workers import Workers
 from kleidipy.kernels.catalogue import all_kernels, family_of, get_kernel
@@ -36,10 +37,10 @@ def _activations(m: int, seed: int) -> np.ndarray:
     return x
 
 
-def _pack(nk: mm.NodeKernel, x: np.ndarray, m: int, nth: int) -> tuple[np.ndarray, list[bool]]:
+def _pack(nk: NodeKernel, x: np.ndarray, m: int, nth: int) -> tuple[np.ndarray, list[bool]]:
     """The packed LHS every thread's share writes (in a buffer of garbage), and what each returned."""
     buf = np.full(nk.lhs_bytes(m) + 5, 0xAB, np.uint8)
-    return buf, [mm.pack_lhs(nk.code, nk.params, x, m, buf, ith, nth) for ith in range(nth)]
+    return buf, [mm.pack_lhs(nk.params, x, m, buf, ith, nth) for ith in range(nth)]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -60,7 +61,7 @@ def test_pack_and_matmul_match_prepared_bit_for_bit(target, ggml_type):
             assert (lhs[want_lhs.size :] == 0xAB).all()
             out = np.full((m + 2, N), np.nan, np.float32)
             for ith in range(nth):
-                mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
+                mm.matmul(nk.params, m, N, lhs, prepared.rhs, out, ith, nth)
             assert np.array_equal(out[:m].view(np.uint32), want.view(np.uint32)), (prepared.kernel.name, m, nth)
             assert np.isnan(out[m:]).all()  # rows past m untouched
 
@@ -84,12 +85,12 @@ def test_mul_mat_node_on_workers(target: str, ggml_type: T) -> None:
                     np.zeros(1, np.int64),
                     np.zeros((0, 0, 3), np.int64),
                 )
-                args = (nk.code, nk.params, x, m, lhs, prepared.rhs, out, N, K, status, prof, 0)
+                args = (nk.params, x, m, lhs, prepared.rhs, out, N, status, prof, 0)
                 assert workers.run(mm.mul_mat, args)
                 assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (prepared.kernel.name, m, nth)
                 bad = x.copy()
                 bad[m - 1, 3] = np.nan
-                assert not workers.run(mm.mul_mat, (nk.code, nk.params, bad, *args[3:]))
+                assert not workers.run(mm.mul_mat, (nk.params, bad, *args[2:]))
                 assert status[0] == 1
 
 
@@ -121,12 +122,12 @@ def test_row_split_matches_prepared_bit_for_bit(target: str, ggml_type: T) -> No
         nk = mm.node_kernel(lin.gemm)
         want = lin.gemm(x[:m])
         for nth in (2, 3):
-            blocks = [mm.split(m, n, nk.params[mm.P_MR], nk.params[mm.P_N_STEP], ith, nth) for ith in range(nth)]
+            blocks = [mm.split(m, n, nk.params[P_MR], nk.params[P_N_STEP], ith, nth) for ith in range(nth)]
             rows_split |= nth == 2 and all(blk[2:] == (0, n) for blk in blocks)
             lhs, _ = _pack(nk, x, m, nth)
             out = np.full((m, n), np.nan, np.float32)
             for ith in range(nth):
-                mm.matmul(nk.code, nk.params, m, n, K, lhs, lin.gemm.rhs, out, ith, nth)
+                mm.matmul(nk.params, m, n, lhs, lin.gemm.rhs, out, ith, nth)
             assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (lin.gemm.kernel.name, n, nth)
     assert rows_split
 
@@ -148,7 +149,7 @@ def test_outputs_past_flt_max_are_clamped_where_they_are_stored(target: str) -> 
             lhs, _ = _pack(nk, x, m, nth)
             out = np.full((m + 1, N), np.nan, np.float32)
             for ith in range(nth):
-                mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
+                mm.matmul(nk.params, m, N, lhs, prepared.rhs, out, ith, nth)
             assert np.array_equal(out[:m].view(np.uint32), want.view(np.uint32)), (m, nth)
             assert np.isnan(out[m:]).all()
 
@@ -171,7 +172,7 @@ def test_every_kernel_of_the_families_the_runtime_uses(name):
             assert np.array_equal(lhs[: want_lhs.size], want_lhs)
             out = np.empty((m, N), np.float32)
             for ith in range(nth):
-                mm.matmul(nk.code, nk.params, m, N, K, lhs, prepared.rhs, out, ith, nth)
+                mm.matmul(nk.params, m, N, lhs, prepared.rhs, out, ith, nth)
             assert np.array_equal(out.view(np.uint32), prepared(x[:m]).view(np.uint32))
 
 
@@ -184,7 +185,7 @@ def test_clamped_to_flt_max(ggml_type):
     nk = mm.node_kernel(lin.gemm)
     lhs, _ = _pack(nk, x, 2, 1)
     out = np.empty((2, N), np.float32)
-    mm.matmul(nk.code, nk.params, 2, N, K, lhs, lin.gemm.rhs, out, 0, 1)
+    mm.matmul(nk.params, 2, N, lhs, lin.gemm.rhs, out, 0, 1)
     assert np.array_equal(out.view(np.uint32), lin.gemm(x).view(np.uint32))
 
 

@@ -8,7 +8,7 @@ from weight bytes or floats to the RHS packer's inputs.
 
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.kernels.bf16p_bf16p import ggml, isa, native, ukernels
+from kleidipy.kernels.bf16p_bf16p import ggml, isa, native, node, ukernels
 from kleidipy.kernels.declare import declare
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.F16, GGMLType.F32), native=(native,))
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.F16, GGMLType.F32), native=(native,), node=node)

@@ -10,6 +10,6 @@ from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.kernels.bf16p_bf16p import ggml
 from kleidipy.kernels.declare import declare
-from kleidipy.kernels.f32_f32p import isa, ukernels
+from kleidipy.kernels.f32_f32p import isa, node, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.F16, GGMLType.F32))
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.F16, GGMLType.F32), node=node)

@@ -10,6 +10,6 @@ and ``ggml`` the adaptor from weight bytes or floats to the RHS packer's inputs.
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.kernels.declare import declare
-from kleidipy.kernels.qai8dxp_qsi8cxp import ggml, isa, neon, sme, sme2, ukernels
+from kleidipy.kernels.qai8dxp_qsi8cxp import ggml, isa, neon, node, sme, sme2, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q8_0,), native=(neon, sme2, sme))
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q8_0,), native=(neon, sme2, sme), node=node)

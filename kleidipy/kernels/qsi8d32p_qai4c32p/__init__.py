@@ -10,6 +10,6 @@ the adaptor from weight bytes or floats to the RHS packer's inputs.
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.kernels.declare import declare
-from kleidipy.kernels.qsi8d32p_qai4c32p import ggml, isa, neon, sme2, ukernels
+from kleidipy.kernels.qsi8d32p_qai4c32p import ggml, isa, neon, node, sme2, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_1,), native=(neon, sme2))
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_1,), native=(neon, sme2), node=node)

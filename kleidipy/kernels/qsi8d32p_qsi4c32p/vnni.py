@@ -35,7 +35,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
-from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX
+from kleidipy.core.node import clamp_in_place, copy_clamped
+from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 
@@ -56,7 +57,6 @@ _LDO = PARAMS.index("ldo")
 CHAINS = 2
 #: panels (memory streams) the GEMV reads at once, far apart (see ``make_gemv_tile``)
 GEMV_PANELS = 4
-_LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)
 
 
 class Tile:
@@ -400,29 +400,6 @@ def _tiles(isa, params, m, nr, lhs, corr, sl, rhs, flat, acc, init, j0s, ld_clam
             if ld_clamp > 0:
                 for r in range(i0, i0 + rows):
                     clamp_in_place(flat[r * ld_clamp + j0 : r * ld_clamp + j0 + PANEL_COLS])
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _clamped(v):  # pragma: no cover - compiled
-    """v clamped to ±FLT_MAX (NaN kept, as numpy's maximum/minimum): the kernels' clamp."""
-    return _LO if v < _LO else (_HI if v > _HI else v)
-
-
-@numba.njit(cache=True, nogil=True)
-def copy_clamped(src, dst):  # pragma: no cover - compiled
-    """dst[:] = src (1-D, one size, not overlapping) clamped (:func:`_clamped`); also the compiled plan's
-    (``graph.matmul._store_clamped``)."""
-    for j in range(src.size):
-        dst[j] = _clamped(src[j])
-
-
-@numba.njit(cache=True, nogil=True)
-def clamp_in_place(a):  # pragma: no cover - compiled
-    """a[:] (1-D) clamped (:func:`_clamped`) in place. Apart from :func:`copy_clamped` because LLVM vectorises a loop
-    whose source may be its destination only when they provably do not overlap: ``copy_clamped(a, a)`` ran scalar,
-    ~10x slower (0.5-0.7 ms for a 512 x 1536 result, 8-24 % of a 512-row GEMM at k = 576-1536)."""
-    for j in range(a.size):
-        a[j] = _clamped(a[j])
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,0 +1,163 @@
+"""The compiled plan's interface to a family's matmul (KleidiAI's ukernel interface struct, llama.cpp's function
+pointers in ``kernels.cpp``): a :class:`NodeKernel` is a kernel's LHS pack and matmul routines as C function
+addresses plus one int64 parameter record; the plan calls them through :func:`call_pack` and :func:`call_matmul`
+and never names a family. Each routine is a numba ``cfunc`` compiled (and cached) on its own when a model first
+uses it, so a model compiles only its families' code. The record's layout and the routines' contracts:
+``docs/compiled-plan.md``.
+
+Hand-written because numba calls a function whose address it learns at run time only through an LLVM indirect
+call, which no numba API emits from a value held in an array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.numerics import FLT_MAX
+
+# --- the parameter record: a header every family fills, then the family's own slots ---------------------------
+#: the kernel's geometry and K
+P_MR, P_NR, P_KR, P_SR, P_N_STEP, P_K = 0, 1, 2, 3, 4, 5
+#: bytes of one packed LHS group of mr rows, of one packed RHS group of nr columns
+P_LHS_STRIDE, P_RHS_STRIDE = 6, 7
+#: the MOPA kernels' first block is an FMUL (accumulators from −0)
+P_FIRST_BLOCK_FMUL = 8
+#: the addresses of the routines (:data:`PACK` and :data:`MATMUL` signatures)
+P_PACK, P_MATMUL = 9, 10
+#: the first of a family's own slots
+P_FAMILY = 11
+
+#: ``pack(params, x, rows, dst)``: quantize+pack ``rows`` float32 rows of K values at address x (C-contiguous) into
+#: the bytes at dst (whole mr-row groups: ceil(rows / mr) · P_LHS_STRIDE bytes, padding rows as the packer pads)
+PACK = types.void(types.int64, types.int64, types.int64, types.int64)
+#: ``matmul(params, m, n, lhs, rhs, out, ld)``: the packed LHS of m rows (its first group at lhs) × n packed columns
+#: (their first group at rhs) into the float32 rows at out (row i at out + 4·i·ld), clamped to ±FLT_MAX
+MATMUL = types.void(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class NodeKernel:
+    """A kernel as the compiled plan runs it: ``params`` (the header above, the family's slots after it) for
+    ``name``; ``lhs_key`` equal for two kernels that pack the same rows into the same bytes; ``routine`` the
+    matmul routine's qualified name."""
+
+    name: str
+    params: np.ndarray
+    lhs_key: tuple
+    routine: str
+
+    def lhs_bytes(self, m: int) -> int:
+        """Bytes of the packed LHS of m rows (what the pack routine writes and the matmul routine reads)."""
+        return -(-m // int(self.params[P_MR])) * int(self.params[P_LHS_STRIDE])
+
+
+@cache
+def _address(py_func: Callable, signature: types.Type) -> int:
+    """The C address of ``py_func`` compiled as a cfunc of ``signature`` (compiled, or loaded from numba's cache,
+    at its first use in this process)."""
+    return numba.cfunc(signature, nopython=True, cache=True)(py_func).address
+
+
+def node_kernel(
+    kern: MatmulKernel,
+    k: int,
+    pack: Callable,
+    matmul: Callable,
+    family: dict[int, int],
+    lhs_slots: tuple[int, ...],
+    lhs_rows: int | None = None,
+) -> NodeKernel:
+    """The :class:`NodeKernel` of ``kern`` at depth k running the cfunc bodies ``pack`` and ``matmul``, with the
+    family's slots ``family`` (slot -> value); ``lhs_slots`` are the slots the pack routine reads. ``lhs_rows``:
+    rows per packed LHS group when the LHS is not packed in groups of mr (a kernel without LHS packer: 1)."""
+    g = kern._geo()
+    mr = g.mr if lhs_rows is None else lhs_rows
+    p = np.zeros(P_FAMILY + len(family), np.int64)
+    p[P_MR], p[P_NR], p[P_KR], p[P_SR], p[P_N_STEP], p[P_K] = mr, g.nr, g.kr, g.sr, g.n_step, k
+    p[P_LHS_STRIDE] = kern.lhs_packed_size(mr, k)
+    p[P_RHS_STRIDE] = kern.rhs_packed_size(g.nr, k)
+    p[P_FIRST_BLOCK_FMUL] = bool(kern.flags.get("first_block_fmul", False))
+    p[P_PACK], p[P_MATMUL] = _address(pack, PACK), _address(matmul, MATMUL)
+    for slot, value in family.items():
+        p[slot] = value
+    key = (int(p[P_PACK]), *(int(p[s]) for s in (P_MR, P_KR, P_SR, P_K, P_LHS_STRIDE, *lhs_slots)))
+    return NodeKernel(kern.name, p, key, f"{matmul.__module__}.{matmul.__name__}")
+
+
+# --- compiled side ----------------------------------------------------------------------------------------------
+def _call(builder: ir.IRBuilder, values: list) -> None:
+    """The indirect call of the function at address values[0] with the int64 arguments values[1:]."""
+    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * (len(values) - 1))
+    builder.call(builder.inttoptr(values[0], fnty.as_pointer()), values[1:])
+
+
+@intrinsic
+def call_pack(typingctx, fn, params, x, rows, dst):
+    """``call_pack(params[P_PACK], params address, x address, rows, dst address)``: the :data:`PACK` routine."""
+
+    def codegen(context, builder, signature, values):
+        _call(builder, values)
+        return context.get_dummy_value()
+
+    return types.void(*([types.int64] * 5)), codegen
+
+
+@intrinsic
+def call_matmul(typingctx, fn, params, m, n, lhs, rhs, out, ld):
+    """``call_matmul(params[P_MATMUL], params address, m, n, lhs address, rhs address, out address, ld)``: the
+    :data:`MATMUL` routine."""
+
+    def codegen(context, builder, signature, values):
+        _call(builder, values)
+        return context.get_dummy_value()
+
+    return types.void(*([types.int64] * 8)), codegen
+
+
+_LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def clamped(v):  # pragma: no cover - compiled
+    """v clamped to ±FLT_MAX (NaN kept, as numpy's maximum/minimum): the kernels' clamp."""
+    return _LO if v < _LO else (_HI if v > _HI else v)
+
+
+@numba.njit(cache=True, nogil=True)
+def copy_clamped(src, dst):  # pragma: no cover - compiled
+    """dst[:] = src (1-D, one size, not overlapping) clamped (:func:`clamped`)."""
+    for j in range(src.size):
+        dst[j] = clamped(src[j])
+
+
+@numba.njit(cache=True, nogil=True)
+def clamp_in_place(a):  # pragma: no cover - compiled
+    """a[:] (1-D) clamped (:func:`clamped`) in place. Apart from :func:`copy_clamped` because LLVM vectorises a loop
+    whose source may be its destination only when they provably do not overlap: ``copy_clamped(a, a)`` ran scalar,
+    ~10x slower (0.5-0.7 ms for a 512 x 1536 result, 8-24 % of a 512-row GEMM at k = 576-1536)."""
+    for j in range(a.size):
+        a[j] = clamped(a[j])
+
+
+@numba.njit(cache=True, nogil=True)
+def copy(src, dst):  # pragma: no cover - compiled
+    """dst[:src.size] = src for 1-D arrays (a plain loop: numba's slice assignment is ~20x slower)."""
+    for i in range(src.size):
+        dst[i] = src[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def store_clamped(res, out, ld):  # pragma: no cover - compiled
+    """res [m, n] clamped into the flat float32 rows ``out`` (row i at out[i·ld :])."""
+    m, n = res.shape
+    for i in range(m):
+        copy_clamped(res[i], out[i * ld : i * ld + n])
