@@ -25,7 +25,7 @@ def families() -> tuple[Family, ...]:
     """Every family package's record, in name order."""
     found = []
     for info in sorted(pkgutil.iter_modules(_pkg.__path__), key=lambda i: i.name):
-        if info.ispkg and not info.name.startswith("_"):
+        if info.ispkg and not info.name.startswith("_") and info.name != "pack":  # (pack: the shared room)
             found.append(importlib.import_module(f"{_pkg.__name__}.{info.name}").FAMILY)
     return tuple(found)
 

@@ -1,8 +1,8 @@
-"""Numba code of the F16 weight routes: BF16 packers and BFMOPA/BFMMLA/BFDOT kernels, f32 packer and FMLA kernel.
+"""Numba code of the BF16 family: its packers and the BFMOPA/BFMMLA/BFDOT kernels.
 
-Each function mirrors a numpy reference in ``ukernels.py`` beside it / ``kleidipy.kernels.f32_f32p.ukernels`` bit
-for bit. The BF16 arithmetic is the FPCR.EBF = 0 ``BFDotAdd`` described there: every product and sum is
-rounded to odd in float32, denormal inputs and results are flushed to zero, NaN results are the default NaN.
+Each function mirrors a numpy reference in ``ukernels.py`` beside it bit for bit. The BF16 arithmetic is the
+FPCR.EBF = 0 ``BFDotAdd`` described there: every product and sum is rounded to odd in float32, denormal inputs and
+results are flushed to zero, NaN results are the default NaN.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.core.numerics import bf16_round, bf16_value, bfdotadd, fma32
+from kleidipy.core.numerics import bf16_round, bf16_value, bfdotadd
 
 # --------------------------------------------------------------------------------------------- packers
 
@@ -59,24 +59,6 @@ def pack_rhs_bf16_kxn(rhs, bias, nr, kr):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def pack_rhs_x32_kxn(rhs, bias, nr):
-    """RHS K x N f32 -> groups of nr columns: nr f32 bias, then for each k the nr f32 of row k."""
-    k, n = rhs.shape
-    groups = (n + nr - 1) // nr
-    out = np.zeros(groups * nr * (1 + k), dtype=np.float32)
-    for g in range(groups):
-        base = g * nr * (1 + k)
-        for c in range(nr):
-            col = g * nr + c
-            if col >= n:
-                break
-            out[base + c] = bias[col]
-            for kk in range(k):
-                out[base + (1 + kk) * nr + c] = rhs[kk, col]
-    return out.view(np.uint8)
-
-
 # --------------------------------------------------------------------------------------------- kernels
 
 
@@ -117,21 +99,4 @@ def matmul_bf16(m, n, k, lhs, rhs, mr, nr, kr, two_accumulators):
                 out[i, j] = np.float32(acc0) + np.float32(acc1)
             else:
                 out[i, j] = np.float32(acc0)
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def matmul_f32_fma(m, n, k, lhs, rhs, nr):
-    """dst[m, n] = bias + sum_k lhs[., k] * rhs[k, .] as one fused multiply-add per k, in k order (FMLA)."""
-    r = rhs.view(np.float32)
-    gstride = nr * (1 + k)
-    out = np.empty((m, n), dtype=np.float32)
-    for j in range(n):
-        base = (j // nr) * gstride
-        c = j % nr
-        for i in range(m):
-            acc = r[base + c]
-            for kk in range(k):
-                acc = fma32(lhs[i * k + kk], r[base + (1 + kk) * nr + c], acc)
-            out[i, j] = acc
     return out

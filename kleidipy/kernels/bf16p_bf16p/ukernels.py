@@ -2,8 +2,8 @@
 
 Owns the LHS packers ``lhs_pack_bf16p2vlx2_f32_sme``, ``lhs_quant_pack_bf16p8x4_f32_neon`` and
 ``lhs_quant_pack_bf16p1x4_f32_neon``, the RHS packers ``rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme`` and
-``rhs_quant_pack_kxn_bf16p12x4biasf32_f32_neon``, the four ``matmul_clamp_f32_bf16p*`` kernels, and
-:func:`f16_nxk_to_f32_kxn`, which turns a GGML F16 tensor into the packers' inputs the way llama.cpp does.
+``rhs_quant_pack_kxn_bf16p12x4biasf32_f32_neon`` and the four ``matmul_clamp_f32_bf16p*`` kernels; their weights
+come as K x N float32 (:mod:`kleidipy.kernels.pack.kxn`).
 
 Packing: f32 -> bf16 rounds to nearest even (BFCVT); K is zero-padded to a multiple of kr. LHS groups of mr rows
 hold, per chunk of kr K values, mr rows x kr bf16 (padding rows: 0 for SME, copies of the group's first row for the
@@ -37,10 +37,11 @@ import numpy as np
 from kleidipy.core import numerics
 from kleidipy.core.buffers import SVL_CHOICES, roundup
 from kleidipy.core.matmul import Geometry, MatmulKernel
-from kleidipy.core.numerics import bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits
+from kleidipy.core.numerics import bf16_bits_to_f32, f32_to_bf16_bits
 from kleidipy.core.packers import LhsPacker, RhsPacker
-from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
+from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.bf16p_bf16p import jit, native
+from kleidipy.kernels.pack.kxn import check_no_bl, kxn_inputs
 
 FAMILY_NAME = "bf16p_bf16p"
 #: mr / nr of the SME packers: 2·VL for every supported SVL.
@@ -49,74 +50,6 @@ SME_2VL = tuple(2 * svl // 32 for svl in SVL_CHOICES)
 _MIN_NORMAL = 2.0**-126
 _LOW29 = np.int64((1 << 29) - 1)
 _DEFAULT_NAN = float(np.array([numerics.DEFAULT_NAN_BITS], dtype=np.uint32).view(np.float32)[0])
-
-
-# --------------------------------------------------------------------------------------------- inputs
-
-
-def f16_nxk_to_f32_kxn(rhs_f16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp's F16 route: GGML F16 weights [n][k] (float16, or their uint16 bit patterns) -> the kxn packers'
-    inputs ``(rhs, bias)``: rhs = the exact float32 values transposed to K x N (``transpose_f32kxn_f16nxk``),
-    bias = zeros[n]."""
-    arr = np.asarray(rhs_f16)
-    if arr.dtype == np.float16:
-        values = arr.astype(np.float32)
-    elif arr.dtype == np.uint16:
-        values = f16_bits_to_f32(arr)
-    else:
-        raise DTypeError(f"F16 weights must be float16 (or uint16 bit patterns), got {arr.dtype}")
-    if values.ndim != 2:
-        raise KernelShapeError(f"F16 weights must be a 2-D [n][k] tensor, got shape {values.shape}")
-    return np.ascontiguousarray(values.T), np.zeros(values.shape[0], dtype=np.float32)
-
-
-def kxn_rhs(rhs: np.ndarray, k: int, n: int, who: str) -> np.ndarray:
-    """The K x N float32 weights of a kxn packer: a [>=k, >=n] array (row stride = its width) or >= k·n values."""
-    arr = np.asarray(rhs)
-    if arr.dtype != np.float32:
-        raise DTypeError(f"{who}: rhs must be float32 (K x N), got {arr.dtype}")
-    if arr.ndim == 2:
-        if arr.shape[0] < k or arr.shape[1] < n:
-            raise BufferSizeError(f"{who}: rhs is {arr.shape[0]}x{arr.shape[1]}, K x N = {k}x{n} needed")
-        return arr[:k, :n]
-    flat = arr.reshape(-1)
-    if flat.size < k * n:
-        raise BufferSizeError(f"{who}: rhs holds {flat.size} floats, K x N = {k}x{n} needs {k * n}")
-    return flat[: k * n].reshape(k, n)
-
-
-def kxn_bias(bias: np.ndarray | None, n: int, who: str) -> np.ndarray:
-    """n float32 biases; None means zeros (KleidiAI's NULL bias)."""
-    if bias is None:
-        return np.zeros(n, dtype=np.float32)
-    arr = np.asarray(bias)
-    if arr.dtype != np.float32:
-        raise DTypeError(f"{who}: bias must be float32, got {arr.dtype}")
-    flat = arr.reshape(-1)
-    if flat.size < n:
-        raise BufferSizeError(f"{who}: bias holds {flat.size} floats, n={n} needed")
-    return np.ascontiguousarray(flat[:n])
-
-
-def kxn_inputs(
-    who: str,
-    n: int,
-    k: int,
-    rhs: np.ndarray,
-    scale: np.ndarray | None,
-    zero: np.ndarray | None,
-    bias: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(K x N weights, n biases) of a kxn packer call; these packers take no scale or zero (KleidiAI asserts
-    scale == NULL)."""
-    if scale is not None or zero is not None:
-        raise KernelShapeError(f"{who}: takes no scale or zero input, only rhs and bias")
-    return kxn_rhs(rhs, k, n, who), kxn_bias(bias, n, who)
-
-
-def check_no_bl(who: str, bl: int | None) -> None:
-    if bl is not None:
-        raise KernelShapeError(f"{who}: is not block-quantized and takes no block length, got bl={bl}")
 
 
 # --------------------------------------------------------------------------------------------- BF16 numerics

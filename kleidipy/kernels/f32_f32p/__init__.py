@@ -1,15 +1,14 @@
-"""F16 weights as exact F32 (``matmul_clamp_f32_f32_f32p``): the NEON FMLA fallback; the weights take the
-F16 family's route (its ``ggml`` adaptor, its ``jit`` module).
+"""F16 weights as exact F32 (``matmul_clamp_f32_f32_f32p``): the NEON FMLA fallback.
 
 ``ukernels`` holds the packers and kernels (KleidiAI's names, getters and argument orders; the numpy reference
-execution), ``isa`` the instruction programs the emulator runs and ``ggml`` the adaptor from weight bytes or floats
-to the RHS packer's inputs.
+execution), ``jit`` their numba code, ``isa`` the instruction programs the emulator runs and ``node`` the compiled
+plan's routines; the weights come through the F16 route's shared adaptor (:mod:`kleidipy.kernels.pack.kxn`).
 """
 
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.kernels.bf16p_bf16p import ggml
 from kleidipy.kernels.declare import declare
 from kleidipy.kernels.f32_f32p import isa, node, ukernels
+from kleidipy.kernels.pack import kxn
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.F16, GGMLType.F32), node=node)
+FAMILY = declare(ukernels, isa, kxn, (GGMLType.F16, GGMLType.F32), node=node)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.node import P_FAMILY, P_K, P_NR, P_RHS_STRIDE, NodeKernel, copy, node_kernel, store_clamped
 from kleidipy.core.pointers import f32_at, i64_at, u8_at
-from kleidipy.kernels.bf16p_bf16p import jit
+from kleidipy.kernels.f32_f32p import jit
 
 N_PARAMS = P_FAMILY
 

@@ -2,7 +2,7 @@
 
 Owns the RHS packer ``rhs_pack_kxn_x32p16x1b_x32_x32_neon`` and the kernel
 ``matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla``. The LHS is not packed: the kernel reads the float32 rows.
-The weights come from :func:`kleidipy.kernels.bf16p_bf16p.ukernels.f16_nxk_to_f32_kxn` (exact F16 -> F32, K x N,
+The weights come from :func:`kleidipy.kernels.pack.kxn.f16_nxk_to_f32_kxn` (exact F16 -> F32, K x N,
 zero bias).
 
 Packed RHS: per group of 16 columns, 16 f32 biases, then for each k the 16 f32 of row k (padding columns 0).
@@ -24,8 +24,8 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import fma_f32
 from kleidipy.core.packers import RhsPacker
 from kleidipy.errors import KernelShapeError
-from kleidipy.kernels.bf16p_bf16p import jit
-from kleidipy.kernels.bf16p_bf16p.ukernels import check_no_bl, kxn_inputs
+from kleidipy.kernels.f32_f32p import jit
+from kleidipy.kernels.pack.kxn import check_no_bl, kxn_inputs
 
 FAMILY_NAME = "f32_f32p"
 NR = 16

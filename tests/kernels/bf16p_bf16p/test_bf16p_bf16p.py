@@ -23,6 +23,7 @@ from kleidipy.errors import (
 from kleidipy.kernels.bf16p_bf16p import jit
 from kleidipy.kernels.bf16p_bf16p import ukernels as fam
 from kleidipy.kernels.catalogue import get_kernel, get_packer
+from kleidipy.kernels.pack import kxn
 from kleidipy.tools.golden import GoldenSet
 
 EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py
@@ -85,11 +86,11 @@ def test_golden_runs_bit_exact(golden_dir, execution):
 def test_f16_helper_matches_golden_transpose(golden_dir):
     golden = GoldenSet(golden_dir)
     for case in golden.manifest["cases"]:
-        rhs, bias = fam.f16_nxk_to_f32_kxn(golden.array(case["inputs"]["rhs_f16"]))
+        rhs, bias = kxn.f16_nxk_to_f32_kxn(golden.array(case["inputs"]["rhs_f16"]))
         want = golden.array(case["inputs"]["rhs_f16_as_f32_kxn"])
         assert rhs.flags.c_contiguous and bits_equal(rhs, want)
         assert bias.dtype == np.float32 and bias.shape == (case["n"],) and not bias.any()
-        rhs_bits, _ = fam.f16_nxk_to_f32_kxn(golden.array(case["inputs"]["rhs_f16"]).view(np.uint16))
+        rhs_bits, _ = kxn.f16_nxk_to_f32_kxn(golden.array(case["inputs"]["rhs_f16"]).view(np.uint16))
         assert bits_equal(rhs_bits, want)
 
 
@@ -295,9 +296,9 @@ def test_bad_inputs():
     with pytest.raises(DTypeError):
         sme.run(4, 10, 8, np.asarray(lp).view(np.int8), rp)
     with pytest.raises(DTypeError):
-        fam.f16_nxk_to_f32_kxn(rhs)
+        kxn.f16_nxk_to_f32_kxn(rhs)
     with pytest.raises(KernelShapeError):
-        fam.f16_nxk_to_f32_kxn(np.zeros(8, dtype=np.float16))
+        kxn.f16_nxk_to_f32_kxn(np.zeros(8, dtype=np.float16))
     for bad in (np.nan, np.inf):
         poisoned = lhs.copy()
         poisoned[1, 3] = bad

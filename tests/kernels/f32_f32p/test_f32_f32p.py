@@ -10,9 +10,9 @@ from kernel_helpers import bits_equal, exact_fma, make_problem, verify_family
 
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
-from kleidipy.kernels.bf16p_bf16p.ukernels import f16_nxk_to_f32_kxn
 from kleidipy.kernels.catalogue import get_kernel, get_packer
 from kleidipy.kernels.f32_f32p import ukernels as fam
+from kleidipy.kernels.pack.kxn import f16_nxk_to_f32_kxn
 
 EXECUTIONS = ("reference", "jit")  # the isa execution is tested in test_emulator.py
 

@@ -1,0 +1,44 @@
+"""Numba code of the f32 family: the x32 K x N RHS packer and the FMLA kernel, each bit for bit the numpy reference
+in ``ukernels.py`` beside it (one fused multiply-add per k, in k order)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kleidipy.core.numerics import fma32
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_rhs_x32_kxn(rhs, bias, nr):
+    """RHS K x N f32 -> groups of nr columns: nr f32 bias, then for each k the nr f32 of row k."""
+    k, n = rhs.shape
+    groups = (n + nr - 1) // nr
+    out = np.zeros(groups * nr * (1 + k), dtype=np.float32)
+    for g in range(groups):
+        base = g * nr * (1 + k)
+        for c in range(nr):
+            col = g * nr + c
+            if col >= n:
+                break
+            out[base + c] = bias[col]
+            for kk in range(k):
+                out[base + (1 + kk) * nr + c] = rhs[kk, col]
+    return out.view(np.uint8)
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_f32_fma(m, n, k, lhs, rhs, nr):
+    """dst[m, n] = bias + sum_k lhs[., k] * rhs[k, .] as one fused multiply-add per k, in k order (FMLA)."""
+    r = rhs.view(np.float32)
+    gstride = nr * (1 + k)
+    out = np.empty((m, n), dtype=np.float32)
+    for j in range(n):
+        base = (j // nr) * gstride
+        c = j % nr
+        for i in range(m):
+            acc = r[base + c]
+            for kk in range(k):
+                acc = fma32(lhs[i * k + kk], r[base + (1 + kk) * nr + c], acc)
+            out[i, j] = acc
+    return out
