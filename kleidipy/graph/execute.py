@@ -22,7 +22,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from kleidipy.errors import NonFiniteInputError
+from kleidipy.errors import InvalidTokenError, NonFiniteInputError
 from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.plan import NotPlannableError, Plan, build_plan
 from kleidipy.graph.profile import kernel_call, node_runs
@@ -43,13 +43,12 @@ from kleidipy.graph.walk import (
     serve_plan,
 )
 from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers
+from kleidipy.observer import Observer
 from kleidipy.ops import attention
 from kleidipy.ops.attention import cells
 from kleidipy.ops.elementwise import gelu_f16_table
 from kleidipy.runtime.kv_cache import KVCache
 from kleidipy.runtime.layers import CausalLM, Segment
-from kleidipy.runtime.observer import Observer
-from kleidipy.runtime.weights import InvalidTokenError
 
 
 def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[..., Any] | None:

@@ -42,12 +42,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kleidipy.errors import InvalidTokenError
 from kleidipy.ops import attention as ops_attention
 from kleidipy.ops import elementwise
 from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
-from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
+from kleidipy.runtime.weights import Embedding, Linear
 
 # ---------------------------------------------------------------------------------------------------------------
 # elementwise ops
@@ -278,7 +279,7 @@ class CausalLM:
         self.n_ubatch = n_ubatch
         self.kv_dtype = check_cache_dtype(kv_dtype)
         self._cache: KVCache | None = None
-        #: told of every forward pass (:class:`~kleidipy.runtime.observer.Observer`); an engine shares its list
+        #: told of every forward pass (:class:`~kleidipy.observer.Observer`); an engine shares its list
         self.observers: list = []
         #: the forward pass as a compiled plan (:func:`kleidipy.graph.execute.compile_model`); None runs it op by
         #: op (the reference execution)

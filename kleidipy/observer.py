@@ -3,7 +3,8 @@
 node of a compiled plan's run (:class:`NodeRun`, timed per thread inside the plan) and the start and end of every
 forward pass. ``kleidipy trace`` and the load progress bar are observers.
 
-An engine hands its observers to the backend (repack, MUL_MAT) and to the model (forward passes). With no observer
+An engine hands its observers to the backend (repack, MUL_MAT) and to the model (forward passes), whose compiled
+plan (:mod:`kleidipy.graph`) reports its nodes too: the module sits below both, importing neither. With no observer
 that wants MUL_MATs nothing is timed or recorded per matmul: the fast path runs. Events are delivered by the
 function doing the work, so an observer that inspects ``sys._getframe(1)`` sees the op's call stack.
 """
