@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,6 +50,9 @@ from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
 from kleidipy.runtime.weights import Embedding, Linear
+
+if TYPE_CHECKING:
+    from kleidipy.graph.plan import PlanBuilder
 
 # ---------------------------------------------------------------------------------------------------------------
 # elementwise ops
@@ -206,6 +210,32 @@ class SelfAttention:
             y += self.bo
         return y
 
+    def plan(self, b: PlanBuilder, src: int) -> int:
+        """The same attention as plan nodes (:mod:`kleidipy.graph.plan`) of buffer ``src``: projections (+ biases,
+        per-head norms), RoPE, Q pre-scale, KV-cache write, attention, output projection."""
+        hd = self.head_dim
+        q = b.matmul(self.wq, src, "q", self.bq)
+        k = b.matmul(self.wk, src, "k", self.bk)
+        v = b.matmul(self.wv, src, "v", self.bv)
+        if self.q_norm is not None:
+            b.rms_norm(q, self.q_norm, "q", head_dim=hd)
+        if self.k_norm is not None:
+            b.rms_norm(k, self.k_norm, "k", head_dim=hd)
+        b.rope(q, self.n_head, self.rope)
+        b.rope(k, self.n_head_kv, self.rope)
+        if self.q_scale is not None:
+            b.scale(q, self.q_scale)
+        b.store_kv(self.layer, k, v)
+        out = b.attention(self.layer, q, self.n_head, self.scale, self.window, "kqv")
+        return b.matmul(self.wo, out, "attn_out", self.bo)
+
+
+def _plan_glu(b: PlanBuilder, ffn: SwiGLU | GeGLU, src: int, gelu: bool) -> int:
+    """A gated feed-forward as plan nodes: down(act(gate(src)) * up(src)), act GELU or SiLU."""
+    gate = b.matmul(ffn.gate, src, "ffn_gate")
+    up = b.matmul(ffn.up, src, "ffn_up")
+    return b.matmul(ffn.down, b.glu(gelu, gate, up, "ffn_act"), "ffn_out")
+
 
 class SwiGLU:
     """Gated feed-forward: down(silu(gate(x)) * up(x))."""
@@ -218,6 +248,10 @@ class SwiGLU:
         out = np.empty_like(gate)  # not in place: an observer may hold the matmul outputs
         elementwise.swiglu(gate, up, out, 0, gate.shape[0])
         return self.down(out)
+
+    def plan(self, b: PlanBuilder, src: int) -> int:
+        """The same feed-forward as plan nodes (:mod:`kleidipy.graph.plan`)."""
+        return _plan_glu(b, self, src, gelu=False)
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -244,6 +278,10 @@ class GeGLU:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.down(geglu(self.gate(x), self.up(x)))
+
+    def plan(self, b: PlanBuilder, src: int) -> int:
+        """The same feed-forward as plan nodes (:mod:`kleidipy.graph.plan`)."""
+        return _plan_glu(b, self, src, gelu=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

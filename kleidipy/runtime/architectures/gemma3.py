@@ -100,11 +100,11 @@ class Gemma3Block:
 
     def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
         """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
-        a = b.self_attention(self.attention, b.rms_norm(x, self.attn_norm, "norm"))
+        a = self.attention.plan(b, b.rms_norm(x, self.attn_norm, "norm"))
         if keep:
             b.keep(a, x)
         h = b.add(b.rms_norm(a, self.post_attn_norm, "post_norm"), x, "h")
-        f = b.feed_forward(self.ffn, b.rms_norm(h, self.ffn_norm, "norm"))
+        f = self.ffn.plan(b, b.rms_norm(h, self.ffn_norm, "norm"))
         return b.add(b.rms_norm(f, self.post_ffw_norm, "post_norm"), h, "x")
 
 

@@ -44,10 +44,10 @@ class LlamaBlock:
 
     def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
         """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
-        h = b.add(x, b.self_attention(self.attention, b.rms_norm(x, self.attn_norm, "norm")), "h")
+        h = b.add(x, self.attention.plan(b, b.rms_norm(x, self.attn_norm, "norm")), "h")
         if keep:
             b.keep(h)
-        return b.add(h, b.feed_forward(self.ffn, b.rms_norm(h, self.ffn_norm, "norm")), "x")
+        return b.add(h, self.ffn.plan(b, b.rms_norm(h, self.ffn_norm, "norm")), "x")
 
 
 class Llama(CausalLM):
