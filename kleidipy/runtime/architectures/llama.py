@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema, context_size
+from kleidipy.runtime.architecture import Architecture, TensorSchema, ValidatedFile, context_size
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, Segment, SelfAttention, SwiGLU
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kleidipy.graph.plan import PlanBuilder
-    from kleidipy.runtime.model_file import ModelFile
 
 
 class LlamaBlock:
@@ -56,7 +55,7 @@ class Llama(CausalLM):
 
     def __init__(
         self,
-        model: ModelFile,
+        model: ValidatedFile,
         linear: LinearFactory = FloatLinear.from_gguf,
         embedding: EmbeddingFactory = RowEmbedding.from_gguf,
         n_ctx: int | None = None,
