@@ -1,7 +1,7 @@
-"""Watching the runtime: one :class:`Observer` interface receives its events -- every weight repacked at load
-(:class:`RepackCall`), every MUL_MAT (:class:`KernelCall`, its LHS quantize+pack and its kernel timed apart), every
-node of a compiled plan's run (:class:`NodeRun`, timed per thread inside the plan) and the start and end of every
-forward pass. ``kleidipy trace`` and the load progress bar are observers.
+"""Watching the runtime and its compiled plan: one :class:`Observer` interface receives their events -- every weight
+repacked at load (:class:`RepackCall`), every MUL_MAT (:class:`KernelCall`, its LHS quantize+pack and its kernel timed
+apart), every node of a compiled plan's run (:class:`NodeRun`, timed per thread inside the plan) and the start and end
+of every forward pass. ``kleidipy trace`` and the load progress bar are observers.
 
 An engine hands its observers to the backend (repack, MUL_MAT) and to the model (forward passes), whose compiled
 plan (:mod:`kleidipy.graph`) reports its nodes too: the module sits below both, importing neither. With no observer
