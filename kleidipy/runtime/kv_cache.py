@@ -16,7 +16,6 @@ import numpy as np
 
 from kleidipy.errors import DTypeError, KleidipyError
 from kleidipy.ops import attention
-from kleidipy.ops.attention import cells
 
 CACHE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
@@ -102,7 +101,7 @@ class KVCache:
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """K ``[n_head_kv, nb, head_dim·16]`` and V ``[n_head_kv, 16, nb·head_dim]`` of one layer as the compiled ops
         take them: F16 bit patterns (uint16 views) or float32."""
-        return cells(self.k[layer]), cells(self.v[layer])
+        return attention.cells(self.k[layer]), attention.cells(self.v[layer])
 
     def read(self, layer: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
         """K and V of positions 0..n_kv-1 of one layer as stored, ``[n_head_kv, n_kv, head_dim]`` each, of ``dtype``
