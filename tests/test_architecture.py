@@ -61,9 +61,11 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 #: the same with the annotations-only imports: what a module names at all, which the layers and cycles go by
 NAMED = {name: _imports(name, path, type_checking=True) for name, path in MODULES.items()}
 #: package -> the packages above it, which it must not import, even for annotations (the ops both executions call,
-#: below the compiled graph, below the runtime: as ggml sits below llama.cpp's model code)
+#: below the compiled graph, below the runtime: as ggml sits below llama.cpp's model code; the observer interface
+#: both report to, below both)
 LAYERS = {
     "kleidipy.ops": ("kleidipy.graph", "kleidipy.runtime"),
+    "kleidipy.observer": ("kleidipy.graph", "kleidipy.runtime"),
     "kleidipy.graph": ("kleidipy.runtime",),
 }
 
