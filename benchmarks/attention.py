@@ -1,4 +1,4 @@
-"""Benchmark of the attention node (``kleidipy.graph.attention.attention``, the function both executions call) on
+"""Benchmark of the attention node (``kleidipy.ops.attention.attention``, the function both executions call) on
 one thread, for the head shapes of the benchmark models: a prefill of m rows from an empty F16 cache (causal; the
 batch path: KQ, softmax and KQV tiles over ROWS query rows at a time) and a decode step of one row over n cells (the
 path reading the cache itself), the decode step also from a cold cache (a 64 MB buffer read before each run, as a
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from kleidipy.graph import attention as att
+from kleidipy.ops import attention as att
 from kleidipy.runtime.kv_cache import KVCache
 
 #: (model, query heads, KV heads, head_dim, sliding window or 0)

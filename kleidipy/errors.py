@@ -25,6 +25,10 @@ class PackedLayoutMismatchError(KleidipyError, ValueError):
     """A packed buffer made by another packer, or with other parameters (nr, kr, SVL), than the kernel needs."""
 
 
+class InvalidTokenError(KleidipyError, ValueError):
+    """Token ids that are not a 1-D integer sequence within the vocabulary."""
+
+
 class InvalidArgumentError(KleidipyError, ValueError):
     """An option outside its range or choices: execution, thread count, seed, port, context size..."""
 

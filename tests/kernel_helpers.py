@@ -12,7 +12,7 @@ import numpy as np
 
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.kernels.catalogue import get_kernel
-from kleidipy.runtime.observer import KernelCall, Observer
+from kleidipy.observer import KernelCall, Observer
 from kleidipy.tools import asm
 from kleidipy.tools.golden import GoldenSet, iter_runs, verify_run
 
@@ -117,7 +117,7 @@ def bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 class MatmulRecorder(Observer):
-    """An observer that keeps every MUL_MAT event (:class:`~kleidipy.runtime.observer.KernelCall`)."""
+    """An observer that keeps every MUL_MAT event (:class:`~kleidipy.observer.KernelCall`)."""
 
     wants_matmuls = True
 

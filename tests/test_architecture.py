@@ -1,5 +1,6 @@
-"""The package's shape: no import cycle between kleidipy's modules, the core never imports a family, the
-emulator or the runtime, every family package holds its parts and declares them, and modules stay small."""
+"""The package's shape: no import cycle between kleidipy's modules, the layers (ops below the compiled graph, the
+graph below the runtime) import nothing above them, the core never imports a family, the emulator or the runtime,
+every family package holds its parts and declares them, and modules stay small."""
 
 from __future__ import annotations
 
@@ -25,17 +26,17 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """The kleidipy modules ``name`` imports anywhere in its text (functions included, annotations-only imports
-    under ``if TYPE_CHECKING:`` not); ``from pkg import x`` counts as importing the submodule pkg.x when x is one,
-    else pkg."""
+def _imports(name: str, path: Path, type_checking: bool = False) -> set[str]:
+    """The kleidipy modules ``name`` imports anywhere in its text (functions included; annotations-only imports
+    under ``if TYPE_CHECKING:`` only with ``type_checking``); ``from pkg import x`` counts as importing the submodule
+    pkg.x when x is one, else pkg."""
     found = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
     type_only = {  # `if TYPE_CHECKING:` imports are for annotations only: no import at run time
         id(n)
         for block in ast.walk(tree)
-        if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+        if not type_checking and isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
         for n in ast.walk(block)
     }
     for node in ast.walk(tree):
@@ -57,10 +58,25 @@ def _imports(name: str, path: Path) -> set[str]:
 
 
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+#: the same with the annotations-only imports: what a module names at all, which the layers and cycles go by
+NAMED = {name: _imports(name, path, type_checking=True) for name, path in MODULES.items()}
+#: package -> the packages above it, which it must not import, even for annotations (the ops both executions call,
+#: below the compiled graph, below the runtime: as ggml sits below llama.cpp's model code; the observer interface
+#: both report to, below both)
+LAYERS = {
+    "kleidipy.ops": ("kleidipy.graph", "kleidipy.runtime"),
+    "kleidipy.observer": ("kleidipy.graph", "kleidipy.runtime"),
+    "kleidipy.graph": ("kleidipy.runtime",),
+}
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
 
 
 def _cycles() -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
+    """Strongly connected components with more than one module (Tarjan), annotation-only imports included: two
+    modules that name each other are one piece, even if only one imports the other at run time."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -71,7 +87,7 @@ def _cycles() -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in NAMED[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -88,7 +104,7 @@ def _cycles() -> list[list[str]]:
             if len(comp) > 1:
                 out.append(sorted(comp))
 
-    for v in GRAPH:
+    for v in NAMED:
         if v not in index:
             visit(v)
     return out
@@ -100,13 +116,28 @@ def test_no_import_cycle() -> None:
 
 def test_the_cycle_check_sees_a_cycle() -> None:
     """The check itself: two modules importing each other are one cycle."""
-    saved = {k: set(v) for k, v in GRAPH.items()}
+    saved = {k: set(v) for k, v in NAMED.items()}
     try:
-        GRAPH["kleidipy.core.buffers"].add("kleidipy.core.matmul")
+        NAMED["kleidipy.core.buffers"].add("kleidipy.core.matmul")
         assert any("kleidipy.core.buffers" in c and "kleidipy.core.matmul" in c for c in _cycles())
     finally:
-        GRAPH.clear()
-        GRAPH.update(saved)
+        NAMED.clear()
+        NAMED.update(saved)
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if any(_in(m, p) for p in LAYERS)))
+def test_layers_import_nothing_above(name: str) -> None:
+    above = next(up for p, up in LAYERS.items() if _in(name, p))
+    wrong = {m for m in NAMED[name] if any(_in(m, p) for p in above)}
+    assert not wrong, f"{name} imports {sorted(wrong)}, above it"
+
+
+def test_the_layer_check_counts_annotation_imports(tmp_path: Path) -> None:
+    """An import under ``if TYPE_CHECKING:`` names the module all the same: the layer and cycle checks see it."""
+    path = tmp_path / "annotated.py"
+    path.write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from kleidipy.runtime import layers\n")
+    assert _imports("kleidipy.graph.annotated", path) == set()
+    assert _imports("kleidipy.graph.annotated", path, type_checking=True) == {"kleidipy.runtime.layers"}
 
 
 @pytest.mark.parametrize("name", sorted(m for m in MODULES if m.startswith("kleidipy.core")))

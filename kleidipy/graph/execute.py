@@ -22,9 +22,9 @@ from typing import Any
 import numba
 import numpy as np
 
-from kleidipy.errors import NonFiniteInputError
-from kleidipy.graph import attention
+from kleidipy.errors import InvalidTokenError, NonFiniteInputError
 from kleidipy.graph.contention import ThreadChoice
+from kleidipy.graph.model import KVCells, PlannedModel, UbatchSegment
 from kleidipy.graph.plan import NotPlannableError, Plan, build_plan
 from kleidipy.graph.profile import kernel_call, node_runs
 from kleidipy.graph.views import address_table
@@ -44,10 +44,10 @@ from kleidipy.graph.walk import (
     serve_plan,
 )
 from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers
-from kleidipy.runtime.kv_cache import KVCache, cells
-from kleidipy.runtime.layers import CausalLM, Segment, gelu_f16_table
-from kleidipy.runtime.observer import Observer
-from kleidipy.runtime.weights import InvalidTokenError
+from kleidipy.observer import Observer
+from kleidipy.ops import attention
+from kleidipy.ops.attention import cells
+from kleidipy.ops.elementwise import gelu_f16_table
 
 
 def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[..., Any] | None:
@@ -62,7 +62,7 @@ def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[
 class CompiledForward:
     """A model's forward pass as a compiled plan on ``threads`` persistent workers (module docstring)."""
 
-    def __init__(self, lm: CausalLM, threads: int = 1, adaptive: bool = True) -> None:
+    def __init__(self, lm: PlannedModel, threads: int = 1, adaptive: bool = True) -> None:
         self.lm = lm
         self.plan: Plan = build_plan(lm)
         plan = self.plan
@@ -91,7 +91,7 @@ class CompiledForward:
         self._embd = (-1, np.zeros((0, 0), np.uint8), np.float32(0.0)) if embd is None else embd
         #: the address tables of the K and V arrays of the caches of the last run, and a scalar of their dtype
         self._kv: tuple[np.ndarray, np.ndarray, np.generic] | None = None
-        self._kv_caches: list[KVCache] = []
+        self._kv_caches: list[KVCells] = []
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self._one_segment = np.array([[0, 0, 0, 1]], np.int64)
         self._first_row = np.zeros(1, np.int64)
@@ -111,7 +111,7 @@ class CompiledForward:
         #: run_alone and lead_plan compiled for the types of the arguments (None: not known yet)
         self._alone = self._lead = None
         #: the KV cache whose decoded tokens take decode's short way (None: none yet, or the arguments changed)
-        self._decoding: KVCache | None = None
+        self._decoding: KVCells | None = None
         self.workers = Workers(threads)
         self.choice = ThreadChoice(threads, adaptive)
         self._choosing = threads > 1 and adaptive
@@ -170,7 +170,7 @@ class CompiledForward:
             self._alone = self._lead = None
         return self._static
 
-    def __call__(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
+    def __call__(self, ids: np.ndarray, ubatch: Sequence[UbatchSegment], keep: np.ndarray) -> np.ndarray:
         """One ubatch of tokens ``ids``, in segments of one sequence each: the logits of the rows ``keep`` (int64,
         increasing) [keep.size, n_vocab] (stored K/V in each segment's cache; the caller advances them)."""
         caches = list(dict.fromkeys(seg.cache for seg in ubatch))
@@ -178,7 +178,7 @@ class CompiledForward:
         segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)
         return self._run(ids, caches, segs, np.ascontiguousarray(keep, np.int64))
 
-    def decode(self, token: int, cache: KVCache, position: int) -> np.ndarray:
+    def decode(self, token: int, cache: KVCells, position: int) -> np.ndarray:
         """One token (an id, checked) of the sequence of ``cache`` at ``position``: what ``self([token],
         [Segment(cache, position, 0, 1)], [0])[0]`` gives [n_vocab], its id written into ``cache.tokens[position]``
         (the caller counts the position in), without building the segment and row lists or reading any array's
@@ -205,7 +205,7 @@ class CompiledForward:
             self._raise_failed([token])
         return logits
 
-    def _decode_setup(self, token: int, cache: KVCache, position: int) -> np.ndarray:
+    def _decode_setup(self, token: int, cache: KVCells, position: int) -> np.ndarray:
         """:meth:`decode` the long way: the buffers, the caches and the arguments set up as needed, the entry points
         compiled on their first runs (and the embedding done in Python when it has no compiled GET_ROWS); afterwards
         the short way is taken for ``cache`` when everything it calls is known."""
@@ -234,7 +234,7 @@ class CompiledForward:
         self._logits_at = self._logits.ctypes.data
         return self._logits
 
-    def _run(self, ids: np.ndarray, caches: list[KVCache], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    def _run(self, ids: np.ndarray, caches: list[KVCells], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
         """:meth:`__call__` with the segments as the int64 table run_plan reads (cache index in ``caches``, first
         position, first row, last row + 1)."""
         ids = np.ascontiguousarray(ids, np.int64)
@@ -243,7 +243,7 @@ class CompiledForward:
             self._grow_rows(m)
         if self._embd[0] < 0:
             self._arrays[0][:m] = self.lm.embedding(ids)
-        if caches != self._kv_caches:  # (KVCache compares by identity)
+        if caches != self._kv_caches:  # (caches compare by identity)
             self._use_caches(caches)
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls] if self.lm.observers else ()
@@ -259,7 +259,7 @@ class CompiledForward:
         self._launch(args, ids, m, threads, watchers, prof, logits.shape[0])
         return logits
 
-    def _use_caches(self, caches: list[KVCache]) -> None:
+    def _use_caches(self, caches: list[KVCells]) -> None:
         """Runs from now on read and write the KV caches ``caches`` (in this order)."""
         k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
         self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), k[0].dtype.type(0))
@@ -315,7 +315,7 @@ class CompiledForward:
         raise NonFiniteInputError(f"{weight.name}: the activations of this MUL_MAT have NaN/Inf")
 
 
-def plannable(lm: CausalLM) -> bool:
+def plannable(lm: PlannedModel) -> bool:
     """Whether ``lm`` can run as a compiled plan (every weight a jit-executed KleidiAI matmul), without compiling."""
     try:
         build_plan(lm)
@@ -324,7 +324,7 @@ def plannable(lm: CausalLM) -> bool:
     return True
 
 
-def compile_model(lm: CausalLM, threads: int = 1, adaptive: bool = True) -> bool:
+def compile_model(lm: PlannedModel, threads: int = 1, adaptive: bool = True) -> bool:
     """Run ``lm``'s forward pass from now on as one compiled plan on ``threads`` persistent workers (each run on
     all of them, or with ``adaptive`` on the calling thread alone when that measures faster:
     :class:`~kleidipy.graph.contention.ThreadChoice`), bit-identical to the op-by-op path. False (and nothing changes)

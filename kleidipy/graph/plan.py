@@ -1,9 +1,10 @@
 """The plan of one ubatch: the forward pass as an ordered node list over preallocated buffers, as ggml builds a graph.
 
 :class:`PlanBuilder` is what an architecture describes its blocks to (``block.plan(builder, x)``, beside the block's
-eager ``__call__``): each call appends a node and returns the buffer it writes. :func:`build_plan` walks a
-:class:`~kleidipy.runtime.layers.CausalLM` — its blocks, the final norm and the LM head — and freezes the nodes into
-the integer/float tables the compiled executor (:mod:`kleidipy.graph.execute`) reads.
+eager ``__call__``, and so do the shared layers: ``attention.plan(builder, x)``): each call appends a node and
+returns the buffer it writes. :func:`build_plan` walks a model (:class:`~kleidipy.graph.model.PlannedModel`) — its
+blocks, the final norm and the LM head — and freezes the nodes into the integer/float tables the compiled executor
+(:mod:`kleidipy.graph.execute`) reads.
 
 A node is one int64 row ``[op, a, b, c, d, e, f, g]`` (operands are buffer, weight, vector or table indices; see the
 ``OP_*`` constants) plus one float64 parameter (eps or a scale). Buffers are float32 ``[rows, width]`` arrays with
@@ -21,8 +22,7 @@ import numpy as np
 
 from kleidipy.core.node import NodeKernel
 from kleidipy.graph.matmul import node_kernel, same_lhs
-from kleidipy.runtime.backend import RepackedLinear
-from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, SelfAttention, SwiGLU
+from kleidipy.graph.model import Norm, PlannedModel, RepackedWeight, RopeTables
 
 OP_RMS_NORM = 1  #: [op, src, dst, vector, width of a row (head_dim for per-head norms, else 0)]; fparam eps
 OP_MATMUL = 2  #: [op, src, dst, weight, 1 when the previous MUL_MAT's packed LHS serves (same input, same packing)]
@@ -69,7 +69,7 @@ class MatmulWeight:
     rhs: np.ndarray
     gemv: NodeKernel
     gemm: NodeKernel
-    linear: RepackedLinear
+    linear: RepackedWeight
 
 
 def _written(row: list[int]) -> tuple[int, ...]:
@@ -93,7 +93,7 @@ class PlanBuilder:
     fparams: list[float] = field(default_factory=list)
     weights: list[MatmulWeight] = field(default_factory=list)
     vectors: list[np.ndarray] = field(default_factory=list)
-    ropes: list[RoPE] = field(default_factory=list)
+    ropes: list[RopeTables] = field(default_factory=list)
     _weight_ids: dict[int, int] = field(default_factory=dict)
     #: by id: the array given and its index (holding it keeps its id from being reused by another array)
     _vector_ids: dict[int, tuple[np.ndarray, int]] = field(default_factory=dict)
@@ -118,7 +118,7 @@ class PlanBuilder:
         return self._vector_ids[id(v)][1]
 
     def _weight(self, linear: object) -> int:
-        if not isinstance(linear, RepackedLinear):
+        if not isinstance(linear, RepackedWeight):
             raise NotPlannableError(f"weight {getattr(linear, 'name', type(linear).__name__)} is not repacked")
         if id(linear) not in self._weight_ids:
             self._weight_ids[id(linear)] = len(self.weights)
@@ -135,7 +135,7 @@ class PlanBuilder:
             )
         return self._weight_ids[id(linear)]
 
-    def _rope(self, rope: RoPE) -> int:
+    def _rope(self, rope: RopeTables) -> int:
         for i, r in enumerate(self.ropes):
             if r is rope:
                 return i
@@ -150,7 +150,7 @@ class PlanBuilder:
             self._packed = None  # its input changed (or its rows did)
 
     # --- nodes ------------------------------------------------------------------------------------
-    def rms_norm(self, src: int, norm: RMSNorm, name: str, head_dim: int = 0) -> int:
+    def rms_norm(self, src: int, norm: Norm, name: str, head_dim: int = 0) -> int:
         """RMSNorm of the rows of ``src`` (of each head_dim slice when ``head_dim``) into buffer ``name``."""
         dst = src if head_dim else self.buffer(name, self.widths[src])
         self._node(OP_RMS_NORM, src, dst, self._vector(norm.weight), head_dim, fparam=norm.eps)
@@ -180,7 +180,7 @@ class PlanBuilder:
         self._node(OP_SCALE, buf, fparam=factor)
         return buf
 
-    def rope(self, buf: int, n_heads: int, rope: RoPE) -> int:
+    def rope(self, buf: int, n_heads: int, rope: RopeTables) -> int:
         self._node(OP_ROPE, buf, n_heads, self._rope(rope))
         return buf
 
@@ -202,32 +202,6 @@ class PlanBuilder:
         """From here on only the rows whose logits are wanted live (``keep`` of the eager blocks)."""
         self._node(OP_KEEP, first, second)
 
-    # --- the shared layers (kleidipy.runtime.layers), node by node as their ``__call__`` runs -------------------
-    def self_attention(self, attn: SelfAttention, src: int) -> int:
-        """:class:`~kleidipy.runtime.layers.SelfAttention` of ``src``: projections (+ biases, per-head norms),
-        RoPE, Q pre-scale, KV-cache write, attention, output projection."""
-        hd = attn.head_dim
-        q = self.matmul(attn.wq, src, "q", attn.bq)
-        k = self.matmul(attn.wk, src, "k", attn.bk)
-        v = self.matmul(attn.wv, src, "v", attn.bv)
-        if attn.q_norm is not None:
-            self.rms_norm(q, attn.q_norm, "q", head_dim=hd)
-        if attn.k_norm is not None:
-            self.rms_norm(k, attn.k_norm, "k", head_dim=hd)
-        self.rope(q, attn.n_head, attn.rope)
-        self.rope(k, attn.n_head_kv, attn.rope)
-        if attn.q_scale is not None:
-            self.scale(q, attn.q_scale)
-        self.store_kv(attn.layer, k, v)
-        out = self.attention(attn.layer, q, attn.n_head, attn.scale, attn.window, "kqv")
-        return self.matmul(attn.wo, out, "attn_out", attn.bo)
-
-    def feed_forward(self, ffn: SwiGLU | GeGLU, src: int) -> int:
-        """down(act(gate(src)) * up(src)) with SiLU (:class:`SwiGLU`) or GELU (:class:`GeGLU`)."""
-        gate = self.matmul(ffn.gate, src, "ffn_gate")
-        up = self.matmul(ffn.up, src, "ffn_up")
-        return self.matmul(ffn.down, self.glu(isinstance(ffn, GeGLU), gate, up, "ffn_act"), "ffn_out")
-
 
 @dataclass
 class Plan:
@@ -238,12 +212,12 @@ class Plan:
     widths: list[int]
     weights: list[MatmulWeight]
     vectors: list[np.ndarray]
-    ropes: list[RoPE]
+    ropes: list[RopeTables]
     logits: int  #: the buffer of the logits of the kept rows: the last node, a MUL_MAT, writes it (the executor
     #: has it write into the caller's array instead)
 
 
-def build_plan(lm: CausalLM) -> Plan:
+def build_plan(lm: PlannedModel) -> Plan:
     """The plan of one ubatch of ``lm``: every block's own description, the final norm and the LM head.
     NotPlannableError when a block cannot describe itself or a weight is not a repacked jit matmul."""
     hp = lm.hparams

@@ -1,7 +1,7 @@
 """A timed run of the compiled plan told as the runtime's observers hear the op-by-op path: the per-node,
 per-thread monotonic ns stamps that :func:`~kleidipy.graph.walk.run_plan` records (its ``prof`` array, as
-ggml's graph profiling does) turned into :class:`~kleidipy.runtime.observer.NodeRun` events, and a MUL_MAT node
-into the :class:`~kleidipy.runtime.observer.KernelCall` that `kleidipy trace` shows.
+ggml's graph profiling does) turned into :class:`~kleidipy.observer.NodeRun` events, and a MUL_MAT node
+into the :class:`~kleidipy.observer.KernelCall` that `kleidipy trace` shows.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.graph.plan import OP_ATTENTION, OP_KEEP, OP_MATMUL, OP_NAMES, OP_STORE_KV, Plan
-from kleidipy.runtime.observer import KernelCall, NodeRun
+from kleidipy.observer import KernelCall, NodeRun
 
 
 def node_runs(plan: Plan, prof: np.ndarray, m: int, kept: int, offset: float) -> list[NodeRun]:

@@ -12,8 +12,8 @@ KV-cache write split the heads, attention the heads or, when they do not split e
 running its share over every segment of the ubatch: the rows of one sequence, with its own KV cache and positions);
 the elementwise nodes split the rows. Every share is computed exactly as the whole is, so the result is the same bits
 at every thread count — and the same bits as the eager path (:mod:`kleidipy.runtime.layers`), which runs the same op
-functions (:mod:`kleidipy.graph.ops`, :mod:`kleidipy.graph.attention`) and the same kernels node by node from Python.
-Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
+functions (:mod:`kleidipy.ops.elementwise`, :mod:`kleidipy.ops.attention`) and the same kernels node by node from
+Python. Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
 maintained library runs a numba graph that way.
 """
 
@@ -24,7 +24,6 @@ import numpy as np
 
 from kleidipy.core.pointers import bool_at, f32_at, f64_at, i64_at, u8_at
 from kleidipy.formats.rows import get_rows
-from kleidipy.graph import attention, ops
 from kleidipy.graph import matmul as mm
 from kleidipy.graph.atomics import monotonic_ns
 from kleidipy.graph.plan import (
@@ -42,6 +41,7 @@ from kleidipy.graph.plan import (
 )
 from kleidipy.graph.views import f32_1d, f32_2d, like_4d, u8_1d
 from kleidipy.graph.workers import SYNC_FIRST_FREE, barrier, next_run, pool_arrays, post_again, share, wait_done
+from kleidipy.ops import attention, elementwise
 
 #: status slots the run reports through: [0] 1 when a MUL_MAT input held NaN/Inf, [1] that node; [2], [3] thread 0's
 #: monotonic ns at the start and the end of its walk; [4] 1 when a token id was out of the embedding's range (nothing
@@ -128,7 +128,7 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
             x = f32_2d(buffers, 0)
             get_rows(embd_code, embd_rows, ids[lo:hi], x[lo:hi])
             if embd_scale != 0:
-                ops.scale(x, embd_scale, lo, hi)
+                elementwise.scale(x, embd_scale, lo, hi)
         barrier(sync, nth)
         if status[STATUS_BAD_TOKEN] != 0:
             return 1
@@ -162,22 +162,24 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
                 lo, hi = share(rows * per, ith, nth)
             else:
                 lo, hi = share(rows, ith, nth)
-            ops.rms_norm(x, f32_1d(vectors, c), np.float32(fparams[i]), out, lo, hi)
+            elementwise.rms_norm(x, f32_1d(vectors, c), np.float32(fparams[i]), out, lo, hi)
         elif op == OP_ADD:
             lo, hi = share(rows, ith, nth)
-            ops.add(f32_2d(buffers, a), f32_2d(buffers, b), f32_2d(buffers, c), lo, hi)
+            elementwise.add(f32_2d(buffers, a), f32_2d(buffers, b), f32_2d(buffers, c), lo, hi)
         elif op == OP_ADD_ROW:
             lo, hi = share(rows, ith, nth)
-            ops.add_row(f32_2d(buffers, a), f32_1d(vectors, b), lo, hi)
+            elementwise.add_row(f32_2d(buffers, a), f32_1d(vectors, b), lo, hi)
         elif op == OP_SCALE:
             lo, hi = share(rows, ith, nth)
-            ops.scale(f32_2d(buffers, a), np.float32(fparams[i]), lo, hi)
+            elementwise.scale(f32_2d(buffers, a), np.float32(fparams[i]), lo, hi)
         elif op == OP_ROPE:
             x = f32_2d(buffers, a)
             heads = x.reshape(x.shape[0], b, x.shape[1] // b)
             lo, hi = share(b, ith, nth)
             for s in range(segs.shape[0]):
-                ops.rope(heads[segs[s, 2] : segs[s, 3]], f32_2d(cos, c), f32_2d(sin, c), segs[s, 1], neox[c], lo, hi)
+                elementwise.rope(
+                    heads[segs[s, 2] : segs[s, 3]], f32_2d(cos, c), f32_2d(sin, c), segs[s, 1], neox[c], lo, hi
+                )
         elif op == OP_STORE_KV:
             lo, hi = share(kcaches[0, 2], ith, nth)
             for s in range(segs.shape[0]):
@@ -211,10 +213,10 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
                 )
         elif op == OP_SWIGLU:
             lo, hi = share(rows, ith, nth)
-            ops.swiglu(f32_2d(buffers, a), f32_2d(buffers, b), f32_2d(buffers, c), lo, hi)
+            elementwise.swiglu(f32_2d(buffers, a), f32_2d(buffers, b), f32_2d(buffers, c), lo, hi)
         elif op == OP_GEGLU:
             lo, hi = share(rows, ith, nth)
-            ops.geglu(f32_2d(buffers, a), f32_2d(buffers, b), gelu_table, f32_2d(buffers, c), lo, hi)
+            elementwise.geglu(f32_2d(buffers, a), f32_2d(buffers, b), gelu_table, f32_2d(buffers, c), lo, hi)
         elif op == OP_KEEP:
             if ith == 0:
                 for buf in (a, b):

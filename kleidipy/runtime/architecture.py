@@ -1,23 +1,47 @@
 """What an architecture module declares (:class:`Architecture`): its name, RoPE pairing, which biases it has, the
-tensors it reads with the shapes its hyper-parameters imply, and how to build the model from a validated file.
+tensors it reads with the shapes its hyper-parameters imply, and how to build the model from a validated file
+(:class:`ValidatedFile`: what a model reads of it).
 
 :mod:`kleidipy.runtime.architectures` collects the records; :mod:`kleidipy.runtime.model_file` validates a file
-against its architecture's record before anything is loaded.
+against its architecture's record before anything is loaded (the architectures build from it without importing it:
+it imports their records).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
+import numpy as np
+
+from kleidipy.runtime.gguf_file import Tensor
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import check_context_size
+from kleidipy.runtime.weights import Linear, LinearFactory
 
 #: context size when none is given (capped by the training context), as llama.cpp's CLI default
 DEFAULT_N_CTX = 4096
 #: name -> (shape in ggml order, required)
 TensorSchema = dict[str, tuple[tuple[int, ...], bool]]
+
+
+class ValidatedFile(Protocol):
+    """What an architecture's model reads of its validated GGUF file (:class:`~kleidipy.runtime.model_file.ModelFile`
+    is one): the architecture's name, the hyper-parameters, metadata, tensors, and 2-D weights through a factory."""
+
+    path: Path
+    architecture: str
+    hparams: HyperParameters
+
+    def get_int(self, key: str) -> int: ...
+
+    def tensor(self, name: str) -> Tensor: ...
+
+    def linear(self, name: str, factory: LinearFactory) -> Linear: ...
+
+    def vector(self, name: str) -> np.ndarray | None: ...
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from kleidipy import formats
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
 from kleidipy.kernels.catalogue import family_of
-from kleidipy.runtime.observer import KernelCall, Observer, RepackCall
+from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.target import KernelPair, Target, select_kernels
 
@@ -94,7 +94,7 @@ class KleidiBackend:
     #: matmuls smaller than this many multiply-adds run on one thread (tests pass 0 to split tiny shapes)
     min_split_macs: int = MIN_SPLIT_MACS
     notice: Callable[[str], None] = field(default=lambda msg: print(f"kleidipy: {msg}", file=sys.stderr))
-    #: who watches repacks and MUL_MATs (:mod:`kleidipy.runtime.observer`); an engine shares its list
+    #: who watches repacks and MUL_MATs (:mod:`kleidipy.observer`); an engine shares its list
     observers: list[Observer] = field(default_factory=list)
     #: packed weights of earlier loads (:mod:`kleidipy.runtime.repack_cache`), read instead of repacking
     cache: RepackCache | None = None

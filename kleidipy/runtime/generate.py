@@ -25,12 +25,12 @@ from tqdm import tqdm
 from kleidipy.core.buffers import check_threads
 from kleidipy.errors import KleidipyError
 from kleidipy.graph.execute import compile_model, plannable
+from kleidipy.observer import Observer, RepackCall
 from kleidipy.runtime import plan_build, tensor_check
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.chat_template import ChatTemplate
 from kleidipy.runtime.grammar import Grammar
 from kleidipy.runtime.model_file import ModelFile
-from kleidipy.runtime.observer import Observer, RepackCall
 from kleidipy.runtime.pull import resolve_model
 from kleidipy.runtime.repack_cache import RepackCache
 from kleidipy.runtime.sampler import Sampler, SamplingParams, log_softmax
@@ -249,7 +249,7 @@ class Engine:
     check_tensors: bool = True
     #: read the weights packed at an earlier load for this target (:mod:`kleidipy.runtime.repack_cache`)
     repack_cache: bool = True
-    #: watch the load and every generation (:mod:`kleidipy.runtime.observer`): shared by the backend and the model
+    #: watch the load and every generation (:mod:`kleidipy.observer`): shared by the backend and the model
     observers: list[Observer] = field(default_factory=list)
     #: run the forward pass as one compiled plan on persistent threads (:mod:`kleidipy.graph`; jit execution only);
     #: False runs it op by op from Python (the reference execution, same bits)

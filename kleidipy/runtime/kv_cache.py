@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kleidipy.errors import DTypeError, KleidipyError
-from kleidipy.graph import attention
+from kleidipy.ops import attention
 
 CACHE_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
@@ -60,14 +60,8 @@ def check_cache_dtype(dtype: type) -> np.dtype:
     return np.dtype(dtype)
 
 
-def cells(a: np.ndarray) -> np.ndarray:
-    """Cache cells as the compiled ops (:mod:`kleidipy.graph.ops`) take them: F16 values as their uint16 bit
-    patterns (a view), float32 as they are."""
-    return a.view(np.uint16) if a.dtype == np.float16 else a
-
-
 class KVCache:
-    """K and V for ``n_layer`` layers of ``dtype``, in the layout attention reads (:mod:`kleidipy.graph.attention`:
+    """K and V for ``n_layer`` layers of ``dtype``, in the layout attention reads (:mod:`kleidipy.ops.attention`:
     blocks of 16 cells): K ``[n_layer, n_head_kv, nb, head_dim·16]``, V ``[n_layer, n_head_kv, 16, nb·head_dim]``,
     nb = n_ctx / 16 rounded up (cells n_ctx.. of the last block are padding, never written nor read).
 
@@ -107,7 +101,7 @@ class KVCache:
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """K ``[n_head_kv, nb, head_dim·16]`` and V ``[n_head_kv, 16, nb·head_dim]`` of one layer as the compiled ops
         take them: F16 bit patterns (uint16 views) or float32."""
-        return cells(self.k[layer]), cells(self.v[layer])
+        return attention.cells(self.k[layer]), attention.cells(self.v[layer])
 
     def read(self, layer: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
         """K and V of positions 0..n_kv-1 of one layer as stored, ``[n_head_kv, n_kv, head_dim]`` each, of ``dtype``

@@ -1,6 +1,6 @@
 """Shared transformer ops and the decoder-only driver, with llama.cpp's CPU numerics (flash attention off).
 
-The ops are :mod:`kleidipy.graph.ops`'s compiled kernels -- ggml-cpu's algorithms as they run on Arm (aarch64
+The ops are :mod:`kleidipy.ops`'s compiled kernels -- ggml-cpu's algorithms as they run on Arm (aarch64
 NEON), each with one fixed order of operations -- called here over all rows or heads, op by op from Python (the
 reference execution; the compiled graph calls the same functions, so both give the same bits on every host):
 
@@ -10,11 +10,11 @@ reference execution; the compiled graph calls the same functions, so both give t
   with ``theta_scale = powf(base, -2/n_rot)`` and ``p * theta_scale^i`` built by repeated f32 multiplication, as
   ggml's rope cache does, then ``cosf``/``sinf`` of each f32 angle; pairs are adjacent (NORM, llama) or halves
   (NEOX, qwen2); dims past n_rot pass through. ``powf``, ``cosf``, ``sinf`` (and GeGLU's ``tanhf``) are glibc's in
-  llama.cpp, so kleidipy computes each in float64 and rounds once to f32 (:func:`libm_f32`): the same bits on every
-  host, and glibc's values for ``powf`` and the F16 GELU table and for ~99 % of a RoPE table (glibc 2.36's
-  ``sinf``/``cosf`` differ from the rounded exact value in ~1 %), where numpy's float32 ``power``/``sin``/``cos``/
-  ``tanh`` are the host build's SIMD code (on AVX-512: 1 ulp off glibc in 10-13 % of a RoPE table, and in
-  ``powf(100000, -1/32)``).
+  llama.cpp, so kleidipy computes each in float64 and rounds once to f32
+  (:func:`~kleidipy.ops.elementwise.libm_f32`): the same bits on every host, and glibc's values for ``powf`` and the
+  F16 GELU table and for ~99 % of a RoPE table (glibc 2.36's ``sinf``/``cosf`` differ from the rounded exact value
+  in ~1 %), where numpy's float32 ``power``/``sin``/``cos``/``tanh`` are the host build's SIMD code (on AVX-512:
+  1 ulp off glibc in 10-13 % of a RoPE table, and in ``powf(100000, -1/32)``).
 * Attention (KQ -> soft_max_ext -> KQV) reads the cache directly. With an F16 cache Q is rounded to F16 for KQ and
   the softmax weights to F16 for KQV (ggml converts the f32 operand to the f16 operand's vec_dot type). Both
   products are ggml_vec_dot's NEON order: 16 lanes (fused multiply-add, exact products with F16 operands) reduced
@@ -39,16 +39,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.core.numerics import F16_BITS_TO_F32
-from kleidipy.graph import attention as graph_attention
-from kleidipy.graph import ops
+from kleidipy.errors import InvalidTokenError
+from kleidipy.ops import attention as ops_attention
+from kleidipy.ops import elementwise
+from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
-from kleidipy.runtime.weights import Embedding, InvalidTokenError, Linear
+from kleidipy.runtime.weights import Embedding, Linear
+
+if TYPE_CHECKING:
+    from kleidipy.graph.plan import PlanBuilder
 
 # ---------------------------------------------------------------------------------------------------------------
 # elementwise ops
@@ -58,7 +62,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm of the rows of x [m, n] times weight [n] (ggml_rms_norm + ggml_mul)."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
-    ops.rms_norm(x, np.asarray(weight, np.float32), eps, out, 0, x.shape[0])
+    elementwise.rms_norm(x, np.asarray(weight, np.float32), eps, out, 0, x.shape[0])
     return out
 
 
@@ -73,14 +77,6 @@ class RMSNorm:
 
 # ---------------------------------------------------------------------------------------------------------------
 # RoPE
-
-
-def libm_f32(fn: Callable[..., np.ndarray], *args: np.ndarray | np.float32) -> np.ndarray:
-    """glibc's float function (powf, cosf, sinf, tanhf) of f32 arguments, approximated as ``fn`` in float64 rounded
-    once to f32: the same bits on every host (module docstring says how close to glibc)."""
-    wide = [np.asarray(a, np.float64) for a in args]
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.asarray(fn(*wide), np.float64).astype(np.float32)
 
 
 class RoPE:
@@ -109,7 +105,7 @@ class RoPE:
 
     def __call__(self, x: np.ndarray, start: int) -> None:
         """Rotate x [m, n_heads, head_dim] (C-contiguous float32) in place for positions start..start+m-1."""
-        ops.rope(x, self.cos, self.sin, start, self.neox, 0, x.shape[1])
+        elementwise.rope(x, self.cos, self.sin, start, self.neox, 0, x.shape[1])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,16 +123,14 @@ def attention(
     """Causal attention of q [m, n_head, d] (positions start..start+m-1) over the cells 0..start+m-1 of layer
     ``layer`` of the cache ``kv`` (float16, which also rounds Q and the softmax weights to F16, or float32), over
     the last ``window`` positions of each query when given; returns [m, n_head, d]
-    (:func:`kleidipy.graph.attention.attention`)."""
+    (:func:`kleidipy.ops.attention.attention`)."""
     m, n_head, d = q.shape
     n_kv = start + m
     keys, values = kv.layer(layer)
     out = np.empty((m, n_head * d), np.float32)
-    scratch = np.empty(graph_attention.attention_scratch_size(n_kv, d), np.float32)
+    scratch = np.empty(ops_attention.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
-    graph_attention.attention(
-        q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1
-    )
+    ops_attention.attention(q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1)
     return out.reshape(m, n_head, d)
 
 
@@ -216,6 +210,32 @@ class SelfAttention:
             y += self.bo
         return y
 
+    def plan(self, b: PlanBuilder, src: int) -> int:
+        """The same attention as plan nodes (:mod:`kleidipy.graph.plan`) of buffer ``src``: projections (+ biases,
+        per-head norms), RoPE, Q pre-scale, KV-cache write, attention, output projection."""
+        hd = self.head_dim
+        q = b.matmul(self.wq, src, "q", self.bq)
+        k = b.matmul(self.wk, src, "k", self.bk)
+        v = b.matmul(self.wv, src, "v", self.bv)
+        if self.q_norm is not None:
+            b.rms_norm(q, self.q_norm, "q", head_dim=hd)
+        if self.k_norm is not None:
+            b.rms_norm(k, self.k_norm, "k", head_dim=hd)
+        b.rope(q, self.n_head, self.rope)
+        b.rope(k, self.n_head_kv, self.rope)
+        if self.q_scale is not None:
+            b.scale(q, self.q_scale)
+        b.store_kv(self.layer, k, v)
+        out = b.attention(self.layer, q, self.n_head, self.scale, self.window, "kqv")
+        return b.matmul(self.wo, out, "attn_out", self.bo)
+
+
+def _plan_glu(b: PlanBuilder, ffn: SwiGLU | GeGLU, src: int, gelu: bool) -> int:
+    """A gated feed-forward as plan nodes: down(act(gate(src)) * up(src)), act GELU or SiLU."""
+    gate = b.matmul(ffn.gate, src, "ffn_gate")
+    up = b.matmul(ffn.up, src, "ffn_up")
+    return b.matmul(ffn.down, b.glu(gelu, gate, up, "ffn_act"), "ffn_out")
+
 
 class SwiGLU:
     """Gated feed-forward: down(silu(gate(x)) * up(x))."""
@@ -226,18 +246,12 @@ class SwiGLU:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         gate, up = self.gate(x), self.up(x)
         out = np.empty_like(gate)  # not in place: an observer may hold the matmul outputs
-        ops.swiglu(gate, up, out, 0, gate.shape[0])
+        elementwise.swiglu(gate, up, out, 0, gate.shape[0])
         return self.down(out)
 
-
-@cache
-def gelu_f16_table() -> np.ndarray:
-    """ggml's GELU table: for every F16 bit pattern, the tanh-approximated GELU in f32 rounded to F16 (as f32)."""
-    x = F16_BITS_TO_F32  # (from the bits: no float conversion, so no warning and the same NaNs on every host)
-    with np.errstate(invalid="ignore", over="ignore"):
-        inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
-        gelu = np.float32(0.5) * x * (np.float32(1.0) + libm_f32(np.tanh, inner))
-        return gelu.astype(np.float16).astype(np.float32)  # (NaN entries, from NaN bit patterns, stay NaN)
+    def plan(self, b: PlanBuilder, src: int) -> int:
+        """The same feed-forward as plan nodes (:mod:`kleidipy.graph.plan`)."""
+        return _plan_glu(b, self, src, gelu=False)
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -245,7 +259,7 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     gate = np.ascontiguousarray(gate, np.float32)
     out = np.empty_like(gate)
     rows = out.reshape(-1, gate.shape[-1])
-    ops.geglu(
+    elementwise.geglu(
         gate.reshape(rows.shape),
         np.ascontiguousarray(up, np.float32).reshape(rows.shape),
         gelu_f16_table(),
@@ -264,6 +278,10 @@ class GeGLU:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.down(geglu(self.gate(x), self.up(x)))
+
+    def plan(self, b: PlanBuilder, src: int) -> int:
+        """The same feed-forward as plan nodes (:mod:`kleidipy.graph.plan`)."""
+        return _plan_glu(b, self, src, gelu=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -299,7 +317,7 @@ class CausalLM:
         self.n_ubatch = n_ubatch
         self.kv_dtype = check_cache_dtype(kv_dtype)
         self._cache: KVCache | None = None
-        #: told of every forward pass (:class:`~kleidipy.runtime.observer.Observer`); an engine shares its list
+        #: told of every forward pass (:class:`~kleidipy.observer.Observer`); an engine shares its list
         self.observers: list = []
         #: the forward pass as a compiled plan (:func:`kleidipy.graph.execute.compile_model`); None runs it op by
         #: op (the reference execution)

@@ -16,12 +16,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.errors import DTypeError, KernelShapeError, KleidipyError
+from kleidipy.errors import DTypeError, InvalidTokenError, KernelShapeError
 from kleidipy.formats import rows
-
-
-class InvalidTokenError(KleidipyError, ValueError):
-    """Token ids that are not a 1-D integer sequence within the vocabulary."""
 
 
 @runtime_checkable

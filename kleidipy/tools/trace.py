@@ -14,13 +14,13 @@ ran:
   when m == 1 — llama.cpp's rule; the last layer's FFN and the LM head of a prefill run on the last row only,
   so they are GEMVs too).
 
-The tracer is an observer of the engine it loads (:mod:`kleidipy.runtime.observer`): during the load it receives
-a :class:`~kleidipy.runtime.observer.RepackCall` after every repack (the pack timed on its own); during the
-generation a :class:`~kleidipy.runtime.observer.KernelCall` after every MUL_MAT and the start and end of every
+The tracer is an observer of the engine it loads (:mod:`kleidipy.observer`): during the load it receives
+a :class:`~kleidipy.observer.RepackCall` after every repack (the pack timed on its own); during the
+generation a :class:`~kleidipy.observer.KernelCall` after every MUL_MAT and the start and end of every
 forward pass (the first pass of the generation is the prefill, the others are decode steps). A compiled plan
 times itself: each worker thread records the start, the end of a MUL_MAT's LHS pack and the end of every node
 (monotonic ns, inside the compiled code, like ggml's graph profiling), and the tracer receives each node as a
-:class:`~kleidipy.runtime.observer.NodeRun` and each MUL_MAT node as a KernelCall — the trace shows the path that
+:class:`~kleidipy.observer.NodeRun` and each MUL_MAT node as a KernelCall — the trace shows the path that
 runs. An engine without an observer runs the plain path: tracing off costs nothing.
 
 What it traces by default is the seeds' story (Arm's Learning Path example): the Q4_0 weights on the SME2 CPU at
@@ -51,9 +51,9 @@ from typing import Any
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.errors import InvalidArgumentError, KleidipyError
+from kleidipy.observer import KernelCall, NodeRun, Observer, RepackCall
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.model_file import ModelFile
-from kleidipy.runtime.observer import KernelCall, NodeRun, Observer, RepackCall
 from kleidipy.runtime.pull import default_model, resolve_model, trace_dir
 from kleidipy.target import Target, parse_target
 from kleidipy.tools.quantize import quantize_gguf, target_type
@@ -268,7 +268,7 @@ class _StackRecorder:
 
 
 class Tracer(Observer):
-    """Runs a load + generation as an observer of the engine (:mod:`kleidipy.runtime.observer`), recording a
+    """Runs a load + generation as an observer of the engine (:mod:`kleidipy.observer`), recording a
     :class:`Trace`."""
 
     wants_matmuls = True

@@ -14,17 +14,16 @@ from gguf import GGMLQuantizationType as T
 from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
 from tiny_models import write_model
 
-from kleidipy.errors import NonFiniteInputError
+from kleidipy.errors import InvalidTokenError, NonFiniteInputError
 from kleidipy.graph import contention, workers
 from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.execute import compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
+from kleidipy.observer import NodeRun, Observer
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.kv_cache import ContextOverflowError
 from kleidipy.runtime.layers import CausalLM, Segment
 from kleidipy.runtime.model_file import ModelFile
-from kleidipy.runtime.observer import NodeRun, Observer
-from kleidipy.runtime.weights import InvalidTokenError
 from kleidipy.target import parse_target
 
 

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from model_files import SMOLLM2, model_file
 
 from kleidipy.core.numerics import F16_BITS_TO_F32, round_f16_scalar
-from kleidipy.errors import DTypeError, KernelShapeError
+from kleidipy.errors import DTypeError, InvalidTokenError, KernelShapeError
 from kleidipy.runtime.architectures.llama import Llama
 from kleidipy.runtime.hparams import RopeType
 from kleidipy.runtime.kv_cache import ContextOverflowError, KVCache, PositionError
 from kleidipy.runtime.layers import attention
 from kleidipy.runtime.model_file import ModelFile
-from kleidipy.runtime.weights import FloatLinear, InvalidTokenError, RowEmbedding, dequantize_rows
+from kleidipy.runtime.weights import FloatLinear, RowEmbedding, dequantize_rows
 
 MODELS = {"llama": Llama, "qwen2": Llama}  # qwen2 is a row of the llama module
 

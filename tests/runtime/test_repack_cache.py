@@ -15,9 +15,9 @@ from gguf_writer import tiny_kv, tiny_tensors, write_gguf
 from tiny_models import bpe_vocab
 
 from kleidipy.cli import main
+from kleidipy.observer import Observer, RepackCall
 from kleidipy.runtime import pull, repack_cache
 from kleidipy.runtime.generate import Engine
-from kleidipy.runtime.observer import Observer, RepackCall
 from kleidipy.runtime.pull import ModelSpec, cache_dir
 from kleidipy.runtime.repack_cache import (
     RepackCacheError,

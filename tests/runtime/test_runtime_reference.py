@@ -77,7 +77,7 @@ BIT_EXACT = {("smollm2-q4_0", "single_word"), ("qwen25-q4_0", "single_word")}
 ATTENTION = (
     "Q4_0: the single-token logits are llama.cpp's bit for bit (BIT_EXACT), so the rest is attention over "
     "several positions: its F16 KQ/KQV products, softmax sums and exp follow ggml-cpu's NEON orders and "
-    "ggml_v_expf here (kleidipy.graph.ops), and RoPE fuses its products as llama.cpp's GCC build does on Arm "
+    "ggml_v_expf here (kleidipy.ops.elementwise), and RoPE fuses its products as llama.cpp's GCC build does on Arm "
     "(test_arm_reference: bit for bit there), against ggml-cpu's AVX-512 code in the x86 reference (64 lanes, other "
     "reductions, the scalef variant of ggml_v_expf): rounding-level differences, which the int8 activations of "
     "every matmul amplify (the numpy orders used before this landed as far from llama.cpp, and as far from these)"

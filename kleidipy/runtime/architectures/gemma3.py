@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema, context_size
+from kleidipy.runtime.architecture import Architecture, TensorSchema, ValidatedFile, context_size
 from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, Segment, SelfAttention
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kleidipy.graph.plan import PlanBuilder
-    from kleidipy.runtime.model_file import ModelFile
 
 SWA_PATTERN = 6  #: llama.cpp's set_swa_pattern(6): five sliding layers, then a global one
 ROPE_FREQ_BASE_SWA = 10000.0  #: llama.cpp's rope_freq_base_train_swa for gemma3
@@ -59,7 +58,7 @@ class Gemma3Params:
         return layer % SWA_PATTERN < SWA_PATTERN - 1
 
     @classmethod
-    def read(cls, model: ModelFile) -> Gemma3Params:
+    def read(cls, model: ValidatedFile) -> Gemma3Params:
         hp = model.hparams
         window = model.get_int(f"{hp.architecture}.attention.sliding_window")
         if window <= 0:
@@ -100,11 +99,11 @@ class Gemma3Block:
 
     def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
         """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
-        a = b.self_attention(self.attention, b.rms_norm(x, self.attn_norm, "norm"))
+        a = self.attention.plan(b, b.rms_norm(x, self.attn_norm, "norm"))
         if keep:
             b.keep(a, x)
         h = b.add(b.rms_norm(a, self.post_attn_norm, "post_norm"), x, "h")
-        f = b.feed_forward(self.ffn, b.rms_norm(h, self.ffn_norm, "norm"))
+        f = self.ffn.plan(b, b.rms_norm(h, self.ffn_norm, "norm"))
         return b.add(b.rms_norm(f, self.post_ffw_norm, "post_norm"), h, "x")
 
 
@@ -114,7 +113,7 @@ class Gemma3(CausalLM):
 
     def __init__(
         self,
-        model: ModelFile,
+        model: ValidatedFile,
         linear: LinearFactory = FloatLinear.from_gguf,
         embedding: EmbeddingFactory = RowEmbedding.from_gguf,
         n_ctx: int | None = None,

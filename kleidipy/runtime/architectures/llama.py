@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema, context_size
+from kleidipy.runtime.architecture import Architecture, TensorSchema, ValidatedFile, context_size
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, Segment, SelfAttention, SwiGLU
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from kleidipy.graph.plan import PlanBuilder
-    from kleidipy.runtime.model_file import ModelFile
 
 
 class LlamaBlock:
@@ -44,10 +43,10 @@ class LlamaBlock:
 
     def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
         """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
-        h = b.add(x, b.self_attention(self.attention, b.rms_norm(x, self.attn_norm, "norm")), "h")
+        h = b.add(x, self.attention.plan(b, b.rms_norm(x, self.attn_norm, "norm")), "h")
         if keep:
             b.keep(h)
-        return b.add(h, b.feed_forward(self.ffn, b.rms_norm(h, self.ffn_norm, "norm")), "x")
+        return b.add(h, self.ffn.plan(b, b.rms_norm(h, self.ffn_norm, "norm")), "x")
 
 
 class Llama(CausalLM):
@@ -56,7 +55,7 @@ class Llama(CausalLM):
 
     def __init__(
         self,
-        model: ModelFile,
+        model: ValidatedFile,
         linear: LinearFactory = FloatLinear.from_gguf,
         embedding: EmbeddingFactory = RowEmbedding.from_gguf,
         n_ctx: int | None = None,

@@ -2,7 +2,7 @@
 fixed order of operations: ggml-cpu's algorithms as they run on Arm (aarch64 NEON, no FP16 vector arithmetic).
 
 Both executions call these same functions: the eager path (:mod:`kleidipy.runtime.layers`) over all rows or heads
-from Python, the compiled graph (:mod:`kleidipy.graph.execute`) from numba code, each worker thread passing the rows
+from Python, the compiled graph (:mod:`kleidipy.graph.walk`) from numba code, each worker thread passing the rows
 (``r0:r1``) or heads (``h0:h1``) it owns. Every row and head is computed the same way whoever computes it, so the
 result is the same bits on every host, at every thread count and in both executions. They are hand-written because
 no maintained library states these orders: numpy's ``exp``, ``sum`` and BLAS products differ between hosts and
@@ -16,16 +16,19 @@ Inputs and outputs are C-contiguous float32 arrays unless stated; "in f32" means
 * :func:`rms_norm`: ``ggml_compute_forward_rms_norm_f32`` then ``ggml_mul``: the squares (f32) summed in f64 in
   increasing index, ``mean`` rounded to f32, ``scale = 1/sqrtf(mean + eps)`` in f32, ``(x * scale) * w``.
 * :func:`swiglu`: ``ggml_vec_swiglu_f32``: ``silu(g) * up`` with ``silu(g) = g / (1 + expf(0 - g))`` (ggml_v_silu).
-* :func:`geglu`: ``ggml_vec_geglu_f32`` with GGML_GELU_FP16: the F16-table GELU of the gate, times up.
+* :func:`geglu`: ``ggml_vec_geglu_f32`` with GGML_GELU_FP16: the F16-table GELU of the gate (:func:`gelu_f16_table`,
+  its ``tanhf`` as :func:`libm_f32` computes glibc's float functions), times up.
 * :func:`rope`: ggml_rope_ext's rotation of each pair by the angles of a cos/sin table (adjacent pairs or NEOX
   halves), one product of each of ``x0*c - x1*s`` and ``x0*s + x1*c`` fused as GCC fuses them on AArch64.
 * the cells of llama.cpp's KV cache (F16 or F32: ``_load_cell``, ``_store_cell``); the cache's layout, its write and
-  the attention over it are :mod:`kleidipy.graph.attention`'s.
+  the attention over it are :mod:`kleidipy.ops.attention`'s.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
+from functools import cache
 
 import numba
 import numpy as np
@@ -180,10 +183,28 @@ def swiglu(gate, up, out, r0, r1):
             o_row[i] = (g / (one + expf(zero - g))) * u_row[i]
 
 
+def libm_f32(fn: Callable[..., np.ndarray], *args: np.ndarray | np.float32) -> np.ndarray:
+    """glibc's float function (powf, cosf, sinf, tanhf) of f32 arguments, approximated as ``fn`` in float64 rounded
+    once to f32: the same bits on every host (:mod:`kleidipy.runtime.layers`'s docstring says how close to glibc)."""
+    wide = [np.asarray(a, np.float64) for a in args]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(fn(*wide), np.float64).astype(np.float32)
+
+
+@cache
+def gelu_f16_table() -> np.ndarray:
+    """ggml's GELU table: for every F16 bit pattern, the tanh-approximated GELU in f32 rounded to F16 (as f32)."""
+    x = F16_BITS_TO_F32  # (from the bits: no float conversion, so no warning and the same NaNs on every host)
+    with np.errstate(invalid="ignore", over="ignore"):
+        inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
+        gelu = np.float32(0.5) * x * (np.float32(1.0) + libm_f32(np.tanh, inner))
+        return gelu.astype(np.float16).astype(np.float32)  # (NaN entries, from NaN bit patterns, stay NaN)
+
+
 @numba.njit(cache=True, nogil=True)
 def geglu(gate, up, table, out, r0, r1):
     """Rows r0..r1-1 of out = gelu(gate) * up (all [m, n]) with ggml-cpu's F16-table GELU: a gate <= -10 gives 0,
-    >= 10 the gate itself, otherwise ``table`` (float32 [65536], ``layers.gelu_f16_table()``) at the gate's F16 bit
+    >= 10 the gate itself, otherwise ``table`` (float32 [65536], :func:`gelu_f16_table`) at the gate's F16 bit
     pattern (nearest even); times up in f32. out may alias gate or up."""
     lo = np.float32(-10.0)
     hi = np.float32(10.0)

@@ -1,4 +1,4 @@
-"""The compiled node kernels (kleidipy.graph.ops, kleidipy.graph.attention) against plain-numpy statements of the
+"""The compiled node kernels (kleidipy.ops.elementwise, kleidipy.ops.attention) against plain-numpy statements of the
 same fixed-order formulas, bit for bit, and every row/head split (2 and 3 pieces) against one call; ggml_v_expf also
 against float64 exp."""
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from kleidipy.core.numerics import fma_f32
-from kleidipy.graph import attention, ops
-from kleidipy.runtime.kv_cache import KVCache, cells
-from kleidipy.runtime.layers import gelu_f16_table
+from kleidipy.ops import attention, elementwise
+from kleidipy.ops.attention import cells
+from kleidipy.ops.elementwise import gelu_f16_table
+from kleidipy.runtime.kv_cache import KVCache
 
 F32 = np.float32
 
@@ -64,7 +65,7 @@ def expf_numpy(x: np.ndarray) -> np.ndarray:
 def _expf_all(x):
     out = np.empty_like(x)
     for i in range(x.size):
-        out[i] = ops.expf(x[i])
+        out[i] = elementwise.expf(x[i])
     return out
 
 
@@ -131,10 +132,10 @@ def test_rms_norm(rng: np.random.Generator) -> None:
     for pieces in _splits(7):
         out = np.empty_like(x)
         for r0, r1 in pieces:
-            ops.rms_norm(x, w, eps, out, r0, r1)
+            elementwise.rms_norm(x, w, eps, out, r0, r1)
         assert _same(out, want)
     inplace = x.copy()
-    ops.rms_norm(inplace, w, eps, inplace, 0, 7)
+    elementwise.rms_norm(inplace, w, eps, inplace, 0, 7)
     assert _same(inplace, want)
 
 
@@ -144,9 +145,9 @@ def test_add_add_row_scale(rng: np.random.Generator) -> None:
     for pieces in _splits(5):
         out, row, scaled = np.empty_like(a), a.copy(), a.copy()
         for r0, r1 in pieces:
-            ops.add(a, b, out, r0, r1)
-            ops.add_row(row, bias, r0, r1)
-            ops.scale(scaled, 0.3, r0, r1)
+            elementwise.add(a, b, out, r0, r1)
+            elementwise.add_row(row, bias, r0, r1)
+            elementwise.scale(scaled, 0.3, r0, r1)
         assert _same(out, a + b) and _same(row, a + bias) and _same(scaled, a * F32(0.3))
 
 
@@ -159,10 +160,10 @@ def test_swiglu(rng: np.random.Generator) -> None:
     for pieces in _splits(6):
         out = np.empty_like(gate)
         for r0, r1 in pieces:
-            ops.swiglu(gate, up, out, r0, r1)
+            elementwise.swiglu(gate, up, out, r0, r1)
         assert _same(out, want)
     g = gate.copy()
-    ops.swiglu(g, up, g, 0, 6)
+    elementwise.swiglu(g, up, g, 0, 6)
     assert _same(g, want)
 
 
@@ -176,7 +177,7 @@ def test_geglu(rng: np.random.Generator) -> None:
     for pieces in _splits(5):
         out = np.empty_like(gate)
         for r0, r1 in pieces:
-            ops.geglu(gate, up, table, out, r0, r1)
+            elementwise.geglu(gate, up, table, out, r0, r1)
         assert _same(out, want)
 
 
@@ -198,7 +199,7 @@ def test_rope(rng: np.random.Generator, neox: bool) -> None:
     for pieces in _splits(n_heads):
         got = x.copy()
         for h0, h1 in pieces:
-            ops.rope(got, cos, sin, start, neox, h0, h1)
+            elementwise.rope(got, cos, sin, start, neox, h0, h1)
         assert _same(got, want)
 
 

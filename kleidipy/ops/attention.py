@@ -3,15 +3,15 @@ without flash attention (``mul_mat(k, q)`` -> ``soft_max_ext`` -> ``mul_mat(v, k
 (NEON, F16 or F32 cache), stated in :func:`attention`.
 
 Also owns the layout of a layer of the KV cache (:func:`store_kv` writes it, :class:`~kleidipy.runtime.kv_cache.
-KVCache` allocates it), in blocks of 16 cells, the lanes the tiles take: K ``[n_head_kv, nb, head_dim·16]`` (block b
-holds dimension c of cell 16·b + i at ``[b, 16·c + i]``: KQ reads each block as one stream) and V lane-major
-``[n_head_kv, 16, nb·head_dim]`` (cell j's row at ``[j % 16, (j // 16)·head_dim ...]``: KQV reads each lane's rows as
-one stream), nb = n_ctx / 16 rounded up. With a layout by dimension (K transposed, V by rows) a decode's KQ read 64
-rows of K at once and KQV every 16th row of V: from a cold cache (every decoded token's: the weights went through it
-since) that took 2x the time.
+KVCache` allocates it, :func:`cells` gives its F16 values as the bits the tiles read), in blocks of 16 cells, the
+lanes the tiles take: K ``[n_head_kv, nb, head_dim·16]`` (block b holds dimension c of cell 16·b + i at
+``[b, 16·c + i]``: KQ reads each block as one stream) and V lane-major ``[n_head_kv, 16, nb·head_dim]`` (cell j's row
+at ``[j % 16, (j // 16)·head_dim ...]``: KQV reads each lane's rows as one stream), nb = n_ctx / 16 rounded up. With
+a layout by dimension (K transposed, V by rows) a decode's KQ read 64 rows of K at once and KQV every 16th row of V:
+from a cold cache (every decoded token's: the weights went through it since) that took 2x the time.
 
 Both executions call :func:`attention`: the eager path (:mod:`kleidipy.runtime.layers`) over all heads, the
-compiled graph (:mod:`kleidipy.graph.execute`) per worker over the heads it owns. The inner tiles are llvmlite IR
+compiled graph (:mod:`kleidipy.graph.walk`) per worker over the heads it owns. The inner tiles are llvmlite IR
 (numba does not vectorize these loops over 16 lanes of 16 cells into 512-bit registers by itself); the order of
 every sum is the one stated, whatever the tile, so every path gives the same bits.
 """
@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 from kleidipy.core import vnni
 from kleidipy.core.numerics import fma32, round_f16_scalar
 from kleidipy.core.vnni import F32, F32X16
-from kleidipy.graph.ops import _load_cell, _store_cell, expf_ir
+from kleidipy.ops.elementwise import _load_cell, _store_cell, expf_ir
 
 #: lanes of ggml_vec_dot_f16 / ggml_vec_dot_f32 on NEON: GGML_F32_ARR (4) registers of 4 floats
 LANES = 16
@@ -54,6 +54,12 @@ def attention_scratch_size(n_ctx: int, head_dim: int) -> int:
 def cache_blocks(n_ctx: int) -> int:
     """Blocks of 16 cells of a cache of n_ctx cells (the layout: module docstring)."""
     return -(-n_ctx // LANES)
+
+
+def cells(a: np.ndarray) -> np.ndarray:
+    """Cache cells as the compiled ops take them: F16 values as their uint16 bit patterns (a view), float32 as they
+    are."""
+    return a.view(np.uint16) if a.dtype == np.float16 else a
 
 
 @numba.njit(cache=True, nogil=True)
@@ -200,9 +206,9 @@ def _kq_cells(qv, kh, jlo, jhi, kq, s):
 def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile time
     """Scores s[jlo:jhi] (KQ) -> scaled, softmax weights (rounded to F16 with ``f16``), in place, 16 cells at a time
     from cell jlo - jlo % 16 (s holds at least jhi rounded up to 16 cells; the other cells of those vectors are
-    overwritten): ``s * sc``, the max, ``e = expf(s - max)`` (:func:`kleidipy.graph.ops.expf_ir`), the sum in f64 of
-    ``(e0+e1)+(e2+e3)`` (f32) per 4 cells from cell 0 in increasing order, cells outside jlo..jhi-1 being 0 (soft_max's
-    vaddvq_f32 groups; llama.cpp pads n_kv to a multiple of 32 with masked cells, so no scalar tail), then
+    overwritten): ``s * sc``, the max, ``e = expf(s - max)`` (:func:`kleidipy.ops.elementwise.expf_ir`), the sum in
+    f64 of ``(e0+e1)+(e2+e3)`` (f32) per 4 cells from cell 0 in increasing order, cells outside jlo..jhi-1 being 0
+    (soft_max's vaddvq_f32 groups; llama.cpp pads n_kv to a multiple of 32 with masked cells, so no scalar tail), then
     ``e * (float)(1/sum)``."""
     sig = types.void(types.int64, types.int64, types.float32, types.boolean, s)
 

@@ -1,0 +1,86 @@
+"""The model as the compiled plan sees it: the :class:`typing.Protocol` s that the runtime's objects satisfy -- a
+causal LM (:class:`PlannedModel`), its KV caches (:class:`KVCells`), the segments of a ubatch
+(:class:`UbatchSegment`), its norms, RoPE tables and repacked weights. The runtime (:mod:`kleidipy.runtime`) sits
+above the graph, as llama.cpp's model code sits above ggml: it hands these objects in, and the graph imports nothing
+of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from kleidipy.core.matmul import PreparedMatmul
+from kleidipy.observer import Observer
+
+
+@runtime_checkable
+class RepackedWeight(Protocol):
+    """A weight the plan can multiply by: repacked for a KleidiAI kernel pair, prepared for m == 1 (``gemv``) and
+    m > 1 (``gemm``) (:class:`~kleidipy.runtime.backend.RepackedLinear`)."""
+
+    name: str
+    n: int
+    k: int
+    gemv: PreparedMatmul
+    gemm: PreparedMatmul
+
+
+class Norm(Protocol):
+    """An RMSNorm: its weight [n] and eps."""
+
+    weight: np.ndarray
+    eps: float
+
+
+class RopeTables(Protocol):
+    """A RoPE: its cos and sin tables [n_ctx, n_rot/2] and its pairing (NEOX halves, else adjacent pairs)."""
+
+    cos: np.ndarray
+    sin: np.ndarray
+    neox: bool
+
+
+class KVCells(Protocol):
+    """One sequence's KV cache: K and V of every layer in :mod:`kleidipy.ops.attention`'s layout (float16, then
+    ``f16``, or float32) and the token id at each cell (a decoded token's run writes it)."""
+
+    k: np.ndarray
+    v: np.ndarray
+    f16: bool
+    tokens: np.ndarray
+
+
+class UbatchSegment(Protocol):
+    """Rows lo..hi-1 of a ubatch: tokens of one sequence at positions start.., whose KV cache is ``cache``."""
+
+    cache: KVCells
+    start: int
+    lo: int
+    hi: int
+
+
+class ModelSizes(Protocol):
+    """The hyper-parameters the plan reads."""
+
+    n_embd: int
+    head_dim: int
+
+
+class PlannedModel(Protocol):
+    """A causal LM the plan runs: the embedding (optionally with a compiled GET_ROWS, ``compiled_rows()``), the
+    blocks (each describing itself with ``plan(builder, x, keep)``), the final norm and the LM head; its observers,
+    and the compiled forward pass it then runs (:func:`~kleidipy.graph.execute.compile_model` sets it)."""
+
+    hparams: ModelSizes
+    n_ctx: int
+    embedding: Callable[[np.ndarray], np.ndarray]
+    blocks: Sequence[object]
+    output_norm: Norm
+    lm_head: object
+    observers: list[Observer]
+    compiled: Any
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCells: ...
