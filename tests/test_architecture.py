@@ -151,6 +151,21 @@ def test_emulator_imports_no_family(name: str) -> None:
     assert not {m for m in GRAPH[name] if m.startswith("kleidipy.kernels")}, GRAPH[name]
 
 
+FAMILY_PACKAGES = {f"kleidipy.kernels.{f.name}" for f in families()}
+
+
+def _family_of(module: str) -> str | None:
+    return next((f for f in FAMILY_PACKAGES if _in(module, f)), None)
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if _family_of(m) is None))
+def test_only_the_table_reaches_a_family(name: str) -> None:
+    """Outside a family's folder only the catalogue (the table the selection and the plan go through) and the
+    family declaration helper import it: the compiled plan reaches a family's routines through its record."""
+    reached = {m for m in NAMED[name] if _family_of(m) is not None}
+    assert name == "kleidipy.kernels.catalogue" or not reached, f"{name} imports {sorted(reached)}"
+
+
 def test_each_family_folder_holds_its_parts() -> None:
     found = {f.name for f in families()}
     folders = {p.name for p in (ROOT / "kernels").iterdir() if (p / "__init__.py").is_file()} - {"pack"}
@@ -162,6 +177,7 @@ def test_each_family_folder_holds_its_parts() -> None:
         assert all(k.family == fam.name for k in fam.kernels)
         assert {k.name for k in fam.kernels} == set(fam.programs), "every kernel has its instruction program"
         assert bool(fam.ggml_types) == (fam.from_ggml is not None)
+        assert fam.node is not None or fam.name == "qai8dxp_qsi4cxp", "the compiled plan's routines (node.py)"
 
 
 def test_modules_stay_small() -> None:
