@@ -7,6 +7,7 @@ lacks: f32 d, int8 qs[256], int16 bsums[16]; value = d * qs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -40,6 +41,10 @@ SUPPORTED: tuple[GGMLQuantizationType, ...] = (
 )
 
 
+#: rows handed to gguf's dequantizer as one (it loops in Python over groups of 16 of its rows, ~0.1 ms each)
+_JOIN = 32
+
+
 def _raw_rows(data: np.ndarray, t: GGMLQuantizationType, rows: int, k: int) -> np.ndarray:
     """The tensor's bytes as uint8 [rows, row_bytes] (any dtype GGUFReader hands out is viewed as bytes)."""
     block_size, type_size = GGML_QUANT_SIZES[t]
@@ -63,7 +68,10 @@ def dequantizer(t: GGMLQuantizationType) -> Callable[[np.ndarray, int, int], np.
 
     def dequantize(data: np.ndarray, rows: int, k: int) -> np.ndarray:
         raw = _raw_rows(data, t, rows, k)
-        values = _dequantize_q8_k(raw) if t == GGMLQuantizationType.Q8_K else quants.dequantize(raw, t)
+        if t == GGMLQuantizationType.Q8_K:
+            values = _dequantize_q8_k(raw)
+        else:  # (rows joined in 32s: gguf works through a tensor 16 of its rows at a time; 4x faster on a 152k vocab)
+            values = quants.dequantize(raw.reshape(rows // math.gcd(rows, _JOIN), -1), t)
         return np.ascontiguousarray(values, dtype=np.float32).reshape(rows, k)
 
     dequantize.__doc__ = f"{t.name} tensor bytes -> float32 [rows, k]."

@@ -17,7 +17,7 @@ def from_ggml(
 ) -> tuple[np.ndarray, dict]:
     """Q8_0 blocks (or F32 values [n, k]: a weight the backend dequantized) -> (int8 q [n, k], {scale: f32 [n]})."""
     if ggml_type == GGMLType.F32:
-        q, scale = quantize_per_channel(np.asarray(raw, np.float32).reshape(n, k))
+        q, scale = quantize_per_channel(np.asarray(raw, np.float32).reshape(n, k), execution)
     else:
         q, scale = requantize_q8_0_per_channel(raw, n, k, execution=execution)
     return q, {"scale": scale}

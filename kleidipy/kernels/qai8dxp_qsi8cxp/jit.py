@@ -193,6 +193,23 @@ def requantize_q8_0(blocks, f16_table, q, scale):
             q[row, j] = max(min(r, 127), -127)
 
 
+@numba.njit(cache=True, nogil=True)
+def quantize_per_channel(v, q, scale):
+    """Finite float32 rows v [n, k] → per-channel int8 q and f32 scale, as ``ukernels.quantize_per_channel``:
+    scale = f32(max|v| / 127), q = clamp(lround(f32(v·f32(1/scale))), ±127)."""
+    n, k = v.shape
+    for row in range(n):
+        amax = np.float32(0.0)
+        for j in range(k):
+            amax = max(amax, abs(v[row, j]))
+        sc = np.float32(amax / np.float32(127.0)) if amax > 0 else np.float32(0.0)
+        inv = np.float32(np.float32(1.0) / sc) if sc > 0 else np.float32(0.0)
+        scale[row] = sc
+        for j in range(k):
+            r = np.int64(round_away_scalar(np.float32(v[row, j] * inv)))
+            q[row, j] = max(min(r, 127), -127)
+
+
 # --------------------------------------------------------------------------------------------- kernels
 
 

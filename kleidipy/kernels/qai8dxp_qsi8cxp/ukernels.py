@@ -395,12 +395,17 @@ def requantize_q8_0_per_channel(
     return quantize_per_channel((d[:, :, None] * blocks[:, :, 2:].view(np.int8).astype(np.float32)).reshape(n, k))
 
 
-def quantize_per_channel(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantize_per_channel(v: np.ndarray, execution: str = "reference") -> tuple[np.ndarray, np.ndarray]:
     """float32 rows [n, k] → per-channel int8 q [n, k] and f32 scale [n], rounded as in
-    :func:`requantize_q8_0_per_channel`: scale = f32(max|v| / 127), q = clamp(lround(f32(v·f32(1/scale))), ±127)."""
+    :func:`requantize_q8_0_per_channel`: scale = f32(max|v| / 127), q = clamp(lround(f32(v·f32(1/scale))), ±127)
+    (``execution`` "jit": the same bits from ``jit.quantize_per_channel``, ~15x faster)."""
     v = np.asarray(v, dtype=np.float32)
     if not np.isfinite(v).all():
         raise NonFiniteInputError("quantize_per_channel: a weight is NaN/Inf")
+    if execution == "jit":
+        q, scale = np.empty(v.shape, np.int8), np.empty(v.shape[0], np.float32)
+        jit.quantize_per_channel(np.ascontiguousarray(v), q, scale)
+        return q, scale
     amax = np.abs(v).max(axis=1)
     scale = np.where(amax > 0, amax / np.float32(127), np.float32(0)).astype(np.float32)
     with np.errstate(divide="ignore"):

@@ -132,6 +132,38 @@ def test_requantize_q8_0_matches_scalar_model(execution):
     assert scale[-1] == 0 and not q[-1].any()
 
 
+def _model_quantize(v):
+    """quantize_per_channel in Python scalars (float32 via numpy scalars), the model both executions meet."""
+    n, k = v.shape
+    q, scale = np.zeros((n, k), np.int8), np.zeros(n, np.float32)
+    for row in range(n):
+        amax = max(abs(F32(x)) for x in v[row])
+        scale[row] = F32(amax / F32(127)) if amax > 0 else F32(0)
+        inv = F32(F32(1) / scale[row]) if scale[row] > 0 else F32(0)
+        for j, x in enumerate(v[row]):
+            y = float(F32(F32(x) * inv))
+            q[row, j] = min(max(int(math.copysign(math.floor(abs(y) + 0.5), y)), -127), 127)
+    return q, scale
+
+
+@given(st.integers(1, 9), st.integers(1, 70), st.integers(0, 2**32 - 1))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_quantize_per_channel_executions_match_scalar_model(n, k, seed):
+    """Float weights (the dequantized Q5_0/Q6_K/… the backend requantizes) → per-channel int8: both executions
+    give the scalar model's bits, ties and a zero row included."""
+    rng = np.random.default_rng(seed)
+    v = (rng.standard_normal((n, k)) * rng.choice([1e-3, 1.0, 50.0])).astype(np.float32)
+    v[0] = np.clip(v[0], -100, 100)
+    v[0, : min(k, 5)] = np.array([127, 0.5, -0.5, 2.5, -2.5], np.float32)[: min(k, 5)]  # scale 1: ties stay ties
+    if n > 2:
+        v[-1] = 0
+    want = _model_quantize(v)
+    for execution in EXECUTIONS:
+        q, scale = fam.quantize_per_channel(v, execution=execution)
+        assert np.array_equal(q, want[0]), execution
+        assert bits_equal(scale, want[1]), execution
+
+
 def test_requantize_q8_0_bad_inputs():
     blocks = _q8_0_blocks(np.random.default_rng(1), 2, 64)
     with pytest.raises(KernelShapeError):
