@@ -44,20 +44,38 @@ PACK = types.void(types.int64, types.int64, types.int64, types.int64)
 MATMUL = types.void(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class NodeKernel:
-    """A kernel as the compiled plan runs it: ``params`` (the header above, the family's slots after it) for
-    ``name``; ``lhs_key`` equal for two kernels that pack the same rows into the same bytes; ``routine`` the
-    matmul routine's qualified name."""
+    """A kernel as the compiled plan runs it, for ``name``: its ``record`` (the header above without the routines'
+    addresses, the family's slots after it) and the cfunc bodies ``pack`` and ``matmul``; ``lhs_key`` is equal for
+    two kernels that pack the same rows into the same bytes. :attr:`params` is the record with the addresses: the
+    routines compile (or load from numba's cache) at its first use, so that describing a model's plan compiles
+    nothing."""
 
     name: str
-    params: np.ndarray
+    record: np.ndarray
+    pack: Callable
+    matmul: Callable
     lhs_key: tuple
-    routine: str
+    _params: np.ndarray | None = None
+
+    @property
+    def routine(self) -> str:
+        """The matmul routine's qualified name."""
+        return f"{self.matmul.__module__}.{self.matmul.__name__}"
+
+    @property
+    def params(self) -> np.ndarray:
+        """The parameter record the compiled code reads, with the routines' addresses."""
+        if self._params is None:
+            p = self.record.copy()
+            p[P_PACK], p[P_MATMUL] = _address(self.pack, PACK), _address(self.matmul, MATMUL)
+            self._params = p
+        return self._params
 
     def lhs_bytes(self, m: int) -> int:
         """Bytes of the packed LHS of m rows (what the pack routine writes and the matmul routine reads)."""
-        return -(-m // int(self.params[P_MR])) * int(self.params[P_LHS_STRIDE])
+        return -(-m // int(self.record[P_MR])) * int(self.record[P_LHS_STRIDE])
 
 
 @cache
@@ -86,11 +104,10 @@ def node_kernel(
     p[P_LHS_STRIDE] = kern.lhs_packed_size(mr, k)
     p[P_RHS_STRIDE] = kern.rhs_packed_size(g.nr, k)
     p[P_FIRST_BLOCK_FMUL] = bool(kern.flags.get("first_block_fmul", False))
-    p[P_PACK], p[P_MATMUL] = _address(pack, PACK), _address(matmul, MATMUL)
     for slot, value in family.items():
         p[slot] = value
-    key = (int(p[P_PACK]), *(int(p[s]) for s in (P_MR, P_KR, P_SR, P_K, P_LHS_STRIDE, *lhs_slots)))
-    return NodeKernel(kern.name, p, key, f"{matmul.__module__}.{matmul.__name__}")
+    key = (pack, *(int(p[s]) for s in (P_MR, P_KR, P_SR, P_K, P_LHS_STRIDE, *lhs_slots)))
+    return NodeKernel(kern.name, p, pack, matmul, key)
 
 
 # --- compiled side ----------------------------------------------------------------------------------------------
