@@ -214,3 +214,18 @@ def test_kernel_without_routine_is_refused():
     prepared = kern.prepare(N, K, np.zeros(kern.rhs_packed_size(N, K), np.uint8))
     with pytest.raises(mm.NotCompilableError, match="no compiled routine"):
         mm.node_kernel(prepared)
+
+
+def test_describing_a_node_compiles_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan's description (node_kernel, lhs_bytes, same_lhs: what plannable() does) compiles no routine: a first
+    run that answers op by op must not pay for the plan's families; the parameters the plan reads do."""
+    from kleidipy.core import node
+
+    def refuse(py_func: object, signature: object) -> int:
+        raise AssertionError(f"compiled {py_func}")
+
+    monkeypatch.setattr(node, "_address", refuse)
+    nk = mm.node_kernel(_linear("i8mm", T.Q4_1).gemm)
+    assert nk.lhs_bytes(3) > 0 and mm.same_lhs(nk, nk)
+    with pytest.raises(AssertionError, match="compiled"):
+        _ = nk.params
