@@ -23,6 +23,7 @@ from numba.extending import intrinsic
 
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.numerics import FLT_MAX
+from kleidipy.core.pointers import f32_at, i64_at, u8_at
 
 # --- the parameter record: a header every family fills, then the family's own slots ---------------------------
 #: the kernel's geometry and K
@@ -163,6 +164,25 @@ def clamp_in_place(a):  # pragma: no cover - compiled
     ~10x slower (0.5-0.7 ms for a 512 x 1536 result, 8-24 % of a 512-row GEMM at k = 576-1536)."""
     for j in range(a.size):
         a[j] = clamped(a[j])
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_operands(params, n_params, x, rows, dst):  # pragma: no cover - compiled
+    """A pack routine's record (its first ``n_params`` slots), rows [rows, K] and destination bytes at their
+    addresses."""
+    p = i64_at(params, n_params)
+    mr = p[P_MR]
+    return p, f32_at(x, (rows, p[P_K])), u8_at(dst, (rows + mr - 1) // mr * p[P_LHS_STRIDE])
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_operands(params, n_params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
+    """A matmul routine's record (its first ``n_params`` slots), the packed LHS of m rows, the packed RHS of n
+    columns and the flat output rows (row i at [i·ld :]) at their addresses."""
+    p = i64_at(params, n_params)
+    a = u8_at(lhs, (m + p[P_MR] - 1) // p[P_MR] * p[P_LHS_STRIDE])
+    b = u8_at(rhs, (n + p[P_NR] - 1) // p[P_NR] * p[P_RHS_STRIDE])
+    return p, a, b, f32_at(out, (m - 1) * ld + n)
 
 
 @numba.njit(cache=True, nogil=True)

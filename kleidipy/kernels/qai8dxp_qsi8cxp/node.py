@@ -6,26 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from kleidipy.core import node as kn
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.node import (
-    P_FAMILY,
-    P_K,
-    P_KR,
-    P_LHS_STRIDE,
-    P_MR,
-    P_NR,
-    P_RHS_STRIDE,
-    NodeKernel,
-    clamp_in_place,
-    node_kernel,
-    store_clamped,
-)
-from kleidipy.core.pointers import f32_at, i64_at, u8_at
+from kleidipy.core.pointers import f32_at
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon, sme, sme2, ukernels, vnni
 
 #: K values per row per LHS chunk (kr / sr), the float epilogue (``Recipe``), K rounded up to a multiple of 32
-P_KBL, P_RECIPE, P_K_INT = P_FAMILY, P_FAMILY + 1, P_FAMILY + 2
-N_PARAMS = P_FAMILY + 3
+P_KBL, P_RECIPE, P_K_INT = kn.P_FAMILY, kn.P_FAMILY + 1, kn.P_FAMILY + 2
+N_PARAMS = kn.P_FAMILY + 3
 
 #: the tiles of the layouts this host runs natively or on VNNI (an SME or SME2 host: those layouts on its tiles,
 #: the rest as the others); None: none
@@ -35,40 +23,35 @@ _TILES = sme.matmul if sme.AVAILABLE else _TILES
 
 
 def _pack(params, x, rows, dst):  # pragma: no cover - compiled
-    p = i64_at(params, N_PARAMS)
-    mr, stride = p[P_MR], p[P_LHS_STRIDE]
-    out = u8_at(dst, (rows + mr - 1) // mr * stride)
+    p, src, out = kn.pack_operands(params, N_PARAMS, x, rows, dst)
+    mr, stride = p[kn.P_MR], p[kn.P_LHS_STRIDE]
     if rows % mr:  # the padding rows of the last group are 0
         for i in range(rows // mr * stride, out.size):
             out[i] = 0
-    jit.lhs_quant_pack_qai8dxp(f32_at(x, (rows, p[P_K])), mr, p[P_KBL], 0, p[P_K_INT], out)
+    jit.lhs_quant_pack_qai8dxp(src, mr, p[P_KBL], 0, p[P_K_INT], out)
 
 
 def _matmul_tiles(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
-    p = i64_at(params, N_PARAMS)
-    mr, nr = p[P_MR], p[P_NR]
-    a = u8_at(lhs, (m + mr - 1) // mr * p[P_LHS_STRIDE]).view(np.int8)
-    b = u8_at(rhs, (n + nr - 1) // nr * p[P_RHS_STRIDE])
+    p, a, b, dst = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
     res = np.empty((m, n), np.float32)
-    _TILES(m, n, p[P_K_INT], mr, nr, p[P_KBL], p[P_KR], a, b, p[P_RECIPE] == jit.RECIPE_FMA_BIAS, res)
-    store_clamped(res, f32_at(out, (m - 1) * ld + n), ld)
+    fma_bias = p[P_RECIPE] == jit.RECIPE_FMA_BIAS
+    _TILES(m, n, p[P_K_INT], p[kn.P_MR], p[kn.P_NR], p[P_KBL], p[kn.P_KR], a.view(np.int8), b, fma_bias, res)
+    kn.store_clamped(res, dst, ld)
 
 
 def _matmul_portable(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
     """The portable loop writes the output rows itself: clamped in place."""
-    p = i64_at(params, N_PARAMS)
-    mr, nr, kr, k_int = p[P_MR], p[P_NR], p[P_KR], p[P_K_INT]
-    a = u8_at(lhs, (m + mr - 1) // mr * p[P_LHS_STRIDE])
-    b = u8_at(rhs, (n + nr - 1) // nr * p[P_RHS_STRIDE])
+    p, a, b, _ = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
+    mr, nr, kr, k_int = p[kn.P_MR], p[kn.P_NR], p[kn.P_KR], p[P_K_INT]
     dst = f32_at(out, (m, ld))[:, :n]
     k_lo = jit.int8_k_lo(k_int, nr, kr)
     a_i8, a_i32, a_f32 = a.view(np.int8), a.view(np.int32), a.view(np.float32)
     jit.matmul_qai8dxp(m, n, k_int, a_i8, a_i32, a_f32, b, mr, p[P_KBL], nr, kr, 0, k_lo, k_lo[:0], p[P_RECIPE], dst)
     for i in range(m):
-        clamp_in_place(dst[i])
+        kn.clamp_in_place(dst[i])
 
 
-def node(kern: MatmulKernel, k: int) -> NodeKernel | None:
+def node(kern: MatmulKernel, k: int) -> kn.NodeKernel | None:
     """The compiled plan's routines and parameters of one of the family's kernels at depth k (None: a kernel of
     another RHS packer)."""
     if kern.rhs_packer is not ukernels.RHS_PACKER:
@@ -80,4 +63,4 @@ def node(kern: MatmulKernel, k: int) -> NodeKernel | None:
     tiled = (neon.AVAILABLE and neon.is_native_layout(*args)) or (sme2.AVAILABLE and sme2.is_native_layout(*args))
     tiled = tiled or (vnni.HAVE_VNNI and vnni._is_vnni_layout(*args))
     slots = {P_KBL: g.kr // g.sr, P_RECIPE: int(kern.recipe), P_K_INT: k_int}
-    return node_kernel(kern, k, _pack, _matmul_tiles if tiled else _matmul_portable, slots, (P_KBL, P_K_INT))
+    return kn.node_kernel(kern, k, _pack, _matmul_tiles if tiled else _matmul_portable, slots, (P_KBL, P_K_INT))
