@@ -2,7 +2,8 @@
 emitter of function bodies (:class:`IrText`: values, labels, intrinsic calls with their declarations, predicated
 multi-vector loads and stores, ``luti4`` through ZT0, multi-vector ``scvtf``, ``fma``), the module of a tile
 (:func:`tile_module`: a locally streaming entry point that turns ZA, and ZT0, on and off itself around the body —
-so no SME ABI support routine is called, which Debian bookworm's libgcc lacks) and the streaming vector length
+so no SME ABI support routine is called, which Debian bookworm's libgcc lacks), that of a tile without ZA
+(:func:`streaming_module`: the SME1 GEMV tiles) and the streaming vector length
 (:func:`vl_module`, read from numba code by :func:`vl_reader`).
 
 Hand-written as text because llvmlite's IR builder has no scalable vector types and no SME function attributes;
@@ -122,6 +123,21 @@ def tile_module(symbol: str, body: IrText, lut: str | None = None) -> str:
         "}",
     ]
     return "\n".join([*functions, *declarations.values()]) + "\n"
+
+
+def streaming_module(symbol: str, body: IrText) -> str:
+    """The module of a tile that uses no ZA: a locally streaming entry point (``smstart sm``) calling the body, a
+    streaming function."""
+    functions = [
+        f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
+        f"  call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out)",
+        "  ret void",
+        "}",
+        f"define internal void @{symbol}.body({ARGS}) noinline {_STREAMING} {{",
+        *body.lines,
+        "}",
+    ]
+    return "\n".join([*functions, *body.declarations.values()]) + "\n"
 
 
 def vl_module(symbol: str) -> str:

@@ -195,11 +195,11 @@ def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None
 
 
 #: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available)
-HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
+HOST_ISA = native.install_tiles(
+    native.host_isa("aarch64-i8mm", "aarch64-dotprod"),
+    lambda isa: (tile_module(mr, m_step, isa) for mr, m_step in SHAPES),
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _mr, _m_step in SHAPES:
-        native.install(tile_module(_mr, _m_step, HOST_ISA), HOST_ISA)
 
 _TILE_1 = native.caller(symbol(1, 1))
 _TILE_4, _TILE_8 = native.caller(symbol(4, 4)), native.caller(symbol(4, 8))

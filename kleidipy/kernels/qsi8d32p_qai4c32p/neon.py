@@ -172,11 +172,10 @@ def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None
 
 
 #: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not available)
-HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
+HOST_ISA = native.install_tiles(
+    native.host_isa("aarch64-i8mm", "aarch64-dotprod"), lambda isa: (tile_module(mr, kr, isa) for mr, kr in SHAPES)
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _mr, _kr in SHAPES:
-        native.install(tile_module(_mr, _kr, HOST_ISA), HOST_ISA)
 
 _TILE_1_8, _TILE_1_16 = native.caller(symbol(1, 8)), native.caller(symbol(1, 16))
 _TILE_4_8, _TILE_4_16 = native.caller(symbol(4, 8)), native.caller(symbol(4, 16))

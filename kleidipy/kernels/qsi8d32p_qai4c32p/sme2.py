@@ -265,11 +265,10 @@ def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
 
 
 #: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
-HOST_ISA = native.host_isa("aarch64-sme2")
+HOST_ISA = native.install_tiles(
+    native.host_isa("aarch64-sme2"), lambda isa: (tile_module(symbol) for symbol in (MOPA, DOT, VL))
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _symbol in (MOPA, DOT, VL):
-        native.install(tile_module(_symbol), HOST_ISA)
 
 _MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
 #: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)

@@ -34,7 +34,7 @@ import numpy as np
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import ARGS, B, F, H, IrText, P, W, vl_module, vl_reader
+from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, streaming_module, vl_module, vl_reader
 from kleidipy.core.sme2_ir import tile_module as za_tile_module
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 
@@ -50,8 +50,6 @@ KERNELS = {
 
 #: the predicate of 32-bit lanes
 P32 = "<vscale x 4 x i1>"
-#: a tile's body runs in streaming mode
-_STREAMING = '"aarch64_pstate_sm_enabled"'
 
 
 class _Ir(IrText):
@@ -257,21 +255,6 @@ def _dot_body(ir: _Ir) -> None:
     _epilogue(ir)
 
 
-def _streaming_module(symbol: str, body: IrText) -> str:
-    """The module of a tile that uses no ZA: a locally streaming entry point (``smstart sm``) calling the body,
-    a streaming function."""
-    functions = [
-        f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
-        f"  call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out)",
-        "  ret void",
-        "}",
-        f"define internal void @{symbol}.body({ARGS}) noinline {_STREAMING} {{",
-        *body.lines,
-        "}",
-    ]
-    return "\n".join([*functions, *body.declarations.values()]) + "\n"
-
-
 def tile_module(symbol: str) -> str:
     """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
     float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb at
@@ -284,7 +267,7 @@ def tile_module(symbol: str) -> str:
         _mopa_body(body)
         return za_tile_module(MOPA, body)  # ZA on, no ZT0
     _dot_body(body)
-    return _streaming_module(symbol, body)
+    return streaming_module(symbol, body)
 
 
 def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
@@ -294,11 +277,10 @@ def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
 
 
 #: the native ISA of this host's tiles (None: no SME, or not aarch64 — the tiles are not available)
-HOST_ISA = native.host_isa("aarch64-sme")
+HOST_ISA = native.install_tiles(
+    native.host_isa("aarch64-sme"), lambda isa: (tile_module(symbol) for symbol in (MOPA, DOT, VL))
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _symbol in (MOPA, DOT, VL):
-        native.install(tile_module(_symbol), HOST_ISA)
 
 _MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
 #: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
