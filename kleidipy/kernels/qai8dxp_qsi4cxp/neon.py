@@ -30,7 +30,6 @@ the reason of :mod:`kleidipy.core.native`: numba's code never uses these instruc
 from __future__ import annotations
 
 import numba
-import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
@@ -236,30 +235,15 @@ def matmul(m, n, k_int, mr, m_step, lhs_i8, rhs_u8, out):  # pragma: no cover - 
         _TILE_8(ints, lhs_i8, rhs_u8, out)
 
 
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the native tiles for the layouts of the family's NEON kernels with their recipe (FMUL_FADD; groups of 4 rows
-    on the 8x4x32 kernel's tile), :data:`FALLBACK` for everything else. Needs :data:`AVAILABLE`."""
+def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (the layouts of the family's
+    NEON kernels with their recipe, FMUL_FADD; groups of 4 rows on the 8x4x32 kernel's tile), else return False."""
     if recipe == jit.RECIPE_FMUL_FADD and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         matmul(m, n, k_int, mr, GEMM_M_STEP, lhs_i8, rhs_u8, out)
-    else:
-        FALLBACK(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+        return True
+    return False
+
+
+#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_tiles` takes the call, else on
+#: :data:`FALLBACK`. Needs :data:`AVAILABLE`.
+matmul_qai8dxp = jit.with_tiles(_tiles, FALLBACK)

@@ -33,7 +33,6 @@ ZA (and ZT0) itself and calls the body: none of the SME ABI's support routines i
 from __future__ import annotations
 
 import numba
-import numpy as np
 
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
@@ -230,30 +229,15 @@ def _tiles(m, n, k_int, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - co
         _MOPA(ints, lhs_i8, rhs_u8, out)
 
 
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the SME2 tiles for this family's SME2 layouts bound to this host's SVL with the kernel's recipe
-    (:func:`is_native_layout`), :data:`FALLBACK` for everything else. Needs :data:`AVAILABLE`."""
+def _on_tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (this family's SME2 layouts
+    bound to this host's SVL with the kernel's recipe: :func:`is_native_layout`), else return False."""
     if m > 0 and n > 0 and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe):
         _tiles(m, n, k_int, lhs_i8, rhs_u8, recipe == jit.RECIPE_FMA_BIAS, out)
-    else:
-        FALLBACK(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+        return True
+    return False
+
+
+#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_on_tiles` takes the call, else on
+#: :data:`FALLBACK`. Needs :data:`AVAILABLE`.
+matmul_qai8dxp = jit.with_tiles(_on_tiles, FALLBACK)

@@ -21,30 +21,26 @@ int32 sums of all of K are kept):
 Both unclamped (the caller clamps). :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has
 no scalable vectors and no SME attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64
 host with SME but not SME2 the tiles are compiled at import (:data:`AVAILABLE`) and run whenever the kernel is
-bound to the host's own SVL: :func:`matmul` (the graph's signature, that of ``sme2.matmul``) and
-:func:`matmul_qai8dxp` (the jit's). Each entry point is a locally streaming function (``smstart sm``) calling the
-body, a streaming function; the MOPA entry also turns ZA on and off itself (no SME ABI support routine is called:
-Debian bookworm's libgcc has none). Hand-written for the reason of :mod:`kleidipy.core.native`: numba never emits
-SME instructions.
+bound to the host's own SVL, through the SME2 module's dispatchers (:func:`matmul`, the graph's signature, and
+:func:`matmul_qai8dxp`, the jit's, are ``sme2.matmul`` and ``sme2.matmul_qai8dxp``: both sets of tiles have the
+same symbols, the same layouts and the same bits). Each entry point is a locally streaming function (``smstart
+sm``) calling the body, a streaming function; the MOPA entry also turns ZA on and off itself (no SME ABI support
+routine is called: Debian bookworm's libgcc has none). Hand-written for the reason of :mod:`kleidipy.core.native`:
+numba never emits SME instructions.
 """
 
 from __future__ import annotations
 
-import numba
-import numpy as np
-
 from kleidipy.core import native
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import B, F, P, W, streaming_module, vl_module, vl_reader
+from kleidipy.core.sme2_ir import B, F, P, W, streaming_module, vl_module
 from kleidipy.core.sme2_ir import tile_module as za_tile_module
-from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
-from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
+from kleidipy.kernels.qai8dxp_qsi8cxp import sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import BLOCK, KR, Ir, block_loop, end_column_groups
 
-#: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes
-MOPA = "kleidipy_q8_0_sme_mopa"
-DOT = "kleidipy_q8_0_sme_dot"
-VL = "kleidipy_q8_0_sme_vl"
+#: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes — the SME2 tiles'
+#: (an SME2 host installs those instead), so that ``sme2.matmul`` calls either
+MOPA, DOT, VL = sme2.MOPA, sme2.SDOT, sme2.VL
 #: the kernel of each tile
 KERNELS = {
     MOPA: "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa",
@@ -236,93 +232,5 @@ HOST_ISA = native.install_tiles(
 )
 AVAILABLE = HOST_ISA is not None
 
-_MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
-
-
-@numba.njit(cache=True, nogil=True)
-def _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
-    """The portable jit loop on an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout (``neon.matmul``'s signature)."""
-    k_lo = jit.int8_k_lo(k_int, nr, kr)
-    lhs_i32, lhs_f32 = lhs_i8.view(np.int32), lhs_i8.view(np.float32)
-    recipe = jit.RECIPE_FMA_BIAS if fma_bias else jit.RECIPE_FMUL_FADD
-    jit.matmul_qai8dxp(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
-
-
-#: the NEON layouts' code: the native NEON tiles (with DotProd), else the portable loop
-_NEON_MATMUL = neon.matmul if neon.AVAILABLE else _portable
-
-
-@numba.njit(cache=True, nogil=True)
-def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):  # pragma: no cover - compiled (SME)
-    """Whether the tiles run a layout (given as to ``vnni._is_vnni_layout``): the int8 layout of
-    ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` of the SME kernels bound to this host's SVL: nr = 4·VL, kr = kbl = 4 and
-    VL rows (MOPA) or one (DOT) per LHS group. Needs the tiles installed; the tile also needs the kernel's own
-    recipe (:func:`tile_runs`)."""
-    vl = _host_vl()
-    if nr != 4 * vl or kbl != KR or blen != KR or not (mr == vl or mr == 1):
-        return False
-    return qai8dxp_qsi8cxp_vnni._is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
-
-
-@numba.njit(cache=True, nogil=True)
-def tile_runs(mr, nr, kbl, kr, fma_bias):  # pragma: no cover - compiled (aarch64 with SME)
-    """Whether :func:`matmul` runs a tile for this geometry and recipe (of the int8 SME layout): the MOPA tile for
-    VL rows with f32(f32(F·S) + bias), the DOT tile for one row with fma(S, F, bias), at the host's VL."""
-    vl = _host_vl()
-    if nr != 4 * vl or kbl != KR or kr != KR:
-        return False
-    return (mr == vl and not fma_bias) or (mr == 1 and fma_bias)
-
-
-@numba.njit(cache=True, nogil=True)
-def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (SME)
-    """out[m, n] (C-contiguous float32, unclamped) of an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout: the
-    signature and the bits of ``sme2.matmul``. The SME1 tiles when :func:`tile_runs` (the SME kernels bound to
-    this host's SVL, with their own recipe); the NEON layouts on ``neon.matmul`` (when available); anything else on
-    the portable loop. Needs :data:`AVAILABLE`."""
-    if m > 0 and n > 0 and k_int >= BLOCK and tile_runs(mr, nr, kbl, kr, fma_bias):
-        ints = (m, n, k_int // BLOCK)
-        if fma_bias:
-            _DOT(ints, lhs_i8, rhs_u8, out)
-        else:
-            _MOPA(ints, lhs_i8, rhs_u8, out)
-    elif nr == neon.NR and (kr == 4 or kr == 8) and (mr == 1 or (mr == 4 and kbl == kr)):
-        _NEON_MATMUL(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
-    else:
-        _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
-
-
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the SME1 tiles for the SME layouts bound to this host's SVL with the kernel's recipe, ``neon.matmul_qai8dxp``
-    for everything else (the NEON tiles, else the portable jit). Needs :data:`AVAILABLE`."""
-    fma_bias = recipe == jit.RECIPE_FMA_BIAS
-    if tile_runs(mr, nr, kbl, blen, fma_bias) and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-        matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, fma_bias, out)
-    elif neon.AVAILABLE:
-        neon.matmul_qai8dxp(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
-    else:
-        neon.PORTABLE_MATMUL(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+#: the dispatchers of the SME layouts' tiles, which call these tiles on this host (installed under the same symbols)
+matmul, matmul_qai8dxp = sme2.matmul, sme2.matmul_qai8dxp
