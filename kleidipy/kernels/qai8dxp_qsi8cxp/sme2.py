@@ -28,6 +28,8 @@ itself and calls the body, a streaming function sharing ZA.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numba
 import numpy as np
 
@@ -61,7 +63,29 @@ KR = 4
 
 
 class Ir(IrText):
-    """The lines of a function body and the declarations of the intrinsics it calls."""
+    """The lines of a function body and the declarations of the intrinsics it calls, with the RHS layout's part of
+    the tiles (:func:`mopa_body`, :func:`sdot_body`): here int8, 4 bytes per column and K group; the int4
+    per-channel family's SME2 tiles read codes through ZT0 (a subclass)."""
+
+    #: vectors of RHS data of a block (32 K values of the 4·VL columns)
+    rhs_block = 32
+
+    def load_table(self) -> None:
+        """The entry block's loads of what decoding the RHS needs (int8: nothing)."""
+
+    def rhs_data(self) -> str:
+        """The RHS data bytes per column (``%rdata`` = nr × this): k_int."""
+        return "%kint"
+
+    def mopa_rhs(self, rp: str, t: int) -> list[str]:
+        """The 4 vectors of int8 of the block's K group t (4 bytes of each of the 4·VL columns) at ``rp``."""
+        return self.load(self.at(rp, 4 * t, B), B, 4, "%pn8")
+
+    def sdot_rhs(self, rp: str, h: int) -> Iterator[tuple[int, list[str]]]:
+        """The block's K groups 4h + g at ``rp``, g = 0 .. 3 in turn: (g, its 4 vectors of int8) for the ``sdot``
+        indexed by g."""
+        for g in range(4):
+            yield g, self.load(self.at(rp, 4 * (4 * h + g), B), B, 4, "%pn8")
 
     def splat(self, scalar: str, ty: str, elem: str) -> str:
         """``scalar`` (of type ``elem``) in every lane of ``ty`` (of a load: ``ld1rw``)."""
@@ -100,13 +124,14 @@ def _prologue(ir: Ir, mr: str) -> None:
     """The entry block's common part: the group sizes (``%mr`` rows, ``%nr`` = 4·VL columns; their data and
     strides), ``%rowbytes`` of dst and the all-true predicates."""
     ir.label("entry")
+    ir.load_table()
     ir.call("i64", "llvm.vscale.i64", name="vscale")
     ir(mr, "mr")
     ir("shl i64 %vscale, 4", "nr")
     ir("shl i64 %nb, 5", "kint")
     ir("mul i64 %mr, %kint", "ldata")
     ir(f"add i64 %ldata, {ir('shl i64 %mr, 3')}", "lstride")
-    ir("mul i64 %nr, %kint", "rdata")
+    ir(f"mul i64 %nr, {ir.rhs_data()}", "rdata")
     ir(f"add i64 %rdata, {ir('mul i64 %nr, 12')}", "rstride")
     ir("shl i64 %n, 2", "rowbytes")
     ir.call(P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
@@ -149,17 +174,18 @@ def block_loop(ir: Ir, pred: str, lhs: str) -> tuple[str, str]:
 
 
 def _block_end(ir: Ir, lhs_bytes: str | int) -> None:
-    """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, 32 vectors of RHS) and loop."""
+    """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, ``ir.rhs_block`` vectors of RHS) and
+    loop."""
     ir(f"getelementptr i8, ptr %lp, i64 {lhs_bytes}", "lp.next")
-    ir(f"getelementptr {B}, ptr %rp, i64 32", "rp.next")
+    ir(f"getelementptr {B}, ptr %rp, i64 {ir.rhs_block}", "rp.next")
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
 
 
-def _mopa_body(ir: Ir) -> None:
+def mopa_body(ir: Ir) -> None:
     """The MOPA tile: out [m, n] from LHS groups of VL rows (4 bytes each per K group: one vector) and RHS groups
-    of 4·VL columns (4 bytes each per K group: 4 vectors)."""
+    of 4·VL columns (4 int8 each per K group: 4 vectors, :meth:`Ir.mopa_rhs`)."""
     _prologue(ir, "shl i64 %vscale, 2")
     column_group(ir)
     ir.do("br label %m_loop")
@@ -173,7 +199,7 @@ def _mopa_body(ir: Ir) -> None:
     lp, rp = block_loop(ir, "m_loop", "%lgroup")
     for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 int8 (4 vectors)
         lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
-        for tile, values in enumerate(ir.load(ir.at(rp, 4 * t, B), B, 4, "%pn8")):
+        for tile, values in enumerate(ir.mopa_rhs(rp, t)):
             predicates = ((P, "%ptrue"), (P, "%ptrue"))
             ir.call(
                 "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
@@ -199,9 +225,9 @@ def _mopa_body(ir: Ir) -> None:
     end_column_groups(ir)
 
 
-def _sdot_body(ir: Ir) -> None:
+def sdot_body(ir: Ir) -> None:
     """The SDOT tile: out [m, n] from LHS rows (k_int bytes in K order, −zp, recip) and RHS groups of 4·VL columns
-    (4 bytes each per K group: 4 vectors), row after row."""
+    (4 int8 each per K group: 4 vectors, :meth:`Ir.sdot_rhs`), row after row."""
     _prologue(ir, "add i64 0, 1")
     column_group(ir)
     ir.do("br label %m_loop")
@@ -212,8 +238,8 @@ def _sdot_body(ir: Ir) -> None:
     lp, rp = block_loop(ir, "m_loop", "%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
-        for g in range(4):  # K group 4h + g: 4 vectors of RHS bytes
-            values = [(B, x) for x in ir.load(ir.at(rp, 4 * (4 * h + g), B), B, 4, "%pn8")]
+        for g, rhs in ir.sdot_rhs(rp, h):  # K group 4h + g: 4 vectors of int8
+            values = [(B, x) for x in rhs]
             intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
             ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g)))
     _block_end(ir, BLOCK)
@@ -235,7 +261,7 @@ def tile_module(symbol: str) -> str:
     if symbol == VL:
         return vl_module(VL)
     body = Ir()
-    {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
+    {MOPA: mopa_body, SDOT: sdot_body}[symbol](body)
     return sme2_tile_module(symbol, body, None)
 
 
