@@ -29,6 +29,8 @@ Hand-written for the reason of :mod:`kleidipy.core.native`: numba never emits SM
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba
 import numpy as np
 
@@ -177,37 +179,46 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     ir.label(f"{prefix}.end")
 
 
-def _mopa_body(ir: _Ir) -> None:
-    """The MOPA tile: out [m, n] from LHS groups of VL rows (``%vl``: 4 bytes each per K group, one vector) and
-    RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1."""
-    _prologue(ir)
-    ir("shl i64 %vl, 5", "lblock")
-    ir("shl i64 %vl, 1", "lscale")
+def mopa_body(
+    ir: IrText,
+    rows: str,
+    prologue: Callable[[IrText], None],
+    column_group: Callable[[IrText], None],
+    mopa_block: Callable[[IrText, str, str, tuple[str, str, str, str]], None],
+    epilogue: Callable[[IrText], None],
+) -> None:
+    """The MOPA tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
+    [m, n] from LHS groups of VL rows (``rows``, the value of VL set by ``prologue``: 4 bytes each per K group, one
+    vector) and RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1 (``mopa_block``),
+    per group of columns (``column_group`` … ``epilogue``)."""
+    prologue(ir)
+    ir(f"shl i64 {rows}, 5", "lblock")
+    ir(f"shl i64 {rows}, 1", "lscale")
     ir("mul i64 %lblock, %nb", "ldata")
     ir(f"add i64 %ldata, {ir('mul i64 %lscale, %nb')}", "lstride")
-    _column_group(ir)
+    column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
     ir("phi i64 [0, %n_loop], [%i0.next, %k_end]", "i0")
     ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %k_end]", "lgroup")
     left = ir("sub i64 %m, %i0")
-    ir(f"select i1 {ir(f'icmp ult i64 {left}, %vl')}, i64 {left}, i64 %vl", "rows")
+    ir(f"select i1 {ir(f'icmp ult i64 {left}, {rows}')}, i64 {left}, i64 {rows}", "rows")
     ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
     ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lscales")
-    _mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"))
+    mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"))
     ir.do(f"br i1 {ir('icmp ugt i64 %nb, 1')}, label %k_loop, label %k_end")
     ir.label("k_loop")
     ir("phi i64 [1, %first.end], [%blk.next, %next.end]", "blk")
     offsets = [ir(f"mul i64 %blk, %{size}") for size in ("lblock", "rblock", "lscale", "rscale")]
     bases = ("%lgroup", "%rgroup", "%lscales", "%rscales")
-    _mopa_block(ir, "next", "k_loop", tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True)))
+    mopa_block(ir, "next", "k_loop", tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True)))
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
-    ir("add i64 %i0, %vl", "i0.next")
+    ir(f"add i64 %i0, {rows}", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    epilogue(ir)
 
 
 def _dot_body(ir: _Ir) -> None:
@@ -264,7 +275,7 @@ def tile_module(symbol: str) -> str:
         return vl_module(VL)
     body = _Ir()
     if symbol == MOPA:
-        _mopa_body(body)
+        mopa_body(body, "%vl", _prologue, _column_group, _mopa_block, _epilogue)
         return za_tile_module(MOPA, body)  # ZA on, no ZT0
     _dot_body(body)
     return streaming_module(symbol, body)
