@@ -63,9 +63,10 @@ KR = 4
 
 
 class Ir(IrText):
-    """The lines of a function body and the declarations of the intrinsics it calls, with the RHS layout's part of
-    the tiles (:func:`mopa_body`, :func:`sdot_body`): here int8, 4 bytes per column and K group; the int4
-    per-channel family's SME2 tiles read codes through ZT0 (a subclass)."""
+    """The lines of a function body and the declarations of the intrinsics it calls, with the parts of the tiles
+    (:func:`mopa_body`, :func:`sdot_body`) that depend on the RHS layout — here int8, 4 bytes per column and K group;
+    the int4 per-channel family's SME2 tiles read codes through ZT0 — and on the instructions: here SME2 (the SME1
+    tiles of :mod:`.sme` have single-vector predicates, ZA reads and ``sdot`` into registers)."""
 
     #: vectors of RHS data of a block (32 K values of the 4·VL columns)
     rhs_block = 32
@@ -86,6 +87,42 @@ class Ir(IrText):
         indexed by g."""
         for g in range(4):
             yield g, self.load(self.at(rp, 4 * (4 * h + g), B), B, 4, "%pn8")
+
+    def vl_value(self) -> None:
+        """The entry block's values after ``%vscale`` that the column predicates need (SME2: none)."""
+
+    def predicates(self) -> None:
+        """The entry block's all-true predicates after ``%ptrue``: predicates-as-counter of bytes and of words."""
+        self.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
+        self.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+
+    def column_predicates(self) -> None:
+        """``%pn``: the column group's columns < n, for the dst stores."""
+        self.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+
+    def za_row(self, r: str) -> list[str]:
+        """The int32 dots of row ``r`` of ZA0.S .. ZA3.S (ZA array vectors 4r .. 4r + 3: one ``mova``)."""
+        slice_ = self(f"trunc i64 {self(f'shl i64 {r}, 2')} to i32")
+        za = self.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+        return [self(f"bitcast {B} {x} to {W}") for x in self.parts(za, B, 4)]
+
+    def dot_loop(self, lhs: str) -> tuple[str, str, list[str]]:
+        """The SDOT tile's row: ZA zeroed, then :func:`block_loop` from ``lhs``; (LHS, RHS pointers, the
+        accumulators: none, they are ZA's)."""
+        self.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+        lp, rp = block_loop(self, "m_loop", lhs)
+        return lp, rp, []
+
+    def dot_group(self, acc: list[str], lhs: str, g: int, rhs: list[str], last: bool) -> list[str]:
+        """Accumulate the 4 vectors ``rhs`` of a K group by lane g of ``lhs``: one multi-vector ``sdot`` into ZA."""
+        values = [(B, x) for x in rhs]
+        intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
+        self.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g)))
+        return acc
+
+    def dot_result(self, acc: list[str]) -> list[str]:
+        """The row's 4 vectors of int32 dots (after the block loop): read from ZA."""
+        return self.parts(self.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4)
 
     def splat(self, scalar: str, ty: str, elem: str) -> str:
         """``scalar`` (of type ``elem``) in every lane of ``ty`` (of a load: ``ld1rw``)."""
@@ -126,6 +163,7 @@ def _prologue(ir: Ir, mr: str) -> None:
     ir.label("entry")
     ir.load_table()
     ir.call("i64", "llvm.vscale.i64", name="vscale")
+    ir.vl_value()
     ir(mr, "mr")
     ir("shl i64 %vscale, 4", "nr")
     ir("shl i64 %nb, 5", "kint")
@@ -135,8 +173,7 @@ def _prologue(ir: Ir, mr: str) -> None:
     ir(f"add i64 %rdata, {ir('mul i64 %nr, 12')}", "rstride")
     ir("shl i64 %n, 2", "rowbytes")
     ir.call(P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
-    ir.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
-    ir.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+    ir.predicates()
 
 
 def column_group(ir: Ir) -> None:
@@ -147,7 +184,7 @@ def column_group(ir: Ir) -> None:
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
     ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir.column_predicates()
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
@@ -211,10 +248,7 @@ def mopa_body(ir: Ir) -> None:
     ir.label("rows_loop")  # row r: ZA array vectors 4r .. 4r + 3, row r of ZA0.S .. ZA3.S
     ir("phi i64 [0, %k_end], [%r.next, %rows_loop]", "r")
     ir("phi ptr [%dst0, %k_end], [%dst.next, %rows_loop]", "dst")
-    slice_ = ir(f"trunc i64 {ir('shl i64 %r, 2')} to i32")
-    za = ir.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
-    dots = [ir(f"bitcast {B} {x} to {W}") for x in ir.parts(za, B, 4)]
-    ir.store(ir.epilogue(dots, params, "%lparams", "%r", fma_bias=False), "%dst")
+    ir.store(ir.epilogue(ir.za_row("%r"), params, "%lparams", "%r", fma_bias=False), "%dst")
     ir("add i64 %r, 1", "r.next")
     ir("getelementptr i8, ptr %dst, i64 %rowbytes", "dst.next")
     ir.do(f"br i1 {ir('icmp ult i64 %r.next, %rows')}, label %rows_loop, label %rows_end")
@@ -234,16 +268,13 @@ def sdot_body(ir: Ir) -> None:
     ir.label("m_loop")
     ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
     ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    lp, rp = block_loop(ir, "m_loop", "%lrow")
+    lp, rp, acc = ir.dot_loop("%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
         for g, rhs in ir.sdot_rhs(rp, h):  # K group 4h + g: 4 vectors of int8
-            values = [(B, x) for x in rhs]
-            intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-            ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g)))
+            acc = ir.dot_group(acc, lhs, g, rhs, last=h == BLOCK // 16 - 1 and g == 3)
     _block_end(ir, BLOCK)
-    dots = ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4)
+    dots = ir.dot_result(acc)
     lparams = ir("getelementptr i8, ptr %lrow, i64 %kint")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     ir.store(ir.epilogue(dots, ir.column_params("%rparams"), lparams, "0", fma_bias=True), dst)
