@@ -37,8 +37,7 @@ from collections.abc import Iterator
 import numba
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import B, lut_definition, vl_module, vl_reader
+from kleidipy.core.sme2_ir import B, lut_definition, sme_tiles
 from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.kernels.qai8dxp_qsi4cxp import neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
@@ -95,34 +94,27 @@ class _Ir(Ir):
                 yield g + i, rhs[4 * i : 4 * i + 4]
 
 
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int =
-    32·nb; m, n, nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one,
-    4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = _Ir()
-    {MOPA: mopa_body, SDOT: sdot_body}[symbol](body)
-    # the shared wrapper defines ZT0's table as the unsigned codes' u − 8; this layout's nibbles are signed
+def _module(symbol: str, body: _Ir) -> str:
+    """The module of a tile: the shared wrapper's, whose ZT0 table (the unsigned codes' u − 8) becomes this layout's
+    (its nibbles are signed)."""
     return sme2_tile_module(symbol, body, _LUT).replace(lut_definition(_LUT), f"{_SIGNED_LUT}, align 64")
 
 
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME2 kernels for ``aarch64-sme2`` (None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
-
-
-#: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
-HOST_ISA = native.install_tiles(
-    native.host_isa("aarch64-sme2"), lambda isa: (tile_module(symbol) for symbol in (MOPA, SDOT, VL))
+#: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
+#: :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int = 32·nb; m, n, nb at least 1, buffers
+#: of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) and ``i64 VL()``
+#: (:data:`VL`), for ``aarch64-sme2``; installed on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 —
+#: the tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call)
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
+    native.host_isa("aarch64-sme2"),
+    ("aarch64-sme2",),
+    KERNELS.items(),
+    VL,
+    {MOPA: mopa_body, SDOT: sdot_body},
+    _Ir,
+    _module,
 )
 AVAILABLE = HOST_ISA is not None
-
-_MOPA, _SDOT = native.caller(MOPA), native.caller(SDOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

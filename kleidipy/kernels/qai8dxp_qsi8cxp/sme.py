@@ -32,8 +32,7 @@ numba never emits SME instructions.
 from __future__ import annotations
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import B, F, W, streaming_module, vl_module
+from kleidipy.core.sme2_ir import B, F, W, sme_tiles, streaming_module
 from kleidipy.core.sme2_ir import tile_module as za_tile_module
 from kleidipy.kernels.qai8dxp_qsi8cxp import sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import Ir, block_loop, mopa_body, sdot_body
@@ -122,32 +121,17 @@ class _Ir(Ir):
         return [self(f"fadd {F} {self(f'fmul {F} {fv}, {sv}')}, {b}") for fv, sv, b in zip(f, s, biases, strict=True)]
 
 
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int =
-    32·nb; m, n, nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one,
-    4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = _Ir()
-    if symbol == MOPA:
-        mopa_body(body)
-        return za_tile_module(MOPA, body)  # ZA on, no ZT0
-    sdot_body(body)
-    return streaming_module(symbol, body)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME1 kernels for an ISA with SME but not SME2 (on SME2 the
-    SME2 tiles run them; None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.has("+sme") and not isa.has("+sme2") else None
-
-
-#: the native ISA of this host's tiles (None: SME2 — the SME2 tiles serve — no SME, or not aarch64)
-HOST_ISA = native.install_tiles(
+#: the tiles (IR text, :data:`MOPA`, :data:`DOT` and :data:`VL`, as ``sme2.tile_module``'s) for ``aarch64-sme``;
+#: installed on a host with SME but not SME2 (``HOST_ISA``; None: SME2 — the SME2 tiles serve — no SME, or not
+#: aarch64), where ``sme2.matmul`` calls them (its callers are these tiles' symbols)
+tile_module, kernel_tile, HOST_ISA, _ = sme_tiles(
     None if native.host_isa("aarch64-sme2") else native.host_isa("aarch64-sme"),
-    lambda isa: (tile_module(symbol) for symbol in (MOPA, DOT, VL)),
+    ("aarch64-sme",),
+    KERNELS.items(),
+    VL,
+    {MOPA: mopa_body, DOT: sdot_body},
+    _Ir,
+    lambda symbol, body: za_tile_module(symbol, body) if symbol == MOPA else streaming_module(symbol, body),
 )
 AVAILABLE = HOST_ISA is not None
 

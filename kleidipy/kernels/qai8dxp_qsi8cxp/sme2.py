@@ -34,8 +34,7 @@ import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, tuple_type, vl_module, vl_reader
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme_tiles, tuple_type
 from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
@@ -284,34 +283,22 @@ def sdot_body(ir: Ir) -> None:
     end_column_groups(ir)
 
 
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int =
-    32·nb; m, n, nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one,
-    4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = Ir()
-    {MOPA: mopa_body, SDOT: sdot_body}[symbol](body)
-    return sme2_tile_module(symbol, body, None)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME2 kernels — or of the SME kernels it runs too — for
-    ``aarch64-sme2`` (None otherwise)."""
-    symbol = next((s for table in (KERNELS, SME_KERNELS) for s, name in table.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
-
-
-#: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
-HOST_ISA = native.install_tiles(
-    native.host_isa("aarch64-sme2"), lambda isa: (tile_module(symbol) for symbol in (MOPA, SDOT, VL))
+#: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
+#: :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int = 32·nb; m, n, nb at least 1, buffers
+#: of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) and ``i64 VL()``
+#: (:data:`VL`), for ``aarch64-sme2``, of the family's SME2 kernels and of the SME kernels they also run; installed
+#: on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 — the tiles are not available); ``_host_vl`` the
+#: vector length the tiles run at (read at each call: it is the thread's)
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
+    native.host_isa("aarch64-sme2"),
+    ("aarch64-sme2",),
+    (*KERNELS.items(), *SME_KERNELS.items()),
+    VL,
+    {MOPA: mopa_body, SDOT: sdot_body},
+    Ir,
+    lambda symbol, body: sme2_tile_module(symbol, body, None),
 )
 AVAILABLE = HOST_ISA is not None
-
-_MOPA, _SDOT = native.caller(MOPA), native.caller(SDOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

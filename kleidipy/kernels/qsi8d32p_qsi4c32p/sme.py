@@ -35,8 +35,7 @@ import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, streaming_module, vl_module, vl_reader
+from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, sme_tiles, streaming_module
 from kleidipy.core.sme2_ir import tile_module as za_tile_module
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 
@@ -221,6 +220,11 @@ def mopa_body(
     epilogue(ir)
 
 
+def _mopa_body(ir: _Ir) -> None:
+    """The MOPA tile: :func:`mopa_body` with this module's steps (``%vl``: VL rows per LHS group)."""
+    mopa_body(ir, "%vl", _prologue, _column_group, _mopa_block, _epilogue)
+
+
 def _dot_body(ir: _Ir) -> None:
     """The DOT tile: out [m, n] from LHS groups of one row (34 bytes per block) and RHS groups of 4·VL columns,
     nb blocks, row after row."""
@@ -266,36 +270,21 @@ def _dot_body(ir: _Ir) -> None:
     _epilogue(ir)
 
 
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb at
-    least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) or
-    ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = _Ir()
-    if symbol == MOPA:
-        mopa_body(body, "%vl", _prologue, _column_group, _mopa_block, _epilogue)
-        return za_tile_module(MOPA, body)  # ZA on, no ZT0
-    _dot_body(body)
-    return streaming_module(symbol, body)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME1 kernels for an ISA with SME (None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.has("+sme") else None
-
-
-#: the native ISA of this host's tiles (None: no SME, or not aarch64 — the tiles are not available)
-HOST_ISA = native.install_tiles(
-    native.host_isa("aarch64-sme"), lambda isa: (tile_module(symbol) for symbol in (MOPA, DOT, VL))
+#: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`, :data:`DOT`:
+#: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb at least 1, buffers of whole groups; the geometry
+#: is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) and ``i64 VL()`` (:data:`VL`: the streaming vector
+#: length in 32-bit lanes, ``rdsvl``), for ISAs with SME; installed on a host with SME (``HOST_ISA``; None: no SME, or
+#: not aarch64 — the tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call)
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme_tiles(
+    native.host_isa("aarch64-sme"),
+    ("aarch64-sme", "aarch64-sme2"),
+    KERNELS.items(),
+    VL,
+    {MOPA: _mopa_body, DOT: _dot_body},
+    _Ir,
+    lambda symbol, body: za_tile_module(symbol, body) if symbol == MOPA else streaming_module(symbol, body),
 )
 AVAILABLE = HOST_ISA is not None
-
-_MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)
