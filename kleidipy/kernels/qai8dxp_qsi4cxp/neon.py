@@ -34,7 +34,6 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.neon_ir import (
     F32,
     I32,
@@ -49,6 +48,7 @@ from kleidipy.core.neon_ir import (
     call,
     const,
     load,
+    neon_tiles,
     splat,
     store_row,
     vec,
@@ -185,23 +185,13 @@ def tile_module(mr: int, m_step: int, isa: native.NativeIsa) -> ir.Module:
     return module
 
 
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
-    """The tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd (None for the SME
-    kernels, or another ISA); an I8MM kernel on a DotProd-only ISA gets an ``sdot`` tile."""
-    if kernel.is_sme or not (isa.triple.startswith("aarch64") and isa.has("+dotprod")):
-        return None
-    return tile_module(kernel.mr, kernel.m_step, isa)
-
-
-#: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available)
-HOST_ISA = native.install_tiles(
-    native.host_isa("aarch64-i8mm", "aarch64-dotprod"),
-    lambda isa: (tile_module(mr, m_step, isa) for mr, m_step in SHAPES),
+#: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
+#: SME kernels or another ISA; an I8MM kernel on a DotProd-only ISA gets an ``sdot`` tile); the native ISA of this
+#: host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available); the tiles' callers
+kernel_tile, HOST_ISA, (_TILE_1, _TILE_4, _TILE_8) = neon_tiles(
+    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.m_step), "+dotprod"
 )
 AVAILABLE = HOST_ISA is not None
-
-_TILE_1 = native.caller(symbol(1, 1))
-_TILE_4, _TILE_8 = native.caller(symbol(4, 4)), native.caller(symbol(4, 8))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -35,7 +35,6 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.neon_ir import (
     F32,
     I32,
@@ -50,6 +49,7 @@ from kleidipy.core.neon_ir import (
     call,
     const,
     load,
+    neon_tiles,
     splat,
     store_row,
     vec,
@@ -219,22 +219,13 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     return module
 
 
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
-    """The tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd (None for the SME
-    kernels, or another ISA)."""
-    if kernel.is_sme or not (isa.triple.startswith("aarch64") and isa.has("+dotprod")):
-        return None
-    return tile_module(kernel.mr, kernel.kr, isa)
-
-
-#: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available)
-HOST_ISA = native.install_tiles(
-    native.host_isa("aarch64-i8mm", "aarch64-dotprod"), lambda isa: (tile_module(mr, kr, isa) for mr, kr in SHAPES)
+#: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
+#: SME kernels or another ISA); the native ISA of this host's tiles (None: no DotProd, or not aarch64 —
+#: :func:`matmul` is not available); the tiles' callers
+kernel_tile, HOST_ISA, (_TILE_1_4, _TILE_1_8, _TILE_4_4, _TILE_4_8) = neon_tiles(
+    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr), "+dotprod"
 )
 AVAILABLE = HOST_ISA is not None
-
-_TILE_1_4, _TILE_1_8 = native.caller(symbol(1, 4)), native.caller(symbol(1, 8))
-_TILE_4_4, _TILE_4_8 = native.caller(symbol(4, 4)), native.caller(symbol(4, 8))
 
 
 @numba.njit(cache=True, nogil=True)
