@@ -20,7 +20,8 @@ scales: the int32 sums of all of K stay in ZA):
   ``Recipe.FMA_BIAS``).
 
 Both unclamped (the caller clamps). The LHS, the column parameters and the epilogue are those of the Q8_0 family's
-tiles (:mod:`kleidipy.kernels.qai8dxp_qsi8cxp.sme2`, whose IR emitter this module reuses); the nibble expansion is
+tiles (:mod:`kleidipy.kernels.qai8dxp_qsi8cxp.sme2`, whose MOPA and SDOT bodies this module runs with the RHS
+reading of its own ``Ir`` subclass); the nibble expansion is
 the Q4_0 family's (:mod:`kleidipy.kernels.qsi8d32p_qsi4c32p.sme2`) with KleidiAI's signed table. :func:`tile_module`
 gives the LLVM module (IR text: llvmlite's IR builder has no scalable vectors and no SME attributes, and numba never
 emits ``smopa``, ``luti4`` nor ZA ``sdot``) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64 host
