@@ -19,7 +19,7 @@ module — llvmlite IR or IR text — compiled for the features the host has, an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -125,6 +125,15 @@ def install(module: ir.Module | str, isa: NativeIsa) -> None:
     for name in names:
         llvm.add_symbol(name, engine.get_function_address(name))
     _ENGINES.append(engine)
+
+
+def install_tiles(isa: NativeIsa | None, modules: Callable[[NativeIsa], Iterable[ir.Module | str]]) -> NativeIsa | None:
+    """:func:`install` each of a family module's tiles, ``modules(isa)``, for ``isa`` (the :func:`host_isa` of its
+    tiles; None: this host runs none of them, nothing is built); returns ``isa``, the module's ``HOST_ISA``."""
+    if isa is not None:
+        for module in modules(isa):
+            install(module, isa)
+    return isa
 
 
 def caller(symbol: str) -> Callable:

@@ -1,7 +1,8 @@
 """llvmlite IR building blocks of the native aarch64 NEON tiles (``kleidipy/kernels/<family>/neon.py``): the 128-bit
 vector types, constants, calls of LLVM intrinsics, unaligned loads at byte offsets, lane broadcasts (the operands
 of an indexed ``sdot`` or of ``ld1r``) and the store of one tile row of 4 float32 columns with its row and column
-tails.
+tails; and :func:`neon_tiles`, what a family module declares its tiles with: the kernels they are, their
+installation on this host and their callers.
 
 Hand-written for the reason of :mod:`kleidipy.core.native` (numba's own code never uses these instructions); the
 VNNI tiles' helpers (:mod:`kleidipy.core.vnni`) are 512-bit and x86-only.
@@ -9,8 +10,14 @@ VNNI tiles' helpers (:mod:`kleidipy.core.vnni`) are 512-bit and x86-only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from llvmlite import ir
 from numba.core import cgutils
+
+from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
 
 I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F16, F32 = ir.HalfType(), ir.FloatType()
@@ -74,3 +81,38 @@ def store_row(
                 for j in range(COLS - 1):
                     with b.if_then(b.icmp_signed(">", cols, const(I64, j))):
                         b.store(b.extract_element(value, const(I32, j)), b.gep(first, [const(I64, j)]))
+
+
+class NeonTiles(NamedTuple):
+    """A family module's NEON tiles (:func:`neon_tiles`), unpacked into the module's ``kernel_tile``, ``HOST_ISA`` and
+    the numba callers of its tiles."""
+
+    #: the module of a kernel's tile for an ISA, or None (``Family.native``: ``kleidipy kernels --asm``)
+    kernel_tile: Callable[[MatmulKernel, native.NativeIsa], ir.Module | None]
+    #: the ISA the tiles are installed for on this host (None: not installed, not available)
+    host_isa: native.NativeIsa | None
+    #: :func:`kleidipy.core.native.caller` of each tile, in the order of the shapes
+    callers: tuple[Callable, ...]
+
+
+def neon_tiles(
+    tile_module: Callable[[int, int, native.NativeIsa], ir.Module],
+    symbol: Callable[[int, int], str],
+    shapes: tuple[tuple[int, int], ...],
+    shape_of: Callable[[MatmulKernel], tuple[int, int]],
+    feature: str = "+neon",
+) -> NeonTiles:
+    """A family module's NEON tiles: ``tile_module(*shape, isa)`` the module of the tile ``symbol(*shape)``; a
+    kernel's tile is that of ``shape_of(kernel)`` on an aarch64 ISA with ``feature`` (none for the SME kernels); the
+    tiles of ``shapes`` are installed on a host with DotProd, for its own features (I8MM or not)."""
+
+    def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
+        if kernel.is_sme or not (isa.triple.startswith("aarch64") and isa.has(feature)):
+            return None
+        return tile_module(*shape_of(kernel), isa)
+
+    host = native.install_tiles(
+        native.host_isa("aarch64-i8mm", "aarch64-dotprod"),
+        lambda isa: (tile_module(*shape, isa) for shape in shapes),
+    )
+    return NeonTiles(kernel_tile, host, tuple(native.caller(symbol(*shape)) for shape in shapes))

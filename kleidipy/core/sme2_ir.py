@@ -2,8 +2,10 @@
 emitter of function bodies (:class:`IrText`: values, labels, intrinsic calls with their declarations, predicated
 multi-vector loads and stores, ``luti4`` through ZT0, multi-vector ``scvtf``, ``fma``), the module of a tile
 (:func:`tile_module`: a locally streaming entry point that turns ZA, and ZT0, on and off itself around the body —
-so no SME ABI support routine is called, which Debian bookworm's libgcc lacks) and the streaming vector length
-(:func:`vl_module`, read from numba code by :func:`vl_reader`).
+so no SME ABI support routine is called, which Debian bookworm's libgcc lacks), that of a tile without ZA
+(:func:`streaming_module`: the SME1 GEMV tiles) and the streaming vector length
+(:func:`vl_module`, read from numba code by :func:`vl_reader`); and :func:`sme_tiles`, what a family module
+declares its tiles with: their modules, the kernels they are, their installation on this host and their callers.
 
 Hand-written as text because llvmlite's IR builder has no scalable vector types and no SME function attributes;
 for the reason of native tiles at all, see :mod:`kleidipy.core.native`.
@@ -11,12 +13,16 @@ for the reason of native tiles at all, see :mod:`kleidipy.core.native`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from kleidipy.core import native
+from kleidipy.core.matmul import MatmulKernel
 
 # scalable vector types (one vector register each), the predicate and the SME2 predicate-as-counter
 B, W, F, H = "<vscale x 16 x i8>", "<vscale x 4 x i32>", "<vscale x 4 x float>", "<vscale x 8 x half>"
@@ -124,6 +130,21 @@ def tile_module(symbol: str, body: IrText, lut: str | None = None) -> str:
     return "\n".join([*functions, *declarations.values()]) + "\n"
 
 
+def streaming_module(symbol: str, body: IrText) -> str:
+    """The module of a tile that uses no ZA: a locally streaming entry point (``smstart sm``) calling the body, a
+    streaming function."""
+    functions = [
+        f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
+        f"  call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out)",
+        "  ret void",
+        "}",
+        f"define internal void @{symbol}.body({ARGS}) noinline {_STREAMING} {{",
+        *body.lines,
+        "}",
+    ]
+    return "\n".join([*functions, *body.declarations.values()]) + "\n"
+
+
 def vl_module(symbol: str) -> str:
     """The module of ``i64 symbol()``: the streaming vector length in 32-bit lanes (``rdsvl``)."""
     body = IrText()
@@ -146,3 +167,47 @@ def vl_reader(symbol: str) -> Callable:
         return types.int64(), codegen
 
     return vl
+
+
+class SmeTiles(NamedTuple):
+    """A family module's SME tiles (:func:`sme_tiles`), unpacked into the module's ``tile_module``, ``kernel_tile``,
+    ``HOST_ISA`` and the numba callers of its tiles."""
+
+    #: the module (IR text) of a tile by symbol (or of the VL function)
+    tile_module: Callable[[str], str]
+    #: the module of a kernel's tile for an ISA, or None (``Family.native``: ``kleidipy kernels --asm``)
+    kernel_tile: Callable[[MatmulKernel, native.NativeIsa], str | None]
+    #: the ISA the tiles are installed for on this host (None: not installed, not available)
+    host_isa: native.NativeIsa | None
+    #: :func:`kleidipy.core.native.caller` of each tile, in the order of their bodies, then the :func:`vl_reader`
+    callers: tuple[Callable, ...]
+
+
+def sme_tiles(
+    host: native.NativeIsa | None,
+    isas: tuple[str, ...],
+    kernels: Iterable[tuple[str, str]],
+    vl: str,
+    bodies: Mapping[str, Callable],
+    new_ir: Callable[[], IrText],
+    wrap: Callable[[str, IrText], str],
+) -> SmeTiles:
+    """A family module's SME tiles: the tile of each symbol of ``bodies`` is ``wrap(symbol, body)`` of the body
+    ``bodies[symbol]`` emits into ``new_ir()`` (:func:`tile_module`, :func:`streaming_module`), ``vl`` the symbol of
+    its :func:`vl_module`; a kernel's tile (``kernels``: (symbol, kernel name) pairs) exists for the ISAs named
+    ``isas``; the tiles are installed for ``host`` (a :func:`~kleidipy.core.native.host_isa`; None: nothing is
+    built)."""
+
+    def tile_module(symbol: str) -> str:
+        if symbol == vl:
+            return vl_module(vl)
+        body = new_ir()
+        bodies[symbol](body)
+        return wrap(symbol, body)
+
+    def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
+        symbol = next((s for s, name in kernels if name == kernel.name), None)
+        return tile_module(symbol) if symbol and isa.name in isas else None
+
+    installed = native.install_tiles(host, lambda _isa: (tile_module(symbol) for symbol in (*bodies, vl)))
+    return SmeTiles(tile_module, kernel_tile, installed, (*(native.caller(s) for s in bodies), vl_reader(vl)))

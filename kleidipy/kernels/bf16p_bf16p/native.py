@@ -428,14 +428,10 @@ def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
 
 
 #: the native ISAs of this host's tiles (None: not available — the kernels run ``jit.matmul_bf16``)
-SME_ISA = native.host_isa(*TILE_ISAS[MOPA])
-NEON_ISA = native.host_isa(*TILE_ISAS[MMLA])
-if SME_ISA is not None:
-    for _symbol in (MOPA, VL):
-        native.install(tile_module(_symbol, SME_ISA), SME_ISA)
-if NEON_ISA is not None:
-    for _symbol in (MMLA, DOT):
-        native.install(tile_module(_symbol, NEON_ISA), NEON_ISA)
+SME_ISA = native.install_tiles(native.host_isa(*TILE_ISAS[MOPA]), lambda isa: (tile_module(s, isa) for s in (MOPA, VL)))
+NEON_ISA = native.install_tiles(
+    native.host_isa(*TILE_ISAS[MMLA]), lambda isa: (tile_module(s, isa) for s in (MMLA, DOT))
+)
 
 _SME, _NEON = SME_ISA is not None, NEON_ISA is not None
 _MOPA, _MMLA, _DOT = native.caller(MOPA), native.caller(MMLA), native.caller(DOT)

@@ -30,12 +30,10 @@ the reason of :mod:`kleidipy.core.native`: numba's code never uses these instruc
 from __future__ import annotations
 
 import numba
-import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.neon_ir import (
     F32,
     I32,
@@ -50,6 +48,7 @@ from kleidipy.core.neon_ir import (
     call,
     const,
     load,
+    neon_tiles,
     splat,
     store_row,
     vec,
@@ -186,23 +185,13 @@ def tile_module(mr: int, m_step: int, isa: native.NativeIsa) -> ir.Module:
     return module
 
 
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
-    """The tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd (None for the SME
-    kernels, or another ISA); an I8MM kernel on a DotProd-only ISA gets an ``sdot`` tile."""
-    if kernel.is_sme or not (isa.triple.startswith("aarch64") and isa.has("+dotprod")):
-        return None
-    return tile_module(kernel.mr, kernel.m_step, isa)
-
-
-#: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available)
-HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
+#: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
+#: SME kernels or another ISA; an I8MM kernel on a DotProd-only ISA gets an ``sdot`` tile); the native ISA of this
+#: host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available); the tiles' callers
+kernel_tile, HOST_ISA, (_TILE_1, _TILE_4, _TILE_8) = neon_tiles(
+    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.m_step), "+dotprod"
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _mr, _m_step in SHAPES:
-        native.install(tile_module(_mr, _m_step, HOST_ISA), HOST_ISA)
-
-_TILE_1 = native.caller(symbol(1, 1))
-_TILE_4, _TILE_8 = native.caller(symbol(4, 4)), native.caller(symbol(4, 8))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -236,30 +225,15 @@ def matmul(m, n, k_int, mr, m_step, lhs_i8, rhs_u8, out):  # pragma: no cover - 
         _TILE_8(ints, lhs_i8, rhs_u8, out)
 
 
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the native tiles for the layouts of the family's NEON kernels with their recipe (FMUL_FADD; groups of 4 rows
-    on the 8x4x32 kernel's tile), :data:`FALLBACK` for everything else. Needs :data:`AVAILABLE`."""
+def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (the layouts of the family's
+    NEON kernels with their recipe, FMUL_FADD; groups of 4 rows on the 8x4x32 kernel's tile), else return False."""
     if recipe == jit.RECIPE_FMUL_FADD and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         matmul(m, n, k_int, mr, GEMM_M_STEP, lhs_i8, rhs_u8, out)
-    else:
-        FALLBACK(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+        return True
+    return False
+
+
+#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_tiles` takes the call, else on
+#: :data:`FALLBACK`. Needs :data:`AVAILABLE`.
+matmul_qai8dxp = jit.with_tiles(_tiles, FALLBACK)

@@ -37,7 +37,7 @@ from numba.extending import intrinsic
 from kleidipy.core import vnni, vnni_columns
 from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, i64
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as _q8_0
-from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS
+from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS, with_tiles
 from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
     BLOCK_K,
     GEMM_ROWS,
@@ -252,30 +252,15 @@ def _matmul(m, n, k_int, mr, nr, kbl, nibble_factor, lhs_i8, rhs_u8, fma_bias, o
         _matmul_sme(m, n, k_int, mr, nr, lhs_i8, fma_bias, rhs_u8, out)
 
 
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the VNNI tiles for this family's NEON and SME2 layouts on a host with AVX-512 VNNI, :data:`FALLBACK` for every
-    other call."""
+def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on the VNNI tiles and return True if they take it (this family's NEON and
+    SME2 layouts, on a host with AVX-512 VNNI), else return False."""
     if HAVE_VNNI and _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         _matmul(m, n, k_int, mr, nr, kbl, nibble_factor, lhs_i8, rhs_u8, recipe == RECIPE_FMA_BIAS, out)
-    else:
-        FALLBACK(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+        return True
+    return False
+
+
+#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the VNNI tiles where :func:`_tiles` takes the call, else on
+#: :data:`FALLBACK`
+matmul_qai8dxp = with_tiles(_tiles, FALLBACK)

@@ -2,11 +2,15 @@
 
 It owns the jit execution of: the LHS quantize+pack ``lhs_quant_pack_qai8dxp_f32``, the three RHS packers
 (``qsi8cxp_qsi8cx_neon``, ``qsi4cxp_qs4cxs1s0``, ``qsi4cxps1s0_qsu4cxs1s0_neon``), llama.cpp's Q8_0 per-channel
-re-quantization and the matmul kernels of both families. Every function is bit-exact with the numpy
+re-quantization and the matmul kernels of both families, and :func:`with_tiles`, the one way a module of native or
+VNNI tiles (``neon``, ``sme``, ``sme2``, ``vnni`` of both families) serves :func:`matmul_qai8dxp`'s calls. Every
+function is bit-exact with the numpy
 reference of ``kleidipy.kernels.qai8dxp_qsi8cxp.ukernels`` / ``qai8dxp_qsi4cxp`` (same bytes in, same bytes out).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -319,3 +323,35 @@ def matmul_qai8dxp(
                         out[i, g * nr + col] = fma_f32_scalar(sc, acc, bias)
                     else:
                         out[i, g * nr + col] = np.float32(np.float32(acc * sc) + bias)
+
+
+def with_tiles(tiles: Callable[..., bool], fallback: Callable[..., None]) -> Callable[..., None]:
+    """A :func:`matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous) that
+    runs a module's tiles on the calls they take and ``fallback`` (a :func:`matmul_qai8dxp` too) on the others:
+    ``tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out)`` computes the
+    call and returns True, or returns False having written nothing (a layout or recipe its tiles do not have)."""
+
+    def matmul_qai8dxp(
+        m: int,
+        n: int,
+        k_int: int,
+        lhs_i8: np.ndarray,
+        lhs_i32: np.ndarray,
+        lhs_f32: np.ndarray,
+        rhs_u8: np.ndarray,
+        mr: int,
+        kbl: int,
+        nr: int,
+        blen: int,
+        nibble_factor: int,
+        k_lo: np.ndarray,
+        k_hi: np.ndarray,
+        recipe: int,
+        out: np.ndarray,
+    ) -> None:
+        if not tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out):
+            fallback(
+                m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
+            )
+
+    return matmul_qai8dxp

@@ -35,7 +35,6 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.neon_ir import (
     F32,
     I32,
@@ -50,6 +49,7 @@ from kleidipy.core.neon_ir import (
     call,
     const,
     load,
+    neon_tiles,
     splat,
     store_row,
     vec,
@@ -219,23 +219,13 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     return module
 
 
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
-    """The tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd (None for the SME
-    kernels, or another ISA)."""
-    if kernel.is_sme or not (isa.triple.startswith("aarch64") and isa.has("+dotprod")):
-        return None
-    return tile_module(kernel.mr, kernel.kr, isa)
-
-
-#: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available)
-HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
+#: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
+#: SME kernels or another ISA); the native ISA of this host's tiles (None: no DotProd, or not aarch64 —
+#: :func:`matmul` is not available); the tiles' callers
+kernel_tile, HOST_ISA, (_TILE_1_4, _TILE_1_8, _TILE_4_4, _TILE_4_8) = neon_tiles(
+    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr), "+dotprod"
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _mr, _kr in SHAPES:
-        native.install(tile_module(_mr, _kr, HOST_ISA), HOST_ISA)
-
-_TILE_1_4, _TILE_1_8 = native.caller(symbol(1, 4)), native.caller(symbol(1, 8))
-_TILE_4_4, _TILE_4_8 = native.caller(symbol(4, 4)), native.caller(symbol(4, 8))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -271,30 +261,15 @@ def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # prag
         _TILE_4_8(ints, lhs_i8, rhs_u8, out)
 
 
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the native tiles for the layouts of the family's NEON kernels with their recipe (FMUL_FADD), the portable jit
-    for everything else (the SME layouts, the int4 per-channel family's). Needs :data:`AVAILABLE`."""
+def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (the layouts of the family's
+    NEON kernels with their recipe, FMUL_FADD), else return False."""
     if recipe == jit.RECIPE_FMUL_FADD and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, False, out)
-    else:
-        PORTABLE_MATMUL(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+        return True
+    return False
+
+
+#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_tiles` takes the call, else on
+#: the portable jit (the SME layouts, the int4 per-channel family's). Needs :data:`AVAILABLE`.
+matmul_qai8dxp = jit.with_tiles(_tiles, PORTABLE_MATMUL)

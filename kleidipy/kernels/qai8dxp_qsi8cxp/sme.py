@@ -21,30 +21,25 @@ int32 sums of all of K are kept):
 Both unclamped (the caller clamps). :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has
 no scalable vectors and no SME attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64
 host with SME but not SME2 the tiles are compiled at import (:data:`AVAILABLE`) and run whenever the kernel is
-bound to the host's own SVL: :func:`matmul` (the graph's signature, that of ``sme2.matmul``) and
-:func:`matmul_qai8dxp` (the jit's). Each entry point is a locally streaming function (``smstart sm``) calling the
-body, a streaming function; the MOPA entry also turns ZA on and off itself (no SME ABI support routine is called:
-Debian bookworm's libgcc has none). Hand-written for the reason of :mod:`kleidipy.core.native`: numba never emits
-SME instructions.
+bound to the host's own SVL, through the SME2 module's dispatchers (:func:`matmul`, the graph's signature, and
+:func:`matmul_qai8dxp`, the jit's, are ``sme2.matmul`` and ``sme2.matmul_qai8dxp``: both sets of tiles have the
+same symbols, the same layouts and the same bits). Each entry point is a locally streaming function (``smstart
+sm``) calling the body, a streaming function; the MOPA entry also turns ZA on and off itself (no SME ABI support
+routine is called: Debian bookworm's libgcc has none). Hand-written for the reason of :mod:`kleidipy.core.native`:
+numba never emits SME instructions.
 """
 
 from __future__ import annotations
 
-import numba
-import numpy as np
-
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import ARGS, B, F, P, W, vl_module, vl_reader
+from kleidipy.core.sme2_ir import B, F, W, sme_tiles, streaming_module
 from kleidipy.core.sme2_ir import tile_module as za_tile_module
-from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
-from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
-from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import BLOCK, KR, Ir, block_loop, end_column_groups
+from kleidipy.kernels.qai8dxp_qsi8cxp import sme2
+from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import Ir, block_loop, mopa_body, sdot_body
 
-#: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes
-MOPA = "kleidipy_q8_0_sme_mopa"
-DOT = "kleidipy_q8_0_sme_dot"
-VL = "kleidipy_q8_0_sme_vl"
+#: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes — the SME2 tiles'
+#: (an SME2 host installs those instead), so that ``sme2.matmul`` calls either
+MOPA, DOT, VL = sme2.MOPA, sme2.SDOT, sme2.VL
 #: the kernel of each tile
 KERNELS = {
     MOPA: "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa",
@@ -52,12 +47,11 @@ KERNELS = {
 }
 #: the predicate of 32-bit lanes
 P32 = "<vscale x 4 x i1>"
-#: a tile's body runs in streaming mode
-_STREAMING = '"aarch64_pstate_sm_enabled"'
 
 
 class _Ir(Ir):
-    """:class:`sme2.Ir` with single-vector loads, stores and conversions (SME1)."""
+    """:class:`sme2.Ir` with SME1's instructions: single-vector loads, stores, predicates, ZA reads and conversions,
+    and the DOT tile's ``sdot`` into 4 vector accumulators (no ZA)."""
 
     def load(self, at: str, ty: str, count: int, pn: str = "") -> list[str]:
         """``ld1`` of ``count`` consecutive vectors of ``ty`` at ``at``, one instruction each (``pn`` unused: the
@@ -68,6 +62,50 @@ class _Ir(Ir):
         """``st1w`` of 4 vectors of float32 at ``at`` under the column predicates ``%p0`` … ``%p3``."""
         for t, x in enumerate(values):
             self.call("void", "llvm.aarch64.sve.st1.nxv4f32", (F, x), (P32, f"%p{t}"), ("ptr", self.at(at, t, F)))
+
+    def vl_value(self) -> None:
+        """``%vl``: VL, the columns of a vector (for the column predicates)."""
+        self("shl i64 %vscale, 2", "vl")
+
+    def predicates(self) -> None:
+        """``%ptrue32``: all 32-bit lanes."""
+        self.call(P32, "llvm.aarch64.sve.ptrue.nxv4i1", ("i32", "31"), name="ptrue32")
+
+    def column_predicates(self) -> None:
+        """``%p0`` … ``%p3``: the columns < n of each vector of the column group, for the dst stores."""
+        for t in range(4):
+            start = self(f"add i64 %j0, {self(f'mul i64 %vl, {t}')}")
+            self.call(P32, "llvm.aarch64.sve.whilelt.nxv4i1.i64", ("i64", start), ("i64", "%n"), name=f"p{t}")
+
+    def za_row(self, r: str) -> list[str]:
+        """The int32 dots of row ``r`` of ZA0.S .. ZA3.S: one ``mova`` per tile."""
+        slice_ = self(f"trunc i64 {r} to i32")
+        read = "llvm.aarch64.sme.read.horiz.nxv4i32"
+        return [
+            self.call(W, read, (W, "poison"), (P32, "%ptrue32"), ("i32", str(t)), ("i32", slice_)) for t in range(4)
+        ]
+
+    def dot_loop(self, lhs: str) -> tuple[str, str, list[str]]:
+        """The DOT tile's row: ``block_loop`` from ``lhs`` and the 4 int32 accumulators (vectors, from 0; no ZA)."""
+        lp, rp = block_loop(self, "m_loop", lhs)
+        return (
+            lp,
+            rp,
+            [self(f"phi {W} [zeroinitializer, %m_loop], [%acc{t}.next, %k_loop]", f"acc{t}") for t in range(4)],
+        )
+
+    def dot_group(self, acc: list[str], lhs: str, g: int, rhs: list[str], last: bool) -> list[str]:
+        """The accumulators after a K group: an indexed ``sdot`` (lane g of ``lhs``) per vector of ``rhs`` (the
+        block's ``last`` K group's named ``%acc<t>.next``, the values the loop carries)."""
+        sdot = "llvm.aarch64.sve.sdot.lane.nxv4i32"
+        return [
+            self.call(W, sdot, (W, a), (B, x), (B, lhs), ("i32", str(g)), name=f"acc{t}.next" if last else None)
+            for t, (a, x) in enumerate(zip(acc, rhs, strict=True))
+        ]
+
+    def dot_result(self, acc: list[str]) -> list[str]:
+        """The row's int32 dots: the accumulators."""
+        return acc
 
     def epilogue(self, za: list[str], params: tuple, lparams: str, row: str, fma_bias: bool) -> list[str]:
         """As :meth:`sme2.Ir.epilogue`, with one ``scvtf`` per vector."""
@@ -83,263 +121,19 @@ class _Ir(Ir):
         return [self(f"fadd {F} {self(f'fmul {F} {fv}, {sv}')}, {b}") for fv, sv, b in zip(f, s, biases, strict=True)]
 
 
-def _prologue(ir: _Ir, mr: str) -> None:
-    """The entry block's common part: the group sizes (``%mr`` rows, ``%nr`` = 4·VL columns; their data and
-    strides), ``%rowbytes`` of dst and the all-true predicates."""
-    ir.label("entry")
-    ir.call("i64", "llvm.vscale.i64", name="vscale")
-    ir("shl i64 %vscale, 2", "vl")
-    ir(mr, "mr")
-    ir("shl i64 %vscale, 4", "nr")
-    ir("shl i64 %nb, 5", "kint")
-    ir("mul i64 %mr, %kint", "ldata")
-    ir(f"add i64 %ldata, {ir('shl i64 %mr, 3')}", "lstride")
-    ir("mul i64 %nr, %kint", "rdata")
-    ir(f"add i64 %rdata, {ir('mul i64 %nr, 12')}", "rstride")
-    ir("shl i64 %n, 2", "rowbytes")
-    ir.call(P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
-    ir.call(P32, "llvm.aarch64.sve.ptrue.nxv4i1", ("i32", "31"), name="ptrue32")
-
-
-def _column_group(ir: _Ir) -> None:
-    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%p0`` … ``%p3``: the columns < n of
-    each vector, for dst; ``%rparams``: the group's sums, scales, biases; ``%dstcol``: its first dst column). It
-    ends in ``sme2.end_column_groups``."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    for t in range(4):
-        start = ir(f"add i64 %j0, {ir(f'mul i64 %vl, {t}')}")
-        ir.call(P32, "llvm.aarch64.sve.whilelt.nxv4i1.i64", ("i64", start), ("i64", "%n"), name=f"p{t}")
-    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
-    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def _block_end(ir: _Ir, lhs_bytes: str | int) -> None:
-    """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, 32 vectors of RHS) and loop."""
-    ir(f"getelementptr i8, ptr %lp, i64 {lhs_bytes}", "lp.next")
-    ir(f"getelementptr {B}, ptr %rp, i64 32", "rp.next")
-    ir("add i64 %blk, 1", "blk.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
-    ir.label("k_end")
-
-
-def _mopa_body(ir: _Ir) -> None:
-    """The MOPA tile: out [m, n] from LHS groups of VL rows (4 bytes each per K group: one vector) and RHS groups
-    of 4·VL columns (4 bytes each per K group: 4 vectors)."""
-    _prologue(ir, "shl i64 %vscale, 2")
-    _column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
-    ir("phi i64 [0, %n_loop], [%i0.next, %rows_end]", "i0")
-    ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %rows_end]", "lgroup")
-    left = ir("sub i64 %m, %i0")
-    ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
-    ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    lp, rp = block_loop(ir, "m_loop", "%lgroup")
-    for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 int8 (4 vectors)
-        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
-        for tile, values in enumerate(ir.load(ir.at(rp, 4 * t, B), B, 4)):
-            predicates = ((P, "%ptrue"), (P, "%ptrue"))
-            ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
-            )
-    _block_end(ir, ir("shl i64 %mr, 5"))
-    ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lparams")
-    params = ir.column_params("%rparams")  # loaded once for the rows of the group
-    ir.do("br label %rows_loop")
-    ir.label("rows_loop")  # row r: row r of ZA0.S .. ZA3.S
-    ir("phi i64 [0, %k_end], [%r.next, %rows_loop]", "r")
-    ir("phi ptr [%dst0, %k_end], [%dst.next, %rows_loop]", "dst")
-    slice_ = ir("trunc i64 %r to i32")
-    dots = [
-        ir.call(
-            W, "llvm.aarch64.sme.read.horiz.nxv4i32", (W, "poison"), (P32, "%ptrue32"), ("i32", str(t)), ("i32", slice_)
-        )
-        for t in range(4)
-    ]
-    ir.store(ir.epilogue(dots, params, "%lparams", "%r", fma_bias=False), "%dst")
-    ir("add i64 %r, 1", "r.next")
-    ir("getelementptr i8, ptr %dst, i64 %rowbytes", "dst.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %r.next, %rows')}, label %rows_loop, label %rows_end")
-    ir.label("rows_end")
-    ir("add i64 %i0, %mr", "i0.next")
-    ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    end_column_groups(ir)
-
-
-def _dot_body(ir: _Ir) -> None:
-    """The DOT tile: out [m, n] from LHS rows (k_int bytes in K order, −zp, recip) and RHS groups of 4·VL columns
-    (4 bytes each per K group: 4 vectors), row after row, the int32 sums in 4 vectors."""
-    _prologue(ir, "add i64 0, 1")
-    _column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
-    lp, rp = block_loop(ir, "m_loop", "%lrow")
-    ints = [ir(f"phi {W} [zeroinitializer, %m_loop], [%acc{t}.next, %k_loop]", f"acc{t}") for t in range(4)]
-    for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
-        for g in range(4):  # K group 4h + g: 4 vectors of RHS bytes, an indexed sdot each
-            values = ir.load(ir.at(rp, 4 * (4 * h + g), B), B, 4)
-            last = h == BLOCK // 16 - 1 and g == 3
-            ints = [
-                ir.call(
-                    W,
-                    "llvm.aarch64.sve.sdot.lane.nxv4i32",
-                    (W, acc),
-                    (B, x),
-                    (B, lhs),
-                    ("i32", str(g)),
-                    name=f"acc{t}.next" if last else None,
-                )
-                for t, (acc, x) in enumerate(zip(ints, values, strict=True))
-            ]
-    _block_end(ir, BLOCK)
-    lparams = ir("getelementptr i8, ptr %lrow, i64 %kint")
-    dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
-    ir.store(ir.epilogue(ints, ir.column_params("%rparams"), lparams, "0", fma_bias=True), dst)
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    end_column_groups(ir)
-
-
-def _streaming_module(symbol: str, body: _Ir) -> str:
-    """The module of a tile that uses no ZA: a locally streaming entry point (``smstart sm``) calling the body, a
-    streaming function."""
-    functions = [
-        f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
-        f"  call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out)",
-        "  ret void",
-        "}",
-        f"define internal void @{symbol}.body({ARGS}) noinline {_STREAMING} {{",
-        *body.lines,
-        "}",
-    ]
-    return "\n".join([*functions, *body.declarations.values()]) + "\n"
-
-
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int =
-    32·nb; m, n, nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one,
-    4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = _Ir()
-    if symbol == MOPA:
-        _mopa_body(body)
-        return za_tile_module(MOPA, body)  # ZA on, no ZT0
-    _dot_body(body)
-    return _streaming_module(symbol, body)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME1 kernels for an ISA with SME but not SME2 (on SME2 the
-    SME2 tiles run them; None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.has("+sme") and not isa.has("+sme2") else None
-
-
-#: the native ISA of this host's tiles (None: SME2 — the SME2 tiles serve — no SME, or not aarch64)
-HOST_ISA = None if native.host_isa("aarch64-sme2") else native.host_isa("aarch64-sme")
+#: the tiles (IR text, :data:`MOPA`, :data:`DOT` and :data:`VL`, as ``sme2.tile_module``'s) for ``aarch64-sme``;
+#: installed on a host with SME but not SME2 (``HOST_ISA``; None: SME2 — the SME2 tiles serve — no SME, or not
+#: aarch64), where ``sme2.matmul`` calls them (its callers are these tiles' symbols)
+tile_module, kernel_tile, HOST_ISA, _ = sme_tiles(
+    None if native.host_isa("aarch64-sme2") else native.host_isa("aarch64-sme"),
+    ("aarch64-sme",),
+    KERNELS.items(),
+    VL,
+    {MOPA: mopa_body, DOT: sdot_body},
+    _Ir,
+    lambda symbol, body: za_tile_module(symbol, body) if symbol == MOPA else streaming_module(symbol, body),
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _symbol in (MOPA, DOT, VL):
-        native.install(tile_module(_symbol), HOST_ISA)
 
-_MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
-
-
-@numba.njit(cache=True, nogil=True)
-def _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
-    """The portable jit loop on an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout (``neon.matmul``'s signature)."""
-    k_lo = jit.int8_k_lo(k_int, nr, kr)
-    lhs_i32, lhs_f32 = lhs_i8.view(np.int32), lhs_i8.view(np.float32)
-    recipe = jit.RECIPE_FMA_BIAS if fma_bias else jit.RECIPE_FMUL_FADD
-    jit.matmul_qai8dxp(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
-
-
-#: the NEON layouts' code: the native NEON tiles (with DotProd), else the portable loop
-_NEON_MATMUL = neon.matmul if neon.AVAILABLE else _portable
-
-
-@numba.njit(cache=True, nogil=True)
-def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):  # pragma: no cover - compiled (SME)
-    """Whether the tiles run a layout (given as to ``vnni._is_vnni_layout``): the int8 layout of
-    ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` of the SME kernels bound to this host's SVL: nr = 4·VL, kr = kbl = 4 and
-    VL rows (MOPA) or one (DOT) per LHS group. Needs the tiles installed; the tile also needs the kernel's own
-    recipe (:func:`tile_runs`)."""
-    vl = _host_vl()
-    if nr != 4 * vl or kbl != KR or blen != KR or not (mr == vl or mr == 1):
-        return False
-    return qai8dxp_qsi8cxp_vnni._is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
-
-
-@numba.njit(cache=True, nogil=True)
-def tile_runs(mr, nr, kbl, kr, fma_bias):  # pragma: no cover - compiled (aarch64 with SME)
-    """Whether :func:`matmul` runs a tile for this geometry and recipe (of the int8 SME layout): the MOPA tile for
-    VL rows with f32(f32(F·S) + bias), the DOT tile for one row with fma(S, F, bias), at the host's VL."""
-    vl = _host_vl()
-    if nr != 4 * vl or kbl != KR or kr != KR:
-        return False
-    return (mr == vl and not fma_bias) or (mr == 1 and fma_bias)
-
-
-@numba.njit(cache=True, nogil=True)
-def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (SME)
-    """out[m, n] (C-contiguous float32, unclamped) of an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout: the
-    signature and the bits of ``sme2.matmul``. The SME1 tiles when :func:`tile_runs` (the SME kernels bound to
-    this host's SVL, with their own recipe); the NEON layouts on ``neon.matmul`` (when available); anything else on
-    the portable loop. Needs :data:`AVAILABLE`."""
-    if m > 0 and n > 0 and k_int >= BLOCK and tile_runs(mr, nr, kbl, kr, fma_bias):
-        ints = (m, n, k_int // BLOCK)
-        if fma_bias:
-            _DOT(ints, lhs_i8, rhs_u8, out)
-        else:
-            _MOPA(ints, lhs_i8, rhs_u8, out)
-    elif nr == neon.NR and (kr == 4 or kr == 8) and (mr == 1 or (mr == 4 and kbl == kr)):
-        _NEON_MATMUL(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
-    else:
-        _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
-
-
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the SME1 tiles for the SME layouts bound to this host's SVL with the kernel's recipe, ``neon.matmul_qai8dxp``
-    for everything else (the NEON tiles, else the portable jit). Needs :data:`AVAILABLE`."""
-    fma_bias = recipe == jit.RECIPE_FMA_BIAS
-    if tile_runs(mr, nr, kbl, blen, fma_bias) and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-        matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, fma_bias, out)
-    elif neon.AVAILABLE:
-        neon.matmul_qai8dxp(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
-    else:
-        neon.PORTABLE_MATMUL(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+#: the dispatchers of the SME layouts' tiles, which call these tiles on this host (installed under the same symbols)
+matmul, matmul_qai8dxp = sme2.matmul, sme2.matmul_qai8dxp

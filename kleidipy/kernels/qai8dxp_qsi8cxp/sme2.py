@@ -20,27 +20,31 @@ Both unclamped (the caller clamps). :func:`tile_module` gives the LLVM module (I
 no scalable vectors and no SME attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64
 host with SME2 the tiles are compiled at import (:data:`AVAILABLE`) and run whenever the kernel is bound to the
 host's own SVL (the tiles' geometry is the streaming vector length they run at): :func:`matmul` (the graph's
-signature, that of ``neon.matmul``) and :func:`matmul_qai8dxp` (the jit's). As the Q4_0 family's SME2 tiles, they
+signature, that of ``neon.matmul``) and :func:`matmul_qai8dxp` (the jit's), which also run the SME1 tiles of
+:mod:`.sme` on a host with SME but not SME2 (the same symbols). As the Q4_0 family's SME2 tiles, they
 need none of the SME ABI's support routines: each entry point is a locally streaming function that enables ZA
 itself and calls the body, a streaming function sharing ZA.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, tuple_type, vl_module, vl_reader
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme_tiles, tuple_type
 from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
-#: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes
-MOPA = "kleidipy_q8_0_sme2_mopa"
-SDOT = "kleidipy_q8_0_sme2_sdot"
-VL = "kleidipy_q8_0_sme2_vl"
+#: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes; those of the SME1
+#: tiles (:mod:`.sme`) too, which a host with SME but not SME2 installs instead, so that one dispatcher
+#: (:func:`matmul`, :func:`matmul_qai8dxp`) calls whichever tiles the host has
+MOPA = "kleidipy_q8_0_sme_mopa"
+SDOT = "kleidipy_q8_0_sme_dot"
+VL = "kleidipy_q8_0_sme_vl"
 #: the kernel of each tile
 KERNELS = {
     MOPA: "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa",
@@ -58,7 +62,66 @@ KR = 4
 
 
 class Ir(IrText):
-    """The lines of a function body and the declarations of the intrinsics it calls."""
+    """The lines of a function body and the declarations of the intrinsics it calls, with the parts of the tiles
+    (:func:`mopa_body`, :func:`sdot_body`) that depend on the RHS layout — here int8, 4 bytes per column and K group;
+    the int4 per-channel family's SME2 tiles read codes through ZT0 — and on the instructions: here SME2 (the SME1
+    tiles of :mod:`.sme` have single-vector predicates, ZA reads and ``sdot`` into registers)."""
+
+    #: vectors of RHS data of a block (32 K values of the 4·VL columns)
+    rhs_block = 32
+
+    def load_table(self) -> None:
+        """The entry block's loads of what decoding the RHS needs (int8: nothing)."""
+
+    def rhs_data(self) -> str:
+        """The RHS data bytes per column (``%rdata`` = nr × this): k_int."""
+        return "%kint"
+
+    def mopa_rhs(self, rp: str, t: int) -> list[str]:
+        """The 4 vectors of int8 of the block's K group t (4 bytes of each of the 4·VL columns) at ``rp``."""
+        return self.load(self.at(rp, 4 * t, B), B, 4, "%pn8")
+
+    def sdot_rhs(self, rp: str, h: int) -> Iterator[tuple[int, list[str]]]:
+        """The block's K groups 4h + g at ``rp``, g = 0 .. 3 in turn: (g, its 4 vectors of int8) for the ``sdot``
+        indexed by g."""
+        for g in range(4):
+            yield g, self.load(self.at(rp, 4 * (4 * h + g), B), B, 4, "%pn8")
+
+    def vl_value(self) -> None:
+        """The entry block's values after ``%vscale`` that the column predicates need (SME2: none)."""
+
+    def predicates(self) -> None:
+        """The entry block's all-true predicates after ``%ptrue``: predicates-as-counter of bytes and of words."""
+        self.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
+        self.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+
+    def column_predicates(self) -> None:
+        """``%pn``: the column group's columns < n, for the dst stores."""
+        self.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+
+    def za_row(self, r: str) -> list[str]:
+        """The int32 dots of row ``r`` of ZA0.S .. ZA3.S (ZA array vectors 4r .. 4r + 3: one ``mova``)."""
+        slice_ = self(f"trunc i64 {self(f'shl i64 {r}, 2')} to i32")
+        za = self.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+        return [self(f"bitcast {B} {x} to {W}") for x in self.parts(za, B, 4)]
+
+    def dot_loop(self, lhs: str) -> tuple[str, str, list[str]]:
+        """The SDOT tile's row: ZA zeroed, then :func:`block_loop` from ``lhs``; (LHS, RHS pointers, the
+        accumulators: none, they are ZA's)."""
+        self.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+        lp, rp = block_loop(self, "m_loop", lhs)
+        return lp, rp, []
+
+    def dot_group(self, acc: list[str], lhs: str, g: int, rhs: list[str], last: bool) -> list[str]:
+        """Accumulate the 4 vectors ``rhs`` of a K group by lane g of ``lhs``: one multi-vector ``sdot`` into ZA."""
+        values = [(B, x) for x in rhs]
+        intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
+        self.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g)))
+        return acc
+
+    def dot_result(self, acc: list[str]) -> list[str]:
+        """The row's 4 vectors of int32 dots (after the block loop): read from ZA."""
+        return self.parts(self.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4)
 
     def splat(self, scalar: str, ty: str, elem: str) -> str:
         """``scalar`` (of type ``elem``) in every lane of ``ty`` (of a load: ``ld1rw``)."""
@@ -97,18 +160,19 @@ def _prologue(ir: Ir, mr: str) -> None:
     """The entry block's common part: the group sizes (``%mr`` rows, ``%nr`` = 4·VL columns; their data and
     strides), ``%rowbytes`` of dst and the all-true predicates."""
     ir.label("entry")
+    ir.load_table()
     ir.call("i64", "llvm.vscale.i64", name="vscale")
+    ir.vl_value()
     ir(mr, "mr")
     ir("shl i64 %vscale, 4", "nr")
     ir("shl i64 %nb, 5", "kint")
     ir("mul i64 %mr, %kint", "ldata")
     ir(f"add i64 %ldata, {ir('shl i64 %mr, 3')}", "lstride")
-    ir("mul i64 %nr, %kint", "rdata")
+    ir(f"mul i64 %nr, {ir.rhs_data()}", "rdata")
     ir(f"add i64 %rdata, {ir('mul i64 %nr, 12')}", "rstride")
     ir("shl i64 %n, 2", "rowbytes")
     ir.call(P, "llvm.aarch64.sve.ptrue.nxv16i1", ("i32", "31"), name="ptrue")
-    ir.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
-    ir.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
+    ir.predicates()
 
 
 def column_group(ir: Ir) -> None:
@@ -119,7 +183,7 @@ def column_group(ir: Ir) -> None:
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
     ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir.column_predicates()
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
@@ -146,17 +210,18 @@ def block_loop(ir: Ir, pred: str, lhs: str) -> tuple[str, str]:
 
 
 def _block_end(ir: Ir, lhs_bytes: str | int) -> None:
-    """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, 32 vectors of RHS) and loop."""
+    """Advance the block loop's pointers by a block (``lhs_bytes`` of LHS, ``ir.rhs_block`` vectors of RHS) and
+    loop."""
     ir(f"getelementptr i8, ptr %lp, i64 {lhs_bytes}", "lp.next")
-    ir(f"getelementptr {B}, ptr %rp, i64 32", "rp.next")
+    ir(f"getelementptr {B}, ptr %rp, i64 {ir.rhs_block}", "rp.next")
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
 
 
-def _mopa_body(ir: Ir) -> None:
+def mopa_body(ir: Ir) -> None:
     """The MOPA tile: out [m, n] from LHS groups of VL rows (4 bytes each per K group: one vector) and RHS groups
-    of 4·VL columns (4 bytes each per K group: 4 vectors)."""
+    of 4·VL columns (4 int8 each per K group: 4 vectors, :meth:`Ir.mopa_rhs`)."""
     _prologue(ir, "shl i64 %vscale, 2")
     column_group(ir)
     ir.do("br label %m_loop")
@@ -170,7 +235,7 @@ def _mopa_body(ir: Ir) -> None:
     lp, rp = block_loop(ir, "m_loop", "%lgroup")
     for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 int8 (4 vectors)
         lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
-        for tile, values in enumerate(ir.load(ir.at(rp, 4 * t, B), B, 4, "%pn8")):
+        for tile, values in enumerate(ir.mopa_rhs(rp, t)):
             predicates = ((P, "%ptrue"), (P, "%ptrue"))
             ir.call(
                 "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
@@ -182,10 +247,7 @@ def _mopa_body(ir: Ir) -> None:
     ir.label("rows_loop")  # row r: ZA array vectors 4r .. 4r + 3, row r of ZA0.S .. ZA3.S
     ir("phi i64 [0, %k_end], [%r.next, %rows_loop]", "r")
     ir("phi ptr [%dst0, %k_end], [%dst.next, %rows_loop]", "dst")
-    slice_ = ir(f"trunc i64 {ir('shl i64 %r, 2')} to i32")
-    za = ir.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
-    dots = [ir(f"bitcast {B} {x} to {W}") for x in ir.parts(za, B, 4)]
-    ir.store(ir.epilogue(dots, params, "%lparams", "%r", fma_bias=False), "%dst")
+    ir.store(ir.epilogue(ir.za_row("%r"), params, "%lparams", "%r", fma_bias=False), "%dst")
     ir("add i64 %r, 1", "r.next")
     ir("getelementptr i8, ptr %dst, i64 %rowbytes", "dst.next")
     ir.do(f"br i1 {ir('icmp ult i64 %r.next, %rows')}, label %rows_loop, label %rows_end")
@@ -196,25 +258,22 @@ def _mopa_body(ir: Ir) -> None:
     end_column_groups(ir)
 
 
-def _sdot_body(ir: Ir) -> None:
+def sdot_body(ir: Ir) -> None:
     """The SDOT tile: out [m, n] from LHS rows (k_int bytes in K order, −zp, recip) and RHS groups of 4·VL columns
-    (4 bytes each per K group: 4 vectors), row after row."""
+    (4 int8 each per K group: 4 vectors, :meth:`Ir.sdot_rhs`), row after row."""
     _prologue(ir, "add i64 0, 1")
     column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")
     ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
     ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    lp, rp = block_loop(ir, "m_loop", "%lrow")
+    lp, rp, acc = ir.dot_loop("%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
-        for g in range(4):  # K group 4h + g: 4 vectors of RHS bytes
-            values = [(B, x) for x in ir.load(ir.at(rp, 4 * (4 * h + g), B), B, 4, "%pn8")]
-            intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-            ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g)))
+        for g, rhs in ir.sdot_rhs(rp, h):  # K group 4h + g: 4 vectors of int8
+            acc = ir.dot_group(acc, lhs, g, rhs, last=h == BLOCK // 16 - 1 and g == 3)
     _block_end(ir, BLOCK)
-    dots = ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4)
+    dots = ir.dot_result(acc)
     lparams = ir("getelementptr i8, ptr %lrow, i64 %kint")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     ir.store(ir.epilogue(dots, ir.column_params("%rparams"), lparams, "0", fma_bias=True), dst)
@@ -224,35 +283,22 @@ def _sdot_body(ir: Ir) -> None:
     end_column_groups(ir)
 
 
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int =
-    32·nb; m, n, nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one,
-    4·VL columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = Ir()
-    {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
-    return sme2_tile_module(symbol, body, None)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME2 kernels — or of the SME kernels it runs too — for
-    ``aarch64-sme2`` (None otherwise)."""
-    symbol = next((s for table in (KERNELS, SME_KERNELS) for s, name in table.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
-
-
-#: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
-HOST_ISA = native.host_isa("aarch64-sme2")
+#: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
+#: :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS, k_int = 32·nb; m, n, nb at least 1, buffers
+#: of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) and ``i64 VL()``
+#: (:data:`VL`), for ``aarch64-sme2``, of the family's SME2 kernels and of the SME kernels they also run; installed
+#: on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 — the tiles are not available); ``_host_vl`` the
+#: vector length the tiles run at (read at each call: it is the thread's)
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
+    native.host_isa("aarch64-sme2"),
+    ("aarch64-sme2",),
+    (*KERNELS.items(), *SME_KERNELS.items()),
+    VL,
+    {MOPA: mopa_body, SDOT: sdot_body},
+    Ir,
+    lambda symbol, body: sme2_tile_module(symbol, body, None),
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _symbol in (MOPA, SDOT, VL):
-        native.install(tile_module(_symbol), HOST_ISA)
-
-_MOPA, _SDOT = native.caller(MOPA), native.caller(SDOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -264,15 +310,15 @@ def _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # p
     jit.matmul_qai8dxp(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
 
 
-#: the NEON layouts' code: the native NEON tiles (with DotProd, which every SME2 CPU has), else the portable loop
+#: the NEON layouts' code: the native NEON tiles (with DotProd), else the portable loop
 _NEON_MATMUL = neon.matmul if neon.AVAILABLE else _portable
 
 
 @numba.njit(cache=True, nogil=True)
-def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):  # pragma: no cover - compiled (SME2)
+def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):  # pragma: no cover - compiled (SME)
     """Whether the tiles run a layout (given as to ``vnni._is_vnni_layout``): the int8 layout of
     ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` (probed as that function does) of the SME kernels bound to this host's SVL:
-    nr = 4·VL, kr = kbl = 4 and VL rows (MOPA) or one (SDOT) per LHS group. Needs :data:`AVAILABLE`. The tile also
+    nr = 4·VL, kr = kbl = 4 and VL rows (MOPA) or one (SDOT) per LHS group. Needs the tiles installed. The tile also
     needs the kernel's own recipe (:func:`tile_runs`); :func:`matmul` falls back to the portable loop otherwise."""
     vl = _host_vl()
     if nr != 4 * vl or kbl != KR or blen != KR or not (mr == vl or mr == 1):
@@ -281,7 +327,7 @@ def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):  # pr
 
 
 @numba.njit(cache=True, nogil=True)
-def tile_runs(mr, nr, kbl, kr, fma_bias):  # pragma: no cover - compiled (aarch64 with SME2)
+def tile_runs(mr, nr, kbl, kr, fma_bias):  # pragma: no cover - compiled (aarch64 with SME)
     """Whether :func:`matmul` runs a tile for this geometry and recipe (of the int8 SME layout): the MOPA tile for
     VL rows with f32(f32(F·S) + bias), the SDOT tile for one row with fma(S, F, bias), at the host's VL."""
     vl = _host_vl()
@@ -291,11 +337,12 @@ def tile_runs(mr, nr, kbl, kr, fma_bias):  # pragma: no cover - compiled (aarch6
 
 
 @numba.njit(cache=True, nogil=True)
-def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (SME2)
+def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (SME)
     """out[m, n] (C-contiguous float32, unclamped) of an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout: the
-    signature and the bits of ``neon.matmul`` / ``vnni._matmul``. The SME2 tiles when :func:`tile_runs` (the SME
-    kernels bound to this host's SVL, with their own recipe; m, n ≥ 1); the NEON layouts :func:`neon.is_native_layout`
-    accepts on ``neon.matmul``; anything else on the portable loop. Needs :data:`AVAILABLE`."""
+    signature and the bits of ``neon.matmul`` / ``vnni._matmul``. The SME2 (or SME1) tiles when :func:`tile_runs`
+    (the SME kernels bound to this host's SVL, with their own recipe; m, n ≥ 1); the NEON layouts
+    :func:`neon.is_native_layout` accepts on ``neon.matmul``; anything else on the portable loop. Needs the tiles
+    installed (:data:`AVAILABLE` or ``sme.AVAILABLE``)."""
     if m > 0 and n > 0 and k_int >= BLOCK and tile_runs(mr, nr, kbl, kr, fma_bias):
         ints = (m, n, k_int // BLOCK)
         if fma_bias:
@@ -308,36 +355,17 @@ def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # prag
         _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
 
 
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the SME2 tiles for the SME layouts bound to this host's SVL with the kernel's recipe (the SME2 and SME kernels:
-    the same layouts and arithmetic), ``neon.matmul_qai8dxp`` for everything else (the NEON tiles, else the portable
-    jit). Needs :data:`AVAILABLE`."""
+def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (the SME layouts bound to
+    this host's SVL with the kernel's recipe: the SME2 and SME kernels, the same layouts and arithmetic), else
+    return False."""
     fma_bias = recipe == jit.RECIPE_FMA_BIAS
     if tile_runs(mr, nr, kbl, blen, fma_bias) and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, fma_bias, out)
-    elif neon.AVAILABLE:
-        neon.matmul_qai8dxp(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
-    else:
-        neon.PORTABLE_MATMUL(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+        return True
+    return False
+
+
+#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_tiles` takes the call, else on
+#: ``neon.matmul_qai8dxp`` (the NEON tiles, else the portable jit). Needs :data:`AVAILABLE`.
+matmul_qai8dxp = jit.with_tiles(_tiles, neon.matmul_qai8dxp if neon.AVAILABLE else neon.PORTABLE_MATMUL)

@@ -443,33 +443,18 @@ def _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
     return k_lo[k_lo.size - 1] == k_int - 1
 
 
-def matmul_qai8dxp(
-    m: int,
-    n: int,
-    k_int: int,
-    lhs_i8: np.ndarray,
-    lhs_i32: np.ndarray,
-    lhs_f32: np.ndarray,
-    rhs_u8: np.ndarray,
-    mr: int,
-    kbl: int,
-    nr: int,
-    blen: int,
-    nibble_factor: int,
-    k_lo: np.ndarray,
-    k_hi: np.ndarray,
-    recipe: int,
-    out: np.ndarray,
-) -> None:
-    """:func:`jit.matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous):
-    the VNNI tiles for the int8 layouts of the SME/SME2 and NEON kernels, the portable jit for every other
-    layout. Needs AVX-512 VNNI (see :func:`best_matmul_qai8dxp`)."""
+def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on the VNNI tiles and return True if they take it (the int8 layouts of the
+    SME/SME2 and NEON kernels), else return False."""
     if _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         _matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, recipe == RECIPE_FMA_BIAS, out)
-    else:
-        PORTABLE_MATMUL(
-            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-        )
+        return True
+    return False
+
+
+#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the VNNI tiles where :func:`_tiles` takes the call, else on
+#: the portable jit. Needs AVX-512 VNNI (see :func:`best_matmul_qai8dxp`).
+matmul_qai8dxp = _portable.with_tiles(_tiles, PORTABLE_MATMUL)
 
 
 def best_matmul_qai8dxp() -> Callable[..., None]:

@@ -37,8 +37,7 @@ import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, tuple_type, vl_module, vl_reader
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme_tiles, tuple_type
 from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
@@ -246,34 +245,19 @@ def _dot_body(ir: _Ir) -> None:
     _epilogue(ir)
 
 
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS + bias; m, n,
-    nb at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL
-    columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = _Ir()
-    {MOPA: _mopa_body, DOT: _dot_body}[symbol](body)
-    return sme2_tile_module(symbol, body, _LUT)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME2 kernels for ``aarch64-sme2`` (None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
-
-
-#: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
-HOST_ISA = native.host_isa("aarch64-sme2")
+#: the tiles (IR text, :data:`MOPA`, :data:`DOT`, and ``i64 VL()``, :data:`VL`: the streaming vector length in 32-bit
+#: lanes) for ``aarch64-sme2``; installed on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 — the
+#: tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call: it is the thread's)
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme_tiles(
+    native.host_isa("aarch64-sme2"),
+    ("aarch64-sme2",),
+    KERNELS.items(),
+    VL,
+    {MOPA: _mopa_body, DOT: _dot_body},
+    _Ir,
+    lambda symbol, body: sme2_tile_module(symbol, body, _LUT),
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _symbol in (MOPA, DOT, VL):
-        native.install(tile_module(_symbol), HOST_ISA)
-
-_MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

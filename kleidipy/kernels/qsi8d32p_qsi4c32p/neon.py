@@ -23,7 +23,6 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.neon_ir import (
     F16,
     F32,
@@ -40,6 +39,7 @@ from kleidipy.core.neon_ir import (
     const,
     lane,
     load,
+    neon_tiles,
     store_row,
     vec,
 )
@@ -158,22 +158,13 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     return module
 
 
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> ir.Module | None:
-    """The tile module of one of the family's NEON kernels for an aarch64 ISA (None for the SME kernels or x86)."""
-    if kernel.is_sme or not isa.triple.startswith("aarch64"):
-        return None
-    return tile_module(kernel.mr, kernel.kr, isa)
-
-
-#: the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not available)
-HOST_ISA = native.host_isa("aarch64-i8mm", "aarch64-dotprod")
+#: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA, None for the SME kernels
+#: or x86); the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not
+#: available); the tiles' callers
+kernel_tile, HOST_ISA, (_TILE_1_8, _TILE_1_16, _TILE_4_8, _TILE_4_16) = neon_tiles(
+    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr)
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _mr, _kr in SHAPES:
-        native.install(tile_module(_mr, _kr, HOST_ISA), HOST_ISA)
-
-_TILE_1_8, _TILE_1_16 = native.caller(symbol(1, 8)), native.caller(symbol(1, 16))
-_TILE_4_8, _TILE_4_16 = native.caller(symbol(4, 8)), native.caller(symbol(4, 16))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -29,12 +29,13 @@ Hand-written for the reason of :mod:`kleidipy.core.native`: numba never emits SM
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import ARGS, B, F, H, IrText, P, W, vl_module, vl_reader
+from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, sme_tiles, streaming_module
 from kleidipy.core.sme2_ir import tile_module as za_tile_module
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 
@@ -50,8 +51,6 @@ KERNELS = {
 
 #: the predicate of 32-bit lanes
 P32 = "<vscale x 4 x i1>"
-#: a tile's body runs in streaming mode
-_STREAMING = '"aarch64_pstate_sm_enabled"'
 
 
 class _Ir(IrText):
@@ -179,37 +178,51 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     ir.label(f"{prefix}.end")
 
 
-def _mopa_body(ir: _Ir) -> None:
-    """The MOPA tile: out [m, n] from LHS groups of VL rows (``%vl``: 4 bytes each per K group, one vector) and
-    RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1."""
-    _prologue(ir)
-    ir("shl i64 %vl, 5", "lblock")
-    ir("shl i64 %vl, 1", "lscale")
+def mopa_body(
+    ir: IrText,
+    rows: str,
+    prologue: Callable[[IrText], None],
+    column_group: Callable[[IrText], None],
+    mopa_block: Callable[[IrText, str, str, tuple[str, str, str, str]], None],
+    epilogue: Callable[[IrText], None],
+) -> None:
+    """The MOPA tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
+    [m, n] from LHS groups of VL rows (``rows``, the value of VL set by ``prologue``: 4 bytes each per K group, one
+    vector) and RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1 (``mopa_block``),
+    per group of columns (``column_group`` … ``epilogue``)."""
+    prologue(ir)
+    ir(f"shl i64 {rows}, 5", "lblock")
+    ir(f"shl i64 {rows}, 1", "lscale")
     ir("mul i64 %lblock, %nb", "ldata")
     ir(f"add i64 %ldata, {ir('mul i64 %lscale, %nb')}", "lstride")
-    _column_group(ir)
+    column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
     ir("phi i64 [0, %n_loop], [%i0.next, %k_end]", "i0")
     ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %k_end]", "lgroup")
     left = ir("sub i64 %m, %i0")
-    ir(f"select i1 {ir(f'icmp ult i64 {left}, %vl')}, i64 {left}, i64 %vl", "rows")
+    ir(f"select i1 {ir(f'icmp ult i64 {left}, {rows}')}, i64 {left}, i64 {rows}", "rows")
     ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
     ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lscales")
-    _mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"))
+    mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"))
     ir.do(f"br i1 {ir('icmp ugt i64 %nb, 1')}, label %k_loop, label %k_end")
     ir.label("k_loop")
     ir("phi i64 [1, %first.end], [%blk.next, %next.end]", "blk")
     offsets = [ir(f"mul i64 %blk, %{size}") for size in ("lblock", "rblock", "lscale", "rscale")]
     bases = ("%lgroup", "%rgroup", "%lscales", "%rscales")
-    _mopa_block(ir, "next", "k_loop", tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True)))
+    mopa_block(ir, "next", "k_loop", tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True)))
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
-    ir("add i64 %i0, %vl", "i0.next")
+    ir(f"add i64 %i0, {rows}", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    epilogue(ir)
+
+
+def _mopa_body(ir: _Ir) -> None:
+    """The MOPA tile: :func:`mopa_body` with this module's steps (``%vl``: VL rows per LHS group)."""
+    mopa_body(ir, "%vl", _prologue, _column_group, _mopa_block, _epilogue)
 
 
 def _dot_body(ir: _Ir) -> None:
@@ -257,52 +270,21 @@ def _dot_body(ir: _Ir) -> None:
     _epilogue(ir)
 
 
-def _streaming_module(symbol: str, body: IrText) -> str:
-    """The module of a tile that uses no ZA: a locally streaming entry point (``smstart sm``) calling the body,
-    a streaming function."""
-    functions = [
-        f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
-        f"  call void @{symbol}.body(i64 %m, i64 %n, i64 %nb, ptr %lhs, ptr %rhs, ptr %out)",
-        "  ret void",
-        "}",
-        f"define internal void @{symbol}.body({ARGS}) noinline {_STREAMING} {{",
-        *body.lines,
-        "}",
-    ]
-    return "\n".join([*functions, *body.declarations.values()]) + "\n"
-
-
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`DOT`: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb at
-    least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) or
-    ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = _Ir()
-    if symbol == MOPA:
-        _mopa_body(body)
-        return za_tile_module(MOPA, body)  # ZA on, no ZT0
-    _dot_body(body)
-    return _streaming_module(symbol, body)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME1 kernels for an ISA with SME (None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.has("+sme") else None
-
-
-#: the native ISA of this host's tiles (None: no SME, or not aarch64 — the tiles are not available)
-HOST_ISA = native.host_isa("aarch64-sme")
+#: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`, :data:`DOT`:
+#: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb at least 1, buffers of whole groups; the geometry
+#: is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) and ``i64 VL()`` (:data:`VL`: the streaming vector
+#: length in 32-bit lanes, ``rdsvl``), for ISAs with SME; installed on a host with SME (``HOST_ISA``; None: no SME, or
+#: not aarch64 — the tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call)
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme_tiles(
+    native.host_isa("aarch64-sme"),
+    ("aarch64-sme", "aarch64-sme2"),
+    KERNELS.items(),
+    VL,
+    {MOPA: _mopa_body, DOT: _dot_body},
+    _Ir,
+    lambda symbol, body: za_tile_module(symbol, body) if symbol == MOPA else streaming_module(symbol, body),
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _symbol in (MOPA, DOT, VL):
-        native.install(tile_module(_symbol), HOST_ISA)
-
-_MOPA, _DOT = native.caller(MOPA), native.caller(DOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

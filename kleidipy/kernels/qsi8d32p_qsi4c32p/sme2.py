@@ -34,12 +34,12 @@ import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, tuple_type, vl_module, vl_reader
+from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, sme_tiles, tuple_type
 from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.core.vnni import HOST_ISA as VNNI_ISA
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni
+from kleidipy.kernels.qsi8d32p_qsi4c32p.sme import mopa_body
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes
 MOPA = "kleidipy_q4_0_sme2_mopa"
@@ -154,38 +154,15 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     ir.label(f"{prefix}.end")
 
 
-def _mopa_body(ir: _Ir) -> None:
-    """The MOPA tile: out [m, n] from LHS groups of VL rows (``%mr``: 4 bytes each per K group, one vector) and
-    RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1."""
+def _mopa_prologue(ir: _Ir) -> None:
+    """:func:`_prologue` and ``%mr``: VL, the rows of an LHS group (the MOPA tile's)."""
     _prologue(ir)
     ir("shl i64 %vscale, 2", "mr")
-    ir("shl i64 %mr, 5", "lblock")
-    ir("shl i64 %mr, 1", "lscale")
-    ir("mul i64 %lblock, %nb", "ldata")
-    ir(f"add i64 %ldata, {ir('mul i64 %lscale, %nb')}", "lstride")
-    _column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
-    ir("phi i64 [0, %n_loop], [%i0.next, %k_end]", "i0")
-    ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %k_end]", "lgroup")
-    left = ir("sub i64 %m, %i0")
-    ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
-    ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
-    ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lscales")
-    _mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"))
-    ir.do(f"br i1 {ir('icmp ugt i64 %nb, 1')}, label %k_loop, label %k_end")
-    ir.label("k_loop")
-    ir("phi i64 [1, %first.end], [%blk.next, %next.end]", "blk")
-    offsets = [ir(f"mul i64 %blk, %{size}") for size in ("lblock", "rblock", "lscale", "rscale")]
-    bases = ("%lgroup", "%rgroup", "%lscales", "%rscales")
-    _mopa_block(ir, "next", "k_loop", tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True)))
-    ir("add i64 %blk, 1", "blk.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
-    ir.label("k_end")
-    ir("add i64 %i0, %mr", "i0.next")
-    ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+
+
+def _mopa_body(ir: _Ir) -> None:
+    """The MOPA tile: the loops of ``sme.mopa_body`` (the SME1 tile's) with this module's steps."""
+    mopa_body(ir, "%mr", _mopa_prologue, _column_group, _mopa_block, _epilogue)
 
 
 def _sdot_body(ir: _Ir) -> None:
@@ -233,34 +210,22 @@ def _sdot_body(ir: _Ir) -> None:
     _epilogue(ir)
 
 
-def tile_module(symbol: str) -> str:
-    """The LLVM module (IR text) of ``symbol``: a tile ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs,
-    float* out)`` (:data:`MOPA`, :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb
-    at least 1, buffers of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL
-    columns) or ``i64 VL()`` (:data:`VL`: the streaming vector length in 32-bit lanes, ``rdsvl``)."""
-    if symbol == VL:
-        return vl_module(VL)
-    body = _Ir()
-    {MOPA: _mopa_body, SDOT: _sdot_body}[symbol](body)
-    return sme2_tile_module(symbol, body, _LUT)
-
-
-def kernel_tile(kernel: MatmulKernel, isa: native.NativeIsa) -> str | None:
-    """The tile module (IR text) of one of the family's SME2 kernels for ``aarch64-sme2`` (None otherwise)."""
-    symbol = next((s for s, name in KERNELS.items() if name == kernel.name), None)
-    return tile_module(symbol) if symbol and isa.name == "aarch64-sme2" else None
-
-
-#: the native ISA of this host's tiles (None: no SME2, or not aarch64 — the tiles are not available)
-HOST_ISA = native.host_isa("aarch64-sme2")
+#: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
+#: :data:`SDOT`: out [m, n] unclamped = the packed LHS × the packed RHS; m, n, nb at least 1, buffers of whole groups;
+#: the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) and ``i64 VL()`` (:data:`VL`: the
+#: streaming vector length in 32-bit lanes, ``rdsvl``), for ``aarch64-sme2``; installed on a host with SME2
+#: (``HOST_ISA``; None: no SME2, or not aarch64 — the tiles are not available); ``_host_vl`` the vector length the
+#: tiles run at (read at each call: it is the thread's)
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
+    native.host_isa("aarch64-sme2"),
+    ("aarch64-sme2",),
+    KERNELS.items(),
+    VL,
+    {MOPA: _mopa_body, SDOT: _sdot_body},
+    _Ir,
+    lambda symbol, body: sme2_tile_module(symbol, body, _LUT),
+)
 AVAILABLE = HOST_ISA is not None
-if AVAILABLE:
-    for _symbol in (MOPA, SDOT, VL):
-        native.install(tile_module(_symbol), HOST_ISA)
-
-_MOPA, _SDOT = native.caller(MOPA), native.caller(SDOT)
-#: the streaming vector length the tiles run at, in 32-bit lanes (read at each call: it is the thread's)
-_host_vl = vl_reader(VL)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -207,19 +207,20 @@ def test_layout_probe_accepts_exactly_this_family() -> None:
             assert not probe(get_kernel(kern.name, svl), 70), (kern.name, svl)
 
 
-def test_other_calls_go_to_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A layout the probe refuses (here the Q8_0 family's) is FALLBACK's, with the same arguments."""
+def test_other_calls_go_to_fallback() -> None:
+    """A layout the probe refuses (here the Q8_0 family's) is the fallback's, with the same arguments (the module's
+    ``matmul_qai8dxp`` is ``jit.with_tiles(vnni._tiles, FALLBACK)``: here with a recording fallback)."""
     calls = []
-    monkeypatch.setattr(vnni, "FALLBACK", lambda *args: calls.append(args))
+    matmul_qai8dxp = jit.with_tiles(vnni._tiles, lambda *args: calls.append(args))
     q8 = get_kernel(core.KERNELS[-1].name, None)
     rng = np.random.default_rng(3)
     x = rng.normal(size=(1, 40)).astype(np.float32)
     w = rng.integers(-128, 128, (5, 40), dtype=np.int8)
     lhs = np.asarray(core.LHS_PACKER.run(1, 40, q8.mr, q8.kr, q8.sr, x, execution="jit"))
     rhs = np.asarray(q8.rhs_packer.run(5, 40, q8.nr, q8.kr, q8.sr, w, scale=np.ones(5, np.float32)))
-    call_matmul(vnni.matmul_qai8dxp, q8, 1, 5, 40, lhs, rhs)
+    call_matmul(matmul_qai8dxp, q8, 1, 5, 40, lhs, rhs)
     assert len(calls) == 1 and len(calls[0]) == 16 and calls[0][:3] == (1, 5, 64)
     if vnni.HAVE_VNNI:
         kern = get_kernel(CASES[0][0], None)
-        call_matmul(vnni.matmul_qai8dxp, kern, 1, 5, 40, *operands(kern, 1, 5, 40, 1))
+        call_matmul(matmul_qai8dxp, kern, 1, 5, 40, *operands(kern, 1, 5, 40, 1))
         assert len(calls) == 1
