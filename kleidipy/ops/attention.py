@@ -134,7 +134,7 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
     sig = types.void(qv, k, i64, i64, i64, i64, s, i64, i64)
     f16 = k.dtype == types.uint16
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         b = builder
         q_p, k_p, s_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 6))
         c_stride, b_stride, b0, blocks_v, o0, nr = args[2], args[3], args[4], args[5], args[7], args[8]
@@ -212,7 +212,7 @@ def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile tim
     ``e * (float)(1/sum)``."""
     sig = types.void(types.int64, types.int64, types.float32, types.boolean, s)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         b = builder
         jlo, jhi, sc, f16 = args[:4]
         s_p = vnni.array_ptr(context, b, signature.args[4], args[4])
@@ -298,7 +298,7 @@ def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, tail, acc, 
     sig = types.void(w, v, i64, i64, i64, i64, i64, i64, acc, i64)
     f16 = v.dtype == types.uint16
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         b = builder
         w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 8))
         l_stride, b_stride, base, j0, blocks_v, tail, nr = args[2], args[3], args[4], args[5], args[6], args[7], args[9]

@@ -293,7 +293,7 @@ def _store_cell_impl(cache, value):  # pragma: no cover - compile time
     if cache.dtype == types.uint16:
         if _NATIVE_F16:  # one instruction instead of the bit arithmetic (store_kv 3x faster); NaN by numpy's rule
 
-            def native(cache, value):  # noqa: ANN001, ANN202
+            def native(cache, value):
                 x = np.float32(value)
                 return _fptrunc_f16(x) if x == x else f32_to_f16_bits_scalar(f32_bits(x))
 
