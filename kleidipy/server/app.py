@@ -472,7 +472,7 @@ def create_app(
                 allow_origin_regex=_LOOPBACK.pattern,
                 allow_methods=["*"],
                 allow_headers=["*"],
-            ),  # fmt: skip
+            ),
             *([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
         ],
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},

@@ -53,8 +53,10 @@ def default_m(kernel: MatmulKernel) -> int:
 def _check_shape(kern: MatmulKernel, m: int, n: int, k: int) -> None:
     kern.check_args(m, n, k)
     if k < 2:
-        raise KernelShapeError(f"{kern.name}: a layout map needs k >= 2 (with k=1 a row's value and its per-row "
-                               "parameters cannot be told apart)")  # fmt: skip
+        raise KernelShapeError(
+            f"{kern.name}: a layout map needs k >= 2 (with k=1 a row's value and its per-row "
+            "parameters cannot be told apart)"
+        )
     sizes = {"RHS": kern.rhs_packed_size(n, k), "LHS": kern.lhs_packed_size(m, k)}
     for side, size in sizes.items():
         if size > MAX_BYTES:
