@@ -1,25 +1,11 @@
 """Atomics, spin-wait hints and a clock for numba nopython code: what the graph executor's threads synchronise and
-time themselves with.
+time themselves with. Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store`, :func:`cpu_pause`,
+:func:`sched_yield` and :func:`monotonic_ns` (numba intrinsics, callable from ``@njit`` code only).
 
-Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store` on elements of 1-D integer arrays,
-:func:`cpu_pause`, :func:`sched_yield` and :func:`monotonic_ns`. All of them are ``numba.extending.intrinsic``\\ s
-that emit llvmlite IR, so they are callable from ``@njit`` code only (nogil, cacheable). Every atomic is
-sequentially consistent (``seq_cst``), the ordering C11's ``atomic_*`` functions default to: a store publishes
-every write made before it, a load sees every write published before the store it reads.
+Hand-written because numba has no atomics in nopython code (only ``cuda.atomic`` on the GPU target) and no maintained
+library provides them, nor a barrier built on them, usable from inside a numba function.
 
-Hand-written because numba has no atomics in nopython code (only ``cuda.atomic`` on the GPU target) and no
-maintained library provides them, nor a barrier built on them, usable from inside a numba function.
-
-* ``atomic_add(arr, i, v) -> old``, ``atomic_load(arr, i)``, ``atomic_store(arr, i, v)``: ``arr`` a 1-D array of
-  int32/int64 (signed or not), ``i`` an integer index that is **not** bounds-checked (nor wrapped when
-  negative); ``v`` is cast to the array's dtype.
-* ``cpu_pause()``: the spin-loop hint, ``pause`` on x86, ``isb`` on AArch64 (what Rust's ``spin_loop`` emits),
-  nothing elsewhere.
-* ``sched_yield()``: libc's ``sched_yield`` (found with ctypes and registered with LLVM by name, so functions
-  calling it stay cacheable); a no-op where the C library has none.
-* ``monotonic_ns()``: libc's ``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds, the clock of Python's
-  ``time.monotonic_ns()`` (registered the same way); 0 where the C library has none.
-"""
+Their semantics: docs/threads-and-barriers.md."""
 
 from __future__ import annotations
 

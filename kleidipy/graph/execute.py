@@ -1,14 +1,8 @@
-"""The compiled forward pass's owner: :class:`CompiledForward` holds a model's plan, its buffers (grown to the
-largest ubatch seen) and the persistent workers (:class:`~kleidipy.graph.workers.Workers`, started once), and starts
-each run of the compiled walk (:mod:`kleidipy.graph.walk`) — the same bits at every thread count and as the eager
-path (:mod:`kleidipy.runtime.layers`). Per ubatch Python only fills the run's table (the token count and the addresses
-of the arrays that change; for a decoded token the run's entry point sets it, :func:`~kleidipy.graph.walk.decode_run`)
-and starts the run — which embeds the tokens itself when the embedding has a compiled GET_ROWS and writes the logits
-into the caller's array —, calling the compiled function past numba's type dispatch, with every array in one address
-table; the workers stay in :func:`~kleidipy.graph.walk.serve_plan` between runs and take the next one without the GIL,
-and thread 0 publishes such a run, takes its share and waits for the workers' end in one compiled call
-(:func:`~kleidipy.graph.walk.lead_plan`): a decoded token is one compiled call from Python.
-"""
+"""The compiled forward pass's owner: :class:`CompiledForward` holds a model's plan, its buffers and the persistent
+workers, and starts each run of the compiled walk (:mod:`kleidipy.graph.walk`): a decoded token is one compiled call
+from Python.
+
+What Python does per ubatch: docs/compiled-plan-execution.md."""
 
 from __future__ import annotations
 
@@ -60,7 +54,7 @@ def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[
 
 
 class CompiledForward:
-    """A model's forward pass as a compiled plan on ``threads`` persistent workers (module docstring)."""
+    """A model's forward pass as a compiled plan on ``threads`` persistent workers (docs/compiled-plan-execution.md)."""
 
     def __init__(self, lm: PlannedModel, threads: int = 1, adaptive: bool = True) -> None:
         self.lm = lm
