@@ -1,16 +1,8 @@
-"""AVX-512 VNNI building blocks for numba kernels: host feature check, ISA markers, llvmlite IR emitters (and the
-argument handling of the kernels' intrinsics), and the −w·Σq LHS block sums that start the kernels' vpdpbusd
-accumulators (:func:`neg_block_sums`).
+"""AVX-512 VNNI building blocks for numba kernels: host feature check, ISA markers (:class:`Isa`, ``HOST_ISA``),
+llvmlite IR emitters (and the argument handling of the kernels' intrinsics), and the −w·Σq LHS block sums that start
+the kernels' vpdpbusd accumulators (:func:`neg_block_sums`).
 
-Kernels written with these helpers are compiled per :class:`Isa` (an argument or a global of the jitted
-function, so the numba cache holds one version per ISA): ``VNNI512`` emits ``vpdpbusd``, ``vpmultishiftqb``
-(with AVX-512 VBMI) and ``vcvtph2ps``/``vcvtps2ph`` (F16C); ``PORTABLE`` emits plain LLVM vector IR
-(zext/sext/mul/shuffle, integer fp16 conversions) that any LLVM target compiles. Both give the same bits: the
-integer dot products and the fp16 conversions are exact. ``HOST_ISA`` is ``VNNI512`` when numba compiles for
-AVX-512 F/BW/VNNI (the host CPU's features, or ``NUMBA_CPU_FEATURES`` when set), else ``PORTABLE``.
-
-Vectors are 512 bits: ``I32X16`` (4 bytes per 32-bit lane for the dot products), ``F32X16``.
-"""
+Per-ISA compilation and vector types: docs/vnni.md."""
 
 from __future__ import annotations
 
