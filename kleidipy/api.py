@@ -1,14 +1,8 @@
 """The Python API, in the style of llama-cpp-python and mlx-lm: ``llm = kleidipy.load(name)``, then
-``llm.chat(messages)`` or ``llm.complete(prompt)``, streamed (``stream=True``: an iterator of :class:`Chunk`) or
-not (a :class:`Completion`). Both carry OpenAI's finish reason ("stop" / "length") and :class:`Usage`.
+``llm.chat(messages)`` or ``llm.complete(prompt)``, streamed (an iterator of :class:`Chunk`) or not (a
+:class:`Completion`).
 
-The model keeps one KV cache across calls: a prompt that starts with the tokens of the previous call (a
-conversation that grows) prefills only the new tokens; ``usage.cached_tokens`` says how many were reused. Sampling
-defaults are llama.cpp's (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, a random seed unless ``seed``).
-``response_format`` takes OpenAI's object (``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema":
-{"schema": {...}}}``) and constrains the reply to it (:mod:`kleidipy.runtime.grammar`; a schema it cannot compile
-raises :class:`~kleidipy.runtime.grammar.GrammarError`).
-"""
+The KV cache kept across calls, the defaults and ``response_format``: docs/python-api.md."""
 
 from __future__ import annotations
 

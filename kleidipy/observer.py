@@ -1,13 +1,8 @@
-"""Watching the runtime and its compiled plan: one :class:`Observer` interface receives their events -- every weight
-repacked at load (:class:`RepackCall`), every MUL_MAT (:class:`KernelCall`, its LHS quantize+pack and its kernel timed
-apart), every node of a compiled plan's run (:class:`NodeRun`, timed per thread inside the plan) and the start and end
-of every forward pass. ``kleidipy trace`` and the load progress bar are observers.
+"""Watching the runtime and its compiled plan: one :class:`Observer` interface receives their events
+(:class:`RepackCall`, :class:`KernelCall`, :class:`NodeRun`, forward passes); ``kleidipy trace`` and the load
+progress bar are observers. The module sits below the runtime and the graph, importing neither.
 
-An engine hands its observers to the backend (repack, MUL_MAT) and to the model (forward passes), whose compiled
-plan (:mod:`kleidipy.graph`) reports its nodes too: the module sits below both, importing neither. With no observer
-that wants MUL_MATs nothing is timed or recorded per matmul: the fast path runs. Events are delivered by the
-function doing the work, so an observer that inspects ``sys._getframe(1)`` sees the op's call stack.
-"""
+Details: docs/tracing.md."""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ every family package holds its parts and declares them, and modules stay small."
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,10 @@ import kleidipy
 from kleidipy.kernels.catalogue import families
 
 ROOT = Path(kleidipy.__file__).resolve().parent
-#: modules allowed past MAX_LINES, with the reason
+#: modules allowed past MAX_CODE_LINES, with the reason
 LONG_MODULES = {"kleidipy.runtime.tokenizer": "the three pre-tokenizers and BPE/SPM state machines of llama.cpp"}
-MAX_LINES = 560
+#: a module's lines of code (docstrings, comments and blank lines not counted)
+MAX_CODE_LINES = 420
 
 
 def _module_name(path: Path) -> str:
@@ -180,8 +183,31 @@ def test_each_family_folder_holds_its_parts() -> None:
         assert fam.node is not None or fam.name == "qai8dxp_qsi4cxp", "the compiled plan's routines (node.py)"
 
 
+def code_lines(text: str) -> int:
+    """The lines of ``text`` that hold code: not blank, not only a comment, not part of a docstring (a string
+    standing alone as a statement: a module's, class's or function's docstring, or an attribute's)."""
+    prose = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            prose.update(range(node.lineno, node.end_lineno + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    code = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in skip:
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    return len(code - prose)
+
+
+def test_code_lines_count_code_only() -> None:
+    text = '"""A module.\n\nIts docstring."""\n\nimport os  # a comment\n\n# a line of comment\n\n\n' + (
+        'def f(x):\n    """f\'s docstring."""\n    return (\n        x,\n    )\n'
+    )
+    assert code_lines(text) == 5
+
+
 def test_modules_stay_small() -> None:
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    """Counts code, not prose: a docstring or comment that helps a reader costs nothing here."""
+    long = {name: n for name, path in MODULES.items() if (n := code_lines(path.read_text())) > MAX_CODE_LINES}
     assert set(long) <= set(LONG_MODULES), long
 
 

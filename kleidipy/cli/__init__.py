@@ -322,8 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_runtime_args(p: argparse.ArgumentParser, *, thread_list: bool = False, ctx: bool = True,
-                      quiet: str | None = "no progress bars", repack_cache: bool = True) -> None:  # fmt: skip
+def _add_runtime_args(
+    p: argparse.ArgumentParser,
+    *,
+    thread_list: bool = False,
+    ctx: bool = True,
+    quiet: str | None = "no progress bars",
+    repack_cache: bool = True,
+) -> None:
     """The options every command that runs a model shares: model, threads, context, execution, load checks and
     the repack cache, target, quiet."""
     p.add_argument(

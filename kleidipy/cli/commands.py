@@ -16,6 +16,9 @@ from kleidipy.core import buffers
 from kleidipy.errors import InvalidArgumentError, KleidipyError
 
 if TYPE_CHECKING:
+    from kleidipy.runtime.generate import Engine
+    from kleidipy.runtime.grammar import Grammar
+    from kleidipy.runtime.sampler import SamplingParams
     from kleidipy.target import Target
 
 
@@ -24,7 +27,7 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
     executions = list(buffers.EXECUTIONS) if args.execution == "all" else [args.execution]
 
-    def report(res) -> None:  # noqa: ANN001
+    def report(res) -> None:
         if args.quiet and res.ok:
             return
         print(res.line(), flush=True)
@@ -181,7 +184,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine(args: argparse.Namespace, background: bool = False):  # noqa: ANN202
+def _engine(args: argparse.Namespace, background: bool = False) -> Engine:
     """The model of ``args``, loaded; ``background``: a first run builds the compiled plan in the background and
     answers op by op meanwhile (run, chat)."""
     from kleidipy.runtime.generate import Engine
@@ -200,7 +203,7 @@ def _engine(args: argparse.Namespace, background: bool = False):  # noqa: ANN202
     )
 
 
-def _sampling(args: argparse.Namespace):  # noqa: ANN202
+def _sampling(args: argparse.Namespace) -> SamplingParams:
     """The sampling options, checked (as the server checks a request's) before the model is loaded."""
     from kleidipy.runtime.sampler import sampling_options
 
@@ -228,7 +231,7 @@ def _read_text_file(path: str, what: str, error: type[KleidipyError]) -> str:
         raise error(f"{what} {path} is not valid UTF-8 (byte {exc.start})") from None
 
 
-def _grammar(args: argparse.Namespace):  # noqa: ANN202
+def _grammar(args: argparse.Namespace) -> Grammar | None:
     """--json-schema(-file) / --grammar(-file) as a Grammar (None without), checked before the model is loaded."""
     from kleidipy.runtime.grammar import Grammar, GrammarError
 
@@ -285,7 +288,7 @@ def _max_tokens(args: argparse.Namespace) -> int | None:
     return None if args.n_predict < 0 else args.n_predict
 
 
-def _say_if_cut(engine, args: argparse.Namespace) -> None:  # noqa: ANN001
+def _say_if_cut(engine: Engine, args: argparse.Namespace) -> None:
     """One line on stderr when the reply ended at the token limit or the full context, not where the model ended."""
     if engine.finish_reason == "length":
         limit = 0 <= args.n_predict <= engine.timings.n_generated
@@ -299,7 +302,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     text = _read_text_file(args.file, "text file", PerplexityError).removesuffix("\n")  # as llama-perplexity reads -f
     engine = _engine(args)
 
-    def report(result) -> None:  # noqa: ANN001
+    def report(result) -> None:
         print(f"[{len(result.running)}]{result.running[-1]:.4f},", end="", flush=True)
 
     result = perplexity(engine, text, args.ctx_size, args.chunks, args.batch_size, report, progress=not args.quiet)

@@ -1,13 +1,8 @@
-"""The Arm CPU features of this host — from Linux's auxiliary vector (HWCAP/HWCAP2), or on macOS arm64 from
-``sysctl hw.optional.arm.FEAT_*`` — and the SME vector length, and the code-generation features numba is given on
-such a host.
+"""The Arm CPU features of this host (Linux's HWCAP/HWCAP2, or macOS's ``sysctl hw.optional.arm.FEAT_*``), the SME
+vector length, and the code-generation features numba is given on such a host (:func:`pin_numba_features`: a
+workaround for an LLVM bug on SVE hosts).
 
-:func:`pin_numba_features` (run by ``import kleidipy``, before numba is imported) works around an LLVM bug: the
-LLVM 22 inside llvmlite's aarch64 wheels has assertions on and aborts the whole process while compiling kleidipy's
-kernels for a CPU with SVE (llvm/llvm-project#177925, fixed upstream by #177976) — on Graviton 3/4, Grace,
-Neoverse V1/V2, or QEMU's ``max``. On a Linux aarch64 host whose HWCAP has SVE, and unless the user set it,
-``NUMBA_CPU_FEATURES`` becomes the host's own features without SVE/SME (kleidipy's kernels use no SVE code).
-"""
+Details: docs/host-features.md."""
 
 from __future__ import annotations
 
@@ -118,7 +113,7 @@ def numba_features(features: frozenset[str]) -> str | None:
 
 
 def pin_numba_features() -> None:
-    """Set ``NUMBA_CPU_FEATURES`` on a Linux aarch64 host with SVE unless it is set (module docstring)."""
+    """Set ``NUMBA_CPU_FEATURES`` on a Linux aarch64 host with SVE unless it is set (docs/host-features.md)."""
     if "NUMBA_CPU_FEATURES" in os.environ or not is_linux_arm64():
         return
     value = numba_features(arm_features()[0])

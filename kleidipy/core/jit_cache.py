@@ -1,14 +1,10 @@
 """numba's on-disk cache keyed by all of kleidipy's sources: a cached kleidipy function is reused only while no
-kleidipy source file changed since it was compiled.
+kleidipy source file changed since it was compiled (:func:`install_with_numba`, called by ``import kleidipy``).
 
 Hand-written because numba keys a cached function by its own file's modification time and size alone, while the
-compiled code carries every function it calls: the compiled plan's ``run_plan`` holds the kernels, tiles and ops
-of a dozen modules. A checkout that changes only a callee's file (a ``git pull``, an edit) would go on running the
-old callee from the cache — silently wrong results. Each of numba's cache locators gets the package's stamp on top
-of the source file's, for kleidipy's own functions only (other libraries' cached functions are left as they are).
-``import kleidipy`` calls :func:`install_with_numba`, which does it as soon as ``numba.core.caching`` is imported
-(before any kleidipy function is decorated), without importing numba itself: ``import kleidipy`` stays light.
-"""
+compiled code carries every function it calls.
+
+Details: docs/jit-cache.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""Decoder for KleidiAI micro-kernel and packer names, field by field and token by token.
+"""Decoder for KleidiAI micro-kernel and packer names, field by field and token by token, in today's spelling and in
+KleidiAI's early one.
 
-A matmul name is ``kai_[run_]matmul[_clamp]_<dst>_<lhs>_<rhs>[_<tile>]_<engine>[_<instruction>]`` and a packer
-name ``kai_[run_]lhs_[quant_]pack_<packed>_<source>[_<engine>]`` or
-``kai_[run_]rhs_[quant_]pack_<nxk|kxn>_<packed>_<source>[_<more inputs>][_<engine>]``. Each operand field is
-itself a small word: ``qsi8d32p1vlx4`` = q|s|i8|d32|p|1vl|x4 (KleidiAI's ``docs/microkernel_names.md``
-grammar, plus the legacy spellings the library still ships: ``scalef16``, ``biasf32``, ``sb``, bare ``b``,
-``s0s1``, ``nrx4`` after the nibble order, a third tile number). Vector-length sizes (``vl``/``vs``) are
-stated in concrete numbers for a given SVL.
-
-KleidiAI's early spelling (its first kernels, and the overview pages that still quote them) is read too, by
-respelling it the way names are written today before decoding: ``clip`` for ``clamp``, no signedness letter
-in packed quantized buffers (``qa8dxP``, ``qs4cxP`` for ``qai8dxp``, ``qsi4cxp``), upper-case ``P``, ``X`` and
-``S1S0``. A folder name (``matmul_clamp_f32_qai8dxp_qsi4cxp``: no tile, no engine) decodes as well.
-"""
+The grammar it reads: docs/kernel-names.md."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ _OVERFLOW = 2.0**128
 _LOW29 = (1 << 29) - 1  # the float64 fraction bits below float32 precision
 
 
-def _bitcast(src: types.Type, dst: types.Type):  # noqa: ANN202
+def _bitcast(src: types.Type, dst: types.Type):
     """Intrinsic reinterpreting the bits of a ``src`` scalar as a ``dst`` scalar of the same width."""
 
     @intrinsic

@@ -203,10 +203,10 @@ class RhsPacker(Packer):
         assert packed.size == expected, (self.name, packed.size, expected)
         return PackedBuffer(packed, PackedLayout(self.name, n, k, nr, kr, sr, bl))
 
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         raise NotImplementedError
 
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         raise NotImplementedError
 
     def get_rows_operands(

@@ -13,12 +13,12 @@ from numba import types
 from numba.extending import intrinsic
 
 
-def _pointer_to(dtype: types.Type):  # noqa: ANN202
+def _pointer_to(dtype: types.Type):
     @intrinsic
-    def to_pointer(typingctx, addr):  # noqa: ANN001, ANN202, ARG001
+    def to_pointer(typingctx, addr):
         sig = types.CPointer(dtype)(types.int64)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        def codegen(context, builder, signature, args):
             return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
 
         return sig, codegen
@@ -27,11 +27,11 @@ def _pointer_to(dtype: types.Type):  # noqa: ANN202
 
 
 @intrinsic
-def _pointer_like(typingctx, like, addr):  # noqa: ANN001, ANN202, ARG001
+def _pointer_like(typingctx, like, addr):
     """The address as a pointer to the type of the scalar ``like``."""
     sig = types.CPointer(like)(like, types.int64)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+    def codegen(context, builder, signature, args):
         return builder.inttoptr(args[1], context.get_value_type(signature.return_type))
 
     return sig, codegen

@@ -1,16 +1,8 @@
-"""AVX-512 VNNI building blocks for numba kernels: host feature check, ISA markers, llvmlite IR emitters (and the
-argument handling of the kernels' intrinsics), and the −w·Σq LHS block sums that start the kernels' vpdpbusd
-accumulators (:func:`neg_block_sums`).
+"""AVX-512 VNNI building blocks for numba kernels: host feature check, ISA markers (:class:`Isa`, ``HOST_ISA``),
+llvmlite IR emitters (and the argument handling of the kernels' intrinsics), and the −w·Σq LHS block sums that start
+the kernels' vpdpbusd accumulators (:func:`neg_block_sums`).
 
-Kernels written with these helpers are compiled per :class:`Isa` (an argument or a global of the jitted
-function, so the numba cache holds one version per ISA): ``VNNI512`` emits ``vpdpbusd``, ``vpmultishiftqb``
-(with AVX-512 VBMI) and ``vcvtph2ps``/``vcvtps2ph`` (F16C); ``PORTABLE`` emits plain LLVM vector IR
-(zext/sext/mul/shuffle, integer fp16 conversions) that any LLVM target compiles. Both give the same bits: the
-integer dot products and the fp16 conversions are exact. ``HOST_ISA`` is ``VNNI512`` when numba compiles for
-AVX-512 F/BW/VNNI (the host CPU's features, or ``NUMBA_CPU_FEATURES`` when set), else ``PORTABLE``.
-
-Vectors are 512 bits: ``I32X16`` (4 bytes per 32-bit lane for the dot products), ``F32X16``.
-"""
+Per-ISA compilation and vector types: docs/vnni.md."""
 
 from __future__ import annotations
 
@@ -106,7 +98,7 @@ def _unbox_isa(typ: IsaType, obj: object, c: object) -> NativeValue:
 
 
 @lower_constant(IsaType)
-def _constant_isa(context, builder, ty, pyval):  # noqa: ANN001, ANN202
+def _constant_isa(context, builder, ty, pyval):
     return context.get_dummy_value()
 
 
@@ -144,13 +136,13 @@ def i64(value: int) -> ir.Constant:
     return ir.Constant(I64, value)
 
 
-def array_ptr(context, builder, aryty, ary) -> ir.Value:  # noqa: ANN001
+def array_ptr(context, builder, aryty, ary) -> ir.Value:
     """i8* to the first element of a numba array value."""
     data = context.make_array(aryty)(context, builder, ary).data
     return builder.bitcast(data, I8.as_pointer())
 
 
-def intrinsic_args(context, builder, signature, args) -> list:  # noqa: ANN001
+def intrinsic_args(context, builder, signature, args) -> list:
     """An intrinsic's arguments for its code generator: i8* of every array argument, the members of tuple
     arguments as a tuple, other values as they are."""
     out = []
@@ -451,7 +443,7 @@ def _neg_block_sums_vec(typingctx, isa, lhs, base, mr, blocks, block_bytes, grou
     int64 = types.int64
     sig = types.void(isa, lhs, int64, int64, int64, int64, int64, types.int32, corr, int64)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         native = isa_native(signature.args[0])
         _, lhs_p, base_v, mr_v, blocks_v, block_v, groups_v, weights_v, corr_p, off_v = intrinsic_args(
             context, builder, signature, args
@@ -511,8 +503,8 @@ def neg_block_sums(isa, lhs, m, mr, group_bytes, blocks, block_bytes, groups, we
 # --------------------------------------------------------------------------------------------- measurement
 
 
-def _peak_codegen(chains: int):  # noqa: ANN202
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+def _peak_codegen(chains: int):
+    def codegen(context, builder, signature, args):
         isa_t = signature.args[0]
         native = isa_native(isa_t)
         iters = args[1]

@@ -34,14 +34,14 @@ COLUMN_FOLDS = {
 }
 
 
-def sum_columns(builder, accs: list, kr: int):  # noqa: ANN001, ANN202
+def sum_columns(builder, accs: list, kr: int):
     """i32x16 whose lane 4g + c is the sum of the 4 lanes of accs[g] (4 accumulators of NEON groups of 4 columns,
     each 64-byte load holding 4 bytes of every column in 4 lanes as a NEON RHS of kr 4 or 8 lays them out) that
     hold column c: two rounds of adds of lane-shuffled pairs (COLUMN_FOLDS)."""
     first, second = COLUMN_FOLDS[kr]
     order = (accs[0], accs[2], accs[1], accs[3]) if kr == 4 else tuple(accs)
 
-    def fold(x, y, lanes):  # noqa: ANN001, ANN202
+    def fold(x, y, lanes):
         return builder.add(pick(builder, x, y, lanes[0]), pick(builder, x, y, lanes[1]))
 
     return fold(fold(order[0], order[1], first), fold(order[2], order[3], first), second)

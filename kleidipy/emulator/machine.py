@@ -1,22 +1,7 @@
-"""The emulated machine: register file and state, memory buffers, counters and the trace log.
+"""The emulated machine (:class:`Machine`): register file and state as little-endian bytes, memory buffers
+(:class:`Buffer`), counters and the trace log.
 
-State (little-endian bytes, as the hardware holds it):
-
-* ``z[32, VB]`` — the SVE/SME Z registers, VB = SVL/8 bytes (16 for a NEON-only machine); the NEON V registers
-  are their low 128 bits (``v`` is a view of ``z[:, :16]``, as on the hardware);
-* ``p[16, VB]`` — the P predicates, one flag per byte (an element of ``esize`` bytes is active when the flag of
-  its first byte is set, as in the architecture);
-* ``pn[16, 4·VB]`` — predicate-as-counter values (PN8–PN15) held expanded over the four vectors a
-  multi-vector instruction can address;
-* ``za[VB, VB]`` — the ZA array (VB vectors of VB bytes). Its 32-bit tile ZAt.S (t = 0..3) is rows t, t+4,
-  t+8, … (:meth:`Machine.za_tile_s`), a vector group VGx4 at slice w is rows w, w+VB/4, w+VB/2, w+3VB/4
-  (:meth:`Machine.za_vgx4_rows`);
-* ``zt0[64]`` — the SME2 lookup-table register.
-
-Memory is a set of named :class:`Buffer` objects (LHS, RHS, dst, constants); instructions address a buffer
-and a byte offset. Every retired instruction is counted by mnemonic, with the bytes it loaded or stored;
-while ``tracing`` is on, instructions append a readable line to ``log``.
-"""
+The layout of each register: docs/emulator.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""SVE / SME / SME2 instructions (streaming mode), each a small numpy function over a :class:`Machine`.
+"""SVE / SME / SME2 instructions (streaming mode), each a small numpy function over a :class:`Machine` that executes
+one instruction with its architectural semantics, counts it and, while tracing, logs it.
 
-Every function executes one instruction with its architectural semantics on the vector lanes, counts it
-(:meth:`Machine.retire`) and, while tracing, logs what it did. Registers are given by number (``z=4`` is z4,
-a multi-vector list ``{z4.b-z7.b}`` by its first register). Predicates: P registers hold one flag per byte,
-predicate-as-counter PN registers are held expanded over four vectors (see :mod:`.machine`).
-
-Floating point: IEEE binary32 round to nearest even throughout (numpy float32), FMLA/FMLALB/FMLALT fused
-(single rounding, :func:`.fp.fma_lanes`), SCVTF rounds to nearest even, BFMOPA follows FPCR.EBF = 0
-(:func:`.fp.bf16_outer_pairs`).
-"""
+Register conventions and floating point: docs/emulator.md."""
 
 from __future__ import annotations
 

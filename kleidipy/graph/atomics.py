@@ -1,25 +1,11 @@
 """Atomics, spin-wait hints and a clock for numba nopython code: what the graph executor's threads synchronise and
-time themselves with.
+time themselves with. Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store`, :func:`cpu_pause`,
+:func:`sched_yield` and :func:`monotonic_ns` (numba intrinsics, callable from ``@njit`` code only).
 
-Owns :func:`atomic_add`, :func:`atomic_load`, :func:`atomic_store` on elements of 1-D integer arrays,
-:func:`cpu_pause`, :func:`sched_yield` and :func:`monotonic_ns`. All of them are ``numba.extending.intrinsic``\\ s
-that emit llvmlite IR, so they are callable from ``@njit`` code only (nogil, cacheable). Every atomic is
-sequentially consistent (``seq_cst``), the ordering C11's ``atomic_*`` functions default to: a store publishes
-every write made before it, a load sees every write published before the store it reads.
+Hand-written because numba has no atomics in nopython code (only ``cuda.atomic`` on the GPU target) and no maintained
+library provides them, nor a barrier built on them, usable from inside a numba function.
 
-Hand-written because numba has no atomics in nopython code (only ``cuda.atomic`` on the GPU target) and no
-maintained library provides them, nor a barrier built on them, usable from inside a numba function.
-
-* ``atomic_add(arr, i, v) -> old``, ``atomic_load(arr, i)``, ``atomic_store(arr, i, v)``: ``arr`` a 1-D array of
-  int32/int64 (signed or not), ``i`` an integer index that is **not** bounds-checked (nor wrapped when
-  negative); ``v`` is cast to the array's dtype.
-* ``cpu_pause()``: the spin-loop hint, ``pause`` on x86, ``isb`` on AArch64 (what Rust's ``spin_loop`` emits),
-  nothing elsewhere.
-* ``sched_yield()``: libc's ``sched_yield`` (found with ctypes and registered with LLVM by name, so functions
-  calling it stay cacheable); a no-op where the C library has none.
-* ``monotonic_ns()``: libc's ``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds, the clock of Python's
-  ``time.monotonic_ns()`` (registered the same way); 0 where the C library has none.
-"""
+Their semantics: docs/threads-and-barriers.md."""
 
 from __future__ import annotations
 
@@ -84,7 +70,7 @@ def _check(what: str, arr: types.Type, *ints: types.Type) -> None:
         raise TypingError(f"{what}: integer index and values, got {ints}")
 
 
-def _operands(context, builder, signature, args):  # noqa: ANN001, ANN202
+def _operands(context, builder, signature, args):
     """Pointer to ``arr[i]`` (no bounds check), its alignment, and the further arguments cast to arr's dtype."""
     aryty, idxty = signature.args[:2]
     array = context.make_array(aryty)(context, builder, args[0])
@@ -95,11 +81,11 @@ def _operands(context, builder, signature, args):  # noqa: ANN001, ANN202
 
 
 @intrinsic
-def atomic_add(typingctx, arr, i, v):  # noqa: ANN001, ANN201
+def atomic_add(typingctx, arr, i, v):
     """``old = arr[i]; arr[i] += v`` as one atomic step; returns ``old``."""
     _check("atomic_add", arr, i, v)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         ptr, _, (val,) = _operands(context, builder, signature, args)
         return builder.atomic_rmw("add", ptr, val, _ORDER)
 
@@ -107,11 +93,11 @@ def atomic_add(typingctx, arr, i, v):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def atomic_load(typingctx, arr, i):  # noqa: ANN001, ANN201
+def atomic_load(typingctx, arr, i):
     """``arr[i]``, read atomically."""
     _check("atomic_load", arr, i)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         ptr, align, _ = _operands(context, builder, signature, args)
         return builder.load_atomic(ptr, _ORDER, align)
 
@@ -119,11 +105,11 @@ def atomic_load(typingctx, arr, i):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def atomic_store(typingctx, arr, i, v):  # noqa: ANN001, ANN201
+def atomic_store(typingctx, arr, i, v):
     """``arr[i] = v``, written atomically."""
     _check("atomic_store", arr, i, v)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         ptr, align, (val,) = _operands(context, builder, signature, args)
         builder.store_atomic(val, ptr, _ORDER, align)
         return context.get_dummy_value()
@@ -132,10 +118,10 @@ def atomic_store(typingctx, arr, i, v):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def cpu_pause(typingctx):  # noqa: ANN001, ANN201
+def cpu_pause(typingctx):
     """The CPU's spin-wait hint (``pause`` / ``isb``; nothing on other targets)."""
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         if _PAUSE is not None:
             name, operands = _PAUSE
             fnty = ir.FunctionType(ir.VoidType(), [op.type for op in operands])
@@ -146,10 +132,10 @@ def cpu_pause(typingctx):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def sched_yield(typingctx):  # noqa: ANN001, ANN201
+def sched_yield(typingctx):
     """Give the rest of this thread's time slice to another runnable thread (libc ``sched_yield``)."""
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         if HAS_SCHED_YIELD:
             fnty = ir.FunctionType(ir.IntType(32), [])
             builder.call(cgutils.get_or_insert_function(builder.module, fnty, _YIELD_SYMBOL), [])
@@ -159,10 +145,10 @@ def sched_yield(typingctx):  # noqa: ANN001, ANN201
 
 
 @intrinsic
-def monotonic_ns(typingctx):  # noqa: ANN001, ANN201
+def monotonic_ns(typingctx):
     """Nanoseconds of CLOCK_MONOTONIC (libc ``clock_gettime``, ``time.monotonic_ns()``'s clock); 0 without one."""
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         i64 = ir.IntType(64)
         if not HAS_CLOCK:
             return ir.Constant(i64, 0)

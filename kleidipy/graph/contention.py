@@ -1,14 +1,10 @@
 """How many threads a run of the compiled plan takes (:class:`ThreadChoice`), and how many of this process's cores
-other processes want right now (:func:`free_cores`): the runnable tasks on the machine that are not this process's
-own threads (Linux: the running count of ``/proc/loadavg`` less this process's threads in state R, under
-``/proc/self/task``), and the cores this process may run on (its CPU affinity).
+other processes want right now (:func:`free_cores`).
 
-A run split statically over every worker waits at each barrier for a thread that another process has pushed off its
-core, so with the cores taken it is faster on fewer threads. A decode run measures both counts (it is cheap to
-probe); a prefill run is too long to probe and looks at the free cores instead (the look costs tens of µs).
 Hand-written because no maintained library reads the instantaneous run queue: ``os.getloadavg`` is a one-minute
 average, ``psutil`` reads the same files per process.
-"""
+
+How they are counted and used: docs/threads-and-barriers.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""The compiled forward pass's owner: :class:`CompiledForward` holds a model's plan, its buffers (grown to the
-largest ubatch seen) and the persistent workers (:class:`~kleidipy.graph.workers.Workers`, started once), and starts
-each run of the compiled walk (:mod:`kleidipy.graph.walk`) — the same bits at every thread count and as the eager
-path (:mod:`kleidipy.runtime.layers`). Per ubatch Python only fills the run's table (the token count and the addresses
-of the arrays that change; for a decoded token the run's entry point sets it, :func:`~kleidipy.graph.walk.decode_run`)
-and starts the run — which embeds the tokens itself when the embedding has a compiled GET_ROWS and writes the logits
-into the caller's array —, calling the compiled function past numba's type dispatch, with every array in one address
-table; the workers stay in :func:`~kleidipy.graph.walk.serve_plan` between runs and take the next one without the GIL,
-and thread 0 publishes such a run, takes its share and waits for the workers' end in one compiled call
-(:func:`~kleidipy.graph.walk.lead_plan`): a decoded token is one compiled call from Python.
-"""
+"""The compiled forward pass's owner: :class:`CompiledForward` holds a model's plan, its buffers and the persistent
+workers, and starts each run of the compiled walk (:mod:`kleidipy.graph.walk`): a decoded token is one compiled call
+from Python.
+
+What Python does per ubatch: docs/compiled-plan-execution.md."""
 
 from __future__ import annotations
 
@@ -60,7 +54,7 @@ def entry_point(fn: numba.core.registry.CPUDispatcher, args: tuple) -> Callable[
 
 
 class CompiledForward:
-    """A model's forward pass as a compiled plan on ``threads`` persistent workers (module docstring)."""
+    """A model's forward pass as a compiled plan on ``threads`` persistent workers (docs/compiled-plan-execution.md)."""
 
     def __init__(self, lm: PlannedModel, threads: int = 1, adaptive: bool = True) -> None:
         self.lm = lm
@@ -105,9 +99,17 @@ class CompiledForward:
         self._logits: np.ndarray | None = None  # (the last decoded token's, and its address)
         self._logits_at = 0
         self._decode_slots[:RUN_TOKEN] = (
-            1, self._untimed.ctypes.data, 0, self._one_segment.ctypes.data, 1, self._first_row.ctypes.data, 1, 0,
-            self._n_logits, self._run_slots.ctypes.data + RUN_TOKEN * self._run_slots.itemsize,
-        )  # fmt: skip
+            1,
+            self._untimed.ctypes.data,
+            0,
+            self._one_segment.ctypes.data,
+            1,
+            self._first_row.ctypes.data,
+            1,
+            0,
+            self._n_logits,
+            self._run_slots.ctypes.data + RUN_TOKEN * self._run_slots.itemsize,
+        )
         #: run_alone and lead_plan compiled for the types of the arguments (None: not known yet)
         self._alone = self._lead = None
         #: the KV cache whose decoded tokens take decode's short way (None: none yet, or the arguments changed)
@@ -160,10 +162,26 @@ class CompiledForward:
             kc, vc, cell = self._kv
             code, rows, scale = self._embd
             arrays = [  # (rows A_*)
-                self.plan.nodes, self.plan.fparams, self._buffers, self._rhs, self._sizes, self._params,
-                self._vectors, self._cos, self._sin, self._neox, self._gelu, kc, vc, self._lhs, self._scratch,
-                self._status, rows, self._run_slots, self._decode_slots,
-            ]  # fmt: skip
+                self.plan.nodes,
+                self.plan.fparams,
+                self._buffers,
+                self._rhs,
+                self._sizes,
+                self._params,
+                self._vectors,
+                self._cos,
+                self._sin,
+                self._neox,
+                self._gelu,
+                kc,
+                vc,
+                self._lhs,
+                self._scratch,
+                self._status,
+                rows,
+                self._run_slots,
+                self._decode_slots,
+            ]
             self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
             table = self._arrays_table.ctypes.data
             self._static = (table, cell, self._kv_caches[0].f16, self.plan.logits, code, scale)
@@ -252,9 +270,18 @@ class CompiledForward:
         logits = np.empty((keep.size, self._n_logits), np.float32)
         args = self._static_args()
         self._run_slots[:] = (
-            m, prof.ctypes.data, prof.shape[0], segs.ctypes.data, segs.shape[0], keep.ctypes.data, keep.size,
-            logits.ctypes.data, self._n_logits, ids.ctypes.data, 0,
-        )  # fmt: skip
+            m,
+            prof.ctypes.data,
+            prof.shape[0],
+            segs.ctypes.data,
+            segs.shape[0],
+            keep.ctypes.data,
+            keep.size,
+            logits.ctypes.data,
+            self._n_logits,
+            ids.ctypes.data,
+            0,
+        )
         self._status[:STATUS_PER_RUN] = 0
         self._launch(args, ids, m, threads, watchers, prof, logits.shape[0])
         return logits

@@ -1,20 +1,8 @@
-"""The MUL_MAT node of the compiled plan: a prepared matmul's routines, its LHS packing and the thread split,
-callable from numba code. The plan never names a kernel family: :func:`node_kernel` asks the kernel's family (through
-the catalogue's table) for its :class:`~kleidipy.core.node.NodeKernel` — C routines and one int64 parameter record —
-and the compiled entry points call the routines by address:
+"""The MUL_MAT node of the compiled plan: a prepared matmul's routines (:func:`node_kernel`), its LHS packing
+(:func:`pack_lhs`) and the thread split (:func:`matmul`, :func:`split`), callable from numba code; the plan never
+names a kernel family.
 
-* :func:`pack_lhs` ``(params, x, m, out, ith, nth) -> bool``: thread ith quantizes+packs its share of whole mr-row
-  groups of the float32 rows ``x[:m]`` into the uint8 buffer ``out`` (at least ``NodeKernel.lhs_bytes(m)`` bytes) —
-  together the threads write exactly the bytes ``prepared.pack(x[:m])`` gives (for the f32 kernel: the rows' bytes).
-  Returns False when the rows of its share hold a NaN/Inf (nothing of that share is then packed); the caller puts a
-  barrier after it.
-* :func:`matmul` ``(params, m, n, lhs, rhs, out, ith, nth)``: thread ith computes its block of the packed LHS ×
-  the packed weights ``rhs`` (``prepared.rhs``) into ``out[:m]`` (float32 [≥ m, n]), clamped to ±FLT_MAX:
-  llama.cpp's share of the columns — per = roundup(ceil(n / nth), n_step), columns [ith·per, min(n, (ith + 1)·per))
-  — or, when that splits unevenly and whole mr-row groups split better, a share of the row groups with all the
-  columns (:func:`split`). Every output is computed alone, so it is the bits ``prepared.matmul(prepared.pack(x),
-  m)`` gives, at every nth and either split.
-"""
+The entry points' contracts: docs/compiled-plan-execution.md."""
 
 from __future__ import annotations
 
@@ -85,7 +73,8 @@ def _finite(x, r0, r1):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def pack_lhs(params, x, m, out, ith, nth):  # pragma: no cover - compiled
-    """Thread ith's share of the LHS quantize+pack of x[:m] into out (module docstring). False on NaN/Inf."""
+    """Thread ith's share of the LHS quantize+pack of x[:m] into out (docs/compiled-plan-execution.md). False on
+    NaN/Inf."""
     mr = params[P_MR]
     g0, g1 = share((m + mr - 1) // mr, ith, nth)
     r0, r1 = g0 * mr, min(m, g1 * mr)
@@ -117,9 +106,9 @@ def mul_mat(ith, nth, sync, params, x, m, lhs, rhs, out, n, status, prof, node):
 
 @numba.njit(cache=True, nogil=True)
 def split(m, n, mr, n_step, ith, nth):  # pragma: no cover - compiled
-    """Thread ith's block [r0, r1) x [n0, n1) of an m x n MUL_MAT (module docstring): llama.cpp's share of the
-    columns, unless whole mr-row groups split more evenly (the longest share is shorter) — a prefill whose n has an
-    odd count of n_step chunks (576 = 9 x 64 on two threads: 5 chunks for one, 4 for the other)."""
+    """Thread ith's block [r0, r1) x [n0, n1) of an m x n MUL_MAT (docs/compiled-plan-execution.md): llama.cpp's
+    share of the columns, unless whole mr-row groups split more evenly (the longest share is shorter) — a prefill
+    whose n has an odd count of n_step chunks (576 = 9 x 64 on two threads: 5 chunks for one, 4 for the other)."""
     per = ((n + nth - 1) // nth + n_step - 1) // n_step * n_step
     groups = (m + mr - 1) // mr
     if (groups + nth - 1) // nth * ((n + n_step - 1) // n_step) < groups * (per // n_step):
@@ -130,7 +119,7 @@ def split(m, n, mr, n_step, ith, nth):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def matmul(params, m, n, lhs, rhs, out, ith, nth):  # pragma: no cover - compiled
-    """Thread ith's block of the MUL_MAT (:func:`split`) into out[:m] (module docstring)."""
+    """Thread ith's block of the MUL_MAT (:func:`split`) into out[:m] (docs/compiled-plan-execution.md)."""
     mr, nr = params[P_MR], params[P_NR]
     r0, r1, n0, n1 = split(m, n, mr, params[P_N_STEP], ith, nth)
     if n0 >= n1 or r0 >= r1:

@@ -1,18 +1,8 @@
-"""The plan of one ubatch: the forward pass as an ordered node list over preallocated buffers, as ggml builds a graph.
+"""The plan of one ubatch: the forward pass as an ordered node list over preallocated buffers, as ggml builds a
+graph. :class:`PlanBuilder` is what an architecture describes its blocks to; :func:`build_plan` freezes a model's
+nodes into the tables the compiled executor reads.
 
-:class:`PlanBuilder` is what an architecture describes its blocks to (``block.plan(builder, x)``, beside the block's
-eager ``__call__``, and so do the shared layers: ``attention.plan(builder, x)``): each call appends a node and
-returns the buffer it writes. :func:`build_plan` walks a model (:class:`~kleidipy.graph.model.PlannedModel`) — its
-blocks, the final norm and the LM head — and freezes the nodes into the integer/float tables the compiled executor
-(:mod:`kleidipy.graph.execute`) reads.
-
-A node is one int64 row ``[op, a, b, c, d, e, f, g]`` (operands are buffer, weight, vector or table indices; see the
-``OP_*`` constants) plus one float64 parameter (eps or a scale). Buffers are float32 ``[rows, width]`` arrays with
-as many rows as the largest ubatch run so far; a node works on the ``rows`` rows that are live at that point of the
-pass (all m tokens, or after :meth:`PlanBuilder.keep` only the rows whose logits are wanted, like llama.cpp's
-``inp_out_ids``). A ubatch may hold several sequences (segments of rows, each with its own KV cache and positions):
-ROPE, STORE_KV and ATTENTION run per segment, every other node over all the rows at once.
-"""
+The node and buffer layout: docs/compiled-plan-execution.md."""
 
 from __future__ import annotations
 
@@ -86,7 +76,7 @@ def _written(row: list[int]) -> tuple[int, ...]:
 
 @dataclass
 class PlanBuilder:
-    """Collects nodes, buffers, weights, vectors and RoPE tables (see the module docstring)."""
+    """Collects nodes, buffers, weights, vectors and RoPE tables (see docs/compiled-plan-execution.md)."""
 
     widths: list[int] = field(default_factory=list)
     nodes: list[list[int]] = field(default_factory=list)

@@ -1,15 +1,12 @@
-"""Arrays reached through a table of addresses inside compiled code: how the plan's executor gets its lists of arrays
-(activation buffers, packed weights, norm vectors, RoPE tables, KV caches) at every run.
+"""Arrays reached through a table of addresses inside compiled code: :func:`address_table` and the ``@njit``
+accessors :func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d`. The caller keeps the arrays alive for as
+long as it passes their table.
 
-Owns :func:`address_table` (Python: the int64 table of a list of C-contiguous arrays) and the ``@njit`` accessors
-:func:`f32_1d`, :func:`f32_2d`, :func:`u8_1d` and :func:`like_4d` (any dtype, given by a scalar of it), which
-rebuild row ``i`` of a table as an array view (no copy, no reference count; one array at an address:
-:mod:`kleidipy.core.pointers`).
-Hand-written because numba's typed List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs per
-List argument at every call (numba types and unboxes it in Python), which the plan paid seven times per decoded token on
-every thread; a table is one array argument (~0.1 µs). The caller keeps the arrays alive for as long as it passes their
-table.
-"""
+Hand-written because numba's typed List, the maintained way to hand a list of arrays to nopython code, costs ~7 µs
+per List argument at every call, which the plan paid seven times per decoded token on every thread; a table is one
+array argument (~0.1 µs).
+
+Details: docs/compiled-plan-execution.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """The compiled walk over a plan's node list: every worker thread runs :func:`run_plan`, as ggml-cpu's
-``ggml_graph_compute_thread`` does, taking its share of each node by thread index ith/nth with a barrier between
-nodes — no Python between nodes. :func:`serve_plan` is the workers' loop between runs of the same arguments;
-:func:`run_alone` and :func:`lead_plan` are thread 0's entry points (a run on the caller alone, or on the workers
-with thread 0 leading), each setting a decoded token's run table itself (:func:`decode_run`). Also the layouts they
-read: the table of array addresses (rows ``A_*``), a run's table (slots ``RUN_*``), the status (``STATUS_*``).
+``ggml_graph_compute_thread`` does, taking its share of each node by thread index with a barrier between nodes. Also
+:func:`serve_plan`, :func:`run_alone`, :func:`lead_plan`, :func:`decode_run` and the layouts they read (rows ``A_*``,
+slots ``RUN_*``, ``STATUS_*``).
 
-Shares: a MUL_MAT packs the activations (quantize+pack, mr-row groups) — unless the previous MUL_MAT packed the
-same input the same way (K and V after Q, up after gate: the plan marks them) — and then splits the columns in
-multiples of n_step, or the mr-row groups when those split more evenly (:mod:`kleidipy.graph.matmul`); RoPE and the
-KV-cache write split the heads, attention the heads or, when they do not split evenly, groups of rows (each thread
-running its share over every segment of the ubatch: the rows of one sequence, with its own KV cache and positions);
-the elementwise nodes split the rows. Every share is computed exactly as the whole is, so the result is the same bits
-at every thread count — and the same bits as the eager path (:mod:`kleidipy.runtime.layers`), which runs the same op
-functions (:mod:`kleidipy.ops.elementwise`, :mod:`kleidipy.ops.attention`) and the same kernels node by node from
-Python. Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
+Hand-written because the executor must call the kernels and ops from compiled code on persistent threads; no
 maintained library runs a numba graph that way.
-"""
+
+Entry points and each node's share: docs/compiled-plan-execution.md."""
 
 from __future__ import annotations
 
@@ -88,7 +79,7 @@ def run_plan(ith, nth, sync, table, cell, f16, logits_buffer, embd_code, embd_sc
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address
     tables kcaches/vcaches, of the type of the scalar ``cell``), keeping the rows ``keep`` at the KEEP
-    node (see the module docstring); the MUL_MAT into buffer ``logits_buffer`` writes into ``logits`` instead
+    node (see docs/compiled-plan-execution.md); the MUL_MAT into buffer ``logits_buffer`` writes into ``logits`` instead
     (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the thread records per
     node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for other nodes) and
     of its end (each before the barrier that follows). With ``embd_code`` >= 0 the run first embeds the tokens ``ids``

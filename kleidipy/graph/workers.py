@@ -1,28 +1,11 @@
-"""Persistent worker threads and the barrier they meet at, the way ggml-cpu's threadpool runs a graph.
+"""Persistent worker threads and the barrier they meet at, the way ggml-cpu's threadpool runs a graph: owns
+:func:`barrier` (callable from ``@njit`` code), :class:`Workers` (the threads) and the layout of the ``sync`` array
+they share. Built on :mod:`kleidipy.graph.atomics`.
 
-Owns :func:`barrier` (callable from ``@njit`` code), :class:`Workers` (the threads) and the layout of the
-``sync`` array they share. N threads each call the same compiled function ``fn(ith, nth, sync, *args)``; it
-walks the graph's node list, takes its share of each node by thread index ``ith`` of ``nth`` and calls
-``barrier(sync, nth)`` between dependent nodes. Thread 0 is the caller of :meth:`Workers.run`; threads 1..nth-1
-are started once and live until :meth:`Workers.close`.
+Hand-written because no maintained library offers a barrier usable inside numba code, and a Python-level pool
+(``concurrent.futures``, ``threading.Barrier``) costs tens of µs per hand-off, which a decode step pays per node.
 
-Hand-written because no maintained library offers a barrier usable inside numba code, and a Python-level
-pool (``concurrent.futures``, ``threading.Barrier``) costs tens of µs per hand-off, which a decode step pays
-per node. Built on :mod:`kleidipy.graph.atomics`.
-
-``sync`` (int64, 64-byte aligned, every slot 0 when ``fn`` starts): slots ``0 .. SYNC_FIRST_FREE-1`` (0..7) are
-the barrier's: ``SYNC_ARRIVED`` (threads at the current barrier), ``SYNC_GENERATION`` (barriers passed),
-``SYNC_ABORT`` (a thread raised: the others' barriers raise :class:`WorkerAborted` instead of waiting forever).
-Slots ``SYNC_FIRST_FREE ..`` are the executor's (chunk counters and the like).
-
-Idle workers wait for the next run in compiled code, spinning on an atomic job counter for about
-``IDLE_SPIN_US`` (a token-by-token decode loop then pays no sleep/wake per token), then sleep on a
-``threading.Condition`` (no CPU burnt while idle). A run may name a ``serve`` loop (:meth:`Workers.run`): the
-workers then stay inside it between runs of the same job, and take the next run without the GIL — a worker that
-came back to Python after each run would wait for the GIL, held by thread 0's Python, at every token. It may name a
-``lead`` too: thread 0 then publishes such a run, takes its share and waits for the workers' end in one compiled
-call (:func:`post_again`, :func:`wait_done`), instead of three calls and their Python around them.
-"""
+Details (the ``sync`` slots, idle waiting, serve and lead runs): docs/threads-and-barriers.md."""
 
 from __future__ import annotations
 
@@ -405,7 +388,7 @@ class Workers:
     ) -> Any:
         """Run ``fn(ith, nth, sync, *args)`` on every thread; returns what thread 0's call returned when all
         returned, re-raising the exception a thread raised (the first one that is not the others' WorkerAborted).
-        ``sync`` is all zeros at the start of each run (see the module docstring for its slots).
+        ``sync`` is all zeros at the start of each run (see docs/threads-and-barriers.md for its slots).
 
         ``serve``: a compiled (nogil) loop ``serve(ith, nth, sync, ctl, seq, spin_ns, *args) -> int`` that
         threads 1..nth-1 call instead of ``fn``: it runs ``fn``'s work for job ``seq``, then ``seq = next_run(ctl,

@@ -1,20 +1,11 @@
 """Causal attention over the KV cache as compiled tiles, with one fixed order of operations: llama.cpp's attention
-without flash attention (``mul_mat(k, q)`` -> ``soft_max_ext`` -> ``mul_mat(v, kq)``) as ggml-cpu computes it on Arm
-(NEON, F16 or F32 cache), stated in :func:`attention`.
+without flash attention as ggml-cpu computes it on Arm (NEON, F16 or F32 cache), stated in :func:`attention`. Also
+owns the layout of a layer of the KV cache (:func:`store_kv` writes it, :func:`cells` reads it).
 
-Also owns the layout of a layer of the KV cache (:func:`store_kv` writes it, :class:`~kleidipy.runtime.kv_cache.
-KVCache` allocates it, :func:`cells` gives its F16 values as the bits the tiles read), in blocks of 16 cells, the
-lanes the tiles take: K ``[n_head_kv, nb, head_dim·16]`` (block b holds dimension c of cell 16·b + i at
-``[b, 16·c + i]``: KQ reads each block as one stream) and V lane-major ``[n_head_kv, 16, nb·head_dim]`` (cell j's row
-at ``[j % 16, (j // 16)·head_dim ...]``: KQV reads each lane's rows as one stream), nb = n_ctx / 16 rounded up. With
-a layout by dimension (K transposed, V by rows) a decode's KQ read 64 rows of K at once and KQV every 16th row of V:
-from a cold cache (every decoded token's: the weights went through it since) that took 2x the time.
+The inner tiles are llvmlite IR: numba does not vectorize these loops over 16 lanes of 16 cells into 512-bit
+registers by itself.
 
-Both executions call :func:`attention`: the eager path (:mod:`kleidipy.runtime.layers`) over all heads, the
-compiled graph (:mod:`kleidipy.graph.walk`) per worker over the heads it owns. The inner tiles are llvmlite IR
-(numba does not vectorize these loops over 16 lanes of 16 cells into 512-bit registers by itself); the order of
-every sum is the one stated, whatever the tile, so every path gives the same bits.
-"""
+The cache layout and why: docs/attention.md."""
 
 from __future__ import annotations
 
@@ -52,7 +43,7 @@ def attention_scratch_size(n_ctx: int, head_dim: int) -> int:
 
 
 def cache_blocks(n_ctx: int) -> int:
-    """Blocks of 16 cells of a cache of n_ctx cells (the layout: module docstring)."""
+    """Blocks of 16 cells of a cache of n_ctx cells (the layout: docs/attention.md)."""
     return -(-n_ctx // LANES)
 
 
@@ -66,7 +57,7 @@ def cells(a: np.ndarray) -> np.ndarray:
 def store_kv(k, v, kc, vc, start, m, h0, h1):
     """Write K and V of rows 0..m-1 (k, v [m, n_head_kv*head_dim] float32) into KV heads h0..h1-1 of one layer of
     the cache at positions start..start+m-1, kc [n_head_kv, nb, head_dim·16] and vc [n_head_kv, 16, nb·head_dim]
-    (module docstring): a uint16 array of F16 bits (the F16 cache, rounded to nearest even as numpy's astype) or
+    (docs/attention.md): a uint16 array of F16 bits (the F16 cache, rounded to nearest even as numpy's astype) or
     float32."""
     d = kc.shape[2] // LANES
     for h in range(h0, h1):
@@ -134,7 +125,7 @@ def _kq_rows(typingctx, qv, k, c_stride, b_stride, b0, blocks, s, o0, nr):  # pr
     sig = types.void(qv, k, i64, i64, i64, i64, s, i64, i64)
     f16 = k.dtype == types.uint16
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         b = builder
         q_p, k_p, s_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 6))
         c_stride, b_stride, b0, blocks_v, o0, nr = args[2], args[3], args[4], args[5], args[7], args[8]
@@ -212,7 +203,7 @@ def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile tim
     ``e * (float)(1/sum)``."""
     sig = types.void(types.int64, types.int64, types.float32, types.boolean, s)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         b = builder
         jlo, jhi, sc, f16 = args[:4]
         s_p = vnni.array_ptr(context, b, signature.args[4], args[4])
@@ -298,7 +289,7 @@ def _kqv_rows(typingctx, w, v, l_stride, b_stride, base, j0, blocks, tail, acc, 
     sig = types.void(w, v, i64, i64, i64, i64, i64, i64, acc, i64)
     f16 = v.dtype == types.uint16
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         b = builder
         w_p, v_p, acc_p = (vnni.array_ptr(context, b, signature.args[i], args[i]) for i in (0, 1, 8))
         l_stride, b_stride, base, j0, blocks_v, tail, nr = args[2], args[3], args[4], args[5], args[6], args[7], args[9]
@@ -438,7 +429,7 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     """Heads h0..h1-1, of them the groups of ROWS rows g0, g0 + gstep, g0 + 2·gstep, ... (all rows: 0, 1), of causal
     attention of q [m, n_head, d] (after RoPE; row i at position p = start + i) over
     the first n_kv cells of one cache layer, K kc [n_head_kv, nb, d·16] and V vc [n_head_kv, 16, nb·d] (the layout
-    of the module docstring; uint16 F16 bits, or float32; :func:`store_kv`), into out
+    of docs/attention.md; uint16 F16 bits, or float32; :func:`store_kv`), into out
     [m, n_head*d]. Head h reads KV head h // (n_head / n_head_kv) (GQA). ``window`` > 0 also masks cell j when
     ``p - j >= window`` (LLAMA_SWA_TYPE_STANDARD). ``scratch``: float32, :func:`attention_scratch_size` elements,
     one per thread. Numerics (llama.cpp without flash attention, ggml-cpu on NEON), per row and head:

@@ -1,28 +1,12 @@
-"""The elementwise, reduction and attention nodes of the transformer forward pass as compiled kernels, each with one
-fixed order of operations: ggml-cpu's algorithms as they run on Arm (aarch64 NEON, no FP16 vector arithmetic).
+"""The elementwise and reduction nodes of the forward pass (:func:`expf`, :func:`rms_norm`, :func:`swiglu`,
+:func:`geglu`, :func:`rope`, the KV cache's cells) as compiled kernels, each with one fixed order of operations:
+ggml-cpu's algorithms as they run on Arm (aarch64 NEON). The eager path and the compiled graph call these same
+functions.
 
-Both executions call these same functions: the eager path (:mod:`kleidipy.runtime.layers`) over all rows or heads
-from Python, the compiled graph (:mod:`kleidipy.graph.walk`) from numba code, each worker thread passing the rows
-(``r0:r1``) or heads (``h0:h1``) it owns. Every row and head is computed the same way whoever computes it, so the
-result is the same bits on every host, at every thread count and in both executions. They are hand-written because
-no maintained library states these orders: numpy's ``exp``, ``sum`` and BLAS products differ between hosts and
-builds, and they are what makes a forward pass reproducible bit for bit.
+Hand-written because no maintained library states these orders: numpy's ``exp``, ``sum`` and BLAS products differ
+between hosts and builds, and they are what makes a forward pass reproducible bit for bit.
 
-Inputs and outputs are C-contiguous float32 arrays unless stated; "in f32" means every step rounded to float32.
-
-* :func:`expf`: ``ggml_v_expf`` (the NEON variant, adapted from Arm's optimized routines), one lane of it, with its
-  fused multiply-adds; ggml's vector loops use it for every element (their scalar tails call libm's ``expf``:
-  here every element takes this one, so the result does not depend on where a row starts).
-* :func:`rms_norm`: ``ggml_compute_forward_rms_norm_f32`` then ``ggml_mul``: the squares (f32) summed in f64 in
-  increasing index, ``mean`` rounded to f32, ``scale = 1/sqrtf(mean + eps)`` in f32, ``(x * scale) * w``.
-* :func:`swiglu`: ``ggml_vec_swiglu_f32``: ``silu(g) * up`` with ``silu(g) = g / (1 + expf(0 - g))`` (ggml_v_silu).
-* :func:`geglu`: ``ggml_vec_geglu_f32`` with GGML_GELU_FP16: the F16-table GELU of the gate (:func:`gelu_f16_table`,
-  its ``tanhf`` as :func:`libm_f32` computes glibc's float functions), times up.
-* :func:`rope`: ggml_rope_ext's rotation of each pair by the angles of a cos/sin table (adjacent pairs or NEOX
-  halves), one product of each of ``x0*c - x1*s`` and ``x0*s + x1*c`` fused as GCC fuses them on AArch64.
-* the cells of llama.cpp's KV cache (F16 or F32: ``_load_cell``, ``_store_cell``); the cache's layout, its write and
-  the attention over it are :mod:`kleidipy.ops.attention`'s.
-"""
+The order of each op: docs/elementwise-ops.md."""
 
 from __future__ import annotations
 
@@ -115,7 +99,7 @@ def expf(x):
 
 @numba.njit(cache=True, nogil=True)
 def rms_norm(x, w, eps, out, r0, r1):
-    """Rows r0..r1-1 of out [m, n] = RMSNorm of x [m, n] times w [n] (module docstring); out may alias x."""
+    """Rows r0..r1-1 of out [m, n] = RMSNorm of x [m, n] times w [n] (docs/elementwise-ops.md); out may alias x."""
     n = x.shape[1]
     eps32 = np.float32(eps)
     r = r0
@@ -293,7 +277,7 @@ def _store_cell_impl(cache, value):  # pragma: no cover - compile time
     if cache.dtype == types.uint16:
         if _NATIVE_F16:  # one instruction instead of the bit arithmetic (store_kv 3x faster); NaN by numpy's rule
 
-            def native(cache, value):  # noqa: ANN001, ANN202
+            def native(cache, value):
                 x = np.float32(value)
                 return _fptrunc_f16(x) if x == x else f32_to_f16_bits_scalar(f32_bits(x))
 

@@ -1,17 +1,8 @@
-"""The CPU backend, as ggml-cpu's KleidiAI trait: repack every matmul weight once at load, then run MUL_MAT.
+"""The CPU backend, as ggml-cpu's KleidiAI trait: repack every matmul weight once at load (:class:`KleidiBackend`,
+through a :class:`~kleidipy.runtime.repack_cache.RepackCache` when given one), then run MUL_MAT
+(:func:`compute_forward_mul_mat`: the GEMM when m > 1, the GEMV when m == 1).
 
-At load (:meth:`KleidiBackend.__call__`, a :class:`~kleidipy.runtime.weights.LinearFactory`), a GGUF weight is
-turned into the RHS packer's inputs (Q4_0 blocks verbatim; Q8_0 requantized per channel as llama.cpp does;
-Q4_1 and Q4_K codes + f32 scale/offset per 32 values, exact; F16/F32 as f32 K×N) and packed with the GEMM
-kernel the target selects — one packed copy serves the GEMM and the GEMV of the pair. Other GGUF types are
-dequantized and requantized, with a one-line notice: those of 5 bits or more (Q5_0, Q6_K, ...) per channel to
-int8 in one rounding of their exact values (the Q8_0 family's own format: least loss, measured in README), the
-narrower ones to Q4_0. With a
-:class:`~kleidipy.runtime.repack_cache.RepackCache`, a weight packed at an earlier load for the same target is read
-back instead (bit-identical bytes) and every weight of the load is recorded for the next one. At run time
-:func:`compute_forward_mul_mat` quantizes+packs the activations with the chosen kernel's LHS packer and runs the
-GEMM when m > 1, the GEMV when m == 1.
-"""
+How each GGUF type reaches a packer: docs/weights-and-repacking.md."""
 
 from __future__ import annotations
 
@@ -86,7 +77,7 @@ def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray
 
 @dataclass
 class KleidiBackend:
-    """LinearFactory that repacks GGUF weights for the target's kernels (see module docstring)."""
+    """LinearFactory that repacks GGUF weights for the target's kernels (see docs/weights-and-repacking.md)."""
 
     target: Target
     execution: str = "jit"

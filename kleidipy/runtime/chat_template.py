@@ -1,21 +1,8 @@
-"""Chat prompts: render a GGUF's ``tokenizer.chat_template`` (Jinja2, sandboxed) the way llama-cpp-python does.
+"""Chat prompts: render a GGUF's ``tokenizer.chat_template`` (Jinja2, sandboxed) the way llama-cpp-python does; a
+GGUF without a template gets ChatML. A template is untrusted code: a render has a budget and size limits, and any
+error it raises becomes a :class:`ChatTemplateError` of one line.
 
-The environment matches llama-cpp-python's ``Jinja2ChatFormatter`` (immutable sandbox, ``trim_blocks`` and
-``lstrip_blocks``), and the template sees ``messages``, ``bos_token`` / ``eos_token`` (the vocabulary texts of
-the BOS / EOS ids), ``add_generation_prompt``, ``raise_exception`` and ``strftime_now``, plus ``tools`` and
-friends (None unless given). A GGUF without a template gets ChatML. The rendered prompt is meant to be tokenized
-with ``parse_special=True`` so that the markers become their control tokens.
-
-A template comes from the model file, so it is untrusted code: besides the sandbox, a render has a budget (the
-items ``range()``, repetition ``*`` and a sum of lists make, the time: checked at every call, filter, operator,
-loop step and output piece), nothing may grow past a size limit (a power ``**`` or product of numbers, a string or
-list made by ``+``, ``~``, ``join``, ``replace``, ``indent``, ``format`` / ``%``, ``string``, ``tojson``, ...,
-a number handed to a function or filter such as ``center(n)``, a format width, a block's text, the output: each is
-estimated before it is made, and whatever a call or filter returns is measured; all a render makes has a limit
-too, so that many strings within the limit cannot fill the memory either), ``str.translate``,
-``str.maketrans`` and ``str.expandtabs`` are not available, and any error it raises (a bad operation, a recursion
-too deep, memory) becomes a :class:`ChatTemplateError` of one line.
-"""
+The environment and the limits: docs/chat-templates.md."""
 
 from __future__ import annotations
 
@@ -343,7 +330,7 @@ def _check_text_method(method: Any, args: tuple[Any, ...], kwargs: Mapping[str, 
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox with the limits of the module docstring (the budget is the current ``_BUDGET``):
+    """The immutable sandbox with the limits of docs/chat-templates.md (the budget is the current ``_BUDGET``):
     every ``for`` loop's iterable goes through :meth:`budgeted`, every call and filter checks the time and the
     sizes, ``{{ ... }}`` values pass :func:`_finalize` and block texts :func:`_limited_concat`."""
 

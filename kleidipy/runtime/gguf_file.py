@@ -1,16 +1,8 @@
 """GGUF files as a container: open (memory-mapped, the header parsed here in one pass), validate the format, and
 expose metadata and tensors. Format facts only: what a model needs of a file is in :mod:`kleidipy.runtime.model_file`
-and the architecture modules.
+and the architecture modules. Every bad input raises a :class:`GGUFError` subclass.
 
-Validation covers what llama.cpp checks of the container: magic, version (2 or 3), little-endian, every header read
-inside the file, unique keys and tensor names, alignment, every tensor's type, row length and data range inside the
-file (aligned). Every bad input raises a :class:`GGUFError` subclass whose one-line message names the file and the
-problem.
-
-Opening is fast because the header is read with ``struct`` from the map (a vocabulary's strings in one tight loop,
-numeric arrays as numpy views) rather than as ``gguf.GGUFReader``'s per-item numpy records. Tensor data is never
-copied: :attr:`Tensor.data` is a uint8 view into the file's memory map.
-"""
+What is validated, and why opening is fast: docs/gguf.md."""
 
 from __future__ import annotations
 

@@ -1,32 +1,9 @@
-"""Grammar-constrained sampling: OpenAI's ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's
-GBNF grammars, as the first step of the sampler chain (llama.cpp's grammar sampler).
+"""Grammar-constrained sampling: OpenAI's ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's GBNF
+grammars, as the first step of the sampler chain. Owns :class:`Grammar` (compiled and validated when made),
+:func:`response_format_grammar` and the per-sequence :class:`GrammarMatcher`; the matching is llguidance's, this
+module adapts kleidipy's vocabulary to it.
 
-:class:`Grammar` is a compiled, validated constraint; :func:`response_format_grammar` makes one from an OpenAI
-``response_format`` object. :meth:`Grammar.matcher` starts one sequence's :class:`GrammarMatcher`: ``mask``
-gives the logits with every token the grammar does not allow next set to -inf (before penalties, top-k, ...:
-llama.cpp's ``grammar_first`` order), ``accept`` advances it by the sampled token, and ``done`` says that the
-grammar is complete (the generation stops with finish reason "stop"). End-of-generation tokens are allowed exactly
-where the grammar may end.
-
-The matching is llguidance's; this module only adapts kleidipy's vocabulary to it: each token's bytes as
-``token_to_piece`` gives them, control tokens (and user-defined tokens written like ``<...>``) marked special the
-way llguidance's llama.cpp adapter marks them, the model's end-of-generation ids as its EOS tokens, and kleidipy's
-exact tokenizer for its re-tokenization.
-
-A grammar is checked when it is made, so that one that cannot be used is refused before anything is generated:
-llguidance validates it, a JSON schema's is started on a vocabulary of the 256 bytes (a schema no text can start,
-such as ``{"$ref": "#"}``, or an unsatisfiable one fails there; a GBNF / Lark grammar may name special tokens, so it
-meets its vocabulary only in :class:`GrammarMatcher`), and a JSON schema whose ``$ref`` cycles leave no finite
-value (an object that requires itself) or go too deep is refused too. Errors carry a short message of kleidipy's
-own: llguidance's parser state never reaches them.
-
-Why llguidance rather than xgrammar, measured on SmolLM2's 49152-token vocabulary (2-core x86, one thread):
-the library's tokenizer from kleidipy's token bytes 0.19 s (xgrammar 0.03 s; once per model), schema compile +
-matcher 3 ms (xgrammar 8 ms) for a 3-property object schema, a token mask 0.02 ms mean and 0.19 ms worst
-(xgrammar 0.01 / 0.32 ms); this module's whole step (mask, -inf, accept) is 0.07 ms a token, far below a decode
-step. They are as fast as each other, but xgrammar requires torch, transformers and triton (gigabytes of wheels)
-where llguidance has no dependency, and llguidance is the library llama.cpp can build in (``LLAMA_LLGUIDANCE``).
-"""
+Details (matcher, validation, why llguidance, measurements): docs/grammar.md."""
 
 from __future__ import annotations
 
@@ -71,7 +48,7 @@ def _matcher_error(matcher: llguidance.LLMatcher) -> str:
 
 @dataclass(frozen=True)
 class Grammar:
-    """A validated constraint in llguidance's grammar format (see the module docstring)."""
+    """A validated constraint in llguidance's grammar format (see docs/grammar.md)."""
 
     source: str
 
@@ -309,7 +286,7 @@ def _lltokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
 
 
 class GrammarMatcher:
-    """One sequence's grammar state: the grammar step of the sampler chain (see the module docstring)."""
+    """One sequence's grammar state: the grammar step of the sampler chain (see docs/grammar.md)."""
 
     def __init__(self, grammar: Grammar, tokenizer: Tokenizer) -> None:
         self._matcher = llguidance.LLMatcher(_lltokenizer(tokenizer), grammar.source, log_level=0)

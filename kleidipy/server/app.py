@@ -1,20 +1,7 @@
-"""The OpenAI-compatible HTTP server: a Starlette ASGI app over one loaded :class:`~kleidipy.runtime.generate.Engine`.
+"""The OpenAI-compatible HTTP server: a Starlette ASGI app over one loaded :class:`~kleidipy.runtime.generate.Engine`
+(:func:`create_app`).
 
-Routes: ``GET /`` (a chat page for the browser, :data:`CHAT_PAGE`, and the Markdown scripts it loads from
-``GET /static/vendor/...``, :data:`VENDOR`), ``GET /health``, ``GET /v1/models``,
-``GET /v1/models/{id}``, ``POST /v1/chat/completions`` (messages rendered with the GGUF's chat template) and
-``POST /v1/completions``, non-streamed or streamed as server-sent events (``data: {chunk}`` ... ``data: [DONE]``),
-``POST /v1/embeddings`` (mean-pooled, normalized final hidden state), llama-server's ``POST /tokenize`` and
-``POST /detokenize``, and ``GET /metrics`` (Prometheus).
-One model is served: a request may name any model, or none (as with llama-server), and the reply names the real
-one. Bodies must be ``application/json`` of at most ``max_body`` bytes; with an API key every request but the chat
-page's (the page and its scripts) needs ``Authorization: Bearer KEY``. Every error is OpenAI's error object.
-
-Context: ``n_ctx`` of the engine is the total, split evenly between the ``parallel`` slots (llama.cpp server's
-``-c`` / ``-np``). A prompt longer than a slot's context, or ``max_tokens`` above it, is a 400; a generation
-that reaches the end of the context finishes with ``"length"``. Tokenization runs in a worker thread and
-compute in the scheduler's thread, so the event loop only moves bytes.
-"""
+Routes, limits and context: docs/server.md."""
 
 from __future__ import annotations
 
@@ -472,7 +459,7 @@ def create_app(
                 allow_origin_regex=_LOOPBACK.pattern,
                 allow_methods=["*"],
                 allow_headers=["*"],
-            ),  # fmt: skip
+            ),
             *([Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []),
         ],
         exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash},

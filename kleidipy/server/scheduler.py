@@ -1,22 +1,8 @@
-"""Slots and the compute thread: P sequences share one loaded model, each with its own KV cache.
+"""Slots and the compute thread: P sequences share one loaded model, each with its own KV cache. The
+:class:`Scheduler` owns P :class:`Slot` s and the one worker thread that touches the model, and gives every busy slot
+one step in one forward pass (continuous batching, as llama-server does).
 
-Each slot runs a :class:`~kleidipy.runtime.generate.Generation` (the runtime's step machine: prefill chunk by chunk,
-then one token per step).
-
-The :class:`Scheduler` owns P :class:`Slot` s (a :class:`~kleidipy.runtime.kv_cache.KVCache` each) and one worker
-thread, the only one that touches the model. Each round it admits queued jobs (FIFO) into free slots, then gives
-every busy slot one step in ONE forward pass (continuous batching, as llama-server does): every decoding slot's next
-token, then the prefilling slots' next prompt chunks as far as ``n_batch`` rows allow
-(:meth:`~kleidipy.runtime.layers.CausalLM.forward_batch`: the matmuls run once over all the rows, each sequence
-attends over its own cache); then each slot samples from its own logits. A row's logits may depend on the rows it
-shares the pass with (GEMM and GEMV kernels may round differently: the F16 ones do), so a reply may depend on the
-other requests being served, as llama-server's do; with ``deterministic`` each slot steps in a forward pass of its
-own, in slot order, and computes exactly what ``Engine.generate`` computes for the same prompt and seed.
-
-Results go to the asyncio side through the job's queue (``loop.call_soon_threadsafe``); the asyncio side cancels
-a job by setting a flag the worker checks before every step, which frees the slot. An exception in one job fails
-that job only (a batched forward pass that fails is run again slot by slot).
-"""
+Details (rounds, determinism, cancellation): docs/server.md."""
 
 from __future__ import annotations
 
@@ -90,7 +76,7 @@ class Slot:
 
 
 class Scheduler:
-    """P slots over one model, a FIFO queue and the compute thread (see the module docstring)."""
+    """P slots over one model, a FIFO queue and the compute thread (see docs/server.md)."""
 
     def __init__(
         self,

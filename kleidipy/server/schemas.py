@@ -1,20 +1,7 @@
-"""The OpenAI wire format: request validation and the response, chunk and error objects.
+"""The OpenAI wire format: request validation (:func:`parse_chat`, :func:`parse_completion`: every bad value an
+:class:`APIError` naming its ``param``) and the response, chunk and error objects.
 
-Requests are plain JSON objects checked field by field (:func:`parse_chat`, :func:`parse_completion`), so every
-bad value becomes an :class:`APIError` that names the offending ``param``, in OpenAI's error object
-``{"error": {"message", "type", "param", "code"}}``. Supported: ``model``, ``messages`` / ``prompt``,
-``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop`` (a string or up to 4),
-``n`` (up to :data:`MAX_CHOICES`), ``logprobs`` / ``top_logprobs``, ``stream`` with
-``stream_options.include_usage``, ``frequency_penalty`` / ``presence_penalty``, ``response_format`` (``text``,
-``json_object``, ``json_schema``: grammar-constrained sampling, :mod:`kleidipy.runtime.grammar`; a schema it
-cannot compile is a 400), and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. Options this server cannot
-honour (``tools``, ``logit_bias``, ``echo``, ``suffix``, ``best_of > 1``) are rejected rather than ignored; fields
-it does not know are ignored, as most OpenAI-compatible servers do.
-``model`` may be left out of a chat or completion request (llama-server's rule: one model is served).
-
-Defaults: OpenAI's for its own fields (temperature 1, top_p 1; ``max_tokens`` 16 for completions and "until the
-end of the context" for chat), llama.cpp server's for the extras (top_k 40, min_p 0.05, repeat_penalty 1).
-"""
+Supported fields and defaults: docs/server.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
-"""Hot loops of machine code: what ``kleidipy kernels --asm`` shows.
-
-Owns the reading of assembly text — LLVM's output for aarch64 and x86 (AT&T), and KleidiAI's ``_asm.S`` sources
-(``KAI_ASM_LABEL(...)``, instructions written as ``KAI_ASM_INST(0x...)  // mnemonic ...``) — into labels and
-instructions (:func:`parse`), the loops in it (a backward branch to a label: :func:`loops`), the **hot loop** of an
-int8 matmul (:func:`hot_loop`: the innermost loop holding both int8 dot-product instructions and a float
-multiply-add, i.e. one K block of a tile with its scaling; nested loops inside it count once), and its
-:class:`LoopCount`: instructions per mnemonic and per 1,024 int8 multiply-accumulates (each dot instruction's MACs
-from its operands: ``sdot`` 16, ``smmla`` 32, ``vpdpbusd`` on zmm 64, SME ``smopa``/``sdot`` from the SVL; in
-portable code, which has none, each integer multiply's lanes: ``vpmaddwd`` on zmm 32, ``smull`` into ``.8h`` 8).
+"""Hot loops of machine code: what ``kleidipy kernels --asm`` shows. Owns the reading of assembly text (LLVM's, and
+KleidiAI's ``_asm.S`` sources) into instructions (:func:`parse`), its loops (:func:`loops`), the hot loop of an int8
+matmul (:func:`hot_loop`) and its :class:`LoopCount`.
 
 Hand-written: no maintained library reads both LLVM's and KleidiAI's assembly into loops, and what counts as one
 block of work is this project's definition.
-"""
+
+Definitions: docs/hot-loops.md."""
 
 from __future__ import annotations
 
@@ -178,7 +172,7 @@ def _vnni_accumulators(body: list[Line]) -> int:
 
 
 def hot_loop(text: str, svl_bits: int = 512, block_loops: bool = True, portable: bool = False) -> LoopCount | None:
-    """The hot loop of an int8 matmul listing (module docstring), or None without one: of the loops holding dot
+    """The hot loop of an int8 matmul listing (docs/hot-loops.md), or None without one: of the loops holding dot
     instructions and a float multiply-add with no such loop inside them (failing those, or without
     ``block_loops``: loops holding dot instructions), the one with the most MACs (the main tile, not a tail), then
     the shortest; on x86 a loop whose dots all accumulate into one register only when no other is there.

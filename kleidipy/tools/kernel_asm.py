@@ -1,17 +1,8 @@
 """``kleidipy kernels --asm NAME [--isa ISA]``: the hot loop of the machine code the jit runs for a kernel, with a
-count per instruction and per 1,024 int8 MACs, beside the count of KleidiAI's own kernel for the same tile.
+count per instruction and per 1,024 int8 MACs, beside the count of KleidiAI's own kernel for the same tile. Owns
+where the code comes from per ISA.
 
-Owns where the code comes from per ISA: the aarch64 ISAs (``aarch64-dotprod``, ``aarch64-i8mm``, ``aarch64-sme``,
-``aarch64-sme2``) are the family's native tiles (:meth:`~kleidipy.core.family.Family.native_tile`) cross-compiled on
-any host with exactly that ISA's features — the code an Arm host with those features compiles for itself;
-``x86-vnni`` is the numba code of the AVX-512 VNNI tiles, compiled afresh for this host (an x86 host with VNNI: numba
-compiles for its host only) while the kernel runs once on random operands; ``portable`` is the code a host with none
-of these runs — numba's code compiled the same way in a subprocess told to compile for a generic CPU of this host's
-architecture (``NUMBA_CPU_NAME=generic``: no VNNI tile, no native tile), its hot loop found by its integer
-multiplies instead of dot instructions. KleidiAI's counts come from its sources
-(``kleidipy/tools/data/kleidiai_hot_loops.json``, made by ``scripts/kleidiai-hot-loops``), counted the same way
-(:mod:`kleidipy.tools.asm`).
-"""
+Details: docs/hot-loops.md."""
 
 from __future__ import annotations
 

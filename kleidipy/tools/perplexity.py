@@ -1,15 +1,6 @@
 """Perplexity of a model over a text, computed as llama-perplexity computes it (one sequence per chunk).
 
-* The text is tokenized with the vocabulary's special tokens added (BOS only when the vocab says so) and special
-  token text not parsed; it is cut into ``n_chunks = n_tokens // n_ctx`` chunks (the tail is not used).
-* Each chunk starts from an empty KV cache at position 0 (its first token replaced by BOS when the vocab adds
-  BOS) and runs as prefill batches of ``n_batch`` tokens (one batch when ``n_batch >= n_ctx``) keeping the
-  logits of every position.
-* Positions ``n_ctx/2 .. n_ctx-2`` are scored: ``nll = -(logit[next] - max - log(sum(expf(logit - max))))`` with
-  a float32 max and a float64 sum, as llama.cpp's ``log_softmax``.
-* After each chunk the running estimate ``exp(sum nll / count)`` is reported; the final estimate carries
-  ``sqrt(var(nll) / (count - 1)) * PPL``, the +/- llama-perplexity prints.
-"""
+The steps: docs/perplexity.md."""
 
 from __future__ import annotations
 
@@ -72,7 +63,7 @@ def perplexity(
     on_chunk: Callable[[PerplexityResult], None] | None = None,
     progress: bool = False,
 ) -> PerplexityResult:
-    """llama-perplexity's estimate of ``text`` under ``engine``'s model (see the module docstring);
+    """llama-perplexity's estimate of ``text`` under ``engine``'s model (see docs/perplexity.md);
     ``on_chunk`` is called after every chunk with the result so far; ``progress`` shows a bar on stderr."""
     if n_ctx < 4 or n_ctx % 2:
         raise PerplexityError(f"the context (-c) must be an even number >= 4, got {n_ctx}")

@@ -1,26 +1,7 @@
-"""``kleidipy quantize``: requantize a GGUF model to Q4_0 or Q8_0 exactly as llama.cpp's ``llama-quantize`` does.
+"""``kleidipy quantize``: requantize a GGUF model to Q4_0 or Q8_0 exactly as llama.cpp's ``llama-quantize`` does,
+byte for byte. The output goes to a temporary file beside OUT, renamed into place only when complete.
 
-What llama-quantize does (and this module reproduces byte for byte, checked against the whole-file sha256 of the
-reference outputs):
-
-* metadata: every key of the input in its order, minus the ``split.*`` keys; ``general.quantization_version``
-  (= 2) and ``general.file_type`` (MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7) are removed and appended at the end, in
-  that order (ggml's ``gguf_set_val_*`` removes a key and appends it);
-* tensors sorted as llama.cpp's model loader keeps them: non-layer tensors first, then by layer number
-  (``blk.N.``), then by name;
-* every 2-D ``*.weight`` tensor (norm weights excepted) is dequantized to float32 with ggml's ``to_float`` and
-  quantized with ggml's reference quantizer (:mod:`kleidipy.formats`); a tensor already of the chosen type,
-  and every 1-D tensor (norms, biases), is copied unchanged;
-* ``--pure`` gives every weight the requested type. Without it, llama-quantize's mixture rules apply. For the
-  Q4_0/Q8_0 file types and the dense llama/qwen2 models kleidipy runs, one rule fires: the LM head
-  (``output.weight``, or ``token_embd.weight`` when the embeddings are tied) gets Q6_K unless the type is Q8_0,
-  and Q6_K falls back to Q8_0 when the row length is not a multiple of 256 (SmolLM2: 576, Qwen2.5-0.5B: 896) --
-  exact here. Where Q6_K would stay, kleidipy cannot produce it (no K-quant quantizer): it says so in one notice
-  line and uses the requested type instead. The other rules need K-quant file types, an importance matrix or a
-  mixture-of-experts model, none of which applies.
-
-The output goes to a temporary file beside OUT, renamed into place only when complete.
-"""
+What llama-quantize does, rule by rule: docs/quantize.md."""
 
 from __future__ import annotations
 
@@ -146,7 +127,7 @@ def is_quantizable(t: Tensor) -> bool:
 
 
 def target_type(t: Tensor, qtype: GGMLType, pure: bool, tied: bool) -> tuple[GGMLType, str | None]:
-    """The type llama-quantize gives tensor ``t`` (see the module docstring), and a notice when kleidipy must
+    """The type llama-quantize gives tensor ``t`` (see docs/quantize.md), and a notice when kleidipy must
     use another one. Raises QuantizeError when the row length does not split into blocks of the type."""
     if not is_quantizable(t):
         return t.ggml_type, None
@@ -178,7 +159,7 @@ def quantize_gguf(
     notice: Callable[[str], None] = lambda msg: print(f"kleidipy: {msg}", file=sys.stderr),
 ) -> QuantizeReport:
     """Requantize GGUF model ``src`` to ``dst`` with ``qtype`` ("q4_0" or "q8_0") as ``llama-quantize
-    --allow-requantize [--pure] src dst TYPE`` does (see the module docstring). Returns a :class:`QuantizeReport`."""
+    --allow-requantize [--pure] src dst TYPE`` does (see docs/quantize.md). Returns a :class:`QuantizeReport`."""
     t0 = time.perf_counter()
     tensor_type, file_type = quant_type(qtype)
     src_path, dst_path = Path(src), Path(dst)
@@ -262,7 +243,7 @@ def _row_bytes(k: int, t: GGMLType) -> int:
 
 
 def _writer_with_metadata(model: ModelFile, file_type: LlamaFileType) -> gguf.GGUFWriter:
-    """A GGUFWriter holding the input's metadata as llama-quantize rewrites it (see the module docstring)."""
+    """A GGUFWriter holding the input's metadata as llama-quantize rewrites it (see docs/quantize.md)."""
     writer = gguf.GGUFWriter(None, model.architecture)
     writer.kv_data[0].pop(gguf.Keys.General.ARCHITECTURE)  # added by the constructor; re-added in source order
     moved = (gguf.Keys.General.QUANTIZATION_VERSION, gguf.Keys.General.FILE_TYPE)

@@ -1,39 +1,9 @@
 """``kleidipy trace``: per stage (model load, prefill, decode), the call stacks from the runtime operation down to
-the KleidiAI micro-kernels that ran, with calls, time and bytes per kernel and per weight.
+the KleidiAI micro-kernels that ran, with calls, time and bytes per kernel and per weight. The tracer is an observer
+of the engine it loads (:mod:`kleidipy.observer`); the outputs made from a :class:`Trace` are in
+:mod:`kleidipy.tools.trace_report`.
 
-The frames are the real Python frames of kleidipy code between the stage's entry point and the kernel call
-(``Engine.__init__ → … → KleidiBackend.__call__`` at load; at run time ``Engine.generate → CausalLM.forward →
-CausalLM._forward_checked → CausalLM._run_ubatch → CausalLM._decode → CompiledForward.__call__ → CompiledForward._run →
-CompiledForward._launch`` when the forward pass runs as a compiled plan — the default —, or ``… →
-compute_forward_mul_mat`` op by op with ``--no-graph``); the leaves are the ``kai_run_…`` packers and kernels that
-ran:
-
-* model load: one repack per matmul weight — ``KleidiBackend.__call__`` (GGUF → packer-input conversion + pack, as
-  ggml's ``tensor_traits::repack``) with its ``kai_run_rhs_pack_…`` leaf timed on its own;
-* prefill / decode: per MUL_MAT, ``kai_run_lhs_quant_pack_…`` then ``kai_run_matmul_…`` (GEMM when m > 1, GEMV
-  when m == 1 — llama.cpp's rule; the last layer's FFN and the LM head of a prefill run on the last row only,
-  so they are GEMVs too).
-
-The tracer is an observer of the engine it loads (:mod:`kleidipy.observer`): during the load it receives
-a :class:`~kleidipy.observer.RepackCall` after every repack (the pack timed on its own); during the
-generation a :class:`~kleidipy.observer.KernelCall` after every MUL_MAT and the start and end of every
-forward pass (the first pass of the generation is the prefill, the others are decode steps). A compiled plan
-times itself: each worker thread records the start, the end of a MUL_MAT's LHS pack and the end of every node
-(monotonic ns, inside the compiled code, like ggml's graph profiling), and the tracer receives each node as a
-:class:`~kleidipy.observer.NodeRun` and each MUL_MAT node as a KernelCall — the trace shows the path that
-runs. An engine without an observer runs the plain path: tracing off costs nothing.
-
-What it traces by default is the seeds' story (Arm's Learning Path example): the Q4_0 weights on the SME2 CPU at
-SVL 512 (:data:`TRACE_TARGET`, whatever the host's default target for ``run``; ``--target`` or ``$KLEIDIPY_TARGET``
-chooses another). When the default model's matrices are not Q4_0 (SmolLM2's are Q4_1), the trace runs a copy of it
-requantized to Q4_0 as ``llama-quantize`` does (:func:`q4_0_copy`, made once and kept in the cache's ``trace/``
-folder); another model is traced as it is unless asked, and the report says which kernel family ran. ``n_decode``
-counts decode passes, as llama-bench's ``-n``: the prefill's logits give the first token, each decode pass one more
-(llama-cli's ``-n`` counts all of them: ``n_decode + 1``).
-
-The outputs made from a :class:`Trace` (text report, JSON, Chrome trace-event file) and the ``kleidipy trace``
-command are in :mod:`kleidipy.tools.trace_report`.
-"""
+The frames, the events and what is traced by default: docs/tracing.md."""
 
 from __future__ import annotations
 

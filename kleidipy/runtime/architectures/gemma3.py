@@ -1,27 +1,8 @@
-"""Gemma 3 (Gemma Team, 2025) as llama.cpp runs it (``llm_build_gemma3<iswa>``, flash attention off):
+"""Gemma 3 (Gemma Team, 2025) as llama.cpp runs it (``llm_build_gemma3<iswa>``, flash attention off): pre- and
+post-norm blocks with GeGLU, per-head Q and K norms, a sliding window on five layers of six. Matmuls go through the
+same backend as the llama family.
 
-    x   = token_embd[ids] * sqrtf(n_embd)                    (f32 multiply; the embedding is tied to the LM head)
-    h   = x + RMSNorm_post_attn(Attention(RMSNorm(x)))
-    out = h + RMSNorm_post_ffw(down(gelu(gate(RMSNorm(h))) * up(RMSNorm(h))))
-
-then a final RMSNorm and the LM head (``token_embd.weight``; ``output.weight`` when the file has one). No logit
-soft-capping: llama.cpp's sliding-window (iswa) build of gemma3 has none.
-
-* Attention: Q, K, V projections without biases, then a per-head RMSNorm of Q and of K (``attn_q_norm``,
-  ``attn_k_norm``, head_dim values each), RoPE with halves (NEOX) on Q and K, Q scaled in f32 by
-  ``f_attention_scale`` = 1/sqrtf(key_length) (1/sqrtf(n_embd/n_head) for the 62-layer 27B), softmax scale 1.
-  Sizes: ``gemma3.attention.key_length``/``value_length`` (256 for every Gemma 3) and ``head_count_kv`` (GQA).
-* Layers: every sixth is global (llama.cpp's ``set_swa_pattern(6)``: layer il slides when ``il % 6 < 5``). Global
-  layers use ``gemma3.rope.freq_base`` (and the file's rope scaling) over the whole context; sliding layers use
-  RoPE base 10 000 with scale 1 (llama.cpp's ``rope_freq_base_train_swa``, fixed for gemma3, not a key) and attend
-  only to the last ``gemma3.attention.sliding_window`` positions (LLAMA_SWA_TYPE_STANDARD: key p0 is masked for
-  query p1 when ``p1 - p0 >= window``).
-* Norms: every RMSNorm (eps ``gemma3.attention.layer_norm_rms_epsilon``) multiplies by its GGUF weight as stored:
-  the converter stores Gemma's ``1 + w``, so nothing is added at load.
-* GELU: ggml-cpu's F16-table GELU (:func:`~kleidipy.runtime.layers.geglu`).
-
-Matmuls go through the same backend (KleidiAI kernels, repacked at load) as the llama family.
-"""
+The block, attention, layers and norms: docs/architectures.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Llama (Touvron et al., 2023) and Qwen2 (Yang et al., 2024) as llama.cpp runs them: token embedding, then n_layer
-pre-norm decoder blocks
+"""Llama (Touvron et al., 2023) and Qwen2 (Yang et al., 2024) as llama.cpp runs them: pre-norm decoder blocks with
+GQA self-attention and SwiGLU. Qwen2 is a row of this module (q/k/v biases, NEOX RoPE).
 
-    h   = x + Attention(RMSNorm(x))       GQA self-attention, RoPE on q and k (NORM: adjacent pairs)
-    out = h + SwiGLU(RMSNorm(h))          down(silu(gate(h)) * up(h))
-
-then a final RMSNorm and the LM head (``output.weight``, or ``token_embd.weight`` when tied, as in SmolLM2).
-Optional q/k/v/output biases are used when the file has them. Qwen2 is a row of this module, not a model of its
-own: its q, k and v projections have (required) biases and RoPE rotates halves of each head (NEOX) instead of
-adjacent pairs. The shared ops and their numerics are in :mod:`kleidipy.runtime.layers`; the tensors below are
-checked against the file by :mod:`kleidipy.runtime.model_file` before anything is loaded.
-"""
+The block and what Qwen2 changes: docs/architectures.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Pictures of KleidiAI packed layouts, generated from the real packers (``kleidipy layout``).
+"""Pictures of KleidiAI packed layouts, generated from the real packers (``kleidipy layout``): a text table
+(:mod:`kleidipy.tools.layout.text`) and a matplotlib picture (:mod:`kleidipy.tools.layout.plot`). Nothing is drawn
+from a description of the layout: a packer change shows up in the picture.
 
-For a catalogue kernel and a small shape this package finds, for every byte (or nibble) of the packed RHS, of
-the RHS as given (GGML blocks or the packer's input) and of the packed LHS, which logical value it holds —
-element (row, k), block scale (row, block), per-row sum/scale/bias — by running the kernel's own packers on
-label-encoding inputs (:mod:`.probe`, :mod:`.encodings`). Nothing is drawn from a description of the layout:
-a packer change shows up in the picture.
-
-Outputs: a text table (:mod:`kleidipy.tools.layout.text`, stable, for terminals and snapshot tests) and a matplotlib
-picture (:mod:`kleidipy.tools.layout.plot`, PNG or SVG; needs the ``plot`` extra).
-"""
+The method: docs/layout-maps.md."""
 
 from __future__ import annotations
 
@@ -53,8 +47,10 @@ def default_m(kernel: MatmulKernel) -> int:
 def _check_shape(kern: MatmulKernel, m: int, n: int, k: int) -> None:
     kern.check_args(m, n, k)
     if k < 2:
-        raise KernelShapeError(f"{kern.name}: a layout map needs k >= 2 (with k=1 a row's value and its per-row "
-                               "parameters cannot be told apart)")  # fmt: skip
+        raise KernelShapeError(
+            f"{kern.name}: a layout map needs k >= 2 (with k=1 a row's value and its per-row "
+            "parameters cannot be told apart)"
+        )
     sizes = {"RHS": kern.rhs_packed_size(n, k), "LHS": kern.lhs_packed_size(m, k)}
     for side, size in sizes.items():
         if size > MAX_BYTES:

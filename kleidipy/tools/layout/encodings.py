@@ -1,13 +1,7 @@
-"""Label encodings: for each input format a packer takes, the channels that make its values traceable.
+"""Label encodings: for each input format a packer takes, the :class:`~kleidipy.tools.layout.probe.Channel` list that
+makes its values traceable.
 
-Each function returns the :class:`~kleidipy.tools.layout.probe.Channel` list of one input format, in priority order
-(element data first, then per-block / per-row values). A channel's ``build`` turns a boolean choice per label
-into the packer's inputs, choosing between two values A and B that stay distinguishable through the packer
-(codes 0 / 15, int8 ±127, fp16 0x3555 / 0x42AA, f32 0x3F955555 / 0xC06AAAAA, ...) while keeping every other
-derived quantity fixed (e.g. every activation block has amax 127, so its quantization scale is 1 and the int8
-value is the float itself). RHS inputs are ``(source bytes or None, packer keywords)``; LHS inputs are the float32
-activations [m, k].
-"""
+How the two values of a label are chosen: docs/layout-maps.md."""
 
 from __future__ import annotations
 

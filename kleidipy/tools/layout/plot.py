@@ -161,8 +161,16 @@ def _draw_panel(ax: Any, title: str, lay: _PanelLayout) -> None:
     for region in bmap.regions:
         edge = "#888888" if region.key == PAD else OUTLINES[keys.index(region.key) % len(OUTLINES)]
         style = "--" if region.key == PAD else "-"
-        ax.add_patch(Polygon(_outline(region.start, region.end, width), closed=True, fill=False, edgecolor=edge,
-                             linewidth=1.4, linestyle=style))  # fmt: skip
+        ax.add_patch(
+            Polygon(
+                _outline(region.start, region.end, width),
+                closed=True,
+                fill=False,
+                edgecolor=edge,
+                linewidth=1.4,
+                linestyle=style,
+            )
+        )
         if region.key != PAD and region.end - region.start >= width // 2:
             tags.setdefault(region.start // width, []).append(f"{region.title} [{region.start}, {region.end})")
     for row in range(lay.rows):
@@ -177,8 +185,16 @@ def _draw_panel(ax: Any, title: str, lay: _PanelLayout) -> None:
     for i, (key, ktitle, size, total, where) in enumerate(lay.kinds):
         edge = "#888888" if key == PAD else OUTLINES[keys.index(key) % len(OUTLINES)]
         y = top - (0.30 + 0.17 * i) / lay.grid_h
-        ax.text(0, y, f"■ {ktitle} — {size}, {total} B: {where}", transform=ax.transAxes, ha="left", va="top",
-                fontsize=FONT + 1.6, color=edge)  # fmt: skip
+        ax.text(
+            0,
+            y,
+            f"■ {ktitle} — {size}, {total} B: {where}",
+            transform=ax.transAxes,
+            ha="left",
+            va="top",
+            fontsize=FONT + 1.6,
+            color=edge,
+        )
 
 
 def draw(maps: LayoutMaps, out: Path) -> None:

@@ -1,21 +1,7 @@
 """Label tracing: where each input value lands in a buffer, found by running the real code on label-encoding inputs.
+Owns :class:`Channel` (one logical input array) and :func:`trace`.
 
-A :class:`Channel` is one logical input array (the codes of a weight tensor, its block scales, a bias, ...) with an
-index space of (row, col) labels and a ``build`` function that turns a boolean choice per label (value "A" or "B")
-into concrete inputs. :func:`trace` runs the code under test (a packer, or the constructor of a GGML block) on
-all-A, all-B, and for every bit p of the label index on the pattern "bit p set" and its complement, and reads back
-every nibble of every observed buffer:
-
-* a nibble whose value differs between all-A and all-B belongs to the channel's footprint;
-* it carries label L when, for every bit p, it shows B's value in one of the two complementary probes and A's in
-  the other (bit p of L says which) — a value that depends on any other label (a row sum, a padding copy made
-  after reduction) fails this somewhere and stays unattributed for the next channel.
-
-Channels are tried in order; a nibble is attributed to the first channel that labels it. Multi-byte fields
-(fp16/f32 scales, int32 sums) are assembled from their labelled nibbles as naturally aligned slots of the width
-the channel declares for that buffer (a value may leave some of its bytes unchanged, e.g. the low byte of an f32
-made from an fp16). Labels seen again later in a buffer are marked as copies (padding rows/columns/K).
-"""
+The method: docs/layout-maps.md."""
 
 from __future__ import annotations
 
