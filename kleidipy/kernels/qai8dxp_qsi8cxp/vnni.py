@@ -446,10 +446,14 @@ def _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
 def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
     """Run a call of ``jit.matmul_qai8dxp`` on the VNNI tiles and return True if they take it (the int8 layouts of the
     SME/SME2 and NEON kernels), else return False."""
-    if _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-        _matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, recipe == RECIPE_FMA_BIAS, out)
-        return True
-    return False
+    if not _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+        return False
+    fma_bias = recipe == RECIPE_FMA_BIAS
+    if nr == NEON_NR:  # (as _matmul, from Python: a first run compiles only the layout its kernels use)
+        _matmul_neon(m, n, k_int, mr, kbl, blen, lhs_i8, rhs_u8, fma_bias, out)
+    else:
+        _matmul_sme(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out)
+    return True
 
 
 #: ``jit.matmul_qai8dxp`` (same arguments and bits) on the VNNI tiles where :func:`_tiles` takes the call, else on
