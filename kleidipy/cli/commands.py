@@ -392,28 +392,24 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kleidipy.tools.trace import trace_target
-    from kleidipy.tools.trace_report import run_trace
+    from kleidipy.tools.trace import trace_generation, trace_target
+    from kleidipy.tools.trace_report import report
 
     chrome_trace = Path(args.chrome_trace) if args.chrome_trace else None
-    print(
-        run_trace(
-            args.model,
-            args.prompt,
-            args.n_decode,
-            trace_target(args.target),  # the seeds' SME2 CPU unless named: not the host's default for `run`
-            args.threads,
-            json_out=args.json,
-            chrome_trace_path=chrome_trace,
-            execution=args.execution,
-            n_ctx=args.ctx_size,
-            chat=args.chat,
-            check_tensors=args.check_tensors,
-            graph=args.graph,
-            as_q4_0=args.as_q4_0,
-            tables=args.tables,
-        )
+    trace = trace_generation(
+        args.model,
+        args.prompt,
+        args.n_decode,
+        trace_target(args.target),  # the seeds' SME2 CPU unless named: not the host's default for `run`
+        args.threads,
+        args.execution,
+        args.ctx_size,
+        args.chat,
+        args.check_tensors,
+        args.graph,
+        args.as_q4_0,
     )
+    print(report(trace, json_out=args.json, chrome_trace_path=chrome_trace, tables=args.tables))
     if chrome_trace is not None:
         print(f"kleidipy: wrote the Chrome trace to {chrome_trace.resolve()}", file=sys.stderr)
     return 0

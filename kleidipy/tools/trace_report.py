@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kleidipy.target import Target
-from kleidipy.tools.trace import DEFAULT_PROMPT, TRACE_DEFAULT, Stage, Trace, TraceError, trace_generation
+from kleidipy.tools.trace import TRACE_DEFAULT, Stage, Trace, TraceError
 
 # --------------------------------------------------------------------------------------------- aggregation
 
@@ -474,29 +473,10 @@ def format_text(trace: Trace, tables: bool = False) -> str:
     return "\n".join(lines)
 
 
-def run_trace(
-    model: str | Path | None = None,
-    prompt: str = DEFAULT_PROMPT,
-    n_decode: int = 8,
-    target: str | Target | None = None,
-    threads: int = 1,
-    json_out: bool = False,
-    chrome_trace_path: Path | None = None,
-    *,
-    execution: str = "jit",
-    n_ctx: int | None = None,
-    chat: bool = False,
-    check_tensors: bool = True,
-    graph: bool = True,
-    as_q4_0: bool | None = None,
-    tables: bool = False,
-) -> str:
-    """``kleidipy trace``: trace a generation (:func:`~kleidipy.tools.trace.trace_generation`); returns the report
-    (the summary, with ``tables`` the tables too, or JSON with ``json_out``) and writes the Chrome trace-event file to
+def report(trace: Trace, *, json_out: bool = False, chrome_trace_path: Path | None = None, tables: bool = False) -> str:
+    """``kleidipy trace``'s output of a :func:`~kleidipy.tools.trace.trace_generation` trace: the report (the
+    summary, with ``tables`` the tables too, or JSON with ``json_out``); writes the Chrome trace-event file to
     ``chrome_trace_path`` when given."""
-    trace = trace_generation(
-        model, prompt, n_decode, target, threads, execution, n_ctx, chat, check_tensors, graph, as_q4_0
-    )
     if chrome_trace_path is not None:
         try:
             Path(chrome_trace_path).write_text(json.dumps(chrome_trace(trace)))

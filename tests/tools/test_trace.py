@@ -27,7 +27,7 @@ from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import default_model
 from kleidipy.target import resolve_target, select_kernels
 from kleidipy.tools.trace import TRACE_DEFAULT, Op, Stage, Tracer, q4_0_copy, trace_generation, trace_target
-from kleidipy.tools.trace_report import call_tree, chrome_trace, format_text, run_trace, to_json
+from kleidipy.tools.trace_report import call_tree, chrome_trace, format_text, report, to_json
 
 MODEL = SMOLLM2  # Q4_1: traced as its Q4_0 copy (as_q4_0=True), as `kleidipy trace` runs the default model
 TARGET = "sme2:svl=512"
@@ -222,9 +222,10 @@ def test_json_and_chrome_trace(trace, tmp_path: Path) -> None:
         open_.append(e)
 
 
-def test_run_trace_outputs(originals: dict, tmp_path: Path) -> None:
+def test_report_outputs(originals: dict, tmp_path: Path) -> None:
     out = tmp_path / "trace.json"
-    text = run_trace(MODEL, "Hi", 1, TARGET, json_out=True, chrome_trace_path=out, n_ctx=32, as_q4_0=True)
+    trace = trace_generation(MODEL, "Hi", 1, TARGET, n_ctx=32, as_q4_0=True)
+    text = report(trace, json_out=True, chrome_trace_path=out)
     data = json.loads(text)
     assert data["target"].startswith("virtual SME2") and data["stages"][2]["summary"]["forward_passes"] == 1
     assert (data["n_decode"], data["decoded_tokens"], data["target_source"]) == (1, 1, "--target")

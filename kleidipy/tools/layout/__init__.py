@@ -60,6 +60,14 @@ def _check_shape(kern: MatmulKernel, m: int, n: int, k: int) -> None:
             )
 
 
+def _packed_panel(kern: MatmulKernel, side: str, kai_name: str, shape: str, packed: BufferMap,
+                  period: int) -> Panel:  # fmt: skip
+    """The panel of a packed buffer: titled by its packer, subtitled by ``shape`` (the sizes and the tile rows)
+    and the kernel's kr, sr and bl."""
+    bl = "" if kern.bl is None else f", bl={kern.bl}"
+    return Panel(f"{side} packed by {kai_name}", f"{shape}, kr={kern.kr}, sr={kern.sr}{bl}", packed, period)
+
+
 def layout_maps(kernel_name: str, m: int | None = None, n: int = 64, k: int = 64, svl_bits: int = 512) -> LayoutMaps:
     """Label maps of the kernel's buffers at LHS [m, k] x RHS [n, k] (m defaults to :func:`default_m`).
 
@@ -79,25 +87,15 @@ def layout_maps(kernel_name: str, m: int | None = None, n: int = 64, k: int = 64
         return {"source": source, "packed": packed}
 
     rhs_maps = trace(channels, run_rhs)
-    geo = f"nr={kern.nr}, kr={kern.kr}, sr={kern.sr}" + ("" if kern.bl is None else f", bl={kern.bl}")
-    rhs = Panel(
-        f"RHS packed by {rhs_packer.kai_name}",
-        f"n={n}, k={k}, {geo}",
-        rhs_maps["packed"],
-        kern.rhs_packed_size(kern.nr, k),
-    )
+    rhs = _packed_panel(kern, "RHS", rhs_packer.kai_name, f"n={n}, k={k}, nr={kern.nr}", rhs_maps["packed"],
+                        kern.rhs_packed_size(kern.nr, k))  # fmt: skip
     source = Panel(f"RHS as given: {source_title}", f"n={n}, k={k}", rhs_maps["source"], rhs_maps["source"].size // n)
     lhs = None
     if kern.lhs_packer is not None:
         lhs_channels = encodings.lookup(encodings.LHS_FORMATS, kern.lhs_packer.name)(m, k)
         lhs_maps = trace(lhs_channels, lambda x: {"packed": kern.pack_lhs(x, m, k, execution="reference")})
-        geo = f"mr={kern.mr}, kr={kern.kr}, sr={kern.sr}" + ("" if kern.bl is None else f", bl={kern.bl}")
-        lhs = Panel(
-            f"LHS packed by {kern.lhs_packer.kai_name}",
-            f"m={m}, k={k}, {geo}",
-            lhs_maps["packed"],
-            kern.lhs_packed_size(kern.mr, k),
-        )
+        lhs = _packed_panel(kern, "LHS", kern.lhs_packer.kai_name, f"m={m}, k={k}, mr={kern.mr}",
+                            lhs_maps["packed"], kern.lhs_packed_size(kern.mr, k))  # fmt: skip
     return LayoutMaps(kern, m, n, k, source, rhs, lhs)
 
 
