@@ -106,6 +106,16 @@ class IrText:
         """a·b + c rounded once (``fmla``)."""
         return self.call(F, "llvm.fma.nxv4f32", (F, a), (F, b), (F, c), name=name)
 
+    def end_column_groups(self) -> None:
+        """The end of a tile's loop over its groups of columns (block ``m_end``: ``%j0`` += ``%nr``, ``%rgroup`` +=
+        ``%rstride``, back to ``n_loop`` while ``%j0`` < ``%n``) and of the function."""
+        self.label("m_end")
+        self("add i64 %j0, %nr", "j0.next")
+        self("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
+        self.do(f"br i1 {self('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
+        self.label("exit")
+        self.do("ret void")
+
 
 def tile_module(symbol: str, body: IrText, lut: str | None = None) -> str:
     """The module (IR text) of a tile ``void symbol(ARGS)`` whose body ``body`` emitted: the entry point, locally

@@ -178,7 +178,7 @@ def _prologue(ir: Ir, mr: str) -> None:
 def column_group(ir: Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
     dst stores; ``%rparams``: the group's sums, scales, biases; ``%dstcol``: its first dst column). It ends in
-    :func:`end_column_groups`."""
+    ``ir.end_column_groups()``."""
     ir.do("br label %n_loop")
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
@@ -186,16 +186,6 @@ def column_group(ir: Ir) -> None:
     ir.column_predicates()
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def end_column_groups(ir: Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
 
 
 def block_loop(ir: Ir, pred: str, lhs: str) -> tuple[str, str]:
@@ -255,7 +245,7 @@ def mopa_body(ir: Ir) -> None:
     ir("add i64 %i0, %mr", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    end_column_groups(ir)
+    ir.end_column_groups()
 
 
 def sdot_body(ir: Ir) -> None:
@@ -280,7 +270,7 @@ def sdot_body(ir: Ir) -> None:
     ir("add i64 %i, 1", "i.next")
     ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    end_column_groups(ir)
+    ir.end_column_groups()
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,

@@ -93,7 +93,8 @@ def _prologue(ir: _Ir) -> None:
 
 def _column_group(ir: _Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for dst;
-    ``%bias``: the group's 4 vectors of biases; ``%dstcol``: its first dst column). It ends in :func:`_epilogue`."""
+    ``%bias``: the group's 4 vectors of biases; ``%dstcol``: its first dst column). It ends in
+    ``ir.end_column_groups()``."""
     ir.do("br label %n_loop")
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
@@ -105,16 +106,6 @@ def _column_group(ir: _Ir) -> None:
 def _bias(ir: _Ir) -> list[str]:
     """The 4 vectors of f32 biases of the column group (after its last block)."""
     return ir.load(ir.at("%rgroup", "%rdata"), F, 4, "%pn32")
-
-
-def _epilogue(ir: _Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
 
 
 def _mopa_block(ir: _Ir, prefix: str, pred: str, lp: str, rp: str) -> None:
@@ -198,7 +189,7 @@ def _mopa_body(ir: _Ir) -> None:
     ir("add i64 %i0, %mr", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    ir.end_column_groups()
 
 
 def _dot_body(ir: _Ir) -> None:
@@ -242,7 +233,7 @@ def _dot_body(ir: _Ir) -> None:
     ir("add i64 %i, 1", "i.next")
     ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    ir.end_column_groups()
 
 
 #: the tiles (IR text, :data:`MOPA`, :data:`DOT`, and ``i64 VL()``, :data:`VL`: the streaming vector length in 32-bit

@@ -116,7 +116,7 @@ def _prologue(ir: _Ir) -> None:
 def _column_group(ir: _Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%p0`` … ``%p3``: the columns < n
     of each vector, for dst; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in
-    :func:`_epilogue`."""
+    ``ir.end_column_groups()``."""
     ir.do("br label %n_loop")
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
@@ -126,16 +126,6 @@ def _column_group(ir: _Ir) -> None:
         ir.call(P32, "llvm.aarch64.sve.whilelt.nxv4i1.i64", ("i64", start), ("i64", "%n"), name=f"p{t}")
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def _epilogue(ir: _Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
 
 
 def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) -> None:
@@ -184,12 +174,11 @@ def mopa_body(
     prologue: Callable[[IrText], None],
     column_group: Callable[[IrText], None],
     mopa_block: Callable[[IrText, str, str, tuple[str, str, str, str]], None],
-    epilogue: Callable[[IrText], None],
 ) -> None:
     """The MOPA tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
     [m, n] from LHS groups of VL rows (``rows``, the value of VL set by ``prologue``: 4 bytes each per K group, one
     vector) and RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1 (``mopa_block``),
-    per group of columns (``column_group`` … ``epilogue``)."""
+    per group of columns (``column_group`` … ``ir.end_column_groups()``)."""
     prologue(ir)
     ir(f"shl i64 {rows}, 5", "lblock")
     ir(f"shl i64 {rows}, 1", "lscale")
@@ -217,12 +206,12 @@ def mopa_body(
     ir(f"add i64 %i0, {rows}", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    epilogue(ir)
+    ir.end_column_groups()
 
 
 def _mopa_body(ir: _Ir) -> None:
     """The MOPA tile: :func:`mopa_body` with this module's steps (``%vl``: VL rows per LHS group)."""
-    mopa_body(ir, "%vl", _prologue, _column_group, _mopa_block, _epilogue)
+    mopa_body(ir, "%vl", _prologue, _column_group, _mopa_block)
 
 
 def _dot_body(ir: _Ir) -> None:
@@ -267,7 +256,7 @@ def _dot_body(ir: _Ir) -> None:
     ir("add i64 %i, 1", "i.next")
     ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    ir.end_column_groups()
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`, :data:`DOT`:

@@ -96,7 +96,8 @@ def _prologue(ir: _Ir) -> None:
 
 def _column_group(ir: _Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
-    dst stores; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in :func:`_epilogue`."""
+    dst stores; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in
+    ``ir.end_column_groups()``."""
     ir.do("br label %n_loop")
     ir.label("n_loop")
     ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
@@ -104,16 +105,6 @@ def _column_group(ir: _Ir) -> None:
     ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def _epilogue(ir: _Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
 
 
 def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) -> None:
@@ -162,7 +153,7 @@ def _mopa_prologue(ir: _Ir) -> None:
 
 def _mopa_body(ir: _Ir) -> None:
     """The MOPA tile: the loops of ``sme.mopa_body`` (the SME1 tile's) with this module's steps."""
-    mopa_body(ir, "%mr", _mopa_prologue, _column_group, _mopa_block, _epilogue)
+    mopa_body(ir, "%mr", _mopa_prologue, _column_group, _mopa_block)
 
 
 def _sdot_body(ir: _Ir) -> None:
@@ -207,7 +198,7 @@ def _sdot_body(ir: _Ir) -> None:
     ir("add i64 %i, 1", "i.next")
     ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    ir.end_column_groups()
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
