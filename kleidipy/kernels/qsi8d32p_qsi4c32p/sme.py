@@ -89,8 +89,8 @@ class _Ir(IrText):
             self.call(F, "llvm.aarch64.sve.ld1.nxv4f32", (P32, f"%p{t}"), ("ptr", self.at(at, t, F))) for t in range(4)
         ]
 
-    def store_row(self, values: list[str], at: str) -> None:
-        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicates."""
+    def store(self, values: list[str], at: str) -> None:
+        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicates ``%p0`` … ``%p3``."""
         for t, x in enumerate(values):
             self.call("void", "llvm.aarch64.sve.st1.nxv4f32", (F, x), (P32, f"%p{t}"), ("ptr", self.at(at, t, F)))
 
@@ -160,7 +160,7 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     else:
         partial = ir.load_row(f"%{prefix}.dst")
         acc = [ir.fma(a, s, old) for a, s, old in zip(dots, scale, partial, strict=True)]
-    ir.store_row(acc, f"%{prefix}.dst")
+    ir.store(acc, f"%{prefix}.dst")
     ir(f"add i64 %{prefix}.r, 1", f"{prefix}.r.next")
     ir(f"getelementptr i8, ptr %{prefix}.dst, i64 %rowbytes", f"{prefix}.dst.next")
     ir(f"getelementptr i8, ptr %{prefix}.sl, i64 2", f"{prefix}.sl.next")
@@ -214,13 +214,20 @@ def _mopa_body(ir: _Ir) -> None:
     mopa_body(ir, "%vl", _prologue, _column_group, _mopa_block)
 
 
-def _dot_body(ir: _Ir) -> None:
-    """The DOT tile: out [m, n] from LHS groups of one row (34 bytes per block) and RHS groups of 4·VL columns,
-    nb blocks, row after row."""
-    _prologue(ir)
+def dot_body(
+    ir: IrText,
+    prologue: Callable[[IrText], None],
+    column_group: Callable[[IrText], None],
+    block_dots: Callable[[IrText, str, str], list[str]],
+) -> None:
+    """The DOT tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
+    [m, n] from LHS groups of one row (34 bytes per block) and RHS groups of 4·VL columns, nb blocks, row after row;
+    ``block_dots(ir, lhs, rhs)``: the float32 dots of a block's 4 column ranges (its LHS and RHS codes at ``lhs`` and
+    ``rhs``), scaled into 4 accumulators from +0, stored after the last block."""
+    prologue(ir)
     ir("shl i64 %nb, 5", "ldata")
     ir("mul i64 %nb, 34", "lstride")
-    _column_group(ir)
+    column_group(ir)
     ir.do("br label %m_loop")
     ir.label("m_loop")
     ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
@@ -233,6 +240,25 @@ def _dot_body(ir: _Ir) -> None:
         ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
     lp = ir.at("%lrow", ir("shl i64 %blk, 5"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
+    dots = block_dots(ir, lp, rp)
+    s_r = ir.rhs_scales(ir.at("%rscales", ir("mul i64 %blk, %rscale")))
+    scale = ir.scales(ir.at("%lscales", ir("shl i64 %blk, 1")), s_r)
+    for v in range(4):
+        ir.fma(dots[v], scale[v], f"%acc{v}", name=f"acc{v}.next")
+    ir("add i64 %blk, 1", "blk.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
+    ir.label("k_end")
+    ir.store(
+        [f"%acc{v}.next" for v in range(4)], ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
+    )
+    ir("add i64 %i, 1", "i.next")
+    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
+    ir.end_column_groups()
+
+
+def _dot_block(ir: _Ir, lp: str, rp: str) -> list[str]:
+    """The float32 dots of one block of the DOT tile (``sdot`` by lane of the RHS words' low and high nibbles)."""
     ints = ["zeroinitializer"] * 4
     for h in range(2):  # 16 LHS bytes (packets 2h, 2h + 1: K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
@@ -242,21 +268,12 @@ def _dot_body(ir: _Ir) -> None:
                 for t in range(4):
                     args = ((W, ints[t]), (B, rhs[t][half]), (B, lhs), ("i32", str(2 * q + half)))
                     ints[t] = ir.call(W, "llvm.aarch64.sve.sdot.lane.nxv4i32", *args)
-    dots = [ir(f"sitofp {W} {x} to {F}") for x in ints]
-    s_r = ir.rhs_scales(ir.at("%rscales", ir("mul i64 %blk, %rscale")))
-    scale = ir.scales(ir.at("%lscales", ir("shl i64 %blk, 1")), s_r)
-    for v in range(4):
-        ir.fma(dots[v], scale[v], f"%acc{v}", name=f"acc{v}.next")
-    ir("add i64 %blk, 1", "blk.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
-    ir.label("k_end")
-    ir.store_row(
-        [f"%acc{v}.next" for v in range(4)], ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
-    )
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    ir.end_column_groups()
+    return [ir(f"sitofp {W} {x} to {F}") for x in ints]
+
+
+def _dot_body(ir: _Ir) -> None:
+    """The DOT tile: :func:`dot_body` with this module's steps."""
+    dot_body(ir, _prologue, _column_group, _dot_block)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`, :data:`DOT`:

@@ -39,7 +39,7 @@ from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
 from kleidipy.core.vnni import HOST_ISA as VNNI_ISA
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni
-from kleidipy.kernels.qsi8d32p_qsi4c32p.sme import mopa_body
+from kleidipy.kernels.qsi8d32p_qsi4c32p.sme import dot_body, mopa_body
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes
 MOPA = "kleidipy_q4_0_sme2_mopa"
@@ -156,25 +156,8 @@ def _mopa_body(ir: _Ir) -> None:
     mopa_body(ir, "%mr", _mopa_prologue, _column_group, _mopa_block)
 
 
-def _sdot_body(ir: _Ir) -> None:
-    """The SDOT tile: out [m, n] from LHS groups of one row (34 bytes per block) and RHS groups of 4·VL columns,
-    nb blocks, row after row."""
-    _prologue(ir)
-    ir("shl i64 %nb, 5", "ldata")
-    ir("mul i64 %nb, 34", "lstride")
-    _column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
-    ir("getelementptr i8, ptr %lrow, i64 %ldata", "lscales")
-    ir.do("br label %k_loop")
-    ir.label("k_loop")
-    ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
-    for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
-    lp = ir.at("%lrow", ir("shl i64 %blk, 5"))
-    rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
+def _sdot_block(ir: _Ir, lp: str, rp: str) -> list[str]:
+    """The float32 dots of one block of the SDOT tile (multi-vector ``sdot`` into ZA of the ``luti4`` int8)."""
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
@@ -184,21 +167,12 @@ def _sdot_body(ir: _Ir) -> None:
                 values = [(B, x) for x in rhs[4 * i : 4 * i + 4]]
                 intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
                 ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g + i)))
-    dots = ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
-    s_r = ir.rhs_scales(ir.at("%rscales", ir("mul i64 %blk, %rscale")))
-    scale = ir.scales(ir.at("%lscales", ir("shl i64 %blk, 1")), s_r)
-    for v in range(4):
-        ir.fma(dots[v], scale[v], f"%acc{v}", name=f"acc{v}.next")
-    ir("add i64 %blk, 1", "blk.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
-    ir.label("k_end")
-    ir.store(
-        [f"%acc{v}.next" for v in range(4)], ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
-    )
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    ir.end_column_groups()
+    return ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
+
+
+def _sdot_body(ir: _Ir) -> None:
+    """The SDOT tile: the loops of ``sme.dot_body`` (the SME1 DOT tile's) with this module's steps."""
+    dot_body(ir, _prologue, _column_group, _sdot_block)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
