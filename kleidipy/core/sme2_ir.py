@@ -39,9 +39,11 @@ def tuple_type(ty: str, count: int) -> str:
     return "{" + ", ".join([ty] * count) + "}"
 
 
-def lut_definition(name: str) -> str:
-    """The global ``name`` holding ZT0's table for ``luti4``: entry u is u − 8 (the signed value of code u), int32."""
-    return f"{name} = internal constant [16 x i32] [{', '.join(f'i32 {u - 8}' for u in range(16))}], align 64"
+def lut_definition(name: str, signed: bool = False) -> str:
+    """The global ``name`` holding ZT0's table for ``luti4``, int32: entry u is u − 8 (the offset value of code u)
+    or, ``signed``, the int4 two's-complement value of nibble u (KleidiAI's ``lut`` of signed-nibble layouts)."""
+    values = (u - 16 * (u >> 3) if signed else u - 8 for u in range(16))
+    return f"{name} = internal constant [16 x i32] [{', '.join(f'i32 {v}' for v in values)}], align 64"
 
 
 class IrText:
@@ -117,10 +119,10 @@ class IrText:
         self.do("ret void")
 
 
-def tile_module(symbol: str, body: IrText, lut: str | None = None) -> str:
+def tile_module(symbol: str, body: IrText, lut: str | None = None, signed: bool = False) -> str:
     """The module (IR text) of a tile ``void symbol(ARGS)`` whose body ``body`` emitted: the entry point, locally
-    streaming (``smstart sm``), turns ZA on (and with it ZT0, which holds ``lut``'s table when the tile uses
-    ``luti4``), calls the body — a streaming function sharing ZA (and ZT0) — and turns ZA off."""
+    streaming (``smstart sm``), turns ZA on (and with it ZT0, which holds ``lut``'s table, :func:`lut_definition`,
+    when the tile uses ``luti4``), calls the body — a streaming function sharing ZA (and ZT0) — and turns ZA off."""
     shared = '"aarch64_inout_za" "aarch64_inout_zt0"' if lut else '"aarch64_inout_za"'
     entry = IrText()
     entry.call("void", "llvm.aarch64.sme.za.enable")
@@ -129,7 +131,7 @@ def tile_module(symbol: str, body: IrText, lut: str | None = None) -> str:
     entry.do("ret void")
     declarations = {**body.declarations, **entry.declarations}
     functions = [
-        *([lut_definition(lut)] if lut else []),
+        *([lut_definition(lut, signed)] if lut else []),
         f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
         *entry.lines,
         "}",
@@ -221,3 +223,25 @@ def sme_tiles(
 
     installed = native.install_tiles(host, lambda _isa: (tile_module(symbol) for symbol in (*bodies, vl)))
     return SmeTiles(tile_module, kernel_tile, installed, (*(native.caller(s) for s in bodies), vl_reader(vl)))
+
+
+def sme2_tiles(
+    kernels: Iterable[tuple[str, str]],
+    vl: str,
+    bodies: Mapping[str, Callable],
+    new_ir: Callable[[], IrText],
+    lut: str | None,
+    signed: bool = False,
+) -> SmeTiles:
+    """:func:`sme_tiles` of SME2 tiles: for ``aarch64-sme2``, installed on a host with SME2, each the
+    :func:`tile_module` of its body with ZT0's table ``lut`` (``signed``: :func:`lut_definition`'s; None: no
+    ZT0)."""
+    return sme_tiles(
+        native.host_isa("aarch64-sme2"),
+        ("aarch64-sme2",),
+        kernels,
+        vl,
+        bodies,
+        new_ir,
+        lambda symbol, body: tile_module(symbol, body, lut, signed),
+    )

@@ -33,9 +33,7 @@ from collections.abc import Iterator
 import numba
 import numpy as np
 
-from kleidipy.core import native
-from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme_tiles, tuple_type
-from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme2_tiles, tuple_type
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
@@ -279,14 +277,8 @@ def sdot_body(ir: Ir) -> None:
 #: (:data:`VL`), for ``aarch64-sme2``, of the family's SME2 kernels and of the SME kernels they also run; installed
 #: on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 — the tiles are not available); ``_host_vl`` the
 #: vector length the tiles run at (read at each call: it is the thread's)
-tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
-    native.host_isa("aarch64-sme2"),
-    ("aarch64-sme2",),
-    (*KERNELS.items(), *SME_KERNELS.items()),
-    VL,
-    {MOPA: mopa_body, SDOT: sdot_body},
-    Ir,
-    lambda symbol, body: sme2_tile_module(symbol, body, None),
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme2_tiles(
+    (*KERNELS.items(), *SME_KERNELS.items()), VL, {MOPA: mopa_body, SDOT: sdot_body}, Ir, None
 )
 AVAILABLE = HOST_ISA is not None
 

@@ -36,9 +36,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.core import native
-from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme_tiles, tuple_type
-from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme2_tiles, tuple_type
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
 
@@ -239,14 +237,8 @@ def _dot_body(ir: _Ir) -> None:
 #: the tiles (IR text, :data:`MOPA`, :data:`DOT`, and ``i64 VL()``, :data:`VL`: the streaming vector length in 32-bit
 #: lanes) for ``aarch64-sme2``; installed on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 — the
 #: tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call: it is the thread's)
-tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme_tiles(
-    native.host_isa("aarch64-sme2"),
-    ("aarch64-sme2",),
-    KERNELS.items(),
-    VL,
-    {MOPA: _mopa_body, DOT: _dot_body},
-    _Ir,
-    lambda symbol, body: sme2_tile_module(symbol, body, _LUT),
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme2_tiles(
+    KERNELS.items(), VL, {MOPA: _mopa_body, DOT: _dot_body}, _Ir, _LUT
 )
 AVAILABLE = HOST_ISA is not None
 

@@ -33,9 +33,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.core import native
-from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, sme_tiles, tuple_type
-from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
+from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, sme2_tiles, tuple_type
 from kleidipy.core.vnni import HOST_ISA as VNNI_ISA
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni
@@ -181,14 +179,8 @@ def _sdot_body(ir: _Ir) -> None:
 #: streaming vector length in 32-bit lanes, ``rdsvl``), for ``aarch64-sme2``; installed on a host with SME2
 #: (``HOST_ISA``; None: no SME2, or not aarch64 — the tiles are not available); ``_host_vl`` the vector length the
 #: tiles run at (read at each call: it is the thread's)
-tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
-    native.host_isa("aarch64-sme2"),
-    ("aarch64-sme2",),
-    KERNELS.items(),
-    VL,
-    {MOPA: _mopa_body, SDOT: _sdot_body},
-    _Ir,
-    lambda symbol, body: sme2_tile_module(symbol, body, _LUT),
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme2_tiles(
+    KERNELS.items(), VL, {MOPA: _mopa_body, SDOT: _sdot_body}, _Ir, _LUT
 )
 AVAILABLE = HOST_ISA is not None
 
