@@ -108,6 +108,19 @@ class IrText:
         """a·b + c rounded once (``fmla``)."""
         return self.call(F, "llvm.fma.nxv4f32", (F, a), (F, b), (F, c), name=name)
 
+    def column_predicates(self) -> None:
+        """``%pn``: the columns < n of the group of columns at ``%j0`` (4 vectors), for the dst stores."""
+        self.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+
+    def begin_column_groups(self) -> None:
+        """The start of a tile's loop over its groups of columns (block ``n_loop``: ``%j0`` from 0, ``%rgroup`` from
+        ``%rhs``) and the group's :meth:`column_predicates`; it ends in :meth:`end_column_groups`."""
+        self.do("br label %n_loop")
+        self.label("n_loop")
+        self("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
+        self("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
+        self.column_predicates()
+
     def end_column_groups(self) -> None:
         """The end of a tile's loop over its groups of columns (block ``m_end``: ``%j0`` += ``%nr``, ``%rgroup`` +=
         ``%rstride``, back to ``n_loop`` while ``%j0`` < ``%n``) and of the function."""

@@ -93,10 +93,6 @@ class Ir(IrText):
         self.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
         self.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
 
-    def column_predicates(self) -> None:
-        """``%pn``: the column group's columns < n, for the dst stores."""
-        self.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
-
     def za_row(self, r: str) -> list[str]:
         """The int32 dots of row ``r`` of ZA0.S .. ZA3.S (ZA array vectors 4r .. 4r + 3: one ``mova``)."""
         slice_ = self(f"trunc i64 {self(f'shl i64 {r}, 2')} to i32")
@@ -177,11 +173,7 @@ def column_group(ir: Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
     dst stores; ``%rparams``: the group's sums, scales, biases; ``%dstcol``: its first dst column). It ends in
     ``ir.end_column_groups()``."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.column_predicates()
+    ir.begin_column_groups()
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 

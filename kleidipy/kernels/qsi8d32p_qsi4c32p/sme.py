@@ -89,6 +89,12 @@ class _Ir(IrText):
             self.call(F, "llvm.aarch64.sve.ld1.nxv4f32", (P32, f"%p{t}"), ("ptr", self.at(at, t, F))) for t in range(4)
         ]
 
+    def column_predicates(self) -> None:
+        """``%p0`` … ``%p3``: the columns < n of each vector of the column group, for the dst stores."""
+        for t in range(4):
+            start = self(f"add i64 %j0, {self(f'mul i64 %vl, {t}')}")
+            self.call(P32, "llvm.aarch64.sve.whilelt.nxv4i1.i64", ("i64", start), ("i64", "%n"), name=f"p{t}")
+
     def store(self, values: list[str], at: str) -> None:
         """``st1w`` of 4 vectors of float32 at ``at`` under the column predicates ``%p0`` … ``%p3``."""
         for t, x in enumerate(values):
@@ -117,13 +123,7 @@ def _column_group(ir: _Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%p0`` … ``%p3``: the columns < n
     of each vector, for dst; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in
     ``ir.end_column_groups()``."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    for t in range(4):
-        start = ir(f"add i64 %j0, {ir(f'mul i64 %vl, {t}')}")
-        ir.call(P32, "llvm.aarch64.sve.whilelt.nxv4i1.i64", ("i64", start), ("i64", "%n"), name=f"p{t}")
+    ir.begin_column_groups()
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 

@@ -96,11 +96,7 @@ def _column_group(ir: _Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
     dst stores; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in
     ``ir.end_column_groups()``."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ir.begin_column_groups()
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
