@@ -89,6 +89,15 @@ class _Ir(IrText):
             self.call(F, "llvm.aarch64.sve.ld1.nxv4f32", (P32, f"%p{t}"), ("ptr", self.at(at, t, F))) for t in range(4)
         ]
 
+    def za_row(self, r: str) -> list[str]:
+        """The float32 dots of row ``r`` of ZA0.S .. ZA3.S (``mova`` of each tile's row, ``scvtf``)."""
+        slice_ = self(f"trunc i64 {r} to i32")
+        dots = []
+        for tile in range(4):
+            args = ((W, "poison"), (P32, "%ptrue32"), ("i32", str(tile)), ("i32", slice_))
+            dots.append(self(f"sitofp {W} {self.call(W, 'llvm.aarch64.sme.read.horiz.nxv4i32', *args)} to {F}"))
+        return dots
+
     def column_predicates(self) -> None:
         """``%p0`` … ``%p3``: the columns < n of each vector of the column group, for the dst stores."""
         for t in range(4):
@@ -119,21 +128,9 @@ def _prologue(ir: _Ir) -> None:
     ir.splat(B, "i8", "-16", "high")
 
 
-def _column_group(ir: _Ir) -> None:
-    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%p0`` … ``%p3``: the columns < n
-    of each vector, for dst; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in
-    ``ir.end_column_groups()``."""
-    ir.begin_column_groups()
-    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
-    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) -> None:
-    """One block of the MOPA tile (``at``: the block's LHS codes, RHS codes, LHS scales, RHS scales; the code
-    starts in block ``pred``) into the dst rows of the row group: FMUL for ``prefix`` "first", else FMLA into the
-    stored partial sums. Ends in block ``{prefix}.end``."""
-    lp, rp, ls, rs = at
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+def _mopa_products(ir: _Ir, lp: str, rp: str) -> None:
+    """A block's products into ZA0.S .. ZA3.S (``lp``, ``rp``: its LHS and RHS codes): per packet of 2 K groups,
+    ``smopa`` of the low and high nibbles."""
     for p in range(4):  # packet p: K groups 2p, 2p + 1 (VL rows × 4 int8 each), 4·VL columns × 4 words
         lhs = [ir(f"load {B}, ptr {ir.at(lp, 2 * p + h, B)}, align 1") for h in range(2)]
         rhs = ir.rhs_words(ir.at(rp, 4 * p, B))
@@ -142,6 +139,25 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
                 predicates = ((P, "%ptrue"), (P, "%ptrue"))
                 args = (("i32", str(tile)), *predicates, (B, lhs[h]), (B, values[h]))
                 ir.call("void", "llvm.aarch64.sme.smopa.wide.nxv16i8", *args)
+
+
+def column_group(ir: IrText) -> None:
+    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; the column predicates, for dst;
+    ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in ``ir.end_column_groups()``."""
+    ir.begin_column_groups()
+    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
+    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
+
+
+def _mopa_block(
+    ir: IrText, prefix: str, pred: str, at: tuple[str, str, str, str], products: Callable[[IrText, str, str], None]
+) -> None:
+    """One block of the MOPA tile (``at``: the block's LHS codes, RHS codes, LHS scales, RHS scales; the code
+    starts in block ``pred``; ``products``: its products into ZA) into the dst rows of the row group: FMUL for
+    ``prefix`` "first", else FMLA into the stored partial sums. Ends in block ``{prefix}.end``."""
+    lp, rp, ls, rs = at
+    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+    products(ir, lp, rp)
     s_r = ir.rhs_scales(rs)
     rows = f"{prefix}.rows"
     ir.do(f"br label %{rows}")
@@ -149,11 +165,7 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     ir(f"phi i64 [0, %{pred}], [%{prefix}.r.next, %{rows}]", f"{prefix}.r")
     ir(f"phi ptr [%dst0, %{pred}], [%{prefix}.dst.next, %{rows}]", f"{prefix}.dst")
     ir(f"phi ptr [{ls}, %{pred}], [%{prefix}.sl.next, %{rows}]", f"{prefix}.sl")
-    slice_ = ir(f"trunc i64 %{prefix}.r to i32")
-    dots = []
-    for tile in range(4):
-        args = ((W, "poison"), (P32, "%ptrue32"), ("i32", str(tile)), ("i32", slice_))
-        dots.append(ir(f"sitofp {W} {ir.call(W, 'llvm.aarch64.sme.read.horiz.nxv4i32', *args)} to {F}"))
+    dots = ir.za_row(f"%{prefix}.r")
     scale = ir.scales(f"%{prefix}.sl", s_r)
     if prefix == "first":  # FMUL: a −0 product stays −0
         acc = [ir(f"fmul {F} {s}, {a}") for s, a in zip(scale, dots, strict=True)]
@@ -172,13 +184,13 @@ def mopa_body(
     ir: IrText,
     rows: str,
     prologue: Callable[[IrText], None],
-    column_group: Callable[[IrText], None],
-    mopa_block: Callable[[IrText, str, str, tuple[str, str, str, str]], None],
+    products: Callable[[IrText, str, str], None],
 ) -> None:
     """The MOPA tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
     [m, n] from LHS groups of VL rows (``rows``, the value of VL set by ``prologue``: 4 bytes each per K group, one
-    vector) and RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1 (``mopa_block``),
-    per group of columns (``column_group`` … ``ir.end_column_groups()``)."""
+    vector) and RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1 (``products``: a
+    block's products into ZA, from its LHS and RHS codes), per group of columns (:func:`column_group` …
+    ``ir.end_column_groups()``); the rows of ZA read by ``ir.za_row``, scaled, summed into dst."""
     prologue(ir)
     ir(f"shl i64 {rows}, 5", "lblock")
     ir(f"shl i64 {rows}, 1", "lscale")
@@ -193,13 +205,14 @@ def mopa_body(
     ir(f"select i1 {ir(f'icmp ult i64 {left}, {rows}')}, i64 {left}, i64 {rows}", "rows")
     ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
     ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lscales")
-    mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"))
+    _mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"), products)
     ir.do(f"br i1 {ir('icmp ugt i64 %nb, 1')}, label %k_loop, label %k_end")
     ir.label("k_loop")
     ir("phi i64 [1, %first.end], [%blk.next, %next.end]", "blk")
     offsets = [ir(f"mul i64 %blk, %{size}") for size in ("lblock", "rblock", "lscale", "rscale")]
     bases = ("%lgroup", "%rgroup", "%lscales", "%rscales")
-    mopa_block(ir, "next", "k_loop", tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True)))
+    at = tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True))
+    _mopa_block(ir, "next", "k_loop", at, products)
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
@@ -211,13 +224,12 @@ def mopa_body(
 
 def _mopa_body(ir: _Ir) -> None:
     """The MOPA tile: :func:`mopa_body` with this module's steps (``%vl``: VL rows per LHS group)."""
-    mopa_body(ir, "%vl", _prologue, _column_group, _mopa_block)
+    mopa_body(ir, "%vl", _prologue, _mopa_products)
 
 
 def dot_body(
     ir: IrText,
     prologue: Callable[[IrText], None],
-    column_group: Callable[[IrText], None],
     block_dots: Callable[[IrText, str, str], list[str]],
 ) -> None:
     """The DOT tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
@@ -273,7 +285,7 @@ def _dot_block(ir: _Ir, lp: str, rp: str) -> list[str]:
 
 def _dot_body(ir: _Ir) -> None:
     """The DOT tile: :func:`dot_body` with this module's steps."""
-    dot_body(ir, _prologue, _column_group, _dot_block)
+    dot_body(ir, _prologue, _dot_block)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`, :data:`DOT`:

@@ -64,6 +64,16 @@ class _Ir(IrText):
             self.call(tuple_type(H, 2), "llvm.aarch64.sve.zip.x2.nxv8f16", (H, s_r[0]), (H, s_r[1])), H, 2
         )
 
+    def za_row(self, r: str) -> list[str]:
+        """The float32 dots of row ``r`` of ZA0.S .. ZA3.S (ZA array vectors 4r .. 4r + 3: one ``mova``, ``scvtf``)."""
+        slice_ = self(f"trunc i64 {self(f'shl i64 {r}, 2')} to i32")
+        za = self.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+        return self.scvtf([self(f"bitcast {B} {x} to {W}") for x in self.parts(za, B, 4)])
+
+    def load_row(self, at: str) -> list[str]:
+        """``ld1w`` of the 4 vectors of a dst row at ``at`` under the column predicate ``%pn``."""
+        return self.load(at, F, 4, "%pn")
+
     def scales(self, s_l_at: str, s_r: list[str]) -> list[str]:
         """S = s_L · s_R + 0 (FMLALB/FMLALT from +0: exact, a −0 product becomes +0) of the 4 column ranges:
         ``s_l_at`` points to the row's fp16 s_L, ``s_r`` from :meth:`rhs_scales`."""
@@ -92,21 +102,9 @@ def _prologue(ir: _Ir) -> None:
     ir.call(PN, "llvm.aarch64.sve.ptrue.c16", name="pn16")
 
 
-def _column_group(ir: _Ir) -> None:
-    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
-    dst stores; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in
-    ``ir.end_column_groups()``."""
-    ir.begin_column_groups()
-    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
-    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) -> None:
-    """One block of the MOPA tile (``at``: the block's LHS codes, RHS codes, LHS scales, RHS scales; the code
-    starts in block ``pred``) into the dst rows of the row group: FMUL for ``prefix`` "first", else FMLA into the
-    stored partial sums. Ends in block ``{prefix}.end``."""
-    lp, rp, ls, rs = at
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+def _mopa_products(ir: _Ir, lp: str, rp: str) -> None:
+    """A block's products into ZA0.S .. ZA3.S (``lp``, ``rp``: its LHS and RHS codes): per K group, ``luti4`` of
+    the RHS codes and ``smopa``."""
     for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
         lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
         rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
@@ -115,28 +113,6 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
             ir.call(
                 "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
             )
-    s_r = ir.rhs_scales(rs)
-    rows = f"{prefix}.rows"
-    ir.do(f"br label %{rows}")
-    ir.label(rows)  # row r: ZA array vectors 4r .. 4r + 3, row r of ZA0.S .. ZA3.S
-    ir(f"phi i64 [0, %{pred}], [%{prefix}.r.next, %{rows}]", f"{prefix}.r")
-    ir(f"phi ptr [%dst0, %{pred}], [%{prefix}.dst.next, %{rows}]", f"{prefix}.dst")
-    ir(f"phi ptr [{ls}, %{pred}], [%{prefix}.sl.next, %{rows}]", f"{prefix}.sl")
-    slice_ = ir(f"trunc i64 {ir(f'shl i64 %{prefix}.r, 2')} to i32")
-    za = ir.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
-    dots = ir.scvtf([ir(f"bitcast {B} {x} to {W}") for x in ir.parts(za, B, 4)])
-    scale = ir.scales(f"%{prefix}.sl", s_r)
-    if prefix == "first":  # FMUL: a −0 product stays −0
-        acc = [ir(f"fmul {F} {s}, {a}") for s, a in zip(scale, dots, strict=True)]
-    else:
-        partial = ir.load(f"%{prefix}.dst", F, 4, "%pn")
-        acc = [ir.fma(a, s, old) for a, s, old in zip(dots, scale, partial, strict=True)]
-    ir.store(acc, f"%{prefix}.dst")
-    ir(f"add i64 %{prefix}.r, 1", f"{prefix}.r.next")
-    ir(f"getelementptr i8, ptr %{prefix}.dst, i64 %rowbytes", f"{prefix}.dst.next")
-    ir(f"getelementptr i8, ptr %{prefix}.sl, i64 2", f"{prefix}.sl.next")
-    ir.do(f"br i1 {ir(f'icmp ult i64 %{prefix}.r.next, %rows')}, label %{rows}, label %{prefix}.end")
-    ir.label(f"{prefix}.end")
 
 
 def _mopa_prologue(ir: _Ir) -> None:
@@ -147,7 +123,7 @@ def _mopa_prologue(ir: _Ir) -> None:
 
 def _mopa_body(ir: _Ir) -> None:
     """The MOPA tile: the loops of ``sme.mopa_body`` (the SME1 tile's) with this module's steps."""
-    mopa_body(ir, "%mr", _mopa_prologue, _column_group, _mopa_block)
+    mopa_body(ir, "%mr", _mopa_prologue, _mopa_products)
 
 
 def _sdot_block(ir: _Ir, lp: str, rp: str) -> list[str]:
@@ -166,7 +142,7 @@ def _sdot_block(ir: _Ir, lp: str, rp: str) -> list[str]:
 
 def _sdot_body(ir: _Ir) -> None:
     """The SDOT tile: the loops of ``sme.dot_body`` (the SME1 DOT tile's) with this module's steps."""
-    dot_body(ir, _prologue, _column_group, _sdot_block)
+    dot_body(ir, _prologue, _sdot_block)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
