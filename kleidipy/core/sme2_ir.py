@@ -13,7 +13,7 @@ for the reason of native tiles at all, see :mod:`kleidipy.core.native`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from llvmlite import ir
@@ -98,6 +98,29 @@ class IrText:
         """``luti4 {2 vectors}, zt0, codes[0]``: the int8 u − 8 of the SVL/4 codes of a vector, in order."""
         intrinsic = "llvm.aarch64.sme.luti4.lane.zt.x2.nxv16i8"
         return self.parts(self.call(tuple_type(B, 2), intrinsic, ("i32", "0"), (B, codes), ("i32", "0")), B, 2)
+
+    def luti4_groups(self, rp: str, h: int) -> Iterator[tuple[int, list[str]]]:
+        """The K groups 4h + g, g = 0 .. 3 in turn, of a block of 4-bit codes at ``rp`` (2 bytes per column and K
+        group: 2 vectors of codes a group): (g, its 4 vectors of int8), groups g and g + 1 ``luti4`` of the same 4
+        vectors of codes."""
+        for g in (0, 2):
+            rhs = [x for codes in self.load(self.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in self.luti4(codes)]
+            for i in range(2):
+                yield g + i, rhs[4 * i : 4 * i + 4]
+
+    def luti4_sdot(self, lp: str, rp: str) -> list[str]:
+        """The float32 dots of a block of 32 K values of one row (int8 at ``lp``) with 4·VL columns of 4-bit codes
+        (:meth:`luti4_groups` at ``rp``): ``zero {za}``, per 16 LHS bytes (``ld1rqb``) the multi-vector ``sdot
+        za.s[w8, 0, vgx4]`` indexed by the K group, ``mova`` of the 4 ZA vectors, ``scvtf``."""
+        self.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+        for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
+            lhs = self.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", self.at(lp, 16 * h)))
+            for g, rhs in self.luti4_groups(rp, h):
+                values = [(B, x) for x in rhs]
+                intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
+                self.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g)))
+        za = self.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0"))
+        return self.scvtf(self.parts(za, W, 4))
 
     def scvtf(self, ints: list[str]) -> list[str]:
         """float32 of 4 vectors of int32 (exact: |dot| < 2^24), one multi-vector ``scvtf``."""

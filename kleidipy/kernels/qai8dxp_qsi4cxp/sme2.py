@@ -85,12 +85,8 @@ class _Ir(Ir):
         return [x for codes in self.load(self.at(rp, 2 * t, B), B, 2, "%pn8") for x in self.luti4(codes)]
 
     def sdot_rhs(self, rp: str, h: int) -> Iterator[tuple[int, list[str]]]:
-        """The block's K groups 4h + g, g = 0 .. 3: groups g and g + 1 from the same 4 vectors of codes (8 of
-        int8)."""
-        for g in (0, 2):
-            rhs = [x for codes in self.load(self.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in self.luti4(codes)]
-            for i in range(2):
-                yield g + i, rhs[4 * i : 4 * i + 4]
+        """The block's K groups 4h + g (:meth:`~kleidipy.core.sme2_ir.IrText.luti4_groups`)."""
+        return self.luti4_groups(rp, h)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,

@@ -204,16 +204,7 @@ def _dot_body(ir: _Ir) -> None:
         ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
     lp = ir.at("%lrow", ir(f"mul i64 %blk, {LHS_BLOCK}"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
-        for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
-            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in ir.luti4(codes)]
-            for i in range(2):
-                values = [(B, x) for x in rhs[4 * i : 4 * i + 4]]
-                intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-                ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g + i)))
-    dots = ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
+    dots = ir.luti4_sdot(lp, rp)
     zero, scale = ir.params(rp)
     rs, rc = ir.splat(ir.at(lp, BL)), ir.splat(ir.at(lp, BL + 4))
     for v in range(4):  # the zero term, then the scale term, both fused

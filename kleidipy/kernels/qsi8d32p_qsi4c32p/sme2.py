@@ -126,23 +126,9 @@ def _mopa_body(ir: _Ir) -> None:
     mopa_body(ir, "%mr", _mopa_prologue, _mopa_products)
 
 
-def _sdot_block(ir: _Ir, lp: str, rp: str) -> list[str]:
-    """The float32 dots of one block of the SDOT tile (multi-vector ``sdot`` into ZA of the ``luti4`` int8)."""
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
-        for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
-            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in ir.luti4(codes)]
-            for i in range(2):
-                values = [(B, x) for x in rhs[4 * i : 4 * i + 4]]
-                intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-                ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g + i)))
-    return ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
-
-
 def _sdot_body(ir: _Ir) -> None:
     """The SDOT tile: the loops of ``sme.dot_body`` (the SME1 DOT tile's) with this module's steps."""
-    dot_body(ir, _prologue, _sdot_block)
+    dot_body(ir, _prologue, _Ir.luti4_sdot)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
