@@ -99,6 +99,20 @@ class IrText:
         intrinsic = "llvm.aarch64.sme.luti4.lane.zt.x2.nxv16i8"
         return self.parts(self.call(tuple_type(B, 2), intrinsic, ("i32", "0"), (B, codes), ("i32", "0")), B, 2)
 
+    def luti4_group(self, rp: str, t: int) -> list[str]:
+        """The 4 vectors of int8 of K group t of a block of 4-bit codes at ``rp`` (2 bytes per column and K group:
+        2 vectors of codes, ``luti4`` each)."""
+        return [x for codes in self.load(self.at(rp, 2 * t, B), B, 2, "%pn8") for x in self.luti4(codes)]
+
+    def luti4_mopa(self, lp: str, rp: str) -> None:
+        """A block's products into ZA0.S .. ZA3.S: per K group t of 8, ``smopa`` of VL rows × 4 int8 (one vector
+        at ``lp``) by the 4·VL columns of :meth:`luti4_group` t (``rp``)."""
+        for t in range(8):
+            lhs = self(f"load {B}, ptr {self.at(lp, t, B)}, align 1")
+            for tile, values in enumerate(self.luti4_group(rp, t)):
+                args = (("i32", str(tile)), (P, "%ptrue"), (P, "%ptrue"), (B, lhs), (B, values))
+                self.call("void", "llvm.aarch64.sme.smopa.wide.nxv16i8", *args)
+
     def luti4_groups(self, rp: str, h: int) -> Iterator[tuple[int, list[str]]]:
         """The K groups 4h + g, g = 0 .. 3 in turn, of a block of 4-bit codes at ``rp`` (2 bytes per column and K
         group: 2 vectors of codes a group): (g, its 4 vectors of int8), groups g and g + 1 ``luti4`` of the same 4

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 
 import numba
 
-from kleidipy.core.sme2_ir import B, sme2_tiles
+from kleidipy.core.sme2_ir import sme2_tiles
 from kleidipy.kernels.qai8dxp_qsi4cxp import neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as qai8dxp_qsi8cxp
@@ -82,7 +82,7 @@ class _Ir(Ir):
 
     def mopa_rhs(self, rp: str, t: int) -> list[str]:
         """The 4 vectors of int8 of the block's K group t: 2 vectors of codes at ``rp``, ``luti4`` each."""
-        return [x for codes in self.load(self.at(rp, 2 * t, B), B, 2, "%pn8") for x in self.luti4(codes)]
+        return self.luti4_group(rp, t)
 
     def sdot_rhs(self, rp: str, h: int) -> Iterator[tuple[int, list[str]]]:
         """The block's K groups 4h + g (:meth:`~kleidipy.core.sme2_ir.IrText.luti4_groups`)."""

@@ -107,14 +107,7 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, lp: str, rp: str) -> None:
     the dst rows of the row group: the first-block FMUL of the zero term for ``prefix`` "first", else FMLA onto the
     stored partial sums. Ends in block ``{prefix}.end``."""
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
-        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
-        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
-        for tile, values in enumerate(rhs):
-            predicates = ((P, "%ptrue"), (P, "%ptrue"))
-            ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
-            )
+    ir.luti4_mopa(lp, rp)
     zero, scale = ir.params(rp)
     sums = ir.at(lp, "%lsum")
     rows = f"{prefix}.rows"

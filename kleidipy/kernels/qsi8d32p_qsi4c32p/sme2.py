@@ -102,19 +102,6 @@ def _prologue(ir: _Ir) -> None:
     ir.call(PN, "llvm.aarch64.sve.ptrue.c16", name="pn16")
 
 
-def _mopa_products(ir: _Ir, lp: str, rp: str) -> None:
-    """A block's products into ZA0.S .. ZA3.S (``lp``, ``rp``: its LHS and RHS codes): per K group, ``luti4`` of
-    the RHS codes and ``smopa``."""
-    for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
-        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
-        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
-        for tile, values in enumerate(rhs):
-            predicates = ((P, "%ptrue"), (P, "%ptrue"))
-            ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
-            )
-
-
 def _mopa_prologue(ir: _Ir) -> None:
     """:func:`_prologue` and ``%mr``: VL, the rows of an LHS group (the MOPA tile's)."""
     _prologue(ir)
@@ -123,7 +110,7 @@ def _mopa_prologue(ir: _Ir) -> None:
 
 def _mopa_body(ir: _Ir) -> None:
     """The MOPA tile: the loops of ``sme.mopa_body`` (the SME1 tile's) with this module's steps."""
-    mopa_body(ir, "%mr", _mopa_prologue, _mopa_products)
+    mopa_body(ir, "%mr", _mopa_prologue, _Ir.luti4_mopa)
 
 
 def _sdot_body(ir: _Ir) -> None:
