@@ -158,6 +158,18 @@ class IrText:
         self("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
         self.column_predicates()
 
+    def begin_row_groups(self, rows: str, end: str) -> None:
+        """The start of a MOPA tile's loop over its groups of ``rows`` rows (block ``m_loop``, back from block
+        ``end``): ``%i0`` from 0, ``%lgroup`` from ``%lhs``, ``%rows`` the group's rows below m (the last group is
+        partial: its rows past m are not stored), ``%dst0`` its first dst row."""
+        self.do("br label %m_loop")
+        self.label("m_loop")
+        self(f"phi i64 [0, %n_loop], [%i0.next, %{end}]", "i0")
+        self(f"phi ptr [%lhs, %n_loop], [%lgroup.next, %{end}]", "lgroup")
+        left = self("sub i64 %m, %i0")
+        self(f"select i1 {self(f'icmp ult i64 {left}, {rows}')}, i64 {left}, i64 {rows}", "rows")
+        self(f"getelementptr i8, ptr %dstcol, i64 {self('mul i64 %i0, %rowbytes')}", "dst0")
+
     def end_column_groups(self) -> None:
         """The end of a tile's loop over its groups of columns (block ``m_end``: ``%j0`` += ``%nr``, ``%rgroup`` +=
         ``%rstride``, back to ``n_loop`` while ``%j0`` < ``%n``) and of the function."""
