@@ -170,6 +170,30 @@ class IrText:
         self(f"select i1 {self(f'icmp ult i64 {left}, {rows}')}, i64 {left}, i64 {rows}", "rows")
         self(f"getelementptr i8, ptr %dstcol, i64 {self('mul i64 %i0, %rowbytes')}", "dst0")
 
+    def begin_rows(self) -> None:
+        """The start of a GEMV tile's loop over the rows of its column group (block ``m_loop``, back from block
+        ``k_end``): ``%i`` from 0, ``%lrow`` from ``%lhs``."""
+        self.do("br label %m_loop")
+        self.label("m_loop")
+        self("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
+        self("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
+
+    def end_rows(self) -> None:
+        """The end of :meth:`begin_rows`' loop: ``%i`` += 1, ``%lrow`` += ``%lstride``, back to ``m_loop`` while
+        ``%i`` < ``%m``, else on to block ``m_end``."""
+        self("add i64 %i, 1", "i.next")
+        self("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
+        self.do(f"br i1 {self('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
+
+    def begin_float_blocks(self) -> None:
+        """The start of a GEMV row's block loop (block ``k_loop``): ``%blk`` from 0 and the float accumulators
+        ``%acc0`` … ``%acc3`` of the 4 column ranges from +0 (``%acc{v}.next`` at the end of a block)."""
+        self.do("br label %k_loop")
+        self.label("k_loop")
+        self("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
+        for v in range(4):
+            self(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+
     def end_column_groups(self) -> None:
         """The end of a tile's loop over its groups of columns (block ``m_end``: ``%j0`` += ``%nr``, ``%rgroup`` +=
         ``%rstride``, back to ``n_loop`` while ``%j0`` < ``%n``) and of the function."""

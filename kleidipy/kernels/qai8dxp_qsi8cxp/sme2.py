@@ -237,10 +237,7 @@ def sdot_body(ir: Ir) -> None:
     (4 int8 each per K group: 4 vectors, :meth:`Ir.sdot_rhs`), row after row."""
     _prologue(ir, "add i64 0, 1")
     column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
+    ir.begin_rows()
     lp, rp, acc = ir.dot_loop("%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
@@ -251,9 +248,7 @@ def sdot_body(ir: Ir) -> None:
     lparams = ir("getelementptr i8, ptr %lrow, i64 %kint")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     ir.store(ir.epilogue(dots, ir.column_params("%rparams"), lparams, "0", fma_bias=True), dst)
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
+    ir.end_rows()
     ir.end_column_groups()
 
 

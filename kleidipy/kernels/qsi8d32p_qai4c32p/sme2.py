@@ -180,15 +180,8 @@ def _dot_body(ir: _Ir) -> None:
     ir(f"mul i64 %nb, {LHS_BLOCK}", "lstride")
     _column_group(ir)
     bias = _bias(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
-    ir.do("br label %k_loop")
-    ir.label("k_loop")
-    ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
-    for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+    ir.begin_rows()
+    ir.begin_float_blocks()
     lp = ir.at("%lrow", ir(f"mul i64 %blk, {LHS_BLOCK}"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
     dots = ir.luti4_sdot(lp, rp)
@@ -202,9 +195,7 @@ def _dot_body(ir: _Ir) -> None:
     ir.label("k_end")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     ir.store([ir(f"fadd {F} %acc{v}.next, {bias[v]}") for v in range(4)], dst)
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
+    ir.end_rows()
     ir.end_column_groups()
 
 

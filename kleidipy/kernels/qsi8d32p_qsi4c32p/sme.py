@@ -234,16 +234,9 @@ def dot_body(
     ir("shl i64 %nb, 5", "ldata")
     ir("mul i64 %nb, 34", "lstride")
     column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
+    ir.begin_rows()
     ir("getelementptr i8, ptr %lrow, i64 %ldata", "lscales")
-    ir.do("br label %k_loop")
-    ir.label("k_loop")
-    ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
-    for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+    ir.begin_float_blocks()
     lp = ir.at("%lrow", ir("shl i64 %blk, 5"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
     dots = block_dots(ir, lp, rp)
@@ -257,9 +250,7 @@ def dot_body(
     ir.store(
         [f"%acc{v}.next" for v in range(4)], ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     )
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
+    ir.end_rows()
     ir.end_column_groups()
 
 
