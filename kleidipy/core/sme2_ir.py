@@ -1,11 +1,13 @@
 """LLVM IR text of the native SME2 tiles (``kleidipy/kernels/<family>/sme2.py``): the scalable vector types, an
 emitter of function bodies (:class:`IrText`: values, labels, intrinsic calls with their declarations, predicated
-multi-vector loads and stores, ``luti4`` through ZT0, multi-vector ``scvtf``, ``fma``), the module of a tile
-(:func:`tile_module`: a locally streaming entry point that turns ZA, and ZT0, on and off itself around the body —
+multi-vector loads and stores, ``luti4`` through ZT0 and the GEMM / GEMV blocks of 4-bit codes it decodes,
+multi-vector ``scvtf``, ``fma``, the loops every tile shares over column groups, row groups and rows), the module of
+a tile (:func:`tile_module`: a locally streaming entry point that turns ZA, and ZT0, on and off itself around the body —
 so no SME ABI support routine is called, which Debian bookworm's libgcc lacks), that of a tile without ZA
 (:func:`streaming_module`: the SME1 GEMV tiles) and the streaming vector length
-(:func:`vl_module`, read from numba code by :func:`vl_reader`); and :func:`sme_tiles`, what a family module
-declares its tiles with: their modules, the kernels they are, their installation on this host and their callers.
+(:func:`vl_module`, read from numba code by :func:`vl_reader`); and :func:`sme_tiles` (:func:`sme2_tiles` for SME2),
+what a family module declares its tiles with: their modules, the kernels they are, their installation on this host
+and their callers.
 
 Hand-written as text because llvmlite's IR builder has no scalable vector types and no SME function attributes;
 for the reason of native tiles at all, see :mod:`kleidipy.core.native`.
