@@ -245,6 +245,12 @@ def streaming_module(symbol: str, body: IrText) -> str:
     return "\n".join([*functions, *body.declarations.values()]) + "\n"
 
 
+def sme1_module(za: str) -> Callable[[str, IrText], str]:
+    """The module of an SME1 tile (the ``wrap`` of :func:`sme_tiles`): the tile ``za`` (the MOPA) uses ZA
+    (:func:`tile_module`), the others not (:func:`streaming_module`)."""
+    return lambda symbol, body: tile_module(symbol, body) if symbol == za else streaming_module(symbol, body)
+
+
 def vl_module(symbol: str) -> str:
     """The module of ``i64 symbol()``: the streaming vector length in 32-bit lanes (``rdsvl``)."""
     body = IrText()

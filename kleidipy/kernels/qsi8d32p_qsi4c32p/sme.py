@@ -35,8 +35,7 @@ import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, sme_tiles, streaming_module
-from kleidipy.core.sme2_ir import tile_module as za_tile_module
+from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, sme1_module, sme_tiles
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes
@@ -285,7 +284,7 @@ tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme_tiles(
     VL,
     {MOPA: _mopa_body, DOT: _dot_body},
     _Ir,
-    lambda symbol, body: za_tile_module(symbol, body) if symbol == MOPA else streaming_module(symbol, body),
+    sme1_module(MOPA),
 )
 AVAILABLE = HOST_ISA is not None
 
