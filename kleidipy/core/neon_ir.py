@@ -28,6 +28,17 @@ SDOT, SMMLA = "llvm.aarch64.neon.sdot.v4i32.v16i8", "llvm.aarch64.neon.smmla.v4i
 COLS = 4
 
 
+def tile_function(name: str, isa: native.NativeIsa) -> tuple[ir.Module, ir.IRBuilder, list[ir.Argument]]:
+    """A tile's module for ``isa`` with its function ``void name(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float*
+    out)`` (the interface of :func:`kleidipy.core.native.caller`): the module, a builder at the function's entry
+    block and its 6 arguments."""
+    module = ir.Module(name=name)
+    module.triple = isa.triple
+    ptr = I8.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64] * 3 + [ptr] * 3), name)
+    return module, ir.IRBuilder(fn.append_basic_block("entry")), list(fn.args)
+
+
 def const(ty: ir.Type, value: int | float) -> ir.Constant:
     return ir.Constant(ty, value)
 

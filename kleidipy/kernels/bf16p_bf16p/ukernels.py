@@ -166,6 +166,18 @@ def pack_rhs_reference(rhs: np.ndarray, bias: np.ndarray, nr: int, kr: int) -> n
 # --------------------------------------------------------------------------------------------- packers
 
 
+def _check_shape(
+    name: str, bl: int | None, dim: str, value: int, values: tuple[int, ...], kr: int, kr_value: int, sr: int
+) -> None:
+    """A packer's shape check: no block length, ``dim`` (mr or nr) ``value`` one of ``values``, kr = ``kr_value``
+    and sr = 1 (else KernelShapeError)."""
+    check_no_bl(name, bl)
+    if value not in values or kr != kr_value or sr != 1:
+        raise KernelShapeError(
+            f"{name}: takes {dim} in {values}, kr={kr_value}, sr=1; got {dim}={value}, kr={kr}, sr={sr}"
+        )
+
+
 class Bf16LhsPacker(LhsPacker):
     """f32 -> bf16 LHS packers (``blocked = False``: no bl); they require m_idx_start == 0 as KleidiAI does."""
 
@@ -183,11 +195,7 @@ class Bf16LhsPacker(LhsPacker):
 
     def check_args(self, m: int, k: int, mr: int, kr: int, sr: int, bl: int | None) -> None:
         super().check_args(m, k, mr, kr, sr, bl)
-        check_no_bl(self.name, bl)
-        if mr not in self.mr_values or kr != self.kr_value or sr != 1:
-            raise KernelShapeError(
-                f"{self.name}: takes mr in {self.mr_values}, kr={self.kr_value}, sr=1; got mr={mr}, kr={kr}, sr={sr}"
-            )
+        _check_shape(self.name, bl, "mr", mr, self.mr_values, kr, self.kr_value, sr)
         if self.single_row and m != 1:
             raise KernelShapeError(f"{self.name}: packs exactly one row (GEMV), got m={m}")
 
@@ -221,11 +229,7 @@ class Bf16KxnRhsPacker(RhsPacker):
 
     def check_args(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None) -> None:
         super().check_args(n, k, nr, kr, sr, bl)
-        check_no_bl(self.name, bl)
-        if nr not in self.nr_values or kr != self.kr_value or sr != 1:
-            raise KernelShapeError(
-                f"{self.name}: takes nr in {self.nr_values}, kr={self.kr_value}, sr=1; got nr={nr}, kr={kr}, sr={sr}"
-            )
+        _check_shape(self.name, bl, "nr", nr, self.nr_values, kr, self.kr_value, sr)
 
     def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
         weights, biases = kxn_inputs(self.name, n, k, rhs, scale, zero, bias)

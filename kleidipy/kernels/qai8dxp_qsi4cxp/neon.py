@@ -51,6 +51,7 @@ from kleidipy.core.neon_ir import (
     neon_tiles,
     splat,
     store_row,
+    tile_function,
     vec,
 )
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
@@ -133,12 +134,7 @@ def tile_module(mr: int, m_step: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, m_step)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, i8* out)``:
     out [m, n] (float32 rows of n) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
     k_int = 32·nb (nb ≥ 1), f32(f32(F·S) + bias), unclamped."""
-    module = ir.Module(name=symbol(mr, m_step))
-    module.triple = isa.triple
-    ptr = ir.IntType(8).as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64] * 3 + [ptr] * 3), symbol(mr, m_step))
-    m, n, nb, lhs, rhs, out = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    module, b, (m, n, nb, lhs, rhs, out) = tile_function(symbol(mr, m_step), isa)
     op = instruction(mr, isa)
     per_tile = groups(mr, m_step, isa)
     k_int = b.mul(nb, const(I64, BLOCK))

@@ -37,9 +37,7 @@ from collections.abc import Iterator
 
 import numba
 
-from kleidipy.core import native
-from kleidipy.core.sme2_ir import B, lut_definition, sme_tiles
-from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
+from kleidipy.core.sme2_ir import sme2_tiles
 from kleidipy.kernels.qai8dxp_qsi4cxp import neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as qai8dxp_qsi8cxp
@@ -62,9 +60,9 @@ KR = 4
 #: the family's NEON tiles (every SME2 CPU has DotProd), which hand the rest to the Q8_0 family's code
 FALLBACK = neon.matmul_qai8dxp if neon.AVAILABLE else qai8dxp_qsi8cxp.MATMUL_COMPUTE
 
+#: the global holding ZT0's table: KleidiAI's ``lut``, entry v the int4 two's-complement value of nibble v (int32,
+#: ``lut_definition(_LUT, signed=True)``)
 _LUT = "@kleidipy_qsi4cx_sme2_lut"
-#: ZT0's table: KleidiAI's ``lut``, entry v the int4 two's-complement value of nibble v (int32)
-_SIGNED_LUT = f"{_LUT} = internal constant [16 x i32] [{', '.join(f'i32 {v - 16 * (v >> 3)}' for v in range(16))}]"
 
 
 class _Ir(Ir):
@@ -75,7 +73,7 @@ class _Ir(Ir):
     rhs_block = 16
 
     def load_table(self) -> None:
-        """ZT0 ← the table (:data:`_SIGNED_LUT`)."""
+        """ZT0 ← the table (:data:`_LUT`)."""
         self.call("void", "llvm.aarch64.sme.ldr.zt", ("i32", "0"), ("ptr", _LUT))
 
     def rhs_data(self) -> str:
@@ -84,21 +82,11 @@ class _Ir(Ir):
 
     def mopa_rhs(self, rp: str, t: int) -> list[str]:
         """The 4 vectors of int8 of the block's K group t: 2 vectors of codes at ``rp``, ``luti4`` each."""
-        return [x for codes in self.load(self.at(rp, 2 * t, B), B, 2, "%pn8") for x in self.luti4(codes)]
+        return self.luti4_group(rp, t)
 
     def sdot_rhs(self, rp: str, h: int) -> Iterator[tuple[int, list[str]]]:
-        """The block's K groups 4h + g, g = 0 .. 3: groups g and g + 1 from the same 4 vectors of codes (8 of
-        int8)."""
-        for g in (0, 2):
-            rhs = [x for codes in self.load(self.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in self.luti4(codes)]
-            for i in range(2):
-                yield g + i, rhs[4 * i : 4 * i + 4]
-
-
-def _module(symbol: str, body: _Ir) -> str:
-    """The module of a tile: the shared wrapper's, whose ZT0 table (the unsigned codes' u − 8) becomes this layout's
-    (its nibbles are signed)."""
-    return sme2_tile_module(symbol, body, _LUT).replace(lut_definition(_LUT), f"{_SIGNED_LUT}, align 64")
+        """The block's K groups 4h + g (:meth:`~kleidipy.core.sme2_ir.IrText.luti4_groups`)."""
+        return self.luti4_groups(rp, h)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
@@ -106,14 +94,8 @@ def _module(symbol: str, body: _Ir) -> str:
 #: of whole groups; the geometry is the SVL it runs at: VL rows (MOPA) or one, 4·VL columns) and ``i64 VL()``
 #: (:data:`VL`), for ``aarch64-sme2``; installed on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 —
 #: the tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call)
-tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
-    native.host_isa("aarch64-sme2"),
-    ("aarch64-sme2",),
-    KERNELS.items(),
-    VL,
-    {MOPA: mopa_body, SDOT: sdot_body},
-    _Ir,
-    _module,
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme2_tiles(
+    KERNELS.items(), VL, {MOPA: mopa_body, SDOT: sdot_body}, _Ir, _LUT, signed=True
 )
 AVAILABLE = HOST_ISA is not None
 

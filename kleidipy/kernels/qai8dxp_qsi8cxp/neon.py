@@ -52,6 +52,7 @@ from kleidipy.core.neon_ir import (
     neon_tiles,
     splat,
     store_row,
+    tile_function,
     vec,
 )
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
@@ -168,12 +169,7 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, i8* out)``: out
     [m, n] (float32 rows of n) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
     k_int = 32·nb (nb ≥ 1), f32(f32(F·S) + bias), unclamped."""
-    module = ir.Module(name=symbol(mr, kr))
-    module.triple = isa.triple
-    ptr = ir.IntType(8).as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64] * 3 + [ptr] * 3), symbol(mr, kr))
-    m, n, nb, lhs, rhs, out = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    module, b, (m, n, nb, lhs, rhs, out) = tile_function(symbol(mr, kr), isa)
     op = instruction(mr, kr, isa)
     per_tile = groups(mr, kr, isa)
     k_int = b.mul(nb, const(I64, BLOCK))

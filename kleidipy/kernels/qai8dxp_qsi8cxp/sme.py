@@ -32,8 +32,7 @@ numba never emits SME instructions.
 from __future__ import annotations
 
 from kleidipy.core import native
-from kleidipy.core.sme2_ir import B, F, W, sme_tiles, streaming_module
-from kleidipy.core.sme2_ir import tile_module as za_tile_module
+from kleidipy.core.sme2_ir import B, F, W, sme1_module, sme_tiles
 from kleidipy.kernels.qai8dxp_qsi8cxp import sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import Ir, block_loop, mopa_body, sdot_body
 
@@ -131,7 +130,7 @@ tile_module, kernel_tile, HOST_ISA, _ = sme_tiles(
     VL,
     {MOPA: mopa_body, DOT: sdot_body},
     _Ir,
-    lambda symbol, body: za_tile_module(symbol, body) if symbol == MOPA else streaming_module(symbol, body),
+    sme1_module(MOPA),
 )
 AVAILABLE = HOST_ISA is not None
 

@@ -33,9 +33,7 @@ from collections.abc import Iterator
 import numba
 import numpy as np
 
-from kleidipy.core import native
-from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme_tiles, tuple_type
-from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme2_tiles, tuple_type
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
@@ -94,10 +92,6 @@ class Ir(IrText):
         """The entry block's all-true predicates after ``%ptrue``: predicates-as-counter of bytes and of words."""
         self.call(PN, "llvm.aarch64.sve.ptrue.c8", name="pn8")
         self.call(PN, "llvm.aarch64.sve.ptrue.c32", name="pn32")
-
-    def column_predicates(self) -> None:
-        """``%pn``: the column group's columns < n, for the dst stores."""
-        self.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
 
     def za_row(self, r: str) -> list[str]:
         """The int32 dots of row ``r`` of ZA0.S .. ZA3.S (ZA array vectors 4r .. 4r + 3: one ``mova``)."""
@@ -178,24 +172,10 @@ def _prologue(ir: Ir, mr: str) -> None:
 def column_group(ir: Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
     dst stores; ``%rparams``: the group's sums, scales, biases; ``%dstcol``: its first dst column). It ends in
-    :func:`end_column_groups`."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.column_predicates()
+    ``ir.end_column_groups()``."""
+    ir.begin_column_groups()
     ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rparams")
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def end_column_groups(ir: Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
 
 
 def block_loop(ir: Ir, pred: str, lhs: str) -> tuple[str, str]:
@@ -224,13 +204,7 @@ def mopa_body(ir: Ir) -> None:
     of 4·VL columns (4 int8 each per K group: 4 vectors, :meth:`Ir.mopa_rhs`)."""
     _prologue(ir, "shl i64 %vscale, 2")
     column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
-    ir("phi i64 [0, %n_loop], [%i0.next, %rows_end]", "i0")
-    ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %rows_end]", "lgroup")
-    left = ir("sub i64 %m, %i0")
-    ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
-    ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
+    ir.begin_row_groups("%mr", "rows_end")
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
     lp, rp = block_loop(ir, "m_loop", "%lgroup")
     for t in range(BLOCK // KR):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 int8 (4 vectors)
@@ -255,7 +229,7 @@ def mopa_body(ir: Ir) -> None:
     ir("add i64 %i0, %mr", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    end_column_groups(ir)
+    ir.end_column_groups()
 
 
 def sdot_body(ir: Ir) -> None:
@@ -263,10 +237,7 @@ def sdot_body(ir: Ir) -> None:
     (4 int8 each per K group: 4 vectors, :meth:`Ir.sdot_rhs`), row after row."""
     _prologue(ir, "add i64 0, 1")
     column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
+    ir.begin_rows()
     lp, rp, acc = ir.dot_loop("%lrow")
     for h in range(BLOCK // 16):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
@@ -277,10 +248,8 @@ def sdot_body(ir: Ir) -> None:
     lparams = ir("getelementptr i8, ptr %lrow, i64 %kint")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     ir.store(ir.epilogue(dots, ir.column_params("%rparams"), lparams, "0", fma_bias=True), dst)
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    end_column_groups(ir)
+    ir.end_rows()
+    ir.end_column_groups()
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
@@ -289,14 +258,8 @@ def sdot_body(ir: Ir) -> None:
 #: (:data:`VL`), for ``aarch64-sme2``, of the family's SME2 kernels and of the SME kernels they also run; installed
 #: on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 — the tiles are not available); ``_host_vl`` the
 #: vector length the tiles run at (read at each call: it is the thread's)
-tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
-    native.host_isa("aarch64-sme2"),
-    ("aarch64-sme2",),
-    (*KERNELS.items(), *SME_KERNELS.items()),
-    VL,
-    {MOPA: mopa_body, SDOT: sdot_body},
-    Ir,
-    lambda symbol, body: sme2_tile_module(symbol, body, None),
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme2_tiles(
+    (*KERNELS.items(), *SME_KERNELS.items()), VL, {MOPA: mopa_body, SDOT: sdot_body}, Ir, None
 )
 AVAILABLE = HOST_ISA is not None
 

@@ -36,9 +36,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.core import native
-from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme_tiles, tuple_type
-from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
+from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme2_tiles, tuple_type
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
 
@@ -93,12 +91,9 @@ def _prologue(ir: _Ir) -> None:
 
 def _column_group(ir: _Ir) -> None:
     """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for dst;
-    ``%bias``: the group's 4 vectors of biases; ``%dstcol``: its first dst column). It ends in :func:`_epilogue`."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
+    ``%bias``: the group's 4 vectors of biases; ``%dstcol``: its first dst column). It ends in
+    ``ir.end_column_groups()``."""
+    ir.begin_column_groups()
     ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
 
 
@@ -107,29 +102,12 @@ def _bias(ir: _Ir) -> list[str]:
     return ir.load(ir.at("%rgroup", "%rdata"), F, 4, "%pn32")
 
 
-def _epilogue(ir: _Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
-
-
 def _mopa_block(ir: _Ir, prefix: str, pred: str, lp: str, rp: str) -> None:
     """One block of the MOPA tile (``lp``, ``rp``: the block's LHS and RHS; the code starts in block ``pred``) into
     the dst rows of the row group: the first-block FMUL of the zero term for ``prefix`` "first", else FMLA onto the
     stored partial sums. Ends in block ``{prefix}.end``."""
     ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
-        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
-        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
-        for tile, values in enumerate(rhs):
-            predicates = ((P, "%ptrue"), (P, "%ptrue"))
-            ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
-            )
+    ir.luti4_mopa(lp, rp)
     zero, scale = ir.params(rp)
     sums = ir.at(lp, "%lsum")
     rows = f"{prefix}.rows"
@@ -168,13 +146,7 @@ def _mopa_body(ir: _Ir) -> None:
     ir("mul i64 %lblock, %nb", "lstride")
     _column_group(ir)
     bias = _bias(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
-    ir("phi i64 [0, %n_loop], [%i0.next, %bias.end]", "i0")
-    ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %bias.end]", "lgroup")
-    left = ir("sub i64 %m, %i0")
-    ir(f"select i1 {ir(f'icmp ult i64 {left}, %mr')}, i64 {left}, i64 %mr", "rows")
-    ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
+    ir.begin_row_groups("%mr", "bias.end")
     _mopa_block(ir, "first", "m_loop", "%lgroup", "%rgroup")
     ir.do(f"br i1 {ir('icmp ugt i64 %nb, 1')}, label %k_loop, label %k_end")
     ir.label("k_loop")
@@ -198,7 +170,7 @@ def _mopa_body(ir: _Ir) -> None:
     ir("add i64 %i0, %mr", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    ir.end_column_groups()
 
 
 def _dot_body(ir: _Ir) -> None:
@@ -208,27 +180,11 @@ def _dot_body(ir: _Ir) -> None:
     ir(f"mul i64 %nb, {LHS_BLOCK}", "lstride")
     _column_group(ir)
     bias = _bias(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
-    ir.do("br label %k_loop")
-    ir.label("k_loop")
-    ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
-    for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+    ir.begin_rows()
+    ir.begin_float_blocks()
     lp = ir.at("%lrow", ir(f"mul i64 %blk, {LHS_BLOCK}"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
-        for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
-            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in ir.luti4(codes)]
-            for i in range(2):
-                values = [(B, x) for x in rhs[4 * i : 4 * i + 4]]
-                intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-                ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g + i)))
-    dots = ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
+    dots = ir.luti4_sdot(lp, rp)
     zero, scale = ir.params(rp)
     rs, rc = ir.splat(ir.at(lp, BL)), ir.splat(ir.at(lp, BL + 4))
     for v in range(4):  # the zero term, then the scale term, both fused
@@ -239,23 +195,15 @@ def _dot_body(ir: _Ir) -> None:
     ir.label("k_end")
     dst = ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
     ir.store([ir(f"fadd {F} %acc{v}.next, {bias[v]}") for v in range(4)], dst)
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    ir.end_rows()
+    ir.end_column_groups()
 
 
 #: the tiles (IR text, :data:`MOPA`, :data:`DOT`, and ``i64 VL()``, :data:`VL`: the streaming vector length in 32-bit
 #: lanes) for ``aarch64-sme2``; installed on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 — the
 #: tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call: it is the thread's)
-tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme_tiles(
-    native.host_isa("aarch64-sme2"),
-    ("aarch64-sme2",),
-    KERNELS.items(),
-    VL,
-    {MOPA: _mopa_body, DOT: _dot_body},
-    _Ir,
-    lambda symbol, body: sme2_tile_module(symbol, body, _LUT),
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme2_tiles(
+    KERNELS.items(), VL, {MOPA: _mopa_body, DOT: _dot_body}, _Ir, _LUT
 )
 AVAILABLE = HOST_ISA is not None
 

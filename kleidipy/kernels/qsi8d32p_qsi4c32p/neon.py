@@ -26,7 +26,6 @@ from kleidipy.core import native
 from kleidipy.core.neon_ir import (
     F16,
     F32,
-    I8,
     I32,
     I64,
     SDOT,
@@ -41,6 +40,7 @@ from kleidipy.core.neon_ir import (
     load,
     neon_tiles,
     store_row,
+    tile_function,
     vec,
 )
 
@@ -120,12 +120,7 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)``:
     out [m, n] (rows of n floats) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
     nb blocks of 32 values each, unclamped."""
-    module = ir.Module(name=symbol(mr, kr))
-    module.triple = isa.triple
-    ptr = I8.as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, ptr, ptr, ptr]), symbol(mr, kr))
-    m, n, nb, lhs, rhs, out = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    module, b, (m, n, nb, lhs, rhs, out) = tile_function(symbol(mr, kr), isa)
     op = instruction(mr, kr, isa)
     lstride = b.mul(nb, const(I64, mr * 34))
     rstride = b.mul(nb, const(I64, RHS_BLOCK))

@@ -35,8 +35,7 @@ import numba
 import numpy as np
 
 from kleidipy.core import native
-from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, sme_tiles, streaming_module
-from kleidipy.core.sme2_ir import tile_module as za_tile_module
+from kleidipy.core.sme2_ir import B, F, H, IrText, P, W, sme1_module, sme_tiles
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes
@@ -89,8 +88,23 @@ class _Ir(IrText):
             self.call(F, "llvm.aarch64.sve.ld1.nxv4f32", (P32, f"%p{t}"), ("ptr", self.at(at, t, F))) for t in range(4)
         ]
 
-    def store_row(self, values: list[str], at: str) -> None:
-        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicates."""
+    def za_row(self, r: str) -> list[str]:
+        """The float32 dots of row ``r`` of ZA0.S .. ZA3.S (``mova`` of each tile's row, ``scvtf``)."""
+        slice_ = self(f"trunc i64 {r} to i32")
+        dots = []
+        for tile in range(4):
+            args = ((W, "poison"), (P32, "%ptrue32"), ("i32", str(tile)), ("i32", slice_))
+            dots.append(self(f"sitofp {W} {self.call(W, 'llvm.aarch64.sme.read.horiz.nxv4i32', *args)} to {F}"))
+        return dots
+
+    def column_predicates(self) -> None:
+        """``%p0`` … ``%p3``: the columns < n of each vector of the column group, for the dst stores."""
+        for t in range(4):
+            start = self(f"add i64 %j0, {self(f'mul i64 %vl, {t}')}")
+            self.call(P32, "llvm.aarch64.sve.whilelt.nxv4i1.i64", ("i64", start), ("i64", "%n"), name=f"p{t}")
+
+    def store(self, values: list[str], at: str) -> None:
+        """``st1w`` of 4 vectors of float32 at ``at`` under the column predicates ``%p0`` … ``%p3``."""
         for t, x in enumerate(values):
             self.call("void", "llvm.aarch64.sve.st1.nxv4f32", (F, x), (P32, f"%p{t}"), ("ptr", self.at(at, t, F)))
 
@@ -113,37 +127,9 @@ def _prologue(ir: _Ir) -> None:
     ir.splat(B, "i8", "-16", "high")
 
 
-def _column_group(ir: _Ir) -> None:
-    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%p0`` … ``%p3``: the columns < n
-    of each vector, for dst; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in
-    :func:`_epilogue`."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    for t in range(4):
-        start = ir(f"add i64 %j0, {ir(f'mul i64 %vl, {t}')}")
-        ir.call(P32, "llvm.aarch64.sve.whilelt.nxv4i1.i64", ("i64", start), ("i64", "%n"), name=f"p{t}")
-    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
-    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def _epilogue(ir: _Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
-
-
-def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) -> None:
-    """One block of the MOPA tile (``at``: the block's LHS codes, RHS codes, LHS scales, RHS scales; the code
-    starts in block ``pred``) into the dst rows of the row group: FMUL for ``prefix`` "first", else FMLA into the
-    stored partial sums. Ends in block ``{prefix}.end``."""
-    lp, rp, ls, rs = at
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+def _mopa_products(ir: _Ir, lp: str, rp: str) -> None:
+    """A block's products into ZA0.S .. ZA3.S (``lp``, ``rp``: its LHS and RHS codes): per packet of 2 K groups,
+    ``smopa`` of the low and high nibbles."""
     for p in range(4):  # packet p: K groups 2p, 2p + 1 (VL rows × 4 int8 each), 4·VL columns × 4 words
         lhs = [ir(f"load {B}, ptr {ir.at(lp, 2 * p + h, B)}, align 1") for h in range(2)]
         rhs = ir.rhs_words(ir.at(rp, 4 * p, B))
@@ -152,6 +138,25 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
                 predicates = ((P, "%ptrue"), (P, "%ptrue"))
                 args = (("i32", str(tile)), *predicates, (B, lhs[h]), (B, values[h]))
                 ir.call("void", "llvm.aarch64.sme.smopa.wide.nxv16i8", *args)
+
+
+def column_group(ir: IrText) -> None:
+    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; the column predicates, for dst;
+    ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in ``ir.end_column_groups()``."""
+    ir.begin_column_groups()
+    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
+    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
+
+
+def _mopa_block(
+    ir: IrText, prefix: str, pred: str, at: tuple[str, str, str, str], products: Callable[[IrText, str, str], None]
+) -> None:
+    """One block of the MOPA tile (``at``: the block's LHS codes, RHS codes, LHS scales, RHS scales; the code
+    starts in block ``pred``; ``products``: its products into ZA) into the dst rows of the row group: FMUL for
+    ``prefix`` "first", else FMLA into the stored partial sums. Ends in block ``{prefix}.end``."""
+    lp, rp, ls, rs = at
+    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
+    products(ir, lp, rp)
     s_r = ir.rhs_scales(rs)
     rows = f"{prefix}.rows"
     ir.do(f"br label %{rows}")
@@ -159,18 +164,14 @@ def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) 
     ir(f"phi i64 [0, %{pred}], [%{prefix}.r.next, %{rows}]", f"{prefix}.r")
     ir(f"phi ptr [%dst0, %{pred}], [%{prefix}.dst.next, %{rows}]", f"{prefix}.dst")
     ir(f"phi ptr [{ls}, %{pred}], [%{prefix}.sl.next, %{rows}]", f"{prefix}.sl")
-    slice_ = ir(f"trunc i64 %{prefix}.r to i32")
-    dots = []
-    for tile in range(4):
-        args = ((W, "poison"), (P32, "%ptrue32"), ("i32", str(tile)), ("i32", slice_))
-        dots.append(ir(f"sitofp {W} {ir.call(W, 'llvm.aarch64.sme.read.horiz.nxv4i32', *args)} to {F}"))
+    dots = ir.za_row(f"%{prefix}.r")
     scale = ir.scales(f"%{prefix}.sl", s_r)
     if prefix == "first":  # FMUL: a −0 product stays −0
         acc = [ir(f"fmul {F} {s}, {a}") for s, a in zip(scale, dots, strict=True)]
     else:
         partial = ir.load_row(f"%{prefix}.dst")
         acc = [ir.fma(a, s, old) for a, s, old in zip(dots, scale, partial, strict=True)]
-    ir.store_row(acc, f"%{prefix}.dst")
+    ir.store(acc, f"%{prefix}.dst")
     ir(f"add i64 %{prefix}.r, 1", f"{prefix}.r.next")
     ir(f"getelementptr i8, ptr %{prefix}.dst, i64 %rowbytes", f"{prefix}.dst.next")
     ir(f"getelementptr i8, ptr %{prefix}.sl, i64 2", f"{prefix}.sl.next")
@@ -182,68 +183,78 @@ def mopa_body(
     ir: IrText,
     rows: str,
     prologue: Callable[[IrText], None],
-    column_group: Callable[[IrText], None],
-    mopa_block: Callable[[IrText, str, str, tuple[str, str, str, str]], None],
-    epilogue: Callable[[IrText], None],
+    products: Callable[[IrText, str, str], None],
 ) -> None:
     """The MOPA tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
     [m, n] from LHS groups of VL rows (``rows``, the value of VL set by ``prologue``: 4 bytes each per K group, one
-    vector) and RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1 (``mopa_block``),
-    per group of columns (``column_group`` … ``epilogue``)."""
+    vector) and RHS groups of 4·VL columns, nb blocks: the first one, then blocks 1 .. nb − 1 (``products``: a
+    block's products into ZA, from its LHS and RHS codes), per group of columns (:func:`column_group` …
+    ``ir.end_column_groups()``); the rows of ZA read by ``ir.za_row``, scaled, summed into dst."""
     prologue(ir)
     ir(f"shl i64 {rows}, 5", "lblock")
     ir(f"shl i64 {rows}, 1", "lscale")
     ir("mul i64 %lblock, %nb", "ldata")
     ir(f"add i64 %ldata, {ir('mul i64 %lscale, %nb')}", "lstride")
     column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")  # a group of VL rows; the last one partial (its rows past m are not stored)
-    ir("phi i64 [0, %n_loop], [%i0.next, %k_end]", "i0")
-    ir("phi ptr [%lhs, %n_loop], [%lgroup.next, %k_end]", "lgroup")
-    left = ir("sub i64 %m, %i0")
-    ir(f"select i1 {ir(f'icmp ult i64 {left}, {rows}')}, i64 {left}, i64 {rows}", "rows")
-    ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i0, %rowbytes')}", "dst0")
+    ir.begin_row_groups(rows, "k_end")
     ir("getelementptr i8, ptr %lgroup, i64 %ldata", "lscales")
-    mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"))
+    _mopa_block(ir, "first", "m_loop", ("%lgroup", "%rgroup", "%lscales", "%rscales"), products)
     ir.do(f"br i1 {ir('icmp ugt i64 %nb, 1')}, label %k_loop, label %k_end")
     ir.label("k_loop")
     ir("phi i64 [1, %first.end], [%blk.next, %next.end]", "blk")
     offsets = [ir(f"mul i64 %blk, %{size}") for size in ("lblock", "rblock", "lscale", "rscale")]
     bases = ("%lgroup", "%rgroup", "%lscales", "%rscales")
-    mopa_block(ir, "next", "k_loop", tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True)))
+    at = tuple(ir.at(b, o) for b, o in zip(bases, offsets, strict=True))
+    _mopa_block(ir, "next", "k_loop", at, products)
     ir("add i64 %blk, 1", "blk.next")
     ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
     ir.label("k_end")
     ir(f"add i64 %i0, {rows}", "i0.next")
     ir("getelementptr i8, ptr %lgroup, i64 %lstride", "lgroup.next")
     ir.do(f"br i1 {ir('icmp ult i64 %i0.next, %m')}, label %m_loop, label %m_end")
-    epilogue(ir)
+    ir.end_column_groups()
 
 
 def _mopa_body(ir: _Ir) -> None:
     """The MOPA tile: :func:`mopa_body` with this module's steps (``%vl``: VL rows per LHS group)."""
-    mopa_body(ir, "%vl", _prologue, _column_group, _mopa_block, _epilogue)
+    mopa_body(ir, "%vl", _prologue, _mopa_products)
 
 
-def _dot_body(ir: _Ir) -> None:
-    """The DOT tile: out [m, n] from LHS groups of one row (34 bytes per block) and RHS groups of 4·VL columns,
-    nb blocks, row after row."""
-    _prologue(ir)
+def dot_body(
+    ir: IrText,
+    prologue: Callable[[IrText], None],
+    block_dots: Callable[[IrText, str, str], list[str]],
+) -> None:
+    """The DOT tile's loops, of the SME1 tile here and of the SME2 one (:mod:`.sme2`, with its own steps): out
+    [m, n] from LHS groups of one row (34 bytes per block) and RHS groups of 4·VL columns, nb blocks, row after row;
+    ``block_dots(ir, lhs, rhs)``: the float32 dots of a block's 4 column ranges (its LHS and RHS codes at ``lhs`` and
+    ``rhs``), scaled into 4 accumulators from +0, stored after the last block."""
+    prologue(ir)
     ir("shl i64 %nb, 5", "ldata")
     ir("mul i64 %nb, 34", "lstride")
-    _column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
+    column_group(ir)
+    ir.begin_rows()
     ir("getelementptr i8, ptr %lrow, i64 %ldata", "lscales")
-    ir.do("br label %k_loop")
-    ir.label("k_loop")
-    ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
-    for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
+    ir.begin_float_blocks()
     lp = ir.at("%lrow", ir("shl i64 %blk, 5"))
     rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
+    dots = block_dots(ir, lp, rp)
+    s_r = ir.rhs_scales(ir.at("%rscales", ir("mul i64 %blk, %rscale")))
+    scale = ir.scales(ir.at("%lscales", ir("shl i64 %blk, 1")), s_r)
+    for v in range(4):
+        ir.fma(dots[v], scale[v], f"%acc{v}", name=f"acc{v}.next")
+    ir("add i64 %blk, 1", "blk.next")
+    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
+    ir.label("k_end")
+    ir.store(
+        [f"%acc{v}.next" for v in range(4)], ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
+    )
+    ir.end_rows()
+    ir.end_column_groups()
+
+
+def _dot_block(ir: _Ir, lp: str, rp: str) -> list[str]:
+    """The float32 dots of one block of the DOT tile (``sdot`` by lane of the RHS words' low and high nibbles)."""
     ints = ["zeroinitializer"] * 4
     for h in range(2):  # 16 LHS bytes (packets 2h, 2h + 1: K groups 4h .. 4h + 3) in every 128-bit segment
         lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
@@ -253,21 +264,12 @@ def _dot_body(ir: _Ir) -> None:
                 for t in range(4):
                     args = ((W, ints[t]), (B, rhs[t][half]), (B, lhs), ("i32", str(2 * q + half)))
                     ints[t] = ir.call(W, "llvm.aarch64.sve.sdot.lane.nxv4i32", *args)
-    dots = [ir(f"sitofp {W} {x} to {F}") for x in ints]
-    s_r = ir.rhs_scales(ir.at("%rscales", ir("mul i64 %blk, %rscale")))
-    scale = ir.scales(ir.at("%lscales", ir("shl i64 %blk, 1")), s_r)
-    for v in range(4):
-        ir.fma(dots[v], scale[v], f"%acc{v}", name=f"acc{v}.next")
-    ir("add i64 %blk, 1", "blk.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
-    ir.label("k_end")
-    ir.store_row(
-        [f"%acc{v}.next" for v in range(4)], ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
-    )
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    return [ir(f"sitofp {W} {x} to {F}") for x in ints]
+
+
+def _dot_body(ir: _Ir) -> None:
+    """The DOT tile: :func:`dot_body` with this module's steps."""
+    dot_body(ir, _prologue, _dot_block)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`, :data:`DOT`:
@@ -282,7 +284,7 @@ tile_module, kernel_tile, HOST_ISA, (_MOPA, _DOT, _host_vl) = sme_tiles(
     VL,
     {MOPA: _mopa_body, DOT: _dot_body},
     _Ir,
-    lambda symbol, body: za_tile_module(symbol, body) if symbol == MOPA else streaming_module(symbol, body),
+    sme1_module(MOPA),
 )
 AVAILABLE = HOST_ISA is not None
 

@@ -33,13 +33,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kleidipy.core import native
-from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, sme_tiles, tuple_type
-from kleidipy.core.sme2_ir import tile_module as sme2_tile_module
+from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, sme2_tiles, tuple_type
 from kleidipy.core.vnni import HOST_ISA as VNNI_ISA
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni
-from kleidipy.kernels.qsi8d32p_qsi4c32p.sme import mopa_body
+from kleidipy.kernels.qsi8d32p_qsi4c32p.sme import dot_body, mopa_body
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes
 MOPA = "kleidipy_q4_0_sme2_mopa"
@@ -65,6 +63,16 @@ class _Ir(IrText):
         return self.parts(
             self.call(tuple_type(H, 2), "llvm.aarch64.sve.zip.x2.nxv8f16", (H, s_r[0]), (H, s_r[1])), H, 2
         )
+
+    def za_row(self, r: str) -> list[str]:
+        """The float32 dots of row ``r`` of ZA0.S .. ZA3.S (ZA array vectors 4r .. 4r + 3: one ``mova``, ``scvtf``)."""
+        slice_ = self(f"trunc i64 {self(f'shl i64 {r}, 2')} to i32")
+        za = self.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
+        return self.scvtf([self(f"bitcast {B} {x} to {W}") for x in self.parts(za, B, 4)])
+
+    def load_row(self, at: str) -> list[str]:
+        """``ld1w`` of the 4 vectors of a dst row at ``at`` under the column predicate ``%pn``."""
+        return self.load(at, F, 4, "%pn")
 
     def scales(self, s_l_at: str, s_r: list[str]) -> list[str]:
         """S = s_L · s_R + 0 (FMLALB/FMLALT from +0: exact, a −0 product becomes +0) of the 4 column ranges:
@@ -94,66 +102,6 @@ def _prologue(ir: _Ir) -> None:
     ir.call(PN, "llvm.aarch64.sve.ptrue.c16", name="pn16")
 
 
-def _column_group(ir: _Ir) -> None:
-    """Start the loop over the groups of 4·VL columns (``%j0``, ``%rgroup``; ``%pn``: the columns < n, for the
-    dst stores; ``%rscales``: the group's s_R; ``%dstcol``: its first dst column). It ends in :func:`_epilogue`."""
-    ir.do("br label %n_loop")
-    ir.label("n_loop")
-    ir("phi i64 [0, %entry], [%j0.next, %m_end]", "j0")
-    ir("phi ptr [%rhs, %entry], [%rgroup.next, %m_end]", "rgroup")
-    ir.call(PN, "llvm.aarch64.sve.whilelt.c32", ("i64", "%j0"), ("i64", "%n"), ("i32", "4"), name="pn")
-    ir("getelementptr i8, ptr %rgroup, i64 %rdata", "rscales")
-    ir(f"getelementptr i8, ptr %out, i64 {ir('shl i64 %j0, 2')}", "dstcol")
-
-
-def _epilogue(ir: _Ir) -> None:
-    """The end of the loop over the groups of columns (block ``m_end``) and of the function."""
-    ir.label("m_end")
-    ir("add i64 %j0, %nr", "j0.next")
-    ir("getelementptr i8, ptr %rgroup, i64 %rstride", "rgroup.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %j0.next, %n')}, label %n_loop, label %exit")
-    ir.label("exit")
-    ir.do("ret void")
-
-
-def _mopa_block(ir: _Ir, prefix: str, pred: str, at: tuple[str, str, str, str]) -> None:
-    """One block of the MOPA tile (``at``: the block's LHS codes, RHS codes, LHS scales, RHS scales; the code
-    starts in block ``pred``) into the dst rows of the row group: FMUL for ``prefix`` "first", else FMLA into the
-    stored partial sums. Ends in block ``{prefix}.end``."""
-    lp, rp, ls, rs = at
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    for t in range(8):  # K group t: VL rows × 4 int8 (1 vector), 4·VL columns × 4 codes (2 vectors)
-        lhs = ir(f"load {B}, ptr {ir.at(lp, t, B)}, align 1")
-        rhs = [x for codes in ir.load(ir.at(rp, 2 * t, B), B, 2, "%pn8") for x in ir.luti4(codes)]
-        for tile, values in enumerate(rhs):
-            predicates = ((P, "%ptrue"), (P, "%ptrue"))
-            ir.call(
-                "void", "llvm.aarch64.sme.smopa.wide.nxv16i8", ("i32", str(tile)), *predicates, (B, lhs), (B, values)
-            )
-    s_r = ir.rhs_scales(rs)
-    rows = f"{prefix}.rows"
-    ir.do(f"br label %{rows}")
-    ir.label(rows)  # row r: ZA array vectors 4r .. 4r + 3, row r of ZA0.S .. ZA3.S
-    ir(f"phi i64 [0, %{pred}], [%{prefix}.r.next, %{rows}]", f"{prefix}.r")
-    ir(f"phi ptr [%dst0, %{pred}], [%{prefix}.dst.next, %{rows}]", f"{prefix}.dst")
-    ir(f"phi ptr [{ls}, %{pred}], [%{prefix}.sl.next, %{rows}]", f"{prefix}.sl")
-    slice_ = ir(f"trunc i64 {ir(f'shl i64 %{prefix}.r, 2')} to i32")
-    za = ir.call(tuple_type(B, 4), "llvm.aarch64.sme.read.hor.vg4.nxv16i8", ("i32", "0"), ("i32", slice_))
-    dots = ir.scvtf([ir(f"bitcast {B} {x} to {W}") for x in ir.parts(za, B, 4)])
-    scale = ir.scales(f"%{prefix}.sl", s_r)
-    if prefix == "first":  # FMUL: a −0 product stays −0
-        acc = [ir(f"fmul {F} {s}, {a}") for s, a in zip(scale, dots, strict=True)]
-    else:
-        partial = ir.load(f"%{prefix}.dst", F, 4, "%pn")
-        acc = [ir.fma(a, s, old) for a, s, old in zip(dots, scale, partial, strict=True)]
-    ir.store(acc, f"%{prefix}.dst")
-    ir(f"add i64 %{prefix}.r, 1", f"{prefix}.r.next")
-    ir(f"getelementptr i8, ptr %{prefix}.dst, i64 %rowbytes", f"{prefix}.dst.next")
-    ir(f"getelementptr i8, ptr %{prefix}.sl, i64 2", f"{prefix}.sl.next")
-    ir.do(f"br i1 {ir(f'icmp ult i64 %{prefix}.r.next, %rows')}, label %{rows}, label %{prefix}.end")
-    ir.label(f"{prefix}.end")
-
-
 def _mopa_prologue(ir: _Ir) -> None:
     """:func:`_prologue` and ``%mr``: VL, the rows of an LHS group (the MOPA tile's)."""
     _prologue(ir)
@@ -162,52 +110,12 @@ def _mopa_prologue(ir: _Ir) -> None:
 
 def _mopa_body(ir: _Ir) -> None:
     """The MOPA tile: the loops of ``sme.mopa_body`` (the SME1 tile's) with this module's steps."""
-    mopa_body(ir, "%mr", _mopa_prologue, _column_group, _mopa_block, _epilogue)
+    mopa_body(ir, "%mr", _mopa_prologue, _Ir.luti4_mopa)
 
 
 def _sdot_body(ir: _Ir) -> None:
-    """The SDOT tile: out [m, n] from LHS groups of one row (34 bytes per block) and RHS groups of 4·VL columns,
-    nb blocks, row after row."""
-    _prologue(ir)
-    ir("shl i64 %nb, 5", "ldata")
-    ir("mul i64 %nb, 34", "lstride")
-    _column_group(ir)
-    ir.do("br label %m_loop")
-    ir.label("m_loop")
-    ir("phi i64 [0, %n_loop], [%i.next, %k_end]", "i")
-    ir("phi ptr [%lhs, %n_loop], [%lrow.next, %k_end]", "lrow")
-    ir("getelementptr i8, ptr %lrow, i64 %ldata", "lscales")
-    ir.do("br label %k_loop")
-    ir.label("k_loop")
-    ir("phi i64 [0, %m_loop], [%blk.next, %k_loop]", "blk")
-    for v in range(4):  # the float accumulators of the 4 column ranges, from +0
-        ir(f"phi {F} [zeroinitializer, %m_loop], [%acc{v}.next, %k_loop]", f"acc{v}")
-    lp = ir.at("%lrow", ir("shl i64 %blk, 5"))
-    rp = ir.at("%rgroup", ir("mul i64 %blk, %rblock"))
-    ir.call("void", "llvm.aarch64.sme.zero", ("i32", "255"))
-    for h in range(2):  # 16 LHS bytes (K groups 4h .. 4h + 3) in every 128-bit segment
-        lhs = ir.call(B, "llvm.aarch64.sve.ld1rq.nxv16i8", (P, "%ptrue"), ("ptr", ir.at(lp, 16 * h)))
-        for g in (0, 2):  # K groups 4h + g and 4h + g + 1: 4 vectors of codes, 8 of int8
-            rhs = [x for codes in ir.load(ir.at(rp, 2 * (4 * h + g), B), B, 4, "%pn8") for x in ir.luti4(codes)]
-            for i in range(2):
-                values = [(B, x) for x in rhs[4 * i : 4 * i + 4]]
-                intrinsic = "llvm.aarch64.sme.sdot.lane.za32.vg1x4.nxv16i8"
-                ir.call("void", intrinsic, ("i32", "0"), *values, (B, lhs), ("i32", str(g + i)))
-    dots = ir.scvtf(ir.parts(ir.call(tuple_type(W, 4), "llvm.aarch64.sme.read.vg1x4.nxv4i32", ("i32", "0")), W, 4))
-    s_r = ir.rhs_scales(ir.at("%rscales", ir("mul i64 %blk, %rscale")))
-    scale = ir.scales(ir.at("%lscales", ir("shl i64 %blk, 1")), s_r)
-    for v in range(4):
-        ir.fma(dots[v], scale[v], f"%acc{v}", name=f"acc{v}.next")
-    ir("add i64 %blk, 1", "blk.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %blk.next, %nb')}, label %k_loop, label %k_end")
-    ir.label("k_end")
-    ir.store(
-        [f"%acc{v}.next" for v in range(4)], ir(f"getelementptr i8, ptr %dstcol, i64 {ir('mul i64 %i, %rowbytes')}")
-    )
-    ir("add i64 %i, 1", "i.next")
-    ir("getelementptr i8, ptr %lrow, i64 %lstride", "lrow.next")
-    ir.do(f"br i1 {ir('icmp ult i64 %i.next, %m')}, label %m_loop, label %m_end")
-    _epilogue(ir)
+    """The SDOT tile: the loops of ``sme.dot_body`` (the SME1 DOT tile's) with this module's steps."""
+    dot_body(ir, _prologue, _Ir.luti4_sdot)
 
 
 #: the tiles (IR text): ``void symbol(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)`` (:data:`MOPA`,
@@ -216,14 +124,8 @@ def _sdot_body(ir: _Ir) -> None:
 #: streaming vector length in 32-bit lanes, ``rdsvl``), for ``aarch64-sme2``; installed on a host with SME2
 #: (``HOST_ISA``; None: no SME2, or not aarch64 — the tiles are not available); ``_host_vl`` the vector length the
 #: tiles run at (read at each call: it is the thread's)
-tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme_tiles(
-    native.host_isa("aarch64-sme2"),
-    ("aarch64-sme2",),
-    KERNELS.items(),
-    VL,
-    {MOPA: _mopa_body, SDOT: _sdot_body},
-    _Ir,
-    lambda symbol, body: sme2_tile_module(symbol, body, _LUT),
+tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme2_tiles(
+    KERNELS.items(), VL, {MOPA: _mopa_body, SDOT: _sdot_body}, _Ir, _LUT
 )
 AVAILABLE = HOST_ISA is not None
 
