@@ -142,13 +142,13 @@ def caller(symbol: str) -> Callable:
     first element)."""
 
     @intrinsic
-    def call(typingctx, ints, a, b, c):  # noqa: ANN001, ANN202
+    def call(typingctx, ints, a, b, c):
         if not isinstance(ints, types.BaseTuple) or not all(isinstance(t, types.Integer) for t in ints):
             return None
         if not all(isinstance(t, types.Array) and t.layout == "C" for t in (a, b, c)):
             return None
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             i64, ptr = ir.IntType(64), ir.IntType(8).as_pointer()
             values = [
                 context.cast(builder, builder.extract_value(args[0], i), t, types.int64) for i, t in enumerate(ints)

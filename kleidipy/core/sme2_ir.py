@@ -265,8 +265,8 @@ def vl_reader(symbol: str) -> Callable:
     :func:`vl_module` ``symbol`` (read at each call: it is the thread's)."""
 
     @intrinsic
-    def vl(typingctx):  # noqa: ANN001, ANN202
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def vl(typingctx):
+        def codegen(context, builder, signature, args):
             fnty = ir.FunctionType(ir.IntType(64), [])
             return builder.call(cgutils.get_or_insert_function(builder.module, fnty, symbol), [])
 

@@ -231,11 +231,11 @@ class Bf16KxnRhsPacker(RhsPacker):
         super().check_args(n, k, nr, kr, sr, bl)
         _check_shape(self.name, bl, "nr", nr, self.nr_values, kr, self.kr_value, sr)
 
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         weights, biases = kxn_inputs(self.name, n, k, rhs, scale, zero, bias)
         return pack_rhs_reference(weights, biases, nr, kr)
 
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         weights, biases = kxn_inputs(self.name, n, k, rhs, scale, zero, bias)
         return jit.pack_rhs_bf16_kxn(np.ascontiguousarray(weights), biases, nr, kr)
 

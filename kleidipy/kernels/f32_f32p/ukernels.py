@@ -48,7 +48,7 @@ class X32KxnRhsPacker(RhsPacker):
         if (nr, kr, sr) != (NR, 1, 1):
             raise KernelShapeError(f"{self.name}: takes nr=16, kr=1, sr=1; got nr={nr}, kr={kr}, sr={sr}")
 
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         weights, biases = kxn_inputs(self.name, n, k, rhs, scale, zero, bias)
         groups = -(-n // nr)
         packed = np.zeros((groups, 1 + k, nr), dtype=np.float32)
@@ -60,7 +60,7 @@ class X32KxnRhsPacker(RhsPacker):
         packed[:, 1:] = cols.reshape(k, groups, nr).transpose(1, 0, 2)
         return packed.reshape(-1).view(np.uint8)
 
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         weights, biases = kxn_inputs(self.name, n, k, rhs, scale, zero, bias)
         return jit.pack_rhs_x32_kxn(np.ascontiguousarray(weights), biases, nr)
 

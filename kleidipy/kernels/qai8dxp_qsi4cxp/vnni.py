@@ -72,7 +72,7 @@ SME_BLEN = KR // 2
 # --------------------------------------------------------------------------------------------- SME2 layouts
 
 
-def _nibble_weights(b, src):  # noqa: ANN001, ANN202
+def _nibble_weights(b, src):
     """The 32 bytes of nibble codes at src (16 columns × a K group of 4, a uint16 each) as the unsigned bytes
     w + 8 (the codes' signed nibbles with their top bit flipped)."""
     return b.xor(vnni.spread_nibbles(b, src, True), vnni.const_splat(I32X16, 0x08080808))
@@ -98,7 +98,7 @@ def _matmul_sme(m, n, k_int, mr, nr, lhs_i8, fma_bias, rhs_u8, out):
 # --------------------------------------------------------------------------------------------- NEON layouts
 
 
-def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
+def _make_neon_tile(rows: int, groups: int, prefetch: bool):
     """Intrinsic ``tile(geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias)``: rows i0 … i0 + rows − 1 (rows
     past m, as :func:`neon_rows` gives them, are computed and not stored) × the NEON_NR·groups columns from j0
     (groups past n re-read the first). geo = (m, n, k_int, mr); table, index and corr (−128·Σq) are
@@ -110,7 +110,7 @@ def _make_neon_tile(rows: int, groups: int, prefetch: bool):  # noqa: ANN202
         int64 = types.int64
         sig = types.void(geo, lhs, table, index, corr, rhs, out, int64, int64, types.boolean)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             vnni.require_vnni()
             (m, n, k_int, mr), lhs_p, table_p, index_p, corr_p, rhs_p, out_p, i0_v, j0_v, fma_v = vnni.intrinsic_args(
                 context, builder, signature, args

@@ -247,7 +247,7 @@ class PerChannelRhsPacker(RhsPacker):
             )
         return np.ascontiguousarray(arr).reshape(-1)[: n * row_bytes].reshape(n, row_bytes)
 
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         scale, bias = self._channel_inputs(n, scale, bias)
         w = self.weights(rhs, n, k)
         k_int = k_internal(k)
@@ -274,7 +274,7 @@ class PerChannelRhsPacker(RhsPacker):
         ]
         return np.concatenate([data, *params], axis=1).reshape(-1)
 
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         scale, bias = self._channel_inputs(n, scale, bias)
         lay = self.layout(k, nr, kr, sr)
         out = np.zeros(self.get_rhs_packed_size(n, k, nr, kr, sr), dtype=np.uint8)

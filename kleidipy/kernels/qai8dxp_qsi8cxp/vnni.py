@@ -72,7 +72,7 @@ def int8_weights(b: ir.IRBuilder, src: ir.Value) -> ir.Value:
     return b.bitcast(b.xor(vnni.load(b, src, I8X64), vnni.const_splat(I8X64, 0x80)), I32X16)
 
 
-def make_sme_tile(rows_max: int, group_bytes: int = KR, weights: Callable = int8_weights):  # noqa: ANN201
+def make_sme_tile(rows_max: int, group_bytes: int = KR, weights: Callable = int8_weights):
     """Intrinsic ``tile(geo, lhs, corr, rhs, out, i0, rows, j0, fma_bias)``: rows i0 … i0 + rows − 1 (at most
     ``rows_max``; the tile computes repeats of the last row for the others) × the 64 columns from j0 of an SME
     layout whose column holds ``group_bytes`` bytes per K group of 4 (4: int8; 2: the int4 family's nibbles), read
@@ -85,7 +85,7 @@ def make_sme_tile(rows_max: int, group_bytes: int = KR, weights: Callable = int8
     def tile(typingctx, geo, lhs, corr, rhs, out, i0, rows, j0, fma_bias):
         sig = types.void(geo, lhs, corr, rhs, out, types.int64, types.int64, types.int64, types.boolean)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             vnni.require_vnni()
             (mr, nr, n, k_int), lhs_p, corr_p, rhs_p, out_p, i0_v, rows_v, j0_v, fma_v = vnni.intrinsic_args(
                 context, builder, signature, args
@@ -174,7 +174,7 @@ def _lane_k_group(lane, kr):
     return (lane // kr) * (kr // KR) + lane % (kr // KR)
 
 
-def group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):  # noqa: ANN001, ANN202
+def group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):
     """The 16 values (4 per group, NEON_NR-wide fields after a group's data) of parameter ``field`` (0 row sums,
     1 scales, 2 biases) of 4 groups, as one 16-lane vector."""
     quarter = ir.VectorType(ty, NEON_NR)
@@ -185,7 +185,7 @@ def group_params(builder, groups: list, data_bytes, field: int, ty: ir.Type):  #
     return vnni.concat(builder, parts)
 
 
-def lhs_rows(b, rows: int, lhs_p, table_p, index_p, i0):  # noqa: ANN001, ANN202
+def lhs_rows(b, rows: int, lhs_p, table_p, index_p, i0):
     """Per row i0 + r of a tile, from the row table of :func:`neon_rows`: (pointer to its group in the packed
     LHS, the vpermd index of its lanes, its byte offset among the group's mr int32/f32 parameters)."""
     out = []
@@ -197,7 +197,7 @@ def lhs_rows(b, rows: int, lhs_p, table_p, index_p, i0):  # noqa: ANN001, ANN202
     return out
 
 
-def lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
+def lhs_block(b, row, mr, block):
     """A row's LHS vector for K block ``block``: lane L holds the 4 int8 of K group 4·block + _lane_k_group(L, kr),
     the block's mr·16 bytes (every row of the group) permuted by the row's index."""
     ptr, index, _ = row
@@ -205,17 +205,17 @@ def lhs_block(b, row, mr, block):  # noqa: ANN001, ANN202
     return vnni.permute(b, vnni.masked_load(b, src, I32X16, b.mul(mr, i64(4))), index)
 
 
-def _neon_weights(b, ptr, block):  # noqa: ANN001, ANN202
+def _neon_weights(b, ptr, block):
     """The 64 RHS bytes of K block ``block`` of a group as the unsigned bytes w + 128 of an i32x16."""
     return int8_weights(b, vnni.byte_ptr(b, ptr, b.mul(block, i64(64))))
 
 
-def _neon_params(b, gptrs, data_bytes):  # noqa: ANN001, ANN202
+def _neon_params(b, gptrs, data_bytes):
     """The row sums, scales and biases of the 16 columns of 4 RHS groups."""
     return [group_params(b, gptrs, data_bytes, f, ty) for f, ty in enumerate((I32, F32, F32))]
 
 
-def _neon_store(b, params, accs, zp, corr, i, geo, j0, fma, out_p, kr):  # noqa: ANN001, ANN202
+def _neon_store(b, params, accs, zp, corr, i, geo, j0, fma, out_p, kr):
     """Row i's 16 columns from j0 into out (when i < m, columns < n): its 4 group accumulators summed per column,
     plus corr (−128·Σq) and −zp·rowsum, scaled by scale·recip (recip the f32 after the mr int32 at zp) and
     biased by the recipe. params: :func:`_neon_params`; geo = (m, n, mr)."""
@@ -231,7 +231,7 @@ def _neon_store(b, params, accs, zp, corr, i, geo, j0, fma, out_p, kr):  # noqa:
         vnni.masked_store(b, res, vnni.byte_ptr(b, out_p, dst), b.sub(n, j0))
 
 
-def _make_neon_tile(kr: int):  # noqa: ANN202
+def _make_neon_tile(kr: int):
     """Intrinsic ``tile(geo, lhs, table, index, corr, rhs, out, i0, j0, fma_bias)``: rows i0 … i0 + GEMM_ROWS − 1
     (rows past m, as :func:`neon_rows` gives them, are computed and not stored) × the 16 columns from j0 of the
     packed LHS and RHS. geo = (m, n, k_int, mr)."""
@@ -241,7 +241,7 @@ def _make_neon_tile(kr: int):  # noqa: ANN202
         int64 = types.int64
         sig = types.void(geo, lhs, table, index, corr, rhs, out, int64, int64, types.boolean)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             vnni.require_vnni()
             (m, n, k_int, mr), lhs_p, table_p, index_p, corr_p, rhs_p, out_p, i0_v, j0_v, fma_v = vnni.intrinsic_args(
                 context, builder, signature, args
@@ -272,7 +272,7 @@ def _make_neon_tile(kr: int):  # noqa: ANN202
     return tile
 
 
-def _make_neon_gemv_tile(kr: int):  # noqa: ANN202
+def _make_neon_gemv_tile(kr: int):
     """Intrinsic ``tile(geo, qvec, corr, rhs, out, j0, fma_bias)``: a lone row (from :func:`gemv_lhs`) × the 16
     columns from j0. It reads its 4 RHS groups one after the other — one memory stream, which the hardware
     prefetcher follows (4 streams of one group each ran at half the bandwidth from memory) — each with
@@ -283,7 +283,7 @@ def _make_neon_gemv_tile(kr: int):  # noqa: ANN202
     def tile(typingctx, geo, qvec, corr, rhs, out, j0, fma_bias):
         sig = types.void(geo, qvec, corr, rhs, out, types.int64, types.boolean)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             vnni.require_vnni()
             (n, k_int), q_p, corr_p, rhs_p, out_p, j0_v, fma_v = vnni.intrinsic_args(context, builder, signature, args)
             b = builder
@@ -293,7 +293,7 @@ def _make_neon_gemv_tile(kr: int):  # noqa: ANN202
             whole = b.udiv(blocks, i64(GEMV_CHAINS))
             zero = vnni.const_splat(I32X16, 0)
 
-            def step(ptr, acc, block):  # noqa: ANN001, ANN202
+            def step(ptr, acc, block):
                 q = vnni.load(b, vnni.byte_ptr(b, q_p, b.mul(block, i64(64))), I32X16)
                 b.store(vnni.dpbusd(b, b.load(acc), _neon_weights(b, ptr, block), q, True), acc)
 
@@ -333,7 +333,7 @@ def _neon_row_sums(typingctx, geo, lhs, table, index, corr):
     which every K group sits in 4 lanes. geo = (rows, k_int, mr)."""
     sig = types.void(geo, lhs, table, index, corr)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         vnni.require_vnni()
         (rows, k_int, mr), lhs_p, table_p, index_p, corr_p = vnni.intrinsic_args(context, builder, signature, args)
         b = builder

@@ -195,7 +195,7 @@ class Qai4c32pRhsPacker(RhsPacker):
         zero = _inputs_f32(zero, n * nb, "zero", self.name).reshape(n, nb)
         return codes, scale, zero, _inputs_f32(bias, n, "bias", self.name)
 
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         codes, scale, zero, bias = self._inputs(n, k, rhs, scale, zero, bias)
         nb, groups, chunk = k // BL, -(-n // nr), self.chunk(kr, sr)
         src = np.minimum(np.arange(groups * nr), n - 1)
@@ -215,7 +215,7 @@ class Qai4c32pRhsPacker(RhsPacker):
             pad_bias.reshape(-1)[:] = np.where(self.neon | (np.arange(groups * nr) < n), bias[src], 0)
         return np.concatenate([blocks.reshape(groups, -1), _bytes(pad_bias)], axis=1).reshape(-1)
 
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         codes, scale, zero, bias = self._inputs(n, k, rhs, scale, zero, bias)
         has_bias = bias is not None
         bias = bias if has_bias else np.zeros(1, np.float32)

@@ -111,7 +111,7 @@ class _Tile:
         self.rhs_block = b.mul(self.nr, i64(RHS_BLOCK_BYTES))
         self.rhs_stride = b.add(b.mul(self.rhs_block, self.nb), b.mul(self.nr, i64(4)))
 
-    def rows(self, count: int, lhs, corr, i0, rows):  # noqa: ANN001, ANN201
+    def rows(self, count: int, lhs, corr, i0, rows):
         """Per tile row (rows past ``rows`` repeat the last one): i8* to its int8, to its f32 row sum (the recip
         follows mr·4 bytes on) in the packed LHS group's first block, and to its corr terms."""
         b = self.b
@@ -126,7 +126,7 @@ class _Tile:
             out.append((data, fields, vnni.byte_ptr(b, corr, terms)))
         return out
 
-    def direct(self, rhs, j0):  # noqa: ANN001, ANN201
+    def direct(self, rhs, j0):
         """Source reading the packed RHS: codes spread on the fly (vectors past n re-read the first one). A panel's
         blocks are one memory stream (codes, zeros, scales side by side), left to the hardware prefetcher: with a
         software prefetch 4 blocks ahead a cold GEMV ran at ~21 GB/s on this project's machine, without at ~27."""
@@ -146,23 +146,23 @@ class _Tile:
         kgroup = b.mul(self.nr, i64(2))
         zero_off, scale_off = b.mul(self.nr, i64(16)), b.mul(self.nr, i64(20))
 
-        def codes(v: int, blk, t: int):  # noqa: ANN001, ANN202
+        def codes(v: int, blk, t: int):
             ptr = vnni.byte_ptr(b, bases[v][0], b.add(b.mul(blk, self.rhs_block), b.mul(kgroup, i64(t))))
             return vnni.spread_nibbles(b, ptr, True)
 
-        def params(v: int, blk):  # noqa: ANN001, ANN202
+        def params(v: int, blk):
             base = vnni.byte_ptr(b, bases[v][1], b.mul(blk, self.rhs_block))
             return (
                 vnni.load(b, vnni.byte_ptr(b, base, zero_off), F32X16),
                 vnni.load(b, vnni.byte_ptr(b, base, scale_off), F32X16),
             )
 
-        def bias(v: int):  # noqa: ANN202
+        def bias(v: int):
             return vnni.load(b, vnni.byte_ptr(b, bases[v][1], b.mul(self.rhs_block, self.nb)), F32X16)
 
         return codes, params, bias
 
-    def neon(self, rhs, j0, chunk: int):  # noqa: ANN001, ANN201
+    def neon(self, rhs, j0, chunk: int):
         """Source reading the packed NEON RHS (``chunk`` = kbl bytes per column run): vector v gathers the 4
         groups of columns j0 + 16v … (groups past n re-read the last one).
 
@@ -187,7 +187,7 @@ class _Tile:
             quad_lanes = [[2 * j + s % 2 for j in range(VEC_COLS)] for s in range(4)]
         quads = {}  # v -> (blk, the 4 byte quads of the vector's 16 columns)
 
-        def codes(v: int, blk, t: int):  # noqa: ANN001, ANN202
+        def codes(v: int, blk, t: int):
             if quads.get(v, (None,))[0] is not blk:
                 g = [vnni.load(b, vnni.byte_ptr(b, base, b.mul(blk, i64(NEON_BLOCK))), I32X16) for base in bases[v]]
                 pairs = [[vnni.pick(b, g[i], g[i + 1], half) for half in halves] for i in (0, 2)]
@@ -197,40 +197,40 @@ class _Tile:
                 words = b.shl(words, vnni.const_splat(I32X16, 4))
             return b.xor(b.and_(words, high), flip)
 
-        def params(v: int, blk):  # noqa: ANN001, ANN202
+        def params(v: int, blk):
             lines = vnni.byte_ptr(b, ahead[v], b.mul(blk, i64(64 * PREFETCH_LINES)))
             for line in range(PREFETCH_LINES):
                 vnni.prefetch(b, vnni.byte_ptr(b, lines, 64 * line))
             return _neon_params(b, bases[v], blk)
 
-        def bias(v: int):  # noqa: ANN202
+        def bias(v: int):
             return _neon_bias(b, bases[v], self.nb)
 
         return codes, params, bias
 
-    def panel(self, scr):  # noqa: ANN001, ANN201
+    def panel(self, scr):
         """Source reading a spread panel (PANEL_BLOCK_BYTES per block, then 4 × 16 f32 biases)."""
         b = self.b
 
-        def codes(v: int, blk, t: int):  # noqa: ANN001, ANN202
+        def codes(v: int, blk, t: int):
             off = b.add(b.mul(blk, i64(PANEL_BLOCK_BYTES)), i64(64 * (TILE_VECS * t + v)))
             return vnni.load(b, vnni.byte_ptr(b, scr, off), I32X16)
 
-        def params(v: int, blk):  # noqa: ANN001, ANN202
+        def params(v: int, blk):
             base = b.add(b.mul(blk, i64(PANEL_BLOCK_BYTES)), i64(K_GROUPS * TILE_VECS * 64 + 64 * v))
             return (
                 vnni.load(b, vnni.byte_ptr(b, scr, base), F32X16),
                 vnni.load(b, vnni.byte_ptr(b, scr, b.add(base, i64(TILE_COLS * 4))), F32X16),
             )
 
-        def bias(v: int):  # noqa: ANN202
+        def bias(v: int):
             return vnni.load(
                 b, vnni.byte_ptr(b, scr, b.add(b.mul(self.nb, i64(PANEL_BLOCK_BYTES)), i64(64 * v))), F32X16
             )
 
         return codes, params, bias
 
-    def run(self, row_ptrs, source, init, out, i0, rows, j0) -> None:  # noqa: ANN001
+    def run(self, row_ptrs, source, init, out, i0, rows, j0) -> None:
         """All blocks of the tile, then out[i0 + r, j0 + 16v …] = acc + bias (rows < ``rows``, columns < n)."""
         b = self.b
         codes, params, bias = source
@@ -273,12 +273,12 @@ class _Tile:
                     )
 
 
-def _source(t: _Tile, rhs, j0, neon_chunk: int):  # noqa: ANN001, ANN202
+def _source(t: _Tile, rhs, j0, neon_chunk: int):
     """The source reading the packed RHS: the NEON layout with ``neon_chunk`` bytes per column run, else SME2."""
     return t.neon(rhs, j0, neon_chunk) if neon_chunk else t.direct(rhs, j0)
 
 
-def _make_tile(rows_max: int, direct: bool, neon_chunk: int = 0, lhs_kbl: int = 4):  # noqa: ANN202
+def _make_tile(rows_max: int, direct: bool, neon_chunk: int = 0, lhs_kbl: int = 4):
     """Intrinsic ``tile(geo, lhs, corr, src, out, i0, rows, j0, init)``: src is the packed RHS (``direct``; the
     NEON layout when ``neon_chunk``, see :func:`_source`) or a spread panel; the LHS has chunks of ``lhs_kbl``."""
 
@@ -286,7 +286,7 @@ def _make_tile(rows_max: int, direct: bool, neon_chunk: int = 0, lhs_kbl: int = 
     def tile(typingctx, geo, lhs, corr, src, out, i0, rows, j0, init):
         sig = types.void(geo, lhs, corr, src, out, types.int64, types.int64, types.int64, types.float32)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             geo_v, lhs_p, corr_p, src_p, out_p, i0_v, rows_v, j0_v, init_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
@@ -315,7 +315,7 @@ def _lane_quad(lane: int, chunk: int) -> int:
     return lane // 4 if chunk == 4 else 2 * (lane // 8) + lane % 2
 
 
-def _make_neon_gemv_tile(chunk: int):  # noqa: ANN202
+def _make_neon_gemv_tile(chunk: int):
     """Intrinsic ``tile(geo, lhs, corr, qvec, scr, rhs, out, j0, init)``: a lone row × the 16 columns from j0 of
     the NEON layout (``chunk`` = the LHS kbl). It reads the 4 RHS groups one after the other — one memory stream,
     which the hardware prefetcher follows (the 64-column tile's 16 group streams ran at half the SME2 layout's
@@ -329,7 +329,7 @@ def _make_neon_gemv_tile(chunk: int):  # noqa: ANN202
     def tile(typingctx, geo, lhs, corr, qvec, scr, rhs, out, j0, init):
         sig = types.void(geo, lhs, corr, qvec, scr, rhs, out, types.int64, types.float32)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             geo_v, lhs_p, corr_p, q_p, scr_p, rhs_p, out_p, j0_v, init_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
@@ -339,7 +339,7 @@ def _make_neon_gemv_tile(chunk: int):  # noqa: ANN202
             (groups,) = vnni.group_bases(b, rhs_p, j0_v, t.n, t.rhs_stride, 1, NEON_NR)
             high, flip = vnni.const_splat(I32X16, 0xF0F0F0F0), vnni.const_splat(I32X16, 0x80808080)
 
-            def dot(base, blk):  # noqa: ANN001, ANN202
+            def dot(base, blk):
                 words = vnni.load(b, vnni.byte_ptr(b, base, b.mul(blk, i64(NEON_BLOCK))), I32X16)
                 q = vnni.byte_ptr(b, q_p, b.mul(blk, i64(128)))
                 low = b.xor(b.and_(b.shl(words, vnni.const_splat(I32X16, 4)), high), flip)
@@ -347,7 +347,7 @@ def _make_neon_gemv_tile(chunk: int):  # noqa: ANN202
                 hi_q = vnni.load(b, vnni.byte_ptr(b, q, 64), I32X16)
                 return vnni.dpbusd(b, acc, b.xor(b.and_(words, high), flip), hi_q, True)
 
-            def kept(blk, g):  # noqa: ANN001, ANN202
+            def kept(blk, g):
                 return vnni.byte_ptr(b, scr_p, b.mul(b.add(b.mul(blk, i64(NEON_NR - 1)), i64(g)), i64(64)))
 
             for g, base in enumerate(groups[:-1]):
@@ -395,7 +395,7 @@ def gemv_lhs(k, mr, kbl, lhs):
     return qvec
 
 
-def _make_spread_panel(neon_chunk: int):  # noqa: ANN202
+def _make_spread_panel(neon_chunk: int):
     """Intrinsic ``spread(geo, rhs, j0, scr)``: spread the codes of the 64 columns from j0 to bytes and copy their
     zeros, scales and biases into scr (the packed RHS as :func:`_source` reads it)."""
 
@@ -403,7 +403,7 @@ def _make_spread_panel(neon_chunk: int):  # noqa: ANN202
     def spread(typingctx, geo, rhs, j0, scr):
         sig = types.void(geo, rhs, types.int64, scr)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             geo_v, rhs_p, j0_v, scr_p = vnni.intrinsic_args(context, builder, signature, args)
             t = _Tile(builder, geo_v)
             _spread(builder, t, _source(t, rhs_p, j0_v, neon_chunk), scr_p)

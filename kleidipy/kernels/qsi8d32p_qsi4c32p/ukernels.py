@@ -264,10 +264,10 @@ class _Qsi4c32pRhsPacker(RhsPacker):
             if value is not None:
                 raise KernelShapeError(f"{self.name}: takes no '{name}' input (Q4_0 scales are in the blocks)")
 
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         return self._pack(q4_0_blocks(rhs, n, k, self.name), nr, kr)
 
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:  # noqa: ANN001
+    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         return jit.rhs_pack(_frozen(q4_0_blocks(rhs, n, k, self.name)), nr, kr, self.layout)
 
     def _pack(self, blocks: np.ndarray, nr: int, kr: int) -> np.ndarray:

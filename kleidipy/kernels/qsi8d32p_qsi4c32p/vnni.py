@@ -68,14 +68,14 @@ class Tile:
     and the per-row terms.
     """
 
-    def __init__(self, builder, native: bool, params) -> None:  # noqa: ANN001
+    def __init__(self, builder, native: bool, params) -> None:
         self.builder = builder
         self.native = native
         pptr = builder.bitcast(params, I64.as_pointer())
         for i, name in enumerate(PARAMS):
             setattr(self, name, builder.load(builder.gep(pptr, [i64(i)])))
 
-    def rows(self, rows_max: int, lhs, corr, sl, i0, rows):  # noqa: ANN001, ANN201
+    def rows(self, rows_max: int, lhs, corr, sl, i0, rows):
         """Per tile row (rows past ``rows`` repeat the last one): pointers to its LHS bytes, corr and s_L.
 
         corr/s_L are laid out as the packed LHS scales: [group][block][mr].
@@ -92,7 +92,7 @@ class Tile:
             out.append((vnni.byte_ptr(b, lhs, data), vnni.byte_ptr(b, corr, terms), vnni.byte_ptr(b, sl, terms)))
         return out
 
-    def run(self, row_ptrs, codes, scales, per: int, acc_mem, init, nvec: int = PANEL_VECS):  # noqa: ANN001, ANN201
+    def run(self, row_ptrs, codes, scales, per: int, acc_mem, init, nvec: int = PANEL_VECS):
         """Accumulate every block into float32 accumulators [row][vector] kept in acc_mem (64 B each), from init,
         for ``nvec`` vectors (a panel's 4, or the GEMV's panels side by side).
         The 8 K groups of a block are taken ``per`` at a time (the codes of one step come from one load); with
@@ -109,7 +109,7 @@ class Tile:
                 self._block(loop.index, vs, row_ptrs, codes, scales, per, iacc, acc_mem)
         return facc
 
-    def _block(self, blk, vs, row_ptrs, codes, scales, per: int, iacc, acc_mem) -> None:  # noqa: ANN001
+    def _block(self, blk, vs, row_ptrs, codes, scales, per: int, iacc, acc_mem) -> None:
         """One block of the vectors ``vs``: integer dots from the −8·Σq terms, then the float recipe."""
         b = self.builder
         kgroup = b.mul(self.mr, i64(4))  # bytes of one K group of the LHS; also the per-block step of corr/s_L
@@ -155,12 +155,12 @@ class Tile:
                 p = vnni.byte_ptr(b, acc_base, 64 * (len(iacc[r]) * r + v))
                 vnni.store(b, vnni.fma(b, dot, scale, vnni.load(b, p, F32X16)), p)
 
-    def lhs_group(self, ptr, kgroup, t):  # noqa: ANN001, ANN201
+    def lhs_group(self, ptr, kgroup, t):
         """The 4 LHS bytes of K group t of a row's block, in every lane."""
         b = self.builder
         return vnni.splat(b, vnni.load(b, vnni.byte_ptr(b, ptr, b.mul(kgroup, t)), I32), I32X16)
 
-    def store(self, facc, out, i0, rows, j0, paired: bool) -> None:  # noqa: ANN001
+    def store(self, facc, out, i0, rows, j0, paired: bool) -> None:
         """Store rows < ``rows`` to out[(i0 + r)·ldo + j0 ...] (``paired``: the accumulators are in PAIR_LANES
         order). ldo covers whole panels: vectors past n land in padding columns."""
         b = self.builder
@@ -174,7 +174,7 @@ class Tile:
                     index = b.add(row, i64(VEC_COLS * v))
                     vnni.store(b, value, vnni.byte_ptr(b, out, b.mul(index, i64(4))))
 
-    def source(self, rhs, j0, contiguous: bool):  # noqa: ANN001, ANN201
+    def source(self, rhs, j0, contiguous: bool):
         """The packed RHS of the panel: codes spread to bytes on the fly, fp16 scales converted per block.
 
         ``contiguous``: nr is a multiple of 64, so the 4 vectors are side by side in one group (vectors past
@@ -196,30 +196,30 @@ class Tile:
             data, scale = bases[0]
             pairs = {}
 
-            def codes(v: int, blk, t, i: int):  # noqa: ANN001, ANN202
+            def codes(v: int, blk, t, i: int):
                 g = b.add(b.mul(blk, i64(8)), t)
                 if v % 2 == 0:
                     ptr = vnni.byte_ptr(b, data, b.add(b.mul(g, step), i64(32 * v)))
                     pairs[v] = vnni.spread_nibble_pairs(b, ptr, self.native)
                 return pairs[v - v % 2][v % 2]
 
-            def scales(v: int, blk):  # noqa: ANN001, ANN202
+            def scales(v: int, blk):
                 ptr = vnni.byte_ptr(b, scale, b.add(b.mul(blk, step), i64(32 * (v - v % 2))))
                 return vnni.f16_to_f32(b, ptr, self.native, vnni.PAIR_LANES[v % 2])
 
         else:
 
-            def codes(v: int, blk, t, i: int):  # noqa: ANN001, ANN202
+            def codes(v: int, blk, t, i: int):
                 g = b.add(b.mul(blk, i64(8)), t)
                 return vnni.spread_nibbles(b, vnni.byte_ptr(b, bases[v][0], b.mul(g, step)), self.native)
 
-            def scales(v: int, blk):  # noqa: ANN001, ANN202
+            def scales(v: int, blk):
                 return vnni.f16_to_f32(b, vnni.byte_ptr(b, bases[v][1], b.mul(blk, step)), self.native)
 
         return codes, scales, 1
 
 
-def make_tile(rows_max: int, source: Callable, paired: bool = False):  # noqa: ANN202
+def make_tile(rows_max: int, source: Callable, paired: bool = False):
     """Intrinsic ``tile(isa, params, lhs, corr, sl, rhs, out, acc, i0, rows, j0, init)``: rows i0 .. i0+rows-1
     (rows <= rows_max; more rows repeat the last) × the 64 columns from j0 of out, from ``init``, the RHS read
     through ``source(tile, rhs, j0) -> (codes, scales, per)`` (:meth:`Tile.source` here, the NEON layout's in
@@ -230,7 +230,7 @@ def make_tile(rows_max: int, source: Callable, paired: bool = False):  # noqa: A
         int64 = types.int64
         sig = types.void(isa, params, lhs, corr, sl, rhs, out, acc, int64, int64, int64, types.float32)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             _, params_p, lhs_p, corr_p, sl_p, rhs_p, out_p, acc_p, i0_v, rows_v, j0_v, init_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
@@ -246,7 +246,7 @@ def make_tile(rows_max: int, source: Callable, paired: bool = False):  # noqa: A
     return tile
 
 
-def make_gemv_tile(panels: int):  # noqa: ANN202
+def make_gemv_tile(panels: int):
     """Intrinsic ``gemv(isa, params, lhs, corr, sl, rhs, out, acc, js, init)``: the GEMV (row 0) over ``panels``
     panels of 64 columns (nr a multiple of 64) starting at the columns js[0 .. panels-1] (int64), all of them
     block by block in one loop: one memory stream per panel. From DRAM one stream runs at ~15 GB/s on this
@@ -257,7 +257,7 @@ def make_gemv_tile(panels: int):  # noqa: ANN202
     def gemv(typingctx, isa, params, lhs, corr, sl, rhs, out, acc, js, init):
         sig = types.void(isa, params, lhs, corr, sl, rhs, out, acc, js, types.float32)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             _, params_p, lhs_p, corr_p, sl_p, rhs_p, out_p, acc_p, js_p, init_v = vnni.intrinsic_args(
                 context, builder, signature, args
             )
@@ -267,10 +267,10 @@ def make_gemv_tile(panels: int):  # noqa: ANN202
             j0s = [vnni.load(b, vnni.byte_ptr(b, js_p, i64(8 * p)), I64) for p in range(panels)]
             sources = [t.source(rhs_p, j0, True) for j0 in j0s]
 
-            def codes(v: int, blk, step, i: int):  # noqa: ANN001, ANN202
+            def codes(v: int, blk, step, i: int):
                 return sources[v // PANEL_VECS][0](v % PANEL_VECS, blk, step, i)
 
-            def scales(v: int, blk):  # noqa: ANN001, ANN202
+            def scales(v: int, blk):
                 return sources[v // PANEL_VECS][1](v % PANEL_VECS, blk)
 
             facc = t.run(row_ptrs, codes, scales, 1, acc_p, init_v, PANEL_VECS * panels)
@@ -294,7 +294,7 @@ _TILE_4_SINGLE = make_tile(TILE_ROWS, lambda t, rhs, j0: t.source(rhs, j0, False
 _GEMV_1, _GEMV_2, _GEMV_3, _GEMV_4 = (make_gemv_tile(p) for p in range(1, GEMV_PANELS + 1))
 
 
-def _make_fp16_vectors(widen: bool):  # noqa: ANN202
+def _make_fp16_vectors(widen: bool):
     """Intrinsic ``convert(isa, src, src_off, count16, dst, dst_off)`` over x < 16·count16, the fp16 side at byte
     offsets off + 2x, the float32 side at element offsets off + x: ``widen``, dst[dst_off + x] = float32 of the
     fp16 at src byte src_off + 2x; else the fp16 bits (RNE) of src[src_off + x] at dst byte dst_off + 2x."""
@@ -303,15 +303,15 @@ def _make_fp16_vectors(widen: bool):  # noqa: ANN202
     def convert(typingctx, isa, src, src_off, count16, dst, dst_off):
         sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             _, src_p, src_off_v, count_v, dst_p, dst_off_v = vnni.intrinsic_args(context, builder, signature, args)
             native = vnni.isa_native(signature.args[0])
             b = builder
 
-            def f16_at(base, off, x):  # noqa: ANN001, ANN202
+            def f16_at(base, off, x):
                 return vnni.byte_ptr(b, base, b.add(off, b.mul(x, i64(2))))
 
-            def f32_at(base, off, x):  # noqa: ANN001, ANN202
+            def f32_at(base, off, x):
                 return vnni.byte_ptr(b, base, b.mul(b.add(off, x), i64(4)))
 
             with cgutils.for_range(b, count_v) as loop:

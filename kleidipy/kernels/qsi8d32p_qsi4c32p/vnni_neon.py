@@ -45,7 +45,7 @@ QC = [(q, c) for q in range(4) for c in range(NEON_NR)]
 SPREAD_BLOCK = (8 + 1) * PANEL_VECS * 64
 
 
-def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):  # noqa: ANN001, ANN201
+def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):
     """The packed RHS of the panel in the NEON layout (``qsi4c32pscalef16``, nr = 4, ``inner`` = kr/2 bytes
     per column run): each vector gathers 4 groups of 4 columns (groups past n re-read the last one).
 
@@ -64,11 +64,11 @@ def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):  # noqa: ANN00
     mask = vnni.const_splat(I32X16, 0x0F0F0F0F)
     flip = vnni.const_splat(I32X16, 0x08080808)
 
-    def lanes(x, y, pairs):  # noqa: ANN001, ANN202
+    def lanes(x, y, pairs):
         """128-bit lanes (source, lane) of x ‖ y, four of them."""
         return vnni.pick(b, x, y, [16 * s + 4 * lane + w for s, lane in pairs for w in range(4)])
 
-    def codes(v: int, blk, step, i: int):  # noqa: ANN001, ANN202
+    def codes(v: int, blk, step, i: int):
         if i == 0:
             at = b.add(b.mul(blk, i64(block)), i64(2 * NEON_NR))
             a, c, e, g = (vnni.load(b, vnni.byte_ptr(b, base, at), I32X16) for base in bases[v])
@@ -91,7 +91,7 @@ def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):  # noqa: ANN00
             words = b.lshr(words, vnni.const_splat(I32X16, 4))
         return b.xor(b.and_(words, mask), flip)
 
-    def scales(v: int, blk):  # noqa: ANN001, ANN202
+    def scales(v: int, blk):
         at = b.mul(blk, i64(block))
         parts = [vnni.load(b, vnni.byte_ptr(b, base, at), ir.VectorType(I16, NEON_NR)) for base in bases[v]]
         if prefetch:  # the bytes of the vector PREFETCH_NEON_GROUPS groups on, in address order: this block's share
@@ -104,16 +104,16 @@ def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):  # noqa: ANN00
     return codes, scales, 8
 
 
-def source_spread(tile: Tile, panel):  # noqa: ANN001, ANN201
+def source_spread(tile: Tile, panel):
     """A panel decoded by ``_DECODE_4`` / ``_DECODE_8``: per block (SPREAD_BLOCK bytes), the unsigned codes of K
     group t of vector v at 64·(4t + v), then the 4 vectors' float32 scales at 64·(32 + v)."""
     b = tile.builder
 
-    def codes(v: int, blk, step, i: int):  # noqa: ANN001, ANN202
+    def codes(v: int, blk, step, i: int):
         at = b.add(b.mul(blk, i64(SPREAD_BLOCK)), b.mul(b.add(b.mul(step, i64(4)), i64(v)), i64(64)))
         return vnni.load(b, vnni.byte_ptr(b, panel, at), I32X16)
 
-    def scales(v: int, blk):  # noqa: ANN001, ANN202
+    def scales(v: int, blk):
         return vnni.load(b, vnni.byte_ptr(b, panel, b.add(b.mul(blk, i64(SPREAD_BLOCK)), i64(64 * (32 + v)))), F32X16)
 
     return codes, scales, 1
@@ -126,7 +126,7 @@ _NEON_1_8 = make_tile(1, lambda t, rhs, j0: source_neon(t, rhs, j0, 8, True))
 _SPREAD_4 = make_tile(TILE_ROWS, lambda t, rhs, j0: source_spread(t, rhs))
 
 
-def _make_decoder(inner: int):  # noqa: ANN202
+def _make_decoder(inner: int):
     """Intrinsic ``decode(isa, params, rhs, j0, panel)``: the 64 columns from j0 of a NEON-layout RHS with
     ``inner`` bytes per column run, decoded into ``panel`` (SPREAD_BLOCK bytes per block, see
     ``source_spread``) so that every row tile reads them with one load per K group and vector."""
@@ -135,7 +135,7 @@ def _make_decoder(inner: int):  # noqa: ANN202
     def decode(typingctx, isa, params, rhs, j0, panel):
         sig = types.void(isa, params, rhs, types.int64, panel)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):
             _, params_p, rhs_p, j0_v, panel_p = vnni.intrinsic_args(context, builder, signature, args)
             t = Tile(builder, vnni.isa_native(signature.args[0]), params_p)
             codes, scales, _ = source_neon(t, rhs_p, j0_v, inner, False)

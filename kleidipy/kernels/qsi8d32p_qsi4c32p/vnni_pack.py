@@ -33,7 +33,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, lay, sf, sf_off, sf_step):
     the packer's), else 0."""
     sig = types.int64(isa, row, types.int64, out, types.int64, lay, sf, types.int64, types.int64)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         _, row_p, nb_v, out_p, dst_v, lay_p, sf_p, sf_off_v, sf_step_v = vnni.intrinsic_args(
             context, builder, signature, args
         )

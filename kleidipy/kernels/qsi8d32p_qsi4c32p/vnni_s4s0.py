@@ -49,7 +49,7 @@ HALVES = 2
 PACKETS = 4
 
 
-def source_s4s0(tile: Tile, rhs, j0, contiguous: bool):  # noqa: ANN001, ANN201
+def source_s4s0(tile: Tile, rhs, j0, contiguous: bool):
     """The packed RHS of the panel in the s4s0 layout, K groups taken per packet (per = 2: step p is packet p
     of the block, i = 0 its low nibbles, 1 its high nibbles): the codes as bytes 16·u, scales fp16 → float32.
 
@@ -71,7 +71,7 @@ def source_s4s0(tile: Tile, rhs, j0, contiguous: bool):  # noqa: ANN001, ANN201
         scale = b.add(b.add(group, scale_region), b.mul(r, i64(2)))
         bases.append((vnni.byte_ptr(b, rhs, data), vnni.byte_ptr(b, rhs, scale)))
 
-    def base(v: int):  # noqa: ANN202
+    def base(v: int):
         """(data, scales) pointers of vector v's column 0."""
         if contiguous:
             return vnni.byte_ptr(b, bases[0][0], 64 * v), vnni.byte_ptr(b, bases[0][1], 32 * v)
@@ -81,7 +81,7 @@ def source_s4s0(tile: Tile, rhs, j0, contiguous: bool):  # noqa: ANN001, ANN201
     flip = vnni.const_splat(I32X16, 0x80808080)
     words = {}
 
-    def codes(v: int, blk, step, i: int):  # noqa: ANN001, ANN202
+    def codes(v: int, blk, step, i: int):
         if i == 0:
             ptr = vnni.byte_ptr(b, base(v)[0], b.mul(b.add(b.mul(blk, i64(PACKETS)), step), packet))
             if contiguous:
@@ -90,7 +90,7 @@ def source_s4s0(tile: Tile, rhs, j0, contiguous: bool):  # noqa: ANN001, ANN201
         x = words[v] if i else b.shl(words[v], vnni.const_splat(I32X16, 4))
         return b.xor(b.and_(x, high), flip)
 
-    def scales(v: int, blk):  # noqa: ANN001, ANN202
+    def scales(v: int, blk):
         ptr = vnni.byte_ptr(b, base(v)[1], b.mul(blk, srow))
         if contiguous and v % 2 == 0:  # a line per 2 vectors: as far ahead (in blocks) as the codes
             ahead = b.udiv(tile.prefetch, i64(PACKETS))
