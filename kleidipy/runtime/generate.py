@@ -309,7 +309,7 @@ class Engine:
             self.build = plan_build.PlanBuild(self.path, self.target.spec(), self.kv_dtype)
             self.notice(
                 "first run on this CPU: the model runs op by op, its kernels compiling now (~30 s); after the first "
-                "answer the compiled forward pass builds in the background (once, a few minutes; then cached)"
+                "answer the compiled forward pass builds in the background (once, about a minute; then cached)"
             )
             return
         if plan_build.building():
