@@ -112,33 +112,24 @@ def node_kernel(
 
 
 # --- compiled side ----------------------------------------------------------------------------------------------
-def _call(builder: ir.IRBuilder, values: list) -> None:
+def _codegen(context, builder: ir.IRBuilder, signature, values: list):
     """The indirect call of the function at address values[0] with the int64 arguments values[1:]."""
     fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * (len(values) - 1))
     builder.call(builder.inttoptr(values[0], fnty.as_pointer()), values[1:])
+    return context.get_dummy_value()
 
 
 @intrinsic
 def call_pack(typingctx, fn, params, x, rows, dst):
     """``call_pack(params[P_PACK], params address, x address, rows, dst address)``: the :data:`PACK` routine."""
-
-    def codegen(context, builder, signature, values):
-        _call(builder, values)
-        return context.get_dummy_value()
-
-    return types.void(*([types.int64] * 5)), codegen
+    return types.void(*([types.int64] * 5)), _codegen
 
 
 @intrinsic
 def call_matmul(typingctx, fn, params, m, n, lhs, rhs, out, ld):
     """``call_matmul(params[P_MATMUL], params address, m, n, lhs address, rhs address, out address, ld)``: the
     :data:`MATMUL` routine."""
-
-    def codegen(context, builder, signature, values):
-        _call(builder, values)
-        return context.get_dummy_value()
-
-    return types.void(*([types.int64] * 8)), codegen
+    return types.void(*([types.int64] * 8)), _codegen
 
 
 _LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)
