@@ -177,41 +177,39 @@ def int8_k_lo(k_int, nr, kr):
 
 
 @numba.njit(cache=True, nogil=True)
+def _quantize_row(v, q):
+    """One row's per-channel int8: returns scale = f32(max|v| / 127), writes q = clamp(lround(f32(v·f32(1/scale))),
+    ±127)."""
+    amax = np.float32(0.0)
+    for j in range(v.size):
+        amax = max(amax, abs(v[j]))
+    sc = np.float32(amax / np.float32(127.0)) if amax > 0 else np.float32(0.0)
+    inv = np.float32(np.float32(1.0) / sc) if sc > 0 else np.float32(0.0)
+    for j in range(v.size):
+        r = np.int64(round_away_scalar(np.float32(v[j] * inv)))
+        q[j] = max(min(r, 127), -127)
+    return sc
+
+
+@numba.njit(cache=True, nogil=True)
 def requantize_q8_0(blocks, f16_table, q, scale):
-    """llama.cpp's Q8_0 → per-channel int8: v = f32(d)·qs (exact), scale = f32(amax/127), q = lround(v/scale)."""
+    """llama.cpp's Q8_0 → per-channel int8: v = f32(d)·qs (exact), then :func:`_quantize_row`."""
     n, nb = blocks.shape[0], blocks.shape[1]
     v = np.empty(nb * 32, np.float32)
     for row in range(n):
-        amax = np.float32(0.0)
         for b in range(nb):
             d = f16_table[np.int64(blocks[row, b, 0]) | (np.int64(blocks[row, b, 1]) << 8)]
             for j in range(32):
-                x = np.float32(d * np.float32(np.int8(blocks[row, b, 2 + j])))
-                v[b * 32 + j] = x
-                amax = max(amax, abs(x))
-        sc = np.float32(amax / np.float32(127.0)) if amax > 0 else np.float32(0.0)
-        inv = np.float32(np.float32(1.0) / sc) if sc > 0 else np.float32(0.0)
-        scale[row] = sc
-        for j in range(nb * 32):
-            r = np.int64(round_away_scalar(np.float32(v[j] * inv)))
-            q[row, j] = max(min(r, 127), -127)
+                v[b * 32 + j] = np.float32(d * np.float32(np.int8(blocks[row, b, 2 + j])))
+        scale[row] = _quantize_row(v, q[row])
 
 
 @numba.njit(cache=True, nogil=True)
 def quantize_per_channel(v, q, scale):
-    """Finite float32 rows v [n, k] → per-channel int8 q and f32 scale, as ``ukernels.quantize_per_channel``:
-    scale = f32(max|v| / 127), q = clamp(lround(f32(v·f32(1/scale))), ±127)."""
-    n, k = v.shape
-    for row in range(n):
-        amax = np.float32(0.0)
-        for j in range(k):
-            amax = max(amax, abs(v[row, j]))
-        sc = np.float32(amax / np.float32(127.0)) if amax > 0 else np.float32(0.0)
-        inv = np.float32(np.float32(1.0) / sc) if sc > 0 else np.float32(0.0)
-        scale[row] = sc
-        for j in range(k):
-            r = np.int64(round_away_scalar(np.float32(v[row, j] * inv)))
-            q[row, j] = max(min(r, 127), -127)
+    """Finite float32 rows v [n, k] → per-channel int8 q and f32 scale (:func:`_quantize_row`), as
+    ``ukernels.quantize_per_channel``."""
+    for row in range(v.shape[0]):
+        scale[row] = _quantize_row(v[row], q[row])
 
 
 # --------------------------------------------------------------------------------------------- kernels
