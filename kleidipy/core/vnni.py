@@ -478,7 +478,8 @@ def neg_block_sums(isa, lhs, m, mr, group_bytes, blocks, block_bytes, groups, we
     apart and hold, from block b's start at b·block_bytes, the int8 of (K group t < ``groups``, row r) at
     4·(t·mr + r): the int32 accumulator start that turns vpdpbusd's Σ q·u into Σ q·(u − weight). Laid out
     [group][block][mr] (with vpdpbusd when mr % 16 == 0, or 16 % mr == 0 and a block's groups·mr int32 fill whole
-    vectors; else scalar code).
+    vectors; else scalar code). Callers pass the bytes as uint8 and every count as int64, not a literal: one compile
+    serves every family (a literal argument compiles its own specialization).
     """
     n_groups = (m + mr - 1) // mr
     corr = np.empty(n_groups * blocks * mr, np.int32)

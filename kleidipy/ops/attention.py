@@ -445,11 +445,21 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     * ``out[i, h*d + c]``: the same 16-lane dot over the cells j (lane j % 16, fused multiply-add, in increasing j)
       of ``w[j] * V[j, c]``, reduced the same way.
     """
-    n_head = q.shape[1]
-    d = q.shape[2]
-    group = n_head // kc.shape[0]
-    sc = np.float32(scale)
-    # scratch (attention_scratch_size): V blocks, K blocks or the KQ lanes, and per row scores, KQV lanes, query
+    if q.shape[2] % LANES == 0:
+        attention_tiled(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep)
+    else:
+        attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep)
+
+
+def attention_for(head_dim: int) -> Callable[..., None]:
+    """The function of :func:`attention`'s path for a head_dim, called from Python (the op-by-op execution), so that
+    a first run compiles only that path."""
+    return attention_tiled if head_dim % LANES == 0 else attention_rows
+
+
+@numba.njit(cache=True, nogil=True)
+def _scratch_views(scratch, n_kv, d):  # pragma: no cover - compiled
+    """attention_scratch_size's parts: V blocks, K blocks or the KQ lanes, and per row scores, KQV lanes, query."""
     n16 = -(-n_kv // LANES) * LANES
     vb = scratch[: n16 * d].reshape(LANES, n16 // LANES, d)
     at = d * n16
@@ -461,15 +471,18 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
     acc = scratch[at : at + ROWS * LANES * d].reshape(ROWS, LANES, d)
     at += ROWS * LANES * d
     qv = scratch[at : at + ROWS * d].reshape(ROWS, d)
-    # paths (head_dim a multiple of 16): one row (decode) reads the cache itself, the heads of each KV head
-    # together; a batch of rows reads the cells any row reads (from the first row's window start to the last row's
-    # position) from f32 blocks made once per KV head (from the 16-aligned origin), ROWS rows at a time. Other
-    # head_dims: row by row, head by head, from the cache.
-    lo = max(0, start - window + 1) if window > 0 else 0
-    hi = min(start + m, n_kv)
-    origin = lo - lo % LANES
-    blocked = m > 1 and d % LANES == 0
-    if m == 1 and d % LANES == 0:
+    return vb, kb, kq, s, acc, qv
+
+
+@numba.njit(cache=True, nogil=True)
+def attention_tiled(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep):
+    """:func:`attention` for a head_dim that is a multiple of 16: one row (decode) reads the cache itself, the heads
+    of each KV head together; a batch of rows reads the cells any row reads (from the first row's window start to the
+    last row's position) from f32 blocks made once per KV head (from the 16-aligned origin), ROWS rows at a time."""
+    group = q.shape[1] // kc.shape[0]
+    sc = np.float32(scale)
+    vb, kb, _, s, acc, qv = _scratch_views(scratch, n_kv, q.shape[2])
+    if m == 1:
         h = h0
         while h < h1 and g0 == 0:
             kvh = h // group
@@ -477,16 +490,28 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
             _attend_heads(q, h, nr, start, n_kv, window, sc, f16, kc[kvh], vc[kvh], s, acc, qv, out)
             h += nr
         return
+    lo = max(0, start - window + 1) if window > 0 else 0
+    hi = min(start + m, n_kv)
+    origin = lo - lo % LANES
     loaded = -1
     for h in range(h0, h1):
         kvh = h // group
-        if blocked:
-            if kvh != loaded:
-                _load_blocks(kc[kvh], vc[kvh], origin, hi, kb, vb)
-                loaded = kvh
-            for i0 in range(g0 * ROWS, m, gstep * ROWS):
-                _attend_rows(q, h, i0, min(ROWS, m - i0), start, n_kv, window, sc, f16, kb, vb, origin, s, acc, qv, out)
-            continue
+        if kvh != loaded:
+            _load_blocks(kc[kvh], vc[kvh], origin, hi, kb, vb)
+            loaded = kvh
+        for i0 in range(g0 * ROWS, m, gstep * ROWS):
+            _attend_rows(q, h, i0, min(ROWS, m - i0), start, n_kv, window, sc, f16, kb, vb, origin, s, acc, qv, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep):
+    """:func:`attention` for any head_dim: row by row, head by head, from the cache."""
+    d = q.shape[2]
+    group = q.shape[1] // kc.shape[0]
+    sc = np.float32(scale)
+    _, _, kq, s, acc, qv = _scratch_views(scratch, n_kv, d)
+    for h in range(h0, h1):
+        kvh = h // group
         for i in range(m):
             if (i // ROWS) % gstep != g0:
                 continue

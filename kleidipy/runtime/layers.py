@@ -99,7 +99,8 @@ def attention(
     out = np.empty((m, n_head * d), np.float32)
     scratch = np.empty(ops_attention.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
-    ops_attention.attention(q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1)
+    attend = ops_attention.attention_for(d)  # (its path alone: a first run compiles only that)
+    attend(q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1)
     return out.reshape(m, n_head, d)
 
 

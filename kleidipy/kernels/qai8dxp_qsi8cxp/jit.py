@@ -78,13 +78,10 @@ def lhs_quant_pack_qai8dxp(lhs, mr, kbl, row_offset, k_int, out):
         pos = row_offset + i
         base = (pos // mr) * stride
         r = pos % mr
-        if mr == 1:
-            out_i8[base : base + k_int] = qrow
-        else:
-            for c in range(k_int // kbl):
-                dst = base + c * mr * kbl + r * kbl
-                for t in range(kbl):
-                    out_i8[dst + t] = qrow[c * kbl + t]
+        for c in range(k_int // kbl):  # (element loops: a slice copy compiles numba's shape-error message, ~2 s)
+            dst = base + c * mr * kbl + r * kbl
+            for t in range(kbl):
+                out_i8[dst + t] = qrow[c * kbl + t]
         out_i32[(base + mr * k_int) // 4 + r] = -nzp
         out_f32[(base + mr * k_int + 4 * mr) // 4 + r] = recip
 

@@ -155,7 +155,17 @@ _tile_gemm = make_sme_tile(GEMM_ROWS)
 @numba.njit(cache=True, nogil=True)
 def _matmul_sme(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out):
     geo = (np.int64(mr), np.int64(nr), np.int64(n), np.int64(k_int))
-    corr = vnni.neg_block_sums(vnni.VNNI512, lhs_i8, m, mr, mr * (k_int + 8), 1, 0, k_int // KR, 128)
+    corr = vnni.neg_block_sums(
+        vnni.VNNI512,
+        lhs_i8.view(np.uint8),
+        m,
+        mr,
+        mr * (k_int + 8),
+        np.int64(1),
+        np.int64(0),
+        k_int // KR,
+        np.int64(128),
+    )
     for j0 in range(0, n, TILE_COLS):
         for i0 in range(0, m, GEMM_ROWS):
             rows = min(GEMM_ROWS, m - i0)

@@ -442,8 +442,12 @@ def _lhs_terms(m, k, mr, kbl, lhs, weight):
     nb = k // BL
     block_bytes = mr * LHS_BLOCK_BYTES
     if kbl == 4:
-        return vnni.neg_block_sums(vnni.VNNI512, lhs, m, mr, nb * block_bytes, nb, block_bytes, K_GROUPS, weight)
-    halves = vnni.neg_block_sums(vnni.VNNI512, lhs, 2 * m, 2 * mr, nb * block_bytes, nb, block_bytes, 4, weight)
+        return vnni.neg_block_sums(
+            vnni.VNNI512, lhs, m, mr, nb * block_bytes, nb, block_bytes, np.int64(K_GROUPS), weight
+        )
+    halves = vnni.neg_block_sums(
+        vnni.VNNI512, lhs, 2 * m, 2 * mr, nb * block_bytes, nb, block_bytes, np.int64(4), weight
+    )
     return halves[0::2] + halves[1::2]
 
 

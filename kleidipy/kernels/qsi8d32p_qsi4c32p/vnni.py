@@ -342,7 +342,7 @@ def lhs_terms(isa, m, k, mr, lhs):
     nb = k // 32
     groups = (m + mr - 1) // mr
     stride = mr * nb * 34
-    corr = vnni.neg_block_sums(isa, lhs, m, mr, stride, nb, mr * 32, 8, 8)
+    corr = vnni.neg_block_sums(isa, lhs, m, mr, stride, nb, mr * 32, np.int64(8), np.int64(8))
     sl = np.empty(groups * nb * mr, np.float32)
     for g in range(groups):
         base = g * stride
