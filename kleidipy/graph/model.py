@@ -8,7 +8,7 @@ of it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -69,10 +69,31 @@ class ModelSizes(Protocol):
     head_dim: int
 
 
+T = TypeVar("T")
+
+
+class Ops(Protocol[T]):
+    """What a block describes itself to (``forward(ops, x, keep)``, once per architecture): the ops of a forward
+    pass over values ``T``. The compiled plan's :class:`~kleidipy.graph.plan.PlanBuilder` records them as nodes
+    over buffer ids; the runtime's ``EagerOps`` runs each at once on arrays (the op-by-op execution). Each returns
+    the value it wrote (some write in place: use what they return)."""
+
+    def rms_norm(self, src: T, norm: Norm, name: str, head_dim: int = 0) -> T: ...
+    def matmul(self, linear: object, src: T, name: str, bias: np.ndarray | None = None) -> T: ...
+    def add(self, a: T, b: T, name: str) -> T: ...
+    def scale(self, buf: T, factor: float) -> T: ...
+    def rope(self, buf: T, n_heads: int, rope: RopeTables) -> T: ...
+    def store_kv(self, layer: int, k: T, v: T) -> None: ...
+    def attention(self, layer: int, q: T, n_head: int, scale: float, window: int | None, name: str) -> T: ...
+    def glu(self, gelu: bool, gate: T, up: T, name: str) -> T: ...
+    def keep(self, *values: T) -> tuple[T, ...]: ...
+
+
 class PlannedModel(Protocol):
     """A causal LM the plan runs: the embedding (optionally with a compiled GET_ROWS, ``compiled_rows()``), the
-    blocks (each describing itself with ``plan(builder, x, keep)``), the final norm and the LM head; its observers,
-    and the compiled forward pass it then runs (:func:`~kleidipy.graph.execute.compile_model` sets it)."""
+    blocks (each describing itself once, ``forward(ops, x, keep)``: :class:`Ops`), the final norm and the LM head;
+    its observers, and the compiled forward pass it then runs (:func:`~kleidipy.graph.execute.compile_model` sets
+    it)."""
 
     hparams: ModelSizes
     n_ctx: int

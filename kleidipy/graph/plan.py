@@ -1,6 +1,6 @@
 """The plan of one ubatch: the forward pass as an ordered node list over preallocated buffers, as ggml builds a
-graph. :class:`PlanBuilder` is what an architecture describes its blocks to; :func:`build_plan` freezes a model's
-nodes into the tables the compiled executor reads.
+graph. :class:`PlanBuilder` is what an architecture's blocks describe themselves to (:class:`~kleidipy.graph.model.Ops`,
+as nodes over buffer ids); :func:`build_plan` freezes a model's nodes into the tables the compiled executor reads.
 
 The node and buffer layout: docs/compiled-plan-execution.md."""
 
@@ -188,9 +188,12 @@ class PlanBuilder:
         self._node(OP_GEGLU if gelu else OP_SWIGLU, gate, up, dst)
         return dst
 
-    def keep(self, first: int, second: int = -1) -> None:
-        """From here on only the rows whose logits are wanted live (``keep`` of the eager blocks)."""
-        self._node(OP_KEEP, first, second)
+    def keep(self, *buffers: int) -> tuple[int, ...]:
+        """From here on only the rows whose logits are wanted live in the one or two ``buffers`` (the same ids)."""
+        if not 1 <= len(buffers) <= 2:
+            raise NotPlannableError(f"KEEP moves the rows of one or two buffers, not {len(buffers)}")
+        self._node(OP_KEEP, buffers[0], buffers[1] if len(buffers) == 2 else -1)
+        return buffers
 
 
 @dataclass
@@ -215,9 +218,9 @@ def build_plan(lm: PlannedModel) -> Plan:
     x = b.buffer("x", hp.n_embd)  # buffer 0: the embedded tokens, written by the caller
     last = len(lm.blocks) - 1
     for i, block in enumerate(lm.blocks):
-        describe = getattr(block, "plan", None)
+        describe = getattr(block, "forward", None)
         if describe is None:
-            raise NotPlannableError(f"block {type(block).__name__} does not describe itself as a plan")
+            raise NotPlannableError(f"block {type(block).__name__} does not describe itself (forward(ops, x, keep))")
         x = describe(b, x, keep=i == last)
     logits = b.matmul(lm.lm_head, b.rms_norm(x, lm.output_norm, "out_norm"), "logits")
     if b.nodes[-1][0] != OP_MATMUL or b.nodes[-1][2] != logits:  # (a bias on the LM head would add a node)

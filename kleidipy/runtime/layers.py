@@ -1,14 +1,15 @@
-"""Shared transformer layers (RMSNorm, RoPE, attention, SwiGLU, GeGLU) and the decoder-only driver :class:`CausalLM`,
-with llama.cpp's CPU numerics (flash attention off). The layers call :mod:`kleidipy.ops`'s compiled kernels op by op
-from Python (the eager execution); the compiled graph calls the same functions, so both give the same bits.
+"""Shared transformer layers (RMSNorm, RoPE, attention, the gated feed-forward), the op-by-op execution of a block's
+description (:class:`EagerOps`) and the decoder-only driver :class:`CausalLM`, with llama.cpp's CPU numerics (flash
+attention off). A block describes itself once (``forward(ops, x, keep)``): the compiled plan records it as nodes, and
+EagerOps runs it op by op from Python with the same :mod:`kleidipy.ops` functions, so both give the same bits.
 
 The numerics of each op: docs/eager-layers.md."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -21,7 +22,9 @@ from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
 from kleidipy.runtime.weights import Embedding, Linear
 
 if TYPE_CHECKING:
-    from kleidipy.graph.plan import PlanBuilder
+    from kleidipy.graph.model import Ops
+
+T = TypeVar("T")
 
 # ---------------------------------------------------------------------------------------------------------------
 # elementwise ops
@@ -148,80 +151,36 @@ class SelfAttention:
         self.q_scale = None if q_scale is None else np.float32(q_scale)
         self.scale = np.float32(1.0) / np.sqrt(np.float32(head_dim)) if q_scale is None else np.float32(1.0)
 
-    @staticmethod
-    def _project(
-        w: Linear, b: np.ndarray | None, x: np.ndarray, n_heads: int, head_dim: int, norm: RMSNorm | None = None
-    ) -> np.ndarray:
-        y = w(x)
-        if b is not None:
-            y += b
-        if norm is not None:  # per head: rows of head_dim values
-            y = norm(y.reshape(-1, head_dim))
-        return y.reshape(x.shape[0], n_heads, head_dim)
-
-    def __call__(self, x: np.ndarray, ubatch: Sequence[Segment]) -> np.ndarray:
-        """The projections over all the rows of x; RoPE, the cache write and attention per segment (each over its
-        own sequence's cache)."""
-        m = x.shape[0]
-        q = self._project(self.wq, self.bq, x, self.n_head, self.head_dim, self.q_norm)
-        k = self._project(self.wk, self.bk, x, self.n_head_kv, self.head_dim, self.k_norm)
-        v = self._project(self.wv, self.bv, x, self.n_head_kv, self.head_dim)
-        o = np.empty_like(q)
-        for seg in ubatch:
-            rows = slice(seg.lo, seg.hi)
-            self.rope(q[rows], seg.start)
-            self.rope(k[rows], seg.start)
-            if self.q_scale is not None:
-                q[rows] *= self.q_scale
-            seg.cache.store(self.layer, seg.start, k[rows], v[rows])
-            o[rows] = attention(q[rows], seg.cache, self.layer, seg.start, self.scale, self.window)
-        y = self.wo(o.reshape(m, self.n_head * self.head_dim))
-        if self.bo is not None:
-            y += self.bo
-        return y
-
-    def plan(self, b: PlanBuilder, src: int) -> int:
-        """The same attention as plan nodes (:mod:`kleidipy.graph.plan`) of buffer ``src``: projections (+ biases,
-        per-head norms), RoPE, Q pre-scale, KV-cache write, attention, output projection."""
+    def forward(self, ops: Ops[T], x: T) -> T:
+        """Projections (+ biases, per-head norms), RoPE, Q pre-scale, KV-cache write, attention, output projection.
+        (RoPE, the cache write and attention go per segment of the ubatch, each over its own sequence's cache.)"""
         hd = self.head_dim
-        q = b.matmul(self.wq, src, "q", self.bq)
-        k = b.matmul(self.wk, src, "k", self.bk)
-        v = b.matmul(self.wv, src, "v", self.bv)
+        q = ops.matmul(self.wq, x, "q", self.bq)
+        k = ops.matmul(self.wk, x, "k", self.bk)
+        v = ops.matmul(self.wv, x, "v", self.bv)
         if self.q_norm is not None:
-            b.rms_norm(q, self.q_norm, "q", head_dim=hd)
+            q = ops.rms_norm(q, self.q_norm, "q", head_dim=hd)
         if self.k_norm is not None:
-            b.rms_norm(k, self.k_norm, "k", head_dim=hd)
-        b.rope(q, self.n_head, self.rope)
-        b.rope(k, self.n_head_kv, self.rope)
+            k = ops.rms_norm(k, self.k_norm, "k", head_dim=hd)
+        q = ops.rope(q, self.n_head, self.rope)
+        k = ops.rope(k, self.n_head_kv, self.rope)
         if self.q_scale is not None:
-            b.scale(q, self.q_scale)
-        b.store_kv(self.layer, k, v)
-        out = b.attention(self.layer, q, self.n_head, self.scale, self.window, "kqv")
-        return b.matmul(self.wo, out, "attn_out", self.bo)
+            q = ops.scale(q, self.q_scale)
+        ops.store_kv(self.layer, k, v)
+        out = ops.attention(self.layer, q, self.n_head, self.scale, self.window, "kqv")
+        return ops.matmul(self.wo, out, "attn_out", self.bo)
 
 
-def _plan_glu(b: PlanBuilder, ffn: SwiGLU | GeGLU, src: int, gelu: bool) -> int:
-    """A gated feed-forward as plan nodes: down(act(gate(src)) * up(src)), act GELU or SiLU."""
-    gate = b.matmul(ffn.gate, src, "ffn_gate")
-    up = b.matmul(ffn.up, src, "ffn_up")
-    return b.matmul(ffn.down, b.glu(gelu, gate, up, "ffn_act"), "ffn_out")
+class GatedFFN:
+    """Gated feed-forward: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or GELU (GeGLU)."""
 
+    def __init__(self, gate: Linear, up: Linear, down: Linear, gelu: bool = False) -> None:
+        self.gate, self.up, self.down, self.gelu = gate, up, down, gelu
 
-class SwiGLU:
-    """Gated feed-forward: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, gate: Linear, up: Linear, down: Linear) -> None:
-        self.gate, self.up, self.down = gate, up, down
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        gate, up = self.gate(x), self.up(x)
-        out = np.empty_like(gate)  # not in place: an observer may hold the matmul outputs
-        elementwise.swiglu(gate, up, out, 0, gate.shape[0])
-        return self.down(out)
-
-    def plan(self, b: PlanBuilder, src: int) -> int:
-        """The same feed-forward as plan nodes (:mod:`kleidipy.graph.plan`)."""
-        return _plan_glu(b, self, src, gelu=False)
+    def forward(self, ops: Ops[T], x: T) -> T:
+        gate = ops.matmul(self.gate, x, "ffn_gate")
+        up = ops.matmul(self.up, x, "ffn_up")
+        return ops.matmul(self.down, ops.glu(self.gelu, gate, up, "ffn_act"), "ffn_out")
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -240,25 +199,75 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return out
 
 
-class GeGLU:
-    """Gated feed-forward with GELU: down(gelu(gate(x)) * up(x))."""
+class EagerOps:
+    """The op-by-op execution of a block's description (:class:`~kleidipy.graph.model.Ops` over arrays): each op
+    runs at once, on the ubatch's rows, with the same op functions the compiled plan calls. ``rows``: the rows the
+    last block keeps (llama.cpp's out_ids)."""
 
-    def __init__(self, gate: Linear, up: Linear, down: Linear) -> None:
-        self.gate, self.up, self.down = gate, up, down
+    def __init__(self, ubatch: Sequence[Segment], rows: np.ndarray | slice | None = None) -> None:
+        self.ubatch, self.rows = ubatch, rows
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.down(geglu(self.gate(x), self.up(x)))
+    def _heads(self, x: np.ndarray, n_heads: int) -> Iterator[tuple[Segment, np.ndarray]]:
+        """Per segment: its rows of x as [rows, n_heads, head_dim] (views: writes land in x)."""
+        heads = x.reshape(x.shape[0], n_heads, -1)
+        for seg in self.ubatch:
+            yield seg, heads[seg.lo : seg.hi]
 
-    def plan(self, b: PlanBuilder, src: int) -> int:
-        """The same feed-forward as plan nodes (:mod:`kleidipy.graph.plan`)."""
-        return _plan_glu(b, self, src, gelu=True)
+    def rms_norm(self, src: np.ndarray, norm: RMSNorm, name: str, head_dim: int = 0) -> np.ndarray:
+        return norm(src.reshape(-1, head_dim)).reshape(src.shape) if head_dim else norm(src)
+
+    def matmul(self, linear: Linear, src: np.ndarray, name: str, bias: np.ndarray | None = None) -> np.ndarray:
+        y = linear(src)
+        if bias is not None:
+            y += bias
+        return y
+
+    def add(self, a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
+        return a + b
+
+    def scale(self, buf: np.ndarray, factor: float) -> np.ndarray:
+        buf *= factor
+        return buf
+
+    def rope(self, buf: np.ndarray, n_heads: int, rope: RoPE) -> np.ndarray:
+        for seg, heads in self._heads(buf, n_heads):
+            rope(heads, seg.start)
+        return buf
+
+    def store_kv(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        n_head_kv = self.ubatch[0].cache.k.shape[1] if self.ubatch else 1
+        for (seg, keys), (_, values) in zip(self._heads(k, n_head_kv), self._heads(v, n_head_kv), strict=True):
+            seg.cache.store(layer, seg.start, keys, values)
+
+    def attention(
+        self, layer: int, q: np.ndarray, n_head: int, scale: float, window: int | None, name: str
+    ) -> np.ndarray:
+        out = np.empty_like(q)
+        heads = out.reshape(out.shape[0], n_head, -1)
+        for seg, rows in self._heads(q, n_head):
+            heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window)
+        return out
+
+    def glu(self, gelu: bool, gate: np.ndarray, up: np.ndarray, name: str) -> np.ndarray:
+        if gelu:
+            return geglu(gate, up)
+        out = np.empty_like(gate)  # not in place: an observer may hold the matmul outputs
+        elementwise.swiglu(gate, up, out, 0, gate.shape[0])
+        return out
+
+    def keep(self, *values: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(v[self.rows] for v in values)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # decoder-only driver
 
-#: a decoder block: (hidden [m, n_embd], the ubatch's segments, rows to keep or None) -> hidden [rows, n_embd]
-Block = Callable[[np.ndarray, "Sequence[Segment]", "np.ndarray | slice | None"], np.ndarray]
+
+class Block(Protocol):
+    """A decoder block: its one description, which the compiled plan records and :class:`EagerOps` runs; the last
+    block (``keep``) keeps only the rows whose logits are wanted."""
+
+    def forward(self, ops: Ops[T], x: T, keep: bool) -> T: ...
 
 
 class CausalLM:
@@ -453,9 +462,10 @@ class CausalLM:
     def _hidden(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice) -> np.ndarray:
         """One ubatch through the blocks; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""
         x = self.embedding(ids)
+        ops = EagerOps(ubatch, keep)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, ubatch, keep if i == last else None)
+            x = block.forward(ops, x, i == last)
         for seg in ubatch:
             seg.cache.advance(seg.start, ids[seg.lo : seg.hi])
         return x

@@ -158,11 +158,12 @@ def test_prefill_gemm_and_counts(trace) -> None:
         "CausalLM._run_ubatch",
         "CausalLM._decode",
         "CausalLM._hidden",
-        "LlamaBlock.__call__",
+        "LlamaBlock.forward",
     )
-    attention += ("SelfAttention.__call__", "SelfAttention._project", "RepackedLinear.__call__")
+    attention += ("SelfAttention.forward", "EagerOps.matmul", "RepackedLinear.__call__")
     assert attention + ("compute_forward_mul_mat", GEMM_Q4_0) in paths(prefill)
-    ffn = attention[:8] + ("SwiGLU.__call__", "RepackedLinear.__call__", "compute_forward_mul_mat", GEMM_Q4_0)
+    ffn = attention[:8] + ("GatedFFN.forward", "EagerOps.matmul", "RepackedLinear.__call__", "compute_forward_mul_mat")
+    ffn += (GEMM_Q4_0,)
     assert ffn in paths(prefill)
 
 
@@ -184,7 +185,7 @@ def test_decode_gemv_and_counts(trace) -> None:
     (hidden, head) = ubatch.children["CausalLM._decode"].children.values()
     assert (hidden.frame, hidden.calls) == ("CausalLM._hidden", len(decode.passes))  # the blocks, then the LM head
     (layers,) = hidden.children.values()
-    assert (layers.frame, layers.calls) == ("LlamaBlock.__call__", trace.hparams["n_layer"] * len(decode.passes))
+    assert (layers.frame, layers.calls) == ("LlamaBlock.forward", trace.hparams["n_layer"] * len(decode.passes))
     assert head.calls == len(decode.passes)  # the LM head, called from CausalLM._decode
     leaves = [c for c in head.children["compute_forward_mul_mat"].children.values()]
     assert [leaf.calls for leaf in leaves] == [len(decode.passes)] * 2

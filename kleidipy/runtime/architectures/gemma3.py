@@ -14,13 +14,11 @@ import numpy as np
 from kleidipy.runtime.architecture import Architecture, TensorSchema, ValidatedFile, context_size
 from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.layers import CausalLM, GeGLU, RMSNorm, RoPE, Segment, SelfAttention
+from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, RoPE, SelfAttention, T
 from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from kleidipy.graph.plan import PlanBuilder
+    from kleidipy.graph.model import Ops
 
 SWA_PATTERN = 6  #: llama.cpp's set_swa_pattern(6): five sliding layers, then a global one
 ROPE_FREQ_BASE_SWA = 10000.0  #: llama.cpp's rope_freq_base_train_swa for gemma3
@@ -67,25 +65,20 @@ class ScaledEmbedding:
 class Gemma3Block:
     """One sandwich-norm decoder block: pre- and post-norm around attention and around the GeGLU feed-forward."""
 
-    def __init__(self, norms: tuple[RMSNorm, RMSNorm, RMSNorm, RMSNorm], attention: SelfAttention, ffn: GeGLU) -> None:
+    def __init__(
+        self, norms: tuple[RMSNorm, RMSNorm, RMSNorm, RMSNorm], attention: SelfAttention, ffn: GatedFFN
+    ) -> None:
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffw_norm = norms
         self.attention, self.ffn = attention, ffn
 
-    def __call__(self, x: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice | None = None) -> np.ndarray:
-        a = self.attention(self.attn_norm(x), ubatch)
-        if keep is not None:  # last layer: only the rows whose logits are wanted go on
-            a, x = a[keep], x[keep]
-        h = self.post_attn_norm(a) + x
-        return self.post_ffw_norm(self.ffn(self.ffn_norm(h))) + h
-
-    def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
-        """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
-        a = self.attention.plan(b, b.rms_norm(x, self.attn_norm, "norm"))
+    def forward(self, ops: Ops[T], x: T, keep: bool) -> T:
+        """Buffer in, buffer out; the last block (``keep``) goes on with only the rows whose logits are wanted."""
+        a = self.attention.forward(ops, ops.rms_norm(x, self.attn_norm, "norm"))
         if keep:
-            b.keep(a, x)
-        h = b.add(b.rms_norm(a, self.post_attn_norm, "post_norm"), x, "h")
-        f = self.ffn.plan(b, b.rms_norm(h, self.ffn_norm, "norm"))
-        return b.add(b.rms_norm(f, self.post_ffw_norm, "post_norm"), h, "x")
+            a, x = ops.keep(a, x)
+        h = ops.add(ops.rms_norm(a, self.post_attn_norm, "post_norm"), x, "h")
+        f = self.ffn.forward(ops, ops.rms_norm(h, self.ffn_norm, "norm"))
+        return ops.add(ops.rms_norm(f, self.post_ffw_norm, "post_norm"), h, "x")
 
 
 class Gemma3(CausalLM):
@@ -131,7 +124,7 @@ class Gemma3(CausalLM):
                 q_scale=g.attention_scale,
                 window=g.sliding_window if sliding else None,
             )
-            ffn = GeGLU(*(model.linear(p + f"ffn_{w}.weight", linear) for w in ("gate", "up", "down")))
+            ffn = GatedFFN(*(model.linear(p + f"ffn_{w}.weight", linear) for w in ("gate", "up", "down")), gelu=True)
             names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
             blocks.append(Gemma3Block(tuple(norm(p + n + ".weight") for n in names), attention, ffn))
         embd = model.tensor("token_embd.weight")

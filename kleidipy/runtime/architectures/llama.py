@@ -12,33 +12,25 @@ import numpy as np
 from kleidipy.runtime.architecture import Architecture, TensorSchema, ValidatedFile, context_size
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.layers import CausalLM, RMSNorm, RoPE, Segment, SelfAttention, SwiGLU
+from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, RoPE, SelfAttention, T
 from kleidipy.runtime.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from kleidipy.graph.plan import PlanBuilder
+    from kleidipy.graph.model import Ops
 
 
 class LlamaBlock:
     """One pre-norm decoder block: attention and feed-forward, each around a residual connection."""
 
-    def __init__(self, attn_norm: RMSNorm, attention: SelfAttention, ffn_norm: RMSNorm, ffn: SwiGLU) -> None:
+    def __init__(self, attn_norm: RMSNorm, attention: SelfAttention, ffn_norm: RMSNorm, ffn: GatedFFN) -> None:
         self.attn_norm, self.attention, self.ffn_norm, self.ffn = attn_norm, attention, ffn_norm, ffn
 
-    def __call__(self, x: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice | None = None) -> np.ndarray:
-        h = x + self.attention(self.attn_norm(x), ubatch)
-        if keep is not None:  # last layer: only the rows whose logits are wanted go on
-            h = h[keep]
-        return h + self.ffn(self.ffn_norm(h))
-
-    def plan(self, b: PlanBuilder, x: int, keep: bool) -> int:
-        """The same block as plan nodes (:mod:`kleidipy.graph.plan`): buffer in, buffer out."""
-        h = b.add(x, self.attention.plan(b, b.rms_norm(x, self.attn_norm, "norm")), "h")
+    def forward(self, ops: Ops[T], x: T, keep: bool) -> T:
+        """Buffer in, buffer out; the last block (``keep``) goes on with only the rows whose logits are wanted."""
+        h = ops.add(x, self.attention.forward(ops, ops.rms_norm(x, self.attn_norm, "norm")), "h")
         if keep:
-            b.keep(h)
-        return b.add(h, self.ffn.plan(b, b.rms_norm(h, self.ffn_norm, "norm")), "x")
+            (h,) = ops.keep(h)
+        return ops.add(h, self.ffn.forward(ops, ops.rms_norm(h, self.ffn_norm, "norm")), "x")
 
 
 class Llama(CausalLM):
@@ -82,7 +74,7 @@ class Llama(CausalLM):
                 bv=vector(p + "attn_v.bias"),
                 bo=vector(p + "attn_output.bias"),
             )
-            ffn = SwiGLU(weight(p + "ffn_gate.weight"), weight(p + "ffn_up.weight"), weight(p + "ffn_down.weight"))
+            ffn = GatedFFN(weight(p + "ffn_gate.weight"), weight(p + "ffn_up.weight"), weight(p + "ffn_down.weight"))
             blocks.append(
                 LlamaBlock(
                     RMSNorm(vector(p + "attn_norm.weight"), hp.rms_eps),
