@@ -25,6 +25,8 @@ from kleidipy.runtime.weights import Linear, LinearFactory
 DEFAULT_N_CTX = 4096
 #: name -> (shape in ggml order, required)
 TensorSchema = dict[str, tuple[tuple[int, ...], bool]]
+#: what an architecture reads, by field: (GGUF name, shape in ggml order, required); a block's names follow "blk.{i}."
+TensorTable = dict[str, tuple[str, tuple[int, ...], bool]]
 
 
 class ValidatedFile(Protocol):
@@ -52,8 +54,8 @@ class Architecture:
     rope_type: RopeType
     qkv_bias: bool  #: q/k/v projections have biases (required); otherwise they are optional
     output_bias: bool  #: an optional attn_output bias is accepted
-    #: (hparams) -> every tensor the architecture reads
-    tensor_schema: Callable[[Architecture, HyperParameters], TensorSchema]
+    #: (hparams) -> the tensors the architecture reads, the model's and each block's: the one place their names are
+    tensors: Callable[[Architecture, HyperParameters], tuple[TensorTable, TensorTable]]
     #: (validated model file, linear factory, ...) -> the CausalLM
     build: Callable[..., Any]
 
@@ -63,3 +65,24 @@ def context_size(hp: HyperParameters, n_ctx: int | None, kv_dtype: type) -> int:
     (positive, its KV cache fits in memory) before any weight is repacked."""
     n_ctx = min(hp.n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
     return check_context_size(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim, kv_dtype)
+
+
+def tensor_schema(arch: Architecture, hp: HyperParameters) -> TensorSchema:
+    """Every tensor ``arch`` reads (its tables, each block's under ``blk.{i}.``): name -> (shape, required)."""
+    model, block = arch.tensors(arch, hp)
+    schema = {name: (shape, required) for name, shape, required in model.values()}
+    for i in range(hp.n_layer):
+        schema.update({f"blk.{i}.{name}": (shape, required) for name, shape, required in block.values()})
+    return schema
+
+
+def read_tensors(
+    model: ValidatedFile, table: TensorTable, linear: LinearFactory, layer: int | None = None
+) -> dict[str, Any]:
+    """The tensors of ``table`` by field (block ``layer``'s when given: its names follow ``blk.{layer}.``): 2-D
+    weights through ``linear`` (the matmul backend), 1-D ones as float32 vectors (None when optional and absent)."""
+    prefix = "" if layer is None else f"blk.{layer}."
+    out: dict[str, Any] = {}
+    for field, (name, shape, _) in table.items():  # (a loop, not a comprehension: one frame in a trace's call stack)
+        out[field] = model.linear(prefix + name, linear) if len(shape) == 2 else model.vector(prefix + name)
+    return out

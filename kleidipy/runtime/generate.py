@@ -308,7 +308,7 @@ class Engine:
                 return
             self.build = plan_build.PlanBuild(self.path, self.target.spec(), self.kv_dtype)
             self.notice(
-                "first run on this CPU: the model runs op by op, its kernels compiling now (~30 s); after the first "
+                "first run on this CPU: the model runs op by op, its kernels compiling now (~20 s); after the first "
                 "answer the compiled forward pass builds in the background (once, about a minute; then cached)"
             )
             return

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema
+from kleidipy.runtime.architecture import Architecture, TensorSchema, tensor_schema
 from kleidipy.runtime.architectures import ARCHITECTURES
 from kleidipy.runtime.gguf_file import (
     VECTOR_TYPES,
@@ -54,7 +54,7 @@ class ModelFile(GGUFContainer):
 
     def tensor_schema(self) -> TensorSchema:
         """Every tensor the architecture reads: name -> (shape in ggml order, required)."""
-        return self.arch.tensor_schema(self.arch, self.hparams)
+        return tensor_schema(self.arch, self.hparams)
 
     def _check_tensors(self) -> None:
         arch = self.arch

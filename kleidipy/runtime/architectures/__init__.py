@@ -1,9 +1,15 @@
-"""The architectures kleidipy runs, one module each (its model, its tensors, its rows): llama and qwen2 in
-``llama``, gemma3 in ``gemma3``. Adding an architecture is adding a module and listing its rows here."""
+"""The architectures kleidipy runs, one module each (its model, its tensor table, its rows): llama and qwen2 in
+``llama``, gemma3 in ``gemma3``. Adding an architecture is adding a module: its ``ROWS`` are collected here."""
 
 from __future__ import annotations
 
-from kleidipy.runtime.architecture import Architecture
-from kleidipy.runtime.architectures import gemma3, llama
+import importlib
+import pkgutil
 
-ARCHITECTURES: dict[str, Architecture] = {row.name: row for row in (*llama.ROWS, *gemma3.ROWS)}
+from kleidipy.runtime.architecture import Architecture
+
+ARCHITECTURES: dict[str, Architecture] = {
+    row.name: row
+    for module in sorted(info.name for info in pkgutil.iter_modules(__path__))
+    for row in importlib.import_module(f"{__name__}.{module}").ROWS
+}

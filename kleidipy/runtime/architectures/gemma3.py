@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema, ValidatedFile, context_size
+from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, context_size, read_tensors
 from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, RoPE, SelfAttention, T
@@ -100,74 +100,74 @@ class Gemma3(CausalLM):
         g = Gemma3Params.read(model)
         n_ctx = context_size(hp, n_ctx, kv_dtype)
 
-        def norm(name: str) -> RMSNorm:
-            return RMSNorm(model.vector(name), hp.rms_eps)
+        top, block_table = gemma3_tensors(ROWS[0], hp)
+
+        def norm(v: np.ndarray) -> RMSNorm:
+            return RMSNorm(v, hp.rms_eps)
 
         global_rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx)
         local_rope = RoPE(hp.n_rot, hp.rope_type, ROPE_FREQ_BASE_SWA, 1.0, n_ctx)
         blocks = []
         for i in range(hp.n_layer):
-            p = f"blk.{i}."
+            t = read_tensors(model, block_table, linear, i)
             sliding = g.is_sliding(i)
             attention = SelfAttention(
-                layer=i,
-                wq=model.linear(p + "attn_q.weight", linear),
-                wk=model.linear(p + "attn_k.weight", linear),
-                wv=model.linear(p + "attn_v.weight", linear),
-                wo=model.linear(p + "attn_output.weight", linear),
-                rope=local_rope if sliding else global_rope,
-                n_head=hp.n_head,
-                n_head_kv=hp.n_head_kv,
-                head_dim=hp.head_dim,
-                q_norm=norm(p + "attn_q_norm.weight"),
-                k_norm=norm(p + "attn_k_norm.weight"),
+                i,
+                t["wq"],
+                t["wk"],
+                t["wv"],
+                t["wo"],
+                local_rope if sliding else global_rope,
+                hp.n_head,
+                hp.n_head_kv,
+                hp.head_dim,
+                q_norm=norm(t["q_norm"]),
+                k_norm=norm(t["k_norm"]),
                 q_scale=g.attention_scale,
                 window=g.sliding_window if sliding else None,
             )
-            ffn = GatedFFN(*(model.linear(p + f"ffn_{w}.weight", linear) for w in ("gate", "up", "down")), gelu=True)
-            names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
-            blocks.append(Gemma3Block(tuple(norm(p + n + ".weight") for n in names), attention, ffn))
-        embd = model.tensor("token_embd.weight")
+            ffn = GatedFFN(t["gate"], t["up"], t["down"], gelu=True)
+            norms = tuple(norm(t[f]) for f in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm"))
+            blocks.append(Gemma3Block(norms, attention, ffn))
+        embd = model.tensor(top["token_embd"][0])
         super().__init__(
             hparams=hp,
-            embedding=ScaledEmbedding(embedding("token_embd.weight", embd.ggml_type, embd.shape, embd.data)),
+            embedding=ScaledEmbedding(embedding(top["token_embd"][0], embd.ggml_type, embd.shape, embd.data)),
             blocks=blocks,
-            output_norm=norm("output_norm.weight"),
-            lm_head=model.linear("token_embd.weight" if hp.tied_embeddings else "output.weight", linear),
+            output_norm=norm(model.vector(top["output_norm"][0])),
+            lm_head=read_tensors(model, {"head": top["token_embd" if hp.tied_embeddings else "output"]}, linear)[
+                "head"
+            ],
             n_ctx=n_ctx,
             kv_dtype=kv_dtype,
             n_ubatch=n_ubatch,
         )
 
 
-def gemma3_tensor_schema(arch: Architecture, hp: HyperParameters) -> TensorSchema:
-    """Every tensor gemma3 reads: name -> (shape in ggml order, required)."""
+def gemma3_tensors(arch: Architecture, hp: HyperParameters) -> tuple[TensorTable, TensorTable]:
+    """The tensors gemma3 reads, the model's and each block's, by field: (GGUF name, shape, required)."""
     d, q, kv, ff, v, hd = hp.n_embd, hp.n_embd_q, hp.n_embd_kv, hp.n_ff, hp.n_vocab, hp.head_dim
-    schema: dict[str, tuple[tuple[int, ...], bool]] = {
-        "token_embd.weight": ((d, v), True),
-        "output_norm.weight": ((d,), True),
-        "output.weight": ((d, v), False),
+    model: TensorTable = {
+        "token_embd": ("token_embd.weight", (d, v), True),
+        "output_norm": ("output_norm.weight", (d,), True),
+        "output": ("output.weight", (d, v), False),
     }
-    for i in range(hp.n_layer):
-        p = f"blk.{i}."
-        schema.update(
-            {
-                p + "attn_norm.weight": ((d,), True),
-                p + "attn_q.weight": ((d, q), True),
-                p + "attn_k.weight": ((d, kv), True),
-                p + "attn_v.weight": ((d, kv), True),
-                p + "attn_q_norm.weight": ((hd,), True),
-                p + "attn_k_norm.weight": ((hd,), True),
-                p + "attn_output.weight": ((q, d), True),
-                p + "post_attention_norm.weight": ((d,), True),
-                p + "ffn_norm.weight": ((d,), True),
-                p + "ffn_gate.weight": ((d, ff), True),
-                p + "ffn_up.weight": ((d, ff), True),
-                p + "ffn_down.weight": ((ff, d), True),
-                p + "post_ffw_norm.weight": ((d,), True),
-            }
-        )
-    return schema
+    block: TensorTable = {
+        "attn_norm": ("attn_norm.weight", (d,), True),
+        "wq": ("attn_q.weight", (d, q), True),
+        "wk": ("attn_k.weight", (d, kv), True),
+        "wv": ("attn_v.weight", (d, kv), True),
+        "q_norm": ("attn_q_norm.weight", (hd,), True),
+        "k_norm": ("attn_k_norm.weight", (hd,), True),
+        "wo": ("attn_output.weight", (q, d), True),
+        "post_attn_norm": ("post_attention_norm.weight", (d,), True),
+        "ffn_norm": ("ffn_norm.weight", (d,), True),
+        "gate": ("ffn_gate.weight", (d, ff), True),
+        "up": ("ffn_up.weight", (d, ff), True),
+        "down": ("ffn_down.weight", (ff, d), True),
+        "post_ffw_norm": ("post_ffw_norm.weight", (d,), True),
+    }
+    return model, block
 
 
-ROWS = (Architecture("gemma3", RopeType.NEOX, False, False, gemma3_tensor_schema, Gemma3),)
+ROWS = (Architecture("gemma3", RopeType.NEOX, False, False, gemma3_tensors, Gemma3),)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorSchema, ValidatedFile, context_size
+from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, context_size, read_tensors
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, RoPE, SelfAttention, T
@@ -51,83 +51,75 @@ class Llama(CausalLM):
         hp = model.hparams
         n_ctx = context_size(hp, n_ctx, kv_dtype)
 
-        def weight(name: str):
-            return model.linear(name, linear)
-
+        arch = next(row for row in ROWS if row.name == model.architecture)
+        top, block_table = llama_tensors(arch, hp)
         vector = model.vector
-        rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx, vector("rope_freqs.weight"))
+        rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx, vector(top["rope_freqs"][0]))
         blocks = []
         for i in range(hp.n_layer):
-            p = f"blk.{i}."
+            t = read_tensors(model, block_table, linear, i)
             attention = SelfAttention(
-                layer=i,
-                wq=weight(p + "attn_q.weight"),
-                wk=weight(p + "attn_k.weight"),
-                wv=weight(p + "attn_v.weight"),
-                wo=weight(p + "attn_output.weight"),
-                rope=rope,
-                n_head=hp.n_head,
-                n_head_kv=hp.n_head_kv,
-                head_dim=hp.head_dim,
-                bq=vector(p + "attn_q.bias"),
-                bk=vector(p + "attn_k.bias"),
-                bv=vector(p + "attn_v.bias"),
-                bo=vector(p + "attn_output.bias"),
+                i,
+                t["wq"],
+                t["wk"],
+                t["wv"],
+                t["wo"],
+                rope,
+                hp.n_head,
+                hp.n_head_kv,
+                hp.head_dim,
+                bq=t["bq"],
+                bk=t["bk"],
+                bv=t["bv"],
+                bo=t.get("bo"),
             )
-            ffn = GatedFFN(weight(p + "ffn_gate.weight"), weight(p + "ffn_up.weight"), weight(p + "ffn_down.weight"))
-            blocks.append(
-                LlamaBlock(
-                    RMSNorm(vector(p + "attn_norm.weight"), hp.rms_eps),
-                    attention,
-                    RMSNorm(vector(p + "ffn_norm.weight"), hp.rms_eps),
-                    ffn,
-                )
-            )
-        embd = model.tensor("token_embd.weight")
+            ffn = GatedFFN(t["gate"], t["up"], t["down"])
+            norms = RMSNorm(t["attn_norm"], hp.rms_eps), RMSNorm(t["ffn_norm"], hp.rms_eps)
+            blocks.append(LlamaBlock(norms[0], attention, norms[1], ffn))
+        embd = model.tensor(top["token_embd"][0])
         super().__init__(
             hparams=hp,
-            embedding=embedding("token_embd.weight", embd.ggml_type, embd.shape, embd.data),
+            embedding=embedding(top["token_embd"][0], embd.ggml_type, embd.shape, embd.data),
             blocks=blocks,
-            output_norm=RMSNorm(vector("output_norm.weight"), hp.rms_eps),
-            lm_head=weight("token_embd.weight" if hp.tied_embeddings else "output.weight"),
+            output_norm=RMSNorm(vector(top["output_norm"][0]), hp.rms_eps),
+            lm_head=read_tensors(model, {"head": top["token_embd" if hp.tied_embeddings else "output"]}, linear)[
+                "head"
+            ],
             n_ctx=n_ctx,
             kv_dtype=kv_dtype,
             n_ubatch=n_ubatch,
         )
 
 
-def llama_tensor_schema(arch: Architecture, hp: HyperParameters) -> TensorSchema:
-    """Every tensor the architecture reads: name -> (shape in ggml order, required)."""
+def llama_tensors(arch: Architecture, hp: HyperParameters) -> tuple[TensorTable, TensorTable]:
+    """The tensors llama and qwen2 read, the model's and each block's, by field: (GGUF name, shape, required)."""
     d, q, kv, ff, v = hp.n_embd, hp.n_embd_q, hp.n_embd_kv, hp.n_ff, hp.n_vocab
-    schema: dict[str, tuple[tuple[int, ...], bool]] = {
-        "token_embd.weight": ((d, v), True),
-        "output_norm.weight": ((d,), True),
-        "output.weight": ((d, v), False),
-        "rope_freqs.weight": ((hp.n_rot // 2,), False),
+    model: TensorTable = {
+        "token_embd": ("token_embd.weight", (d, v), True),
+        "output_norm": ("output_norm.weight", (d,), True),
+        "output": ("output.weight", (d, v), False),
+        "rope_freqs": ("rope_freqs.weight", (hp.n_rot // 2,), False),
     }
-    for i in range(hp.n_layer):
-        schema.update(
-            {
-                f"blk.{i}.attn_norm.weight": ((d,), True),
-                f"blk.{i}.attn_q.weight": ((d, q), True),
-                f"blk.{i}.attn_k.weight": ((d, kv), True),
-                f"blk.{i}.attn_v.weight": ((d, kv), True),
-                f"blk.{i}.attn_output.weight": ((q, d), True),
-                f"blk.{i}.attn_q.bias": ((q,), arch.qkv_bias),
-                f"blk.{i}.attn_k.bias": ((kv,), arch.qkv_bias),
-                f"blk.{i}.attn_v.bias": ((kv,), arch.qkv_bias),
-                f"blk.{i}.ffn_norm.weight": ((d,), True),
-                f"blk.{i}.ffn_gate.weight": ((d, ff), True),
-                f"blk.{i}.ffn_up.weight": ((d, ff), True),
-                f"blk.{i}.ffn_down.weight": ((ff, d), True),
-            }
-        )
-        if arch.output_bias:
-            schema[f"blk.{i}.attn_output.bias"] = ((d,), False)
-    return schema
+    block: TensorTable = {
+        "attn_norm": ("attn_norm.weight", (d,), True),
+        "wq": ("attn_q.weight", (d, q), True),
+        "wk": ("attn_k.weight", (d, kv), True),
+        "wv": ("attn_v.weight", (d, kv), True),
+        "wo": ("attn_output.weight", (q, d), True),
+        "bq": ("attn_q.bias", (q,), arch.qkv_bias),
+        "bk": ("attn_k.bias", (kv,), arch.qkv_bias),
+        "bv": ("attn_v.bias", (kv,), arch.qkv_bias),
+        "ffn_norm": ("ffn_norm.weight", (d,), True),
+        "gate": ("ffn_gate.weight", (d, ff), True),
+        "up": ("ffn_up.weight", (d, ff), True),
+        "down": ("ffn_down.weight", (ff, d), True),
+    }
+    if arch.output_bias:
+        block["bo"] = ("attn_output.bias", (d,), False)
+    return model, block
 
 
 ROWS = (
-    Architecture("llama", RopeType.NORM, False, True, llama_tensor_schema, Llama),
-    Architecture("qwen2", RopeType.NEOX, True, False, llama_tensor_schema, Llama),
+    Architecture("llama", RopeType.NORM, False, True, llama_tensors, Llama),
+    Architecture("qwen2", RopeType.NEOX, True, False, llama_tensors, Llama),
 )
