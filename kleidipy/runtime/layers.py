@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -17,9 +17,11 @@ from kleidipy.errors import InvalidTokenError
 from kleidipy.ops import attention as ops_attention
 from kleidipy.ops import elementwise
 from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
-from kleidipy.runtime.hparams import HyperParameters, RopeType
+from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, context_size, read_tensors
+from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
+from kleidipy.runtime.hparams import RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
-from kleidipy.runtime.weights import Embedding, Linear
+from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, Linear, LinearFactory, RowEmbedding
 
 if TYPE_CHECKING:
     from kleidipy.graph.model import Ops
@@ -273,26 +275,39 @@ class Block(Protocol):
 class CausalLM:
     """Token ids -> logits through embedding, decoder blocks, final RMSNorm and LM head, with a KV cache.
 
-    Subclasses (one per architecture) build the blocks from a GGUF file and call ``__init__``.
+    Built from a validated model file: a subclass (one per architecture module) names its ``rows`` and builds one
+    block from that block's tensors (:meth:`block`, after :meth:`prepare`); this class reads the tables, the
+    embedding, the final norm and the LM head. Weights go through ``linear`` (the matmul backend).
     """
+
+    #: the architectures (registry rows) the subclass builds
+    rows: tuple[Architecture, ...] = ()
 
     def __init__(
         self,
-        hparams: HyperParameters,
-        embedding: Embedding,
-        blocks: Sequence[Block],
-        output_norm: RMSNorm,
-        lm_head: Linear,
-        n_ctx: int,
+        model: ValidatedFile,
+        linear: LinearFactory = FloatLinear.from_gguf,
+        embedding: EmbeddingFactory = RowEmbedding.from_gguf,
+        n_ctx: int | None = None,
         kv_dtype: type = np.float16,
         n_ubatch: int = 512,
     ) -> None:
-        self.hparams = hparams
-        self.embedding = embedding
-        self.blocks = list(blocks)
-        self.output_norm = output_norm
-        self.lm_head = lm_head
-        self.n_ctx = n_ctx
+        arch = next((row for row in self.rows if row.name == model.architecture), None)
+        if arch is None:
+            names = "/".join(row.name for row in self.rows)
+            raise UnsupportedArchitectureError(f"{model.path}: architecture '{model.architecture}' is not {names}'s")
+        self.hparams = hp = model.hparams
+        self.n_ctx = context_size(hp, n_ctx, kv_dtype)
+        top, block = arch.tensors(arch, hp)
+        self.prepare(model, top)
+        self.blocks = []
+        for i in range(hp.n_layer):  # (a loop: one frame in a trace's call stack, as for the LM head)
+            self.blocks.append(self.block(i, read_tensors(model, block, linear, i)))
+        embd = model.tensor(top["token_embd"][0])
+        self.embedding = self.token_embedding(embedding(top["token_embd"][0], embd.ggml_type, embd.shape, embd.data))
+        self.output_norm = RMSNorm(model.vector(top["output_norm"][0]), hp.rms_eps)
+        head = top["token_embd" if hp.tied_embeddings else "output"]
+        self.lm_head = read_tensors(model, {"head": head}, linear)["head"]
         self.n_ubatch = n_ubatch
         self.kv_dtype = check_cache_dtype(kv_dtype)
         self._cache: KVCache | None = None
@@ -301,6 +316,23 @@ class CausalLM:
         #: the forward pass as a compiled plan (:func:`kleidipy.graph.execute.compile_model`); None runs it op by
         #: op (the reference execution)
         self.compiled = None
+
+    def prepare(self, model: ValidatedFile, top: TensorTable) -> None:
+        """What the blocks share, read before them from the model's tensors ``top`` (:attr:`hparams` and
+        :attr:`n_ctx` are set)."""
+
+    def rope(self, freq_base: float, freq_scale: float, freq_factors: np.ndarray | None = None) -> RoPE:
+        """RoPE tables for this model's context and hyper-parameters."""
+        hp = self.hparams
+        return RoPE(hp.n_rot, hp.rope_type, freq_base, freq_scale, self.n_ctx, freq_factors)
+
+    def block(self, layer: int, t: dict[str, Any]) -> Block:
+        """Block ``layer`` from its tensors by field (the architecture's block table)."""
+        raise NotImplementedError
+
+    def token_embedding(self, rows: Embedding) -> Embedding:
+        """The embedding the model runs (the file's rows, or an architecture's scaling of them)."""
+        return rows
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         """An empty KV cache for one sequence of this model (``n_ctx`` positions, default the model's)."""

@@ -109,7 +109,7 @@ def test_model_load_one_repack_per_matmul_weight(trace) -> None:
     assert [op.weight for op in load.ops] == weights
     assert all(len(op.calls) == 1 and op.calls[0].role == "rhs_pack" for op in load.ops)
     assert all(op.frames[-1] == "KleidiBackend.__call__" for op in load.ops)
-    assert load.ops[0].frames[:3] == ("Engine.__init__", "Engine.__post_init__", "Llama.__init__")
+    assert load.ops[0].frames[:3] == ("Engine.__init__", "Engine.__post_init__", "CausalLM.__init__")
     assert select_kernels("q4_0", resolve_target(TARGET)).gemm.rhs_packer.kai_name == RHS_PACK
     assert {op.calls[0].name for op in load.ops[:-1]} == {RHS_PACK}
     assert {op.weight_type for op in load.ops[:-1]} == {"Q4_0 -> q4_0"}  # the copy's weights, requantized

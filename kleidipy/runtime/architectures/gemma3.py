@@ -7,15 +7,15 @@ The block, attention, layers and norms: docs/architectures.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, context_size, read_tensors
-from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
+from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile
+from kleidipy.runtime.gguf_file import GGUFMetadataError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, RoPE, SelfAttention, T
-from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
+from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, SelfAttention, T
+from kleidipy.runtime.weights import Embedding
 
 if TYPE_CHECKING:
     from kleidipy.graph.model import Ops
@@ -82,66 +82,38 @@ class Gemma3Block:
 
 
 class Gemma3(CausalLM):
-    """A gemma3-architecture model from a validated model file; weights go through ``linear`` (the matmul
-    backend)."""
+    """A gemma3-architecture model from a validated model file."""
 
-    def __init__(
-        self,
-        model: ValidatedFile,
-        linear: LinearFactory = FloatLinear.from_gguf,
-        embedding: EmbeddingFactory = RowEmbedding.from_gguf,
-        n_ctx: int | None = None,
-        kv_dtype: type = np.float16,
-        n_ubatch: int = 512,
-    ) -> None:
-        if model.architecture not in (row.name for row in ROWS):
-            raise UnsupportedArchitectureError(f"{model.path}: architecture '{model.architecture}' is not gemma3's")
-        hp = model.hparams
-        g = Gemma3Params.read(model)
-        n_ctx = context_size(hp, n_ctx, kv_dtype)
+    def prepare(self, model: ValidatedFile, top: TensorTable) -> None:
+        hp = self.hparams
+        self.params = Gemma3Params.read(model)
+        self.global_rope = self.rope(hp.rope_freq_base, hp.rope_freq_scale)
+        self.local_rope = self.rope(ROPE_FREQ_BASE_SWA, 1.0)
 
-        top, block_table = gemma3_tensors(ROWS[0], hp)
-
-        def norm(v: np.ndarray) -> RMSNorm:
-            return RMSNorm(v, hp.rms_eps)
-
-        global_rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx)
-        local_rope = RoPE(hp.n_rot, hp.rope_type, ROPE_FREQ_BASE_SWA, 1.0, n_ctx)
-        blocks = []
-        for i in range(hp.n_layer):
-            t = read_tensors(model, block_table, linear, i)
-            sliding = g.is_sliding(i)
-            attention = SelfAttention(
-                i,
-                t["wq"],
-                t["wk"],
-                t["wv"],
-                t["wo"],
-                local_rope if sliding else global_rope,
-                hp.n_head,
-                hp.n_head_kv,
-                hp.head_dim,
-                q_norm=norm(t["q_norm"]),
-                k_norm=norm(t["k_norm"]),
-                q_scale=g.attention_scale,
-                window=g.sliding_window if sliding else None,
-            )
-            ffn = GatedFFN(t["gate"], t["up"], t["down"], gelu=True)
-            norms = tuple(norm(t[f]) for f in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm"))
-            blocks.append(Gemma3Block(norms, attention, ffn))
-        embd = model.tensor(top["token_embd"][0])
-        super().__init__(
-            hparams=hp,
-            embedding=ScaledEmbedding(embedding(top["token_embd"][0], embd.ggml_type, embd.shape, embd.data)),
-            blocks=blocks,
-            output_norm=norm(model.vector(top["output_norm"][0])),
-            lm_head=read_tensors(model, {"head": top["token_embd" if hp.tied_embeddings else "output"]}, linear)[
-                "head"
-            ],
-            n_ctx=n_ctx,
-            kv_dtype=kv_dtype,
-            n_ubatch=n_ubatch,
+    def block(self, layer: int, t: dict[str, Any]) -> Gemma3Block:
+        hp, g = self.hparams, self.params
+        sliding = g.is_sliding(layer)
+        norm = {f: RMSNorm(t[f], hp.rms_eps) for f in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm")}
+        attention = SelfAttention(
+            layer,
+            t["wq"],
+            t["wk"],
+            t["wv"],
+            t["wo"],
+            self.local_rope if sliding else self.global_rope,
+            hp.n_head,
+            hp.n_head_kv,
+            hp.head_dim,
+            q_norm=RMSNorm(t["q_norm"], hp.rms_eps),
+            k_norm=RMSNorm(t["k_norm"], hp.rms_eps),
+            q_scale=g.attention_scale,
+            window=g.sliding_window if sliding else None,
         )
+        ffn = GatedFFN(t["gate"], t["up"], t["down"], gelu=True)
+        return Gemma3Block(tuple(norm.values()), attention, ffn)
+
+    def token_embedding(self, rows: Embedding) -> Embedding:
+        return ScaledEmbedding(rows)
 
 
 def gemma3_tensors(arch: Architecture, hp: HyperParameters) -> tuple[TensorTable, TensorTable]:
@@ -170,4 +142,4 @@ def gemma3_tensors(arch: Architecture, hp: HyperParameters) -> tuple[TensorTable
     return model, block
 
 
-ROWS = (Architecture("gemma3", RopeType.NEOX, False, False, gemma3_tensors, Gemma3),)
+ROWS = Gemma3.rows = (Architecture("gemma3", RopeType.NEOX, False, False, gemma3_tensors, Gemma3),)

@@ -5,15 +5,11 @@ The block and what Qwen2 changes: docs/architectures.md."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, context_size, read_tensors
-from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
+from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile
 from kleidipy.runtime.hparams import HyperParameters, RopeType
-from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, RoPE, SelfAttention, T
-from kleidipy.runtime.weights import EmbeddingFactory, FloatLinear, LinearFactory, RowEmbedding
+from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, SelfAttention, T
 
 if TYPE_CHECKING:
     from kleidipy.graph.model import Ops
@@ -34,61 +30,31 @@ class LlamaBlock:
 
 
 class Llama(CausalLM):
-    """A llama- or qwen2-architecture model from a validated model file; weights go through ``linear`` (the matmul
-    backend)."""
+    """A llama- or qwen2-architecture model from a validated model file."""
 
-    def __init__(
-        self,
-        model: ValidatedFile,
-        linear: LinearFactory = FloatLinear.from_gguf,
-        embedding: EmbeddingFactory = RowEmbedding.from_gguf,
-        n_ctx: int | None = None,
-        kv_dtype: type = np.float16,
-        n_ubatch: int = 512,
-    ) -> None:
-        if model.architecture not in (row.name for row in ROWS):
-            raise UnsupportedArchitectureError(f"{model.path}: architecture '{model.architecture}' is not llama's")
-        hp = model.hparams
-        n_ctx = context_size(hp, n_ctx, kv_dtype)
+    def prepare(self, model: ValidatedFile, top: TensorTable) -> None:
+        hp = self.hparams
+        self.rope_tables = self.rope(hp.rope_freq_base, hp.rope_freq_scale, model.vector(top["rope_freqs"][0]))
 
-        arch = next(row for row in ROWS if row.name == model.architecture)
-        top, block_table = llama_tensors(arch, hp)
-        vector = model.vector
-        rope = RoPE(hp.n_rot, hp.rope_type, hp.rope_freq_base, hp.rope_freq_scale, n_ctx, vector(top["rope_freqs"][0]))
-        blocks = []
-        for i in range(hp.n_layer):
-            t = read_tensors(model, block_table, linear, i)
-            attention = SelfAttention(
-                i,
-                t["wq"],
-                t["wk"],
-                t["wv"],
-                t["wo"],
-                rope,
-                hp.n_head,
-                hp.n_head_kv,
-                hp.head_dim,
-                bq=t["bq"],
-                bk=t["bk"],
-                bv=t["bv"],
-                bo=t.get("bo"),
-            )
-            ffn = GatedFFN(t["gate"], t["up"], t["down"])
-            norms = RMSNorm(t["attn_norm"], hp.rms_eps), RMSNorm(t["ffn_norm"], hp.rms_eps)
-            blocks.append(LlamaBlock(norms[0], attention, norms[1], ffn))
-        embd = model.tensor(top["token_embd"][0])
-        super().__init__(
-            hparams=hp,
-            embedding=embedding(top["token_embd"][0], embd.ggml_type, embd.shape, embd.data),
-            blocks=blocks,
-            output_norm=RMSNorm(vector(top["output_norm"][0]), hp.rms_eps),
-            lm_head=read_tensors(model, {"head": top["token_embd" if hp.tied_embeddings else "output"]}, linear)[
-                "head"
-            ],
-            n_ctx=n_ctx,
-            kv_dtype=kv_dtype,
-            n_ubatch=n_ubatch,
+    def block(self, layer: int, t: dict[str, Any]) -> LlamaBlock:
+        hp = self.hparams
+        attention = SelfAttention(
+            layer,
+            t["wq"],
+            t["wk"],
+            t["wv"],
+            t["wo"],
+            self.rope_tables,
+            hp.n_head,
+            hp.n_head_kv,
+            hp.head_dim,
+            bq=t["bq"],
+            bk=t["bk"],
+            bv=t["bv"],
+            bo=t.get("bo"),
         )
+        norm = RMSNorm(t["attn_norm"], hp.rms_eps), RMSNorm(t["ffn_norm"], hp.rms_eps)
+        return LlamaBlock(norm[0], attention, norm[1], GatedFFN(t["gate"], t["up"], t["down"]))
 
 
 def llama_tensors(arch: Architecture, hp: HyperParameters) -> tuple[TensorTable, TensorTable]:
@@ -119,7 +85,7 @@ def llama_tensors(arch: Architecture, hp: HyperParameters) -> tuple[TensorTable,
     return model, block
 
 
-ROWS = (
+ROWS = Llama.rows = (
     Architecture("llama", RopeType.NORM, False, True, llama_tensors, Llama),
     Architecture("qwen2", RopeType.NEOX, True, False, llama_tensors, Llama),
 )
