@@ -19,7 +19,7 @@ from kleidipy.ops import elementwise
 from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
 from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, context_size, read_tensors
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
-from kleidipy.runtime.hparams import RopeType
+from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
 from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, Linear, LinearFactory, RowEmbedding
 
@@ -152,6 +152,17 @@ class SelfAttention:
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
         self.q_scale = None if q_scale is None else np.float32(q_scale)
         self.scale = np.float32(1.0) / np.sqrt(np.float32(head_dim)) if q_scale is None else np.float32(1.0)
+
+    @classmethod
+    def from_tensors(
+        cls, layer: int, t: dict[str, Any], rope: RoPE, hp: HyperParameters, **options: Any
+    ) -> SelfAttention:
+        """Block ``layer``'s attention from its tensors by field (``wq``, ``wk``, ``wv``, ``wo``, and the biases
+        ``bq``, ``bk``, ``bv``, ``bo`` where the table has them) and the model's head counts; ``options``: the
+        keyword arguments of the norms, Q scale and window."""
+        heads = hp.n_head, hp.n_head_kv, hp.head_dim
+        biases = {f: t.get(f) for f in ("bq", "bk", "bv", "bo")}
+        return cls(layer, t["wq"], t["wk"], t["wv"], t["wo"], rope, *heads, **biases, **options)
 
     def forward(self, ops: Ops[T], x: T) -> T:
         """Projections (+ biases, per-head norms), RoPE, Q pre-scale, KV-cache write, attention, output projection.

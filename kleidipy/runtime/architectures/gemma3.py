@@ -94,16 +94,11 @@ class Gemma3(CausalLM):
         hp, g = self.hparams, self.params
         sliding = g.is_sliding(layer)
         norm = {f: RMSNorm(t[f], hp.rms_eps) for f in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm")}
-        attention = SelfAttention(
+        attention = SelfAttention.from_tensors(
             layer,
-            t["wq"],
-            t["wk"],
-            t["wv"],
-            t["wo"],
+            t,
             self.local_rope if sliding else self.global_rope,
-            hp.n_head,
-            hp.n_head_kv,
-            hp.head_dim,
+            hp,
             q_norm=RMSNorm(t["q_norm"], hp.rms_eps),
             k_norm=RMSNorm(t["k_norm"], hp.rms_eps),
             q_scale=g.attention_scale,

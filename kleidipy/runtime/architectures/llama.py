@@ -38,21 +38,7 @@ class Llama(CausalLM):
 
     def block(self, layer: int, t: dict[str, Any]) -> LlamaBlock:
         hp = self.hparams
-        attention = SelfAttention(
-            layer,
-            t["wq"],
-            t["wk"],
-            t["wv"],
-            t["wo"],
-            self.rope_tables,
-            hp.n_head,
-            hp.n_head_kv,
-            hp.head_dim,
-            bq=t["bq"],
-            bk=t["bk"],
-            bv=t["bv"],
-            bo=t.get("bo"),
-        )
+        attention = SelfAttention.from_tensors(layer, t, self.rope_tables, hp)
         norm = RMSNorm(t["attn_norm"], hp.rms_eps), RMSNorm(t["ffn_norm"], hp.rms_eps)
         return LlamaBlock(norm[0], attention, norm[1], GatedFFN(t["gate"], t["up"], t["down"]))
 
