@@ -47,6 +47,16 @@ class Geometry:
     sr: int
 
 
+def _geometry_getter(name: str) -> Callable[[MatmulKernel], int]:
+    """KleidiAI's ``get_<name>`` of a kernel: that field of its :class:`Geometry`."""
+
+    def get(self: MatmulKernel) -> int:
+        return getattr(self._geo(), name)
+
+    get.__name__ = get.__qualname__ = f"get_{name}"
+    return get
+
+
 @dataclass
 class MatmulKernel:
     """One KleidiAI matmul micro-kernel (bound to an SVL when it is an SME kernel).
@@ -97,23 +107,12 @@ class MatmulKernel:
             geo = self.__dict__["_geometry_cache"] = self.geometry(vl)
         return geo
 
-    def get_m_step(self) -> int:
-        return self._geo().m_step
-
-    def get_n_step(self) -> int:
-        return self._geo().n_step
-
-    def get_mr(self) -> int:
-        return self._geo().mr
-
-    def get_nr(self) -> int:
-        return self._geo().nr
-
-    def get_kr(self) -> int:
-        return self._geo().kr
-
-    def get_sr(self) -> int:
-        return self._geo().sr
+    get_m_step = _geometry_getter("m_step")
+    get_n_step = _geometry_getter("n_step")
+    get_mr = _geometry_getter("mr")
+    get_nr = _geometry_getter("nr")
+    get_kr = _geometry_getter("kr")
+    get_sr = _geometry_getter("sr")
 
     m_step = property(get_m_step)
     n_step = property(get_n_step)

@@ -14,50 +14,39 @@ import numpy as np
 from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits
 from kleidipy.formats.blocks import (
     QK,
-    block_view,
+    BlockFormat,
     c_trunc_code,
-    dequantize_rows,
     fp16_field,
     join_nibbles,
-    quantize_rows,
     scale_nibbles,
-    split_nibbles,
     store_fp16_field,
 )
 
-BLOCK_SIZE = QK
-TYPE_SIZE = 4 + QK // 2
+FORMAT = BlockFormat("Q4_1", 4 + QK // 2)
 #: code u -> u as float32
 _CODE_VALUES = np.arange(16, dtype=np.float32)
 
 
-def _view(blocks: np.ndarray, rows: int | None, k: int | None) -> np.ndarray:
-    return block_view(blocks, BLOCK_SIZE, TYPE_SIZE, "Q4_1", rows, k)
-
-
 def d_bits(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> np.ndarray:
     """fp16 bit pattern of every block's scale d: uint16 [rows, k/32]."""
-    return fp16_field(_view(blocks, rows, k), 0)
+    return FORMAT.fp16_bits(blocks, 0, rows, k)
 
 
 def m_bits(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> np.ndarray:
     """fp16 bit pattern of every block's offset m (its minimum): uint16 [rows, k/32]."""
-    return fp16_field(_view(blocks, rows, k), 2)
+    return FORMAT.fp16_bits(blocks, 2, rows, k)
 
 
 def codes(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> np.ndarray:
     """Unsigned 4-bit codes u in element order: uint8 [rows, k] (value = u * d + m)."""
-    view = _view(blocks, rows, k)
-    return split_nibbles(view[..., 4:]).reshape(view.shape[0], -1)
+    return FORMAT.nibble_codes(blocks, 4, rows, k)
 
 
 def from_fields(d: np.ndarray, m: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Q4_1 blocks [rows, k/32, 20] from fp16 bits d and m [rows, k/32] and codes u [rows, k] (0..15)."""
-    rows, nb = d.shape
-    out = np.empty((rows, nb, TYPE_SIZE), dtype=np.uint8)
-    store_fp16_field(out, 0, np.asarray(d, dtype=np.uint16))
+    out = FORMAT.with_d(d)
     store_fp16_field(out, 2, np.asarray(m, dtype=np.uint16))
-    out[..., 4:] = join_nibbles(np.asarray(u).reshape(rows, nb, BLOCK_SIZE))
+    out[..., 4:] = join_nibbles(np.asarray(u).reshape(*d.shape, QK))
     return out
 
 
@@ -86,7 +75,7 @@ def _quantize_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """ggml ``quantize_row_q4_1_ref`` of float32 rows [rows, k] -> uint8 blocks [rows, k/32, 20]."""
-    return quantize_rows(x, BLOCK_SIZE, TYPE_SIZE, "Q4_1", _quantize_blocks, from_fields)
+    return FORMAT.quantize(x, _quantize_blocks, from_fields)
 
 
 def _dequantize_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -103,4 +92,4 @@ def dequantize(blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
     u * d is exact in float32 (4-bit times 11-bit significands), so the result is also what a compiler that
     contracts ``x*d + m`` into a fused multiply-add produces.
     """
-    return dequantize_rows(_view(blocks, rows, k), BLOCK_SIZE, _dequantize_blocks)
+    return FORMAT.dequantize(blocks, rows, k, _dequantize_blocks)

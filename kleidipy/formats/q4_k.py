@@ -12,15 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.core.numerics import f16_bits_to_f32
-from kleidipy.formats.blocks import block_view, fp16_field
+from kleidipy.formats.blocks import BlockFormat, fp16_field
 
-BLOCK_SIZE = 256
-TYPE_SIZE = 144
+FORMAT = BlockFormat("Q4_K", 144, 256)
 SUB = 32  #: elements per sub-block
-
-
-def _view(blocks: np.ndarray, rows: int | None, k: int | None) -> np.ndarray:
-    return block_view(blocks, BLOCK_SIZE, TYPE_SIZE, "Q4_K", rows, k)
 
 
 def sub_block_fields(
@@ -28,7 +23,7 @@ def sub_block_fields(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(scale d·sc, min dmin·m, codes): f32 [rows, k/32] twice (exact) and uint8 [rows, k] codes u (0..15), so that
     value = scale·u − min per sub-block of 32."""
-    view = _view(blocks, rows, k)
+    view = FORMAT.view(blocks, rows, k)
     n, nb = view.shape[:2]
     d = f16_bits_to_f32(fp16_field(view, 0))[..., None]
     dmin = f16_bits_to_f32(fp16_field(view, 2))[..., None]

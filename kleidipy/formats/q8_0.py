@@ -9,33 +9,26 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits, round_away
-from kleidipy.formats.blocks import QK, block_view, dequantize_rows, fp16_field, quantize_rows, store_fp16_field
+from kleidipy.formats.blocks import QK, BlockFormat, fp16_field
 
-BLOCK_SIZE = QK
-TYPE_SIZE = 2 + QK
-
-
-def _view(blocks: np.ndarray, rows: int | None, k: int | None) -> np.ndarray:
-    return block_view(blocks, BLOCK_SIZE, TYPE_SIZE, "Q8_0", rows, k)
+FORMAT = BlockFormat("Q8_0", 2 + QK)
 
 
 def d_bits(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> np.ndarray:
     """fp16 bit pattern of every block's scale d: uint16 [rows, k/32]."""
-    return fp16_field(_view(blocks, rows, k), 0)
+    return FORMAT.fp16_bits(blocks, 0, rows, k)
 
 
 def qs(blocks: np.ndarray, rows: int | None = None, k: int | None = None) -> np.ndarray:
     """The int8 quants in element order: int8 [rows, k] (value = qs * d)."""
-    view = _view(blocks, rows, k)
+    view = FORMAT.view(blocks, rows, k)
     return view[..., 2:].view(np.int8).reshape(view.shape[0], -1)
 
 
 def from_fields(d: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Q8_0 blocks [rows, k/32, 34] from fp16 bits d [rows, k/32] and int8 quants q [rows, k]."""
-    rows, nb = d.shape
-    out = np.empty((rows, nb, TYPE_SIZE), dtype=np.uint8)
-    store_fp16_field(out, 0, np.asarray(d, dtype=np.uint16))
-    out[..., 2:] = np.asarray(q, dtype=np.int8).reshape(rows, nb, BLOCK_SIZE).view(np.uint8)
+    out = FORMAT.with_d(d)
+    out[..., 2:] = np.asarray(q, dtype=np.int8).reshape(*d.shape, QK).view(np.uint8)
     return out
 
 
@@ -53,7 +46,7 @@ def _quantize_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """ggml ``quantize_row_q8_0_ref`` of float32 rows [rows, k] -> uint8 blocks [rows, k/32, 34]."""
-    return quantize_rows(x, BLOCK_SIZE, TYPE_SIZE, "Q8_0", _quantize_blocks, from_fields)
+    return FORMAT.quantize(x, _quantize_blocks, from_fields)
 
 
 def _dequantize_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -64,4 +57,4 @@ def _dequantize_blocks(blocks: np.ndarray, out: np.ndarray) -> None:
 
 def dequantize(blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
     """ggml ``dequantize_row_q8_0``: float32 [rows, k] = qs * d (exact in float32)."""
-    return dequantize_rows(_view(blocks, rows, k), BLOCK_SIZE, _dequantize_blocks)
+    return FORMAT.dequantize(blocks, rows, k, _dequantize_blocks)
