@@ -248,7 +248,7 @@ class EagerOps:
         return buf
 
     def store_kv(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        n_head_kv = self.ubatch[0].cache.k.shape[1] if self.ubatch else 1
+        n_head_kv = self.ubatch[0].cache.k.shape[1]  # (every cache of a model has its shape)
         for (seg, keys), (_, values) in zip(self._heads(k, n_head_kv), self._heads(v, n_head_kv), strict=True):
             seg.cache.store(layer, seg.start, keys, values)
 
