@@ -70,7 +70,7 @@ class NodeKernel:
         """The parameter record the compiled code reads, with the routines' addresses."""
         if self._params is None:
             p = self.record.copy()
-            p[P_PACK], p[P_MATMUL] = _address(self.pack, PACK), _address(self.matmul, MATMUL)
+            p[P_PACK], p[P_MATMUL] = cfunc_address(self.pack, PACK), cfunc_address(self.matmul, MATMUL)
             self._params = p
         return self._params
 
@@ -80,7 +80,7 @@ class NodeKernel:
 
 
 @cache
-def _address(py_func: Callable, signature: types.Type) -> int:
+def cfunc_address(py_func: Callable, signature: types.Type) -> int:
     """The C address of ``py_func`` compiled as a cfunc of ``signature`` (compiled, or loaded from numba's cache,
     at its first use in this process)."""
     return numba.cfunc(signature, nopython=True, cache=True)(py_func).address
@@ -112,7 +112,7 @@ def node_kernel(
 
 
 # --- compiled side ----------------------------------------------------------------------------------------------
-def _codegen(context, builder: ir.IRBuilder, signature, values: list):
+def indirect_call(context, builder: ir.IRBuilder, signature, values: list):
     """The indirect call of the function at address values[0] with the int64 arguments values[1:]."""
     fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * (len(values) - 1))
     builder.call(builder.inttoptr(values[0], fnty.as_pointer()), values[1:])
@@ -122,14 +122,14 @@ def _codegen(context, builder: ir.IRBuilder, signature, values: list):
 @intrinsic
 def call_pack(typingctx, fn, params, x, rows, dst):
     """``call_pack(params[P_PACK], params address, x address, rows, dst address)``: the :data:`PACK` routine."""
-    return types.void(*([types.int64] * 5)), _codegen
+    return types.void(*([types.int64] * 5)), indirect_call
 
 
 @intrinsic
 def call_matmul(typingctx, fn, params, m, n, lhs, rhs, out, ld):
     """``call_matmul(params[P_MATMUL], params address, m, n, lhs address, rhs address, out address, ld)``: the
     :data:`MATMUL` routine."""
-    return types.void(*([types.int64] * 8)), _codegen
+    return types.void(*([types.int64] * 8)), indirect_call
 
 
 _LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)

@@ -19,14 +19,12 @@ import numpy as np
 from kleidipy.errors import InvalidTokenError, NonFiniteInputError
 from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.model import KVCells, PlannedModel, UbatchSegment
+from kleidipy.graph.nodes import routine_addresses
 from kleidipy.graph.plan import NotPlannableError, Plan, build_plan
 from kleidipy.graph.profile import kernel_call, node_runs
+from kleidipy.graph.tables import DECODE_SLOTS, DECODE_TOKENS, RUN_SLOTS, RUN_TOKEN
 from kleidipy.graph.views import address_table
 from kleidipy.graph.walk import (
-    DECODE_SLOTS,
-    DECODE_TOKENS,
-    RUN_SLOTS,
-    RUN_TOKEN,
     STATUS_BAD_TOKEN,
     STATUS_INSIDE,
     STATUS_NODE,
@@ -83,8 +81,10 @@ class CompiledForward:
         #: the embedding as the run does it (GET_ROWS of its bytes, code >= 0), or -1: the caller embeds in Python
         embd = getattr(lm.embedding, "compiled_rows", lambda: None)()
         self._embd = (-1, np.zeros((0, 0), np.uint8), np.float32(0.0)) if embd is None else embd
-        #: the address tables of the K and V arrays of the caches of the last run, and a scalar of their dtype
-        self._kv: tuple[np.ndarray, np.ndarray, np.generic] | None = None
+        #: the address tables of the K and V arrays of the caches of the last run, and whether their cells are F16
+        self._kv: tuple[np.ndarray, np.ndarray, bool] | None = None
+        #: the address of each node's routine (:mod:`kleidipy.graph.nodes`), by whether the KV cells are F16
+        self._routines: dict[bool, np.ndarray] = {}
         self._kv_caches: list[KVCells] = []
         self._untimed = np.zeros((0, len(plan.nodes), 3), np.int64)
         self._one_segment = np.array([[0, 0, 0, 1]], np.int64)
@@ -159,11 +159,14 @@ class CompiledForward:
         changes only the table ``run`` in it; a decoded token's Python steps run cold after the plan, and the
         workers take the next run of the same tuple without Python)."""
         if self._static is None:
-            kc, vc, cell = self._kv
+            kc, vc, f16 = self._kv
             code, rows, scale = self._embd
+            if f16 not in self._routines:  # (compiles, or loads from numba's cache, the routines the plan uses)
+                self._routines[f16] = routine_addresses(self.plan, f16)
             arrays = [  # (rows A_*)
                 self.plan.nodes,
                 self.plan.fparams,
+                self._routines[f16],
                 self._buffers,
                 self._rhs,
                 self._sizes,
@@ -184,7 +187,7 @@ class CompiledForward:
             ]
             self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
             table = self._arrays_table.ctypes.data
-            self._static = (table, cell, self._kv_caches[0].f16, self.plan.logits, code, scale)
+            self._static = (table, self.plan.logits, code, scale)
             self._alone = self._lead = None
         return self._static
 
@@ -289,7 +292,7 @@ class CompiledForward:
     def _use_caches(self, caches: list[KVCells]) -> None:
         """Runs from now on read and write the KV caches ``caches`` (in this order)."""
         k, v = [cells(c.k) for c in caches], [cells(c.v) for c in caches]
-        self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), k[0].dtype.type(0))
+        self._kv = (address_table(k, k[0].dtype), address_table(v, k[0].dtype), caches[0].f16)
         self._kv_caches = caches
         self._decode_slots[DECODE_TOKENS] = caches[0].tokens.ctypes.data
         self._static = self._decoding = None

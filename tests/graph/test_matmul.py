@@ -224,7 +224,7 @@ def test_describing_a_node_compiles_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     def refuse(py_func: object, signature: object) -> int:
         raise AssertionError(f"compiled {py_func}")
 
-    monkeypatch.setattr(node, "_address", refuse)
+    monkeypatch.setattr(node, "cfunc_address", refuse)
     nk = mm.node_kernel(_linear("i8mm", T.Q4_1).gemm)
     assert nk.lhs_bytes(3) > 0 and mm.same_lhs(nk, nk)
     with pytest.raises(AssertionError, match="compiled"):

@@ -15,7 +15,7 @@ from model_files import GEMMA3, QWEN25, SMOLLM2, model_file
 from tiny_models import write_model
 
 from kleidipy.errors import InvalidTokenError, NonFiniteInputError
-from kleidipy.graph import contention, workers
+from kleidipy.graph import contention, nodes, workers
 from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.execute import compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
@@ -80,6 +80,20 @@ def test_plan_is_the_blocks_description(tmp_path: Path) -> None:
     ops = plan.nodes[:, 0]
     assert (ops == OP_KEEP).sum() == 1
     assert (ops == OP_MATMUL).sum() == 7 * len(lm.blocks) + 1
+
+
+def test_a_plan_compiles_the_routines_of_its_nodes_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each op's routine compiles on its own at a plan's first run (kleidipy.graph.nodes): a llama plan over an F16
+    cache takes the routines of its ops — the F16 STORE_KV and the one attention path of its head_dim — and no
+    GEGLU, no F32-cache routine, no other attention path."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), "i8mm")
+    compiled: list[object] = []
+    monkeypatch.setattr(nodes, "cfunc_address", lambda fn, signature: compiled.append(fn) or 1)
+    addresses = nodes.routine_addresses(build_plan(lm), f16=True)
+    attend = nodes.attention_tiled_f16 if lm.hparams.head_dim % 16 == 0 else nodes.attention_rows_f16
+    assert set(compiled) == {nodes.rms_norm, nodes.add, nodes.rope, nodes.swiglu, nodes.store_kv_f16, attend}
+    ops = build_plan(lm).nodes[:, 0]
+    assert ((addresses == 0) == np.isin(ops, (OP_MATMUL, OP_KEEP))).all()  # (the walk runs those itself)
 
 
 def test_matmuls_of_one_input_share_its_packed_lhs(tmp_path: Path) -> None:
