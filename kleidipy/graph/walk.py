@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numba
 
+from kleidipy.core.node import copy
 from kleidipy.core.pointers import f32_at, i64_at, u8_at
 from kleidipy.formats.rows import get_rows
 from kleidipy.graph import matmul as mm
@@ -130,7 +131,7 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
                         x = f32_2d(buffers, buf)
                         for r in range(keep.size):
                             if keep[r] != r:
-                                x[r, :] = x[keep[r], :]
+                                copy(x[keep[r]], x[r])
             rows = keep.size
         else:
             call_routine(routines[i], table, i, rows, ith, nth)
@@ -155,7 +156,7 @@ def decode_run(table, token, position, logits):  # pragma: no cover - compiled
     arrays = arrays_at(table)
     run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
     template = i64_at(arrays[A_DECODE, 0], DECODE_SLOTS)
-    run[:] = template[:RUN_SLOTS]
+    copy(template[:RUN_SLOTS], run)
     i64_at(template[DECODE_TOKENS], position + 1)[position] = token
     run[RUN_TOKEN] = token
     run[RUN_LOGITS] = logits
