@@ -87,11 +87,17 @@ def rms_norm(table, i, rows, ith, nth):  # pragma: no cover - compiled
     elementwise.rms_norm(x, norm, np.float32(_fparam(arrays, i)), out, lo, hi)
 
 
-def add(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """ADD: a share of the rows."""
+@numba.njit(cache=True, nogil=True, inline="always")
+def _binary(table, i, rows, ith, nth):  # pragma: no cover - compiled
+    """Node i's operand buffers [a, b, dst] and thread ith's share of the rows (lo, hi)."""
     _, node, buffers = _node(table, i)
     lo, hi = share(rows, ith, nth)
-    elementwise.add(f32_2d(buffers, node[1]), f32_2d(buffers, node[2]), f32_2d(buffers, node[3]), lo, hi)
+    return f32_2d(buffers, node[1]), f32_2d(buffers, node[2]), f32_2d(buffers, node[3]), lo, hi
+
+
+def add(table, i, rows, ith, nth):  # pragma: no cover - compiled
+    """ADD: a share of the rows."""
+    elementwise.add(*_binary(table, i, rows, ith, nth))
 
 
 def add_row(table, i, rows, ith, nth):  # pragma: no cover - compiled
@@ -123,17 +129,14 @@ def rope(table, i, rows, ith, nth):  # pragma: no cover - compiled
 
 def swiglu(table, i, rows, ith, nth):  # pragma: no cover - compiled
     """SWIGLU: a share of the rows."""
-    _, node, buffers = _node(table, i)
-    lo, hi = share(rows, ith, nth)
-    elementwise.swiglu(f32_2d(buffers, node[1]), f32_2d(buffers, node[2]), f32_2d(buffers, node[3]), lo, hi)
+    elementwise.swiglu(*_binary(table, i, rows, ith, nth))
 
 
 def geglu(table, i, rows, ith, nth):  # pragma: no cover - compiled
     """GEGLU: a share of the rows."""
-    arrays, node, buffers = _node(table, i)
-    lo, hi = share(rows, ith, nth)
-    gelu = f32_at(arrays[A_GELU, 0], arrays[A_GELU, 1])
-    elementwise.geglu(f32_2d(buffers, node[1]), f32_2d(buffers, node[2]), gelu, f32_2d(buffers, node[3]), lo, hi)
+    gate, up, out, lo, hi = _binary(table, i, rows, ith, nth)
+    arrays = arrays_at(table)
+    elementwise.geglu(gate, up, f32_at(arrays[A_GELU, 0], arrays[A_GELU, 1]), out, lo, hi)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -148,16 +151,11 @@ def _store_kv_args(table, i, s, ith, nth, cell):  # pragma: no cover - compiled
     return f32_2d(buffers, node[1])[r0:r1], f32_2d(buffers, node[2])[r0:r1], kc, vc, start, r1 - r0, lo, hi
 
 
-def store_kv_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """STORE_KV into an F16 cache (uint16 cells), every segment."""
+@numba.njit(cache=True, nogil=True)
+def _store_kv(table, i, ith, nth, cell):  # pragma: no cover - compiled
+    """STORE_KV into a cache of the cells of the type of ``cell``, every segment."""
     for s in range(segments(arrays_at(table)).shape[0]):
-        attention.store_kv(*_store_kv_args(table, i, s, ith, nth, np.uint16(0)))
-
-
-def store_kv_f32(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """STORE_KV into an F32 cache, every segment."""
-    for s in range(segments(arrays_at(table)).shape[0]):
-        attention.store_kv(*_store_kv_args(table, i, s, ith, nth, np.float32(0)))
+        attention.store_kv(*_store_kv_args(table, i, s, ith, nth, cell))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -192,28 +190,43 @@ def _attention_args(table, i, s, ith, nth, cell, f16):  # pragma: no cover - com
     )
 
 
-def attention_tiled_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """ATTENTION, head_dim a multiple of 16, over an F16 cache (uint16 cells), every segment."""
+@numba.njit(cache=True, nogil=True)
+def _attention_tiled(table, i, ith, nth, cell, f16):  # pragma: no cover - compiled
+    """ATTENTION for a head_dim that is a multiple of 16, every segment."""
     for s in range(segments(arrays_at(table)).shape[0]):
-        attention.attention_tiled(*_attention_args(table, i, s, ith, nth, np.uint16(0), True))
+        attention.attention_tiled(*_attention_args(table, i, s, ith, nth, cell, f16))
+
+
+@numba.njit(cache=True, nogil=True)
+def _attention_rows(table, i, ith, nth, cell, f16):  # pragma: no cover - compiled
+    """ATTENTION for any head_dim, every segment."""
+    for s in range(segments(arrays_at(table)).shape[0]):
+        attention.attention_rows(*_attention_args(table, i, s, ith, nth, cell, f16))
+
+
+# the routines of the ops that read or write the KV cache, one per cell type: F16 as uint16 bits, or float32
+def store_kv_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
+    _store_kv(table, i, ith, nth, np.uint16(0))
+
+
+def store_kv_f32(table, i, rows, ith, nth):  # pragma: no cover - compiled
+    _store_kv(table, i, ith, nth, np.float32(0))
+
+
+def attention_tiled_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
+    _attention_tiled(table, i, ith, nth, np.uint16(0), True)
 
 
 def attention_tiled_f32(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """ATTENTION, head_dim a multiple of 16, over an F32 cache, every segment."""
-    for s in range(segments(arrays_at(table)).shape[0]):
-        attention.attention_tiled(*_attention_args(table, i, s, ith, nth, np.float32(0), False))
+    _attention_tiled(table, i, ith, nth, np.float32(0), False)
 
 
 def attention_rows_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """ATTENTION, any head_dim, over an F16 cache (uint16 cells), every segment."""
-    for s in range(segments(arrays_at(table)).shape[0]):
-        attention.attention_rows(*_attention_args(table, i, s, ith, nth, np.uint16(0), True))
+    _attention_rows(table, i, ith, nth, np.uint16(0), True)
 
 
 def attention_rows_f32(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """ATTENTION, any head_dim, over an F32 cache, every segment."""
-    for s in range(segments(arrays_at(table)).shape[0]):
-        attention.attention_rows(*_attention_args(table, i, s, ith, nth, np.float32(0), False))
+    _attention_rows(table, i, ith, nth, np.float32(0), False)
 
 
 #: each op's routine (the walk runs MUL_MAT and KEEP itself), those that touch the KV cache by whether its cells are
