@@ -2,7 +2,7 @@
 vector types, constants, calls of LLVM intrinsics, unaligned loads at byte offsets, lane broadcasts (the operands
 of an indexed ``sdot`` or of ``ld1r``) and the store of one tile row of 4 float32 columns with its row and column
 tails; and :func:`neon_tiles`, what a family module declares its tiles with: the kernels they are, their
-installation on this host and their callers.
+installation on this host and their caller.
 
 Hand-written for the reason of :mod:`kleidipy.core.native` (numba's own code never uses these instructions); the
 VNNI tiles' helpers (:mod:`kleidipy.core.vnni`) are 512-bit and x86-only.
@@ -96,14 +96,15 @@ def store_row(
 
 class NeonTiles(NamedTuple):
     """A family module's NEON tiles (:func:`neon_tiles`), unpacked into the module's ``kernel_tile``, ``HOST_ISA`` and
-    the numba callers of its tiles."""
+    the numba caller of its tiles."""
 
     #: the module of a kernel's tile for an ISA, or None (``Family.native``: ``kleidipy kernels --asm``)
     kernel_tile: Callable[[MatmulKernel, native.NativeIsa], ir.Module | None]
     #: the ISA the tiles are installed for on this host (None: not installed, not available)
     host_isa: native.NativeIsa | None
-    #: :func:`kleidipy.core.native.caller` of each tile, in the order of the shapes
-    callers: tuple[Callable, ...]
+    #: :func:`kleidipy.core.native.shape_caller` of the tiles: ``call(shape, ints, lhs, rhs, out)`` runs that of
+    #: ``shape``
+    call: Callable
 
 
 def neon_tiles(
@@ -126,4 +127,4 @@ def neon_tiles(
         native.host_isa("aarch64-i8mm", "aarch64-dotprod"),
         lambda isa: (tile_module(*shape, isa) for shape in shapes),
     )
-    return NeonTiles(kernel_tile, host, tuple(native.caller(symbol(*shape)) for shape in shapes))
+    return NeonTiles(kernel_tile, host, native.shape_caller(symbol, shapes))

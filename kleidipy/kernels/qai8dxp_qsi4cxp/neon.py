@@ -183,8 +183,8 @@ def tile_module(mr: int, m_step: int, isa: native.NativeIsa) -> ir.Module:
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
 #: SME kernels or another ISA; an I8MM kernel on a DotProd-only ISA gets an ``sdot`` tile); the native ISA of this
-#: host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1, _TILE_4, _TILE_8) = neon_tiles(
+#: host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_tiles(
     tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.m_step), "+dotprod"
 )
 AVAILABLE = HOST_ISA is not None
@@ -212,13 +212,7 @@ def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
 def matmul(m, n, k_int, mr, m_step, lhs_i8, rhs_u8, out):  # pragma: no cover - compiled (aarch64)
     """out[m, n] (C-contiguous float32, f32(f32(F·S) + bias), unclamped) of a layout :func:`is_native_layout`
     accepts, on the tile of the kernel with this mr and m_step (every tile gives the same bits)."""
-    ints = (m, n, k_int // BLOCK)
-    if mr == 1:
-        _TILE_1(ints, lhs_i8, rhs_u8, out)
-    elif m_step == 4:
-        _TILE_4(ints, lhs_i8, rhs_u8, out)
-    else:
-        _TILE_8(ints, lhs_i8, rhs_u8, out)
+    _TILES((mr, 1 if mr == 1 else m_step), (m, n, k_int // BLOCK), lhs_i8, rhs_u8, out)  # mr 1: the 1x4x32 tile
 
 
 def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:

@@ -217,8 +217,8 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
 #: SME kernels or another ISA); the native ISA of this host's tiles (None: no DotProd, or not aarch64 —
-#: :func:`matmul` is not available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1_4, _TILE_1_8, _TILE_4_4, _TILE_4_8) = neon_tiles(
+#: :func:`matmul` is not available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_tiles(
     tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr), "+dotprod"
 )
 AVAILABLE = HOST_ISA is not None
@@ -245,16 +245,7 @@ def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # prag
         recipe = jit.RECIPE_FMA_BIAS
         PORTABLE_MATMUL(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
         return
-    ints = (m, n, k_int // BLOCK)
-    if mr == 1:
-        if kr == 4:
-            _TILE_1_4(ints, lhs_i8, rhs_u8, out)
-        else:
-            _TILE_1_8(ints, lhs_i8, rhs_u8, out)
-    elif kr == 4:
-        _TILE_4_4(ints, lhs_i8, rhs_u8, out)
-    else:
-        _TILE_4_8(ints, lhs_i8, rhs_u8, out)
+    _TILES((mr, kr), (m, n, k_int // BLOCK), lhs_i8, rhs_u8, out)
 
 
 def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:

@@ -161,10 +161,8 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA, None for the SME2 kernels
 #: or x86); the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not
-#: available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1_8, _TILE_1_16, _TILE_4_8, _TILE_4_16) = neon_tiles(
-    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr)
-)
+#: available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_tiles(tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr))
 AVAILABLE = HOST_ISA is not None
 
 
@@ -175,16 +173,7 @@ def compute(  # pragma: no cover - compiled (aarch64 with DotProd)
     """Unclamped float32 [m, n] of the NEON kernels on the native tiles (the signature and bits of
     ``jit.matmul_neon``: ``ukernels.NEON_COMPUTE``; mr 1 or 4, nr 4, kbl = kr/sr 4 or 8)."""
     out = np.empty((m, n), np.float32)
-    ints = (m, n, k // BL)
-    if mr == 1:
-        if kbl == 4:
-            _TILE_1_8(ints, lhs, rhs, out)
-        else:
-            _TILE_1_16(ints, lhs, rhs, out)
-    elif kbl == 4:
-        _TILE_4_8(ints, lhs, rhs, out)
-    else:
-        _TILE_4_16(ints, lhs, rhs, out)
+    _TILES((mr, 2 * kbl), (m, n, k // BL), lhs, rhs, out)  # the tile of (mr, kr): kr = 2·kbl (sr 2)
     return out
 
 

@@ -155,10 +155,8 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA, None for the SME kernels
 #: or x86); the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not
-#: available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1_8, _TILE_1_16, _TILE_4_8, _TILE_4_16) = neon_tiles(
-    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr)
-)
+#: available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_tiles(tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr))
 AVAILABLE = HOST_ISA is not None
 
 
@@ -167,14 +165,5 @@ def compute(m, n, k, mr, nr, kr, sr, lhs, rhs):  # pragma: no cover - compiled (
     """Unclamped float32 [m, n] of the NEON kernels on the native tiles (the signature and bits of
     ``jit.matmul_qsi8d32p_qsi4c32pscalef16``; mr 1 or 4, nr 4, kr 8 or 16, sr 2)."""
     out = np.empty((m, n), np.float32)
-    ints = (m, n, k // 32)
-    if mr == 1:
-        if kr == 8:
-            _TILE_1_8(ints, lhs, rhs, out)
-        else:
-            _TILE_1_16(ints, lhs, rhs, out)
-    elif kr == 8:
-        _TILE_4_8(ints, lhs, rhs, out)
-    else:
-        _TILE_4_16(ints, lhs, rhs, out)
+    _TILES((mr, kr), (m, n, k // 32), lhs, rhs, out)
     return out
