@@ -34,7 +34,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native, neon_ir
-from kleidipy.core.neon_ir import F32, I32, I64, SDOT, SMMLA, V2I64, V4F32, V4I32, V16I8
+from kleidipy.core.neon_ir import I32, I64, SDOT, SMMLA, V2I64, V4I32, V16I8
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as qai8dxp_qsi8cxp_neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as qai8dxp_qsi8cxp_ukernels
@@ -140,24 +140,9 @@ def tile_module(mr: int, m_step: int, isa: native.NativeIsa) -> ir.Module:
                     b.store(value, acc)
             dots = qai8dxp_qsi8cxp_neon.tile_rows(b, op, KBL, [b.load(a) for a in accs])
             params = neon_ir.at(b, rhs0, data)
-            sums, scales, biases = (neon_ir.load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
-            col0 = b.mul(gj.index, I64(NR))
-            for i, lb in enumerate(lhs0):
-                lparams = neon_ir.at(b, lb, b.mul(k_int, I64(mr)))
-                for r in range(mr):
-                    row = b.add(b.mul(b.add(g0, I64(i)), I64(mr)), I64(r))
-                    offset = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * r, I32), V4I32)
-                    recip = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * (mr + r), F32), V4F32)
-                    f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
-                    res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
-                    neon_ir.store_row(b, out, m, n, row, col0, res)
+            qai8dxp_qsi8cxp_neon.store_rows(b, (m, n, out), lhs0, g0, k_int, mr, params, gj.index, dots)
 
-    full = b.udiv(lgroups, I64(per_tile))
-    with cgutils.for_range(b, full, intp=I64) as t:
-        tile(per_tile, b.mul(t.index, I64(per_tile)))
-    if per_tile > 1:  # the group left over
-        with cgutils.for_range(b, lgroups, start=b.mul(full, I64(per_tile)), intp=I64) as g:
-            tile(1, g.index)
+    qai8dxp_qsi8cxp_neon.group_tiles(b, lgroups, per_tile, tile)
     b.ret_void()
     return module
 

@@ -26,7 +26,7 @@ numba's code never uses these instructions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numba
@@ -146,6 +146,46 @@ def tile_rows(b: ir.IRBuilder, op: str, kr: int, accs: list) -> list:
     return [neon_ir.call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, [lo, hi]) for lo, hi in pairs]
 
 
+def store_rows(
+    b: ir.IRBuilder,
+    dst: tuple,
+    lhs0: list,
+    g0: ir.Value,
+    k_int: ir.Value,
+    mr: int,
+    params: ir.Value,
+    gj: ir.Value,
+    dots: list,
+) -> None:
+    """KleidiAI's epilogue of a tile's rows, the LHS groups at ``lhs0`` (from group g0) × column group gj: ``mla`` of
+    the RHS row sums (at ``params``, then the scales and biases) by the row's −zp (after its group's k_int·mr
+    bytes, then the recips), F = ``scvtf``, S = f32(scale·recip), out = f32(f32(F·S) + bias) into ``dst`` (m, n,
+    out as :func:`~kleidipy.core.neon_ir.store_row` takes them); ``dots`` the int32 dots of the rows."""
+    m, n, out = dst
+    sums, scales, biases = (neon_ir.load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
+    col0 = b.mul(gj, I64(NR))
+    for i, lb in enumerate(lhs0):
+        lparams = neon_ir.at(b, lb, b.mul(k_int, I64(mr)))
+        for r in range(mr):
+            row = b.add(b.mul(b.add(g0, I64(i)), I64(mr)), I64(r))
+            offset = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * r, I32), V4I32)
+            recip = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * (mr + r), F32), V4F32)
+            f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
+            res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
+            neon_ir.store_row(b, out, m, n, row, col0, res)
+
+
+def group_tiles(b: ir.IRBuilder, lgroups: ir.Value, per_tile: int, tile: Callable[[int, ir.Value], None]) -> None:
+    """``tile(count, g0)`` over the ``lgroups`` LHS groups: ``per_tile`` groups at a time, then the groups left over
+    one at a time."""
+    full = b.udiv(lgroups, I64(per_tile))
+    with cgutils.for_range(b, full, intp=I64) as t:
+        tile(per_tile, b.mul(t.index, I64(per_tile)))
+    if per_tile > 1:
+        with cgutils.for_range(b, lgroups, start=b.mul(full, I64(per_tile)), intp=I64) as g:
+            tile(1, g.index)
+
+
 def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, i8* out)``: out
     [m, n] (float32 rows of n) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
@@ -174,24 +214,9 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
                     b.store(value, acc)
             dots = tile_rows(b, op, kr, [b.load(a) for a in accs])
             params = neon_ir.at(b, rhs0, b.mul(k_int, I64(NR)))
-            sums, scales, biases = (neon_ir.load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
-            col0 = b.mul(gj.index, I64(NR))
-            for i, lb in enumerate(lhs0):
-                lparams = neon_ir.at(b, lb, b.mul(k_int, I64(mr)))
-                for r in range(mr):
-                    row = b.add(b.mul(b.add(g0, I64(i)), I64(mr)), I64(r))
-                    offset = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * r, I32), V4I32)
-                    recip = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * (mr + r), F32), V4F32)
-                    f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
-                    res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
-                    neon_ir.store_row(b, out, m, n, row, col0, res)
+            store_rows(b, (m, n, out), lhs0, g0, k_int, mr, params, gj.index, dots)
 
-    full = b.udiv(lgroups, I64(per_tile))
-    with cgutils.for_range(b, full, intp=I64) as t:
-        tile(per_tile, b.mul(t.index, I64(per_tile)))
-    if per_tile > 1:  # the groups left over, one at a time
-        with cgutils.for_range(b, lgroups, start=b.mul(full, I64(per_tile)), intp=I64) as g:
-            tile(1, g.index)
+    group_tiles(b, lgroups, per_tile, tile)
     b.ret_void()
     return module
 
