@@ -108,23 +108,12 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     lstride = b.mul(nb, I64(mr * LHS_BLOCK))
     rstride = b.add(b.mul(nb, I64(RHS_BLOCK)), I64(4 * NR))
     accs = [cgutils.alloca_once(b, V4F32) for _ in range(mr)]
-    groups = b.udiv(b.add(m, I64(mr - 1)), I64(mr))
-    col_groups = b.udiv(b.add(n, I64(NR - 1)), I64(NR))
-    high_mask = neon_ir.vec(V16I8, [0xF0] * 16)
     fields = ir.VectorType(F32, mr)
-    with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
-        lhs0 = b.gep(lhs, [b.mul(gi.index, lstride)])
-        rhs0 = b.gep(rhs, [b.mul(gj.index, rstride)])
-        for acc in accs:
-            b.store(ir.Constant(V4F32, None), acc)
+    with neon_ir.group_pairs(b, m, n, mr, lhs, rhs, (lstride, rstride), accs) as (gi, gj, lhs0, rhs0):
         with cgutils.for_range(b, nb, intp=I64) as blk:
             rb = b.gep(rhs0, [b.mul(blk.index, I64(RHS_BLOCK))])
             lb = b.gep(lhs0, [b.mul(blk.index, I64(mr * LHS_BLOCK))])
-            segs = []
-            for s in range(4):
-                codes = neon_ir.load(b, rb, 16 * s, V16I8)
-                segs.append((b.shl(codes, neon_ir.vec(V16I8, [4] * 16)), b.and_(codes, high_mask)))
-            dots = _block_dots(b, mr, kr, op, lb, segs)
+            dots = _block_dots(b, mr, kr, op, lb, neon_ir.nibble_codes(b, rb, 0))
             zero = neon_ir.load(b, rb, 16 * NR, V4F32)
             scale = neon_ir.load(b, rb, 20 * NR, V4F32)
             row_sum = neon_ir.load(b, lb, BL * mr, fields)
@@ -138,9 +127,9 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
                 s = b.fmul(scale, b.shuffle_vector(recip, undef, pick))
                 b.store(neon_ir.call(b, "llvm.fma.v4f32", V4F32, [b.sitofp(dots[r], V4F32), s, acc]), accs[r])
         bias = neon_ir.load(b, rhs0, b.mul(nb, I64(RHS_BLOCK)), V4F32)
-        col0 = b.mul(gj.index, I64(NR))
+        col0 = b.mul(gj, I64(NR))
         for r in range(mr):
-            row = b.add(b.mul(gi.index, I64(mr)), I64(r))
+            row = b.add(b.mul(gi, I64(mr)), I64(r))
             neon_ir.store_row(b, out, m, n, row, col0, b.fadd(b.load(accs[r]), bias))
     b.ret_void()
     return module

@@ -106,21 +106,11 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     lstride = b.mul(nb, I64(mr * 34))
     rstride = b.mul(nb, I64(RHS_BLOCK))
     accs = [cgutils.alloca_once(b, V4F32) for _ in range(mr)]
-    groups = b.udiv(b.add(m, I64(mr - 1)), I64(mr))
-    col_groups = b.udiv(b.add(n, I64(NR - 1)), I64(NR))
-    low_mask = neon_ir.vec(V16I8, [0xF0] * 16)
-    with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
-        lhs0 = b.gep(lhs, [b.mul(gi.index, lstride)])
-        rhs0 = b.gep(rhs, [b.mul(gj.index, rstride)])
-        for acc in accs:
-            b.store(ir.Constant(V4F32, None), acc)
+    with neon_ir.group_pairs(b, m, n, mr, lhs, rhs, (lstride, rstride), accs) as (gi, gj, lhs0, rhs0):
         with cgutils.for_range(b, nb, intp=I64) as blk:
             rb = b.gep(rhs0, [b.mul(blk.index, I64(RHS_BLOCK))])
             lb = b.gep(lhs0, [b.mul(blk.index, I64(mr * 34))])
-            segs = []
-            for s in range(4):
-                codes = neon_ir.load(b, rb, 2 * NR + 16 * s, V16I8)
-                segs.append((b.shl(codes, neon_ir.vec(V16I8, [4] * 16)), b.and_(codes, low_mask)))
+            segs = neon_ir.nibble_codes(b, rb, 2 * NR)
             d_r = b.fpext(neon_ir.load(b, rb, 0, ir.VectorType(F16, NR)), V4F32)
             d_l = b.fpext(neon_ir.load(b, lb, 0, ir.VectorType(F16, mr)), ir.VectorType(F32, mr))
             for r, dots in enumerate(_block_dots(b, mr, kr, op, lb, segs)):
@@ -129,9 +119,9 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
                     d_r, b.shuffle_vector(d_l, ir.Constant(d_l.type, ir.Undefined), neon_ir.vec(V4I32, [r] * 4))
                 )
                 b.store(neon_ir.call(b, "llvm.fma.v4f32", V4F32, [value, scale, b.load(accs[r])]), accs[r])
-        col0 = b.mul(gj.index, I64(NR))
+        col0 = b.mul(gj, I64(NR))
         for r in range(mr):
-            neon_ir.store_row(b, out, m, n, b.add(b.mul(gi.index, I64(mr)), I64(r)), col0, b.load(accs[r]))
+            neon_ir.store_row(b, out, m, n, b.add(b.mul(gi, I64(mr)), I64(r)), col0, b.load(accs[r]))
     b.ret_void()
     return module
 
