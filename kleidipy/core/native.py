@@ -8,7 +8,8 @@ select),
 :func:`assembly` (a module cross-compiled for any of them, on any host: what ``kleidipy kernels --asm``
 shows), :func:`install` (a module compiled for this host, its functions registered as LLVM symbols) and
 :func:`caller` (a numba intrinsic that calls such a symbol by name: the numba functions calling it stay
-cacheable — the symbol is resolved whenever their code is loaded).
+cacheable — the symbol is resolved whenever their code is loaded; :func:`shape_caller`, one of a family's tiles by
+its shape).
 
 Hand-written because numba generates code for one target only, with its own guess of the CPU, and its portable
 IR never lowers to the Arm dot-product instructions (``sdot``, ``smmla``) nor to SME (streaming mode, ZA; scalable
@@ -136,6 +137,27 @@ def install_tiles(isa: NativeIsa | None, modules: Callable[[NativeIsa], Iterable
     return isa
 
 
+def _integers(ty: types.Type) -> bool:
+    """Whether a numba type is a tuple of integers."""
+    return isinstance(ty, types.BaseTuple) and all(isinstance(t, types.Integer) for t in ty)
+
+
+def _native_arguments(ints: types.Type, arrays: tuple[types.Type, ...]) -> bool:
+    """Whether a native call takes these numba types: a tuple of integers and three C-contiguous arrays."""
+    return _integers(ints) and all(isinstance(t, types.Array) and t.layout == "C" for t in arrays)
+
+
+def _call_native(context, builder: ir.IRBuilder, symbol: str, ints: types.BaseTuple, arrays: tuple, args: list) -> None:
+    """The call of ``void symbol(i64 ×len(ints), i8* a, i8* b, i8* c)`` with ``args`` (the tuple of integers, then
+    the three arrays of numba types ``arrays``)."""
+    i64, ptr = ir.IntType(64), ir.IntType(8).as_pointer()
+    values = [context.cast(builder, builder.extract_value(args[0], i), t, types.int64) for i, t in enumerate(ints)]
+    for ty, val in zip(arrays, args[1:], strict=True):
+        values.append(builder.bitcast(context.make_array(ty)(context, builder, val).data, ptr))
+    fnty = ir.FunctionType(ir.VoidType(), [i64] * len(ints) + [ptr] * 3)
+    builder.call(cgutils.get_or_insert_function(builder.module, fnty, symbol), values)
+
+
 def caller(symbol: str) -> Callable:
     """A numba intrinsic ``call(ints, a, b, c)`` of the native function ``void symbol(i64 ×len(ints), i8* a, i8* b,
     i8* c)``: ``ints`` a tuple of integers (passed as i64), a, b, c C-contiguous arrays (passed as pointers to their
@@ -143,22 +165,37 @@ def caller(symbol: str) -> Callable:
 
     @intrinsic
     def call(typingctx, ints, a, b, c):
-        if not isinstance(ints, types.BaseTuple) or not all(isinstance(t, types.Integer) for t in ints):
-            return None
-        if not all(isinstance(t, types.Array) and t.layout == "C" for t in (a, b, c)):
+        if not _native_arguments(ints, (a, b, c)):
             return None
 
         def codegen(context, builder, signature, args):
-            i64, ptr = ir.IntType(64), ir.IntType(8).as_pointer()
-            values = [
-                context.cast(builder, builder.extract_value(args[0], i), t, types.int64) for i, t in enumerate(ints)
-            ]
-            for ty, val in zip((a, b, c), args[1:], strict=True):
-                values.append(builder.bitcast(context.make_array(ty)(context, builder, val).data, ptr))
-            fnty = ir.FunctionType(ir.VoidType(), [i64] * len(ints) + [ptr] * 3)
-            builder.call(cgutils.get_or_insert_function(builder.module, fnty, symbol), values)
+            _call_native(context, builder, symbol, ints, (a, b, c), args)
             return context.get_dummy_value()
 
         return types.void(ints, a, b, c), codegen
+
+    return call
+
+
+def shape_caller(symbol: Callable[[int, int], str], shapes: tuple[tuple[int, int], ...]) -> Callable:
+    """A numba intrinsic ``call(shape, ints, a, b, c)``: :func:`caller`'s call of the native function
+    ``symbol(*shape)``, ``shape`` a pair of integers among ``shapes`` (a family's tiles, one per shape; another
+    pair calls none)."""
+
+    @intrinsic
+    def call(typingctx, shape, ints, a, b, c):
+        if not (_integers(shape) and len(shape) == 2 and _native_arguments(ints, (a, b, c))):
+            return None
+
+        def codegen(context, builder, signature, args):
+            fields = enumerate(shape)
+            key = [context.cast(builder, builder.extract_value(args[0], i), t, types.int64) for i, t in fields]
+            for pair in shapes:
+                same = [builder.icmp_signed("==", v, ir.Constant(v.type, x)) for v, x in zip(key, pair, strict=True)]
+                with builder.if_then(builder.and_(*same)):
+                    _call_native(context, builder, symbol(*pair), ints, (a, b, c), args[1:])
+            return context.get_dummy_value()
+
+        return types.void(shape, ints, a, b, c), codegen
 
     return call

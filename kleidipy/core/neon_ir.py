@@ -1,8 +1,9 @@
 """llvmlite IR building blocks of the native aarch64 NEON tiles (``kleidipy/kernels/<family>/neon.py``): the 128-bit
 vector types, constants, calls of LLVM intrinsics, unaligned loads at byte offsets, lane broadcasts (the operands
-of an indexed ``sdot`` or of ``ld1r``) and the store of one tile row of 4 float32 columns with its row and column
-tails; and :func:`neon_tiles`, what a family module declares its tiles with: the kernels they are, their
-installation on this host and their callers.
+of an indexed ``sdot`` or of ``ld1r``), the int4 nibbles of packed bytes, the loops over a tile's row and column
+groups and the store of one tile row of 4 float32 columns with its row and column tails; and :func:`neon_tiles`,
+what a family module declares its tiles with: the kernels they are, their installation on this host and their
+caller.
 
 Hand-written for the reason of :mod:`kleidipy.core.native` (numba's own code never uses these instructions); the
 VNNI tiles' helpers (:mod:`kleidipy.core.vnni`) are 512-bit and x86-only.
@@ -10,7 +11,8 @@ VNNI tiles' helpers (:mod:`kleidipy.core.vnni`) are 512-bit and x86-only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 from llvmlite import ir
@@ -77,6 +79,33 @@ def lane(b: ir.IRBuilder, value: ir.Value, lanes: ir.VectorType, index: int) -> 
     return b.shuffle_vector(as_lanes, ir.Constant(lanes, ir.Undefined), mask)
 
 
+def nibble_codes(b: ir.IRBuilder, base: ir.Value, offset: int) -> list[tuple[ir.Value, ir.Value]]:
+    """The 4 × 16 packed int4 bytes at base (i8*) + offset, each as (low nibbles ``shl #4``, high nibbles ``and
+    #0xf0``): 16 × the signed codes."""
+    segs = []
+    for s in range(4):
+        codes = load(b, base, offset + 16 * s, V16I8)
+        segs.append((b.shl(codes, vec(V16I8, [4] * 16)), b.and_(codes, vec(V16I8, [0xF0] * 16))))
+    return segs
+
+
+@contextmanager
+def group_pairs(
+    b: ir.IRBuilder, m: ir.Value, n: ir.Value, mr: int, lhs: ir.Value, rhs: ir.Value, strides: tuple, accs: list
+) -> Iterator[tuple[ir.Value, ir.Value, ir.Value, ir.Value]]:
+    """The body of the loops over a tile's LHS groups of mr rows × RHS groups of 4 columns (``strides``: the bytes of
+    an LHS group and of an RHS group); yields the two group indices and the groups' first bytes (gi, gj, lhs0,
+    rhs0), the <4 x float> accumulators ``accs`` set to +0 for each pair."""
+    groups = b.udiv(b.add(m, const(I64, mr - 1)), const(I64, mr))
+    col_groups = b.udiv(b.add(n, const(I64, COLS - 1)), const(I64, COLS))
+    with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
+        lhs0 = b.gep(lhs, [b.mul(gi.index, strides[0])])
+        rhs0 = b.gep(rhs, [b.mul(gj.index, strides[1])])
+        for acc in accs:
+            b.store(ir.Constant(V4F32, None), acc)
+        yield gi.index, gj.index, lhs0, rhs0
+
+
 def store_row(
     b: ir.IRBuilder, out: ir.Value, m: ir.Value, n: ir.Value, row: ir.Value, col0: ir.Value, value: ir.Value
 ) -> None:
@@ -96,14 +125,15 @@ def store_row(
 
 class NeonTiles(NamedTuple):
     """A family module's NEON tiles (:func:`neon_tiles`), unpacked into the module's ``kernel_tile``, ``HOST_ISA`` and
-    the numba callers of its tiles."""
+    the numba caller of its tiles."""
 
     #: the module of a kernel's tile for an ISA, or None (``Family.native``: ``kleidipy kernels --asm``)
     kernel_tile: Callable[[MatmulKernel, native.NativeIsa], ir.Module | None]
     #: the ISA the tiles are installed for on this host (None: not installed, not available)
     host_isa: native.NativeIsa | None
-    #: :func:`kleidipy.core.native.caller` of each tile, in the order of the shapes
-    callers: tuple[Callable, ...]
+    #: :func:`kleidipy.core.native.shape_caller` of the tiles: ``call(shape, ints, lhs, rhs, out)`` runs that of
+    #: ``shape``
+    call: Callable
 
 
 def neon_tiles(
@@ -126,4 +156,4 @@ def neon_tiles(
         native.host_isa("aarch64-i8mm", "aarch64-dotprod"),
         lambda isa: (tile_module(*shape, isa) for shape in shapes),
     )
-    return NeonTiles(kernel_tile, host, tuple(native.caller(symbol(*shape)) for shape in shapes))
+    return NeonTiles(kernel_tile, host, native.shape_caller(symbol, shapes))

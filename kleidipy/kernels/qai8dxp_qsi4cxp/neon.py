@@ -33,27 +33,8 @@ import numba
 from llvmlite import ir
 from numba.core import cgutils
 
-from kleidipy.core import native
-from kleidipy.core.neon_ir import (
-    F32,
-    I32,
-    I64,
-    SDOT,
-    SMMLA,
-    V2I64,
-    V4F32,
-    V4I32,
-    V16I8,
-    at,
-    call,
-    const,
-    load,
-    neon_tiles,
-    splat,
-    store_row,
-    tile_function,
-    vec,
-)
+from kleidipy.core import native, neon_ir
+from kleidipy.core.neon_ir import I32, I64, SDOT, SMMLA, V2I64, V4I32, V16I8
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as qai8dxp_qsi8cxp_neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as qai8dxp_qsi8cxp_ukernels
@@ -97,10 +78,10 @@ def groups(mr: int, m_step: int, isa: native.NativeIsa) -> int:
 def _block(b: ir.IRBuilder, op: str, mr: int, lbs: list, rb: ir.Value, accs: list) -> list:
     """The accumulators after one block: ``lbs`` the block's bytes of each LHS group of the tile (4 K chunks of mr
     rows × 8), ``rb`` the block's RHS bytes, ``accs`` as ``qai8dxp_qsi8cxp.neon.tile_rows`` reads them (kr 8)."""
-    low_mask = vec(V16I8, [0xF0] * 16)
+    low_mask = neon_ir.vec(V16I8, [0xF0] * 16)
     # 16 bytes s: columns 2(s % 2), 2(s % 2) + 1 of K chunk s // 2 (low nibbles) and s // 2 + 2 (high nibbles)
-    codes = [load(b, rb, 16 * s, V16I8) for s in range(RHS_BLOCK // 16)]
-    segs = [(b.shl(c, vec(V16I8, [4] * 16)), b.and_(c, low_mask)) for c in codes]
+    codes = [neon_ir.load(b, rb, 16 * s, V16I8) for s in range(RHS_BLOCK // 16)]
+    segs = [(b.shl(c, neon_ir.vec(V16I8, [4] * 16)), b.and_(c, low_mask)) for c in codes]
 
     def rhs(c: int, h: int) -> ir.Value:  # K chunk c of columns 2h, 2h + 1
         return segs[2 * (c % 2) + h][c // 2]
@@ -110,23 +91,23 @@ def _block(b: ir.IRBuilder, op: str, mr: int, lbs: list, rb: ir.Value, accs: lis
         if op == "smmla":  # rows 2p, 2p+1 of K chunk c: 16 bytes at c·mr·8 + 16p; accumulator (pair, column pair)
             for c in range(BLOCK // KBL):
                 for p in range(mr // 2):
-                    pair = load(b, lb, c * mr * KBL + 16 * p, V16I8)
+                    pair = neon_ir.load(b, lb, c * mr * KBL + 16 * p, V16I8)
                     for h in range(2):
                         a = 2 * (i * mr // 2 + p) + h
-                        out[a] = call(b, SMMLA, V4I32, [out[a], pair, rhs(c, h)])
+                        out[a] = neon_ir.call(b, SMMLA, V4I32, [out[a], pair, rhs(c, h)])
         else:  # row r of K chunk c: 8 bytes at (c·mr + r)·8 in both doublewords (one row: ld1r, as KleidiAI's 1x4x32
             # kernel; rows in pairs: dup of a doubleword of the pair's 16 bytes); accumulator (row, column pair)
             for r in range(mr):
                 for c in range(BLOCK // KBL):
                     if mr == 1:
-                        one = splat(b, load(b, lb, c * KBL, I64), V2I64)
+                        one = neon_ir.splat(b, neon_ir.load(b, lb, c * KBL, I64), V2I64)
                     else:
-                        pair = load(b, lb, (c * mr + r - r % 2) * KBL, V2I64)
-                        one = b.shuffle_vector(pair, pair, vec(ir.VectorType(I32, 2), [r % 2] * 2))
+                        pair = neon_ir.load(b, lb, (c * mr + r - r % 2) * KBL, V2I64)
+                        one = b.shuffle_vector(pair, pair, neon_ir.vec(ir.VectorType(I32, 2), [r % 2] * 2))
                     one = b.bitcast(one, V16I8)
                     for h in range(2):
                         a = 2 * (i * mr + r) + h
-                        out[a] = call(b, SDOT, V4I32, [out[a], rhs(c, h), one])
+                        out[a] = neon_ir.call(b, SDOT, V4I32, [out[a], rhs(c, h), one])
     return out
 
 
@@ -134,57 +115,42 @@ def tile_module(mr: int, m_step: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, m_step)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, i8* out)``:
     out [m, n] (float32 rows of n) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
     k_int = 32·nb (nb ≥ 1), f32(f32(F·S) + bias), unclamped."""
-    module, b, (m, n, nb, lhs, rhs, out) = tile_function(symbol(mr, m_step), isa)
+    module, b, (m, n, nb, lhs, rhs, out) = neon_ir.tile_function(symbol(mr, m_step), isa)
     op = instruction(mr, isa)
     per_tile = groups(mr, m_step, isa)
-    k_int = b.mul(nb, const(I64, BLOCK))
-    lstride = b.mul(b.add(k_int, const(I64, 8)), const(I64, mr))
-    data = b.mul(nb, const(I64, RHS_BLOCK))
-    rstride = b.add(data, const(I64, RHS_PARAMS))
-    lgroups = b.udiv(b.add(m, const(I64, mr - 1)), const(I64, mr))
-    col_groups = b.udiv(b.add(n, const(I64, NR - 1)), const(I64, NR))
+    k_int = b.mul(nb, I64(BLOCK))
+    lstride = b.mul(b.add(k_int, I64(8)), I64(mr))
+    data = b.mul(nb, I64(RHS_BLOCK))
+    rstride = b.add(data, I64(RHS_PARAMS))
+    lgroups = b.udiv(b.add(m, I64(mr - 1)), I64(mr))
+    col_groups = b.udiv(b.add(n, I64(NR - 1)), I64(NR))
 
     def tile(count: int, g0: ir.Value) -> None:
         """The rows of ``count`` LHS groups from group g0 × every group of 4 columns."""
-        lhs0 = [at(b, lhs, b.mul(b.add(g0, const(I64, i)), lstride)) for i in range(count)]
+        lhs0 = [neon_ir.at(b, lhs, b.mul(b.add(g0, I64(i)), lstride)) for i in range(count)]
         accs = [cgutils.alloca_once(b, V4I32) for _ in range(count * mr * (1 if op == "smmla" else 2))]
         with cgutils.for_range(b, col_groups, intp=I64) as gj:
-            rhs0 = at(b, rhs, b.mul(gj.index, rstride))
+            rhs0 = neon_ir.at(b, rhs, b.mul(gj.index, rstride))
             for acc in accs:
                 b.store(ir.Constant(V4I32, None), acc)
             with qai8dxp_qsi8cxp_neon.block_loop(b, nb) as blk:
-                lbs = [at(b, lb, b.mul(blk, const(I64, mr * BLOCK))) for lb in lhs0]
-                rb = at(b, rhs0, b.mul(blk, const(I64, RHS_BLOCK)))
+                lbs = [neon_ir.at(b, lb, b.mul(blk, I64(mr * BLOCK))) for lb in lhs0]
+                rb = neon_ir.at(b, rhs0, b.mul(blk, I64(RHS_BLOCK)))
                 for acc, value in zip(accs, _block(b, op, mr, lbs, rb, [b.load(a) for a in accs]), strict=True):
                     b.store(value, acc)
             dots = qai8dxp_qsi8cxp_neon.tile_rows(b, op, KBL, [b.load(a) for a in accs])
-            params = at(b, rhs0, data)
-            sums, scales, biases = (load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
-            col0 = b.mul(gj.index, const(I64, NR))
-            for i, lb in enumerate(lhs0):
-                lparams = at(b, lb, b.mul(k_int, const(I64, mr)))
-                for r in range(mr):
-                    row = b.add(b.mul(b.add(g0, const(I64, i)), const(I64, mr)), const(I64, r))
-                    offset = splat(b, load(b, lparams, 4 * r, I32), V4I32)
-                    recip = splat(b, load(b, lparams, 4 * (mr + r), F32), V4F32)
-                    f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
-                    res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
-                    store_row(b, out, m, n, row, col0, res)
+            params = neon_ir.at(b, rhs0, data)
+            qai8dxp_qsi8cxp_neon.store_rows(b, (m, n, out), lhs0, g0, k_int, mr, params, gj.index, dots)
 
-    full = b.udiv(lgroups, const(I64, per_tile))
-    with cgutils.for_range(b, full, intp=I64) as t:
-        tile(per_tile, b.mul(t.index, const(I64, per_tile)))
-    if per_tile > 1:  # the group left over
-        with cgutils.for_range(b, lgroups, start=b.mul(full, const(I64, per_tile)), intp=I64) as g:
-            tile(1, g.index)
+    qai8dxp_qsi8cxp_neon.group_tiles(b, lgroups, per_tile, tile)
     b.ret_void()
     return module
 
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
 #: SME kernels or another ISA; an I8MM kernel on a DotProd-only ISA gets an ``sdot`` tile); the native ISA of this
-#: host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1, _TILE_4, _TILE_8) = neon_tiles(
+#: host's tiles (None: no DotProd, or not aarch64 — :func:`matmul` is not available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_ir.neon_tiles(
     tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.m_step), "+dotprod"
 )
 AVAILABLE = HOST_ISA is not None
@@ -212,13 +178,7 @@ def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
 def matmul(m, n, k_int, mr, m_step, lhs_i8, rhs_u8, out):  # pragma: no cover - compiled (aarch64)
     """out[m, n] (C-contiguous float32, f32(f32(F·S) + bias), unclamped) of a layout :func:`is_native_layout`
     accepts, on the tile of the kernel with this mr and m_step (every tile gives the same bits)."""
-    ints = (m, n, k_int // BLOCK)
-    if mr == 1:
-        _TILE_1(ints, lhs_i8, rhs_u8, out)
-    elif m_step == 4:
-        _TILE_4(ints, lhs_i8, rhs_u8, out)
-    else:
-        _TILE_8(ints, lhs_i8, rhs_u8, out)
+    _TILES((mr, 1 if mr == 1 else m_step), (m, n, k_int // BLOCK), lhs_i8, rhs_u8, out)  # mr 1: the 1x4x32 tile
 
 
 def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:

@@ -26,7 +26,7 @@ numba's code never uses these instructions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numba
@@ -34,27 +34,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
-from kleidipy.core import native
-from kleidipy.core.neon_ir import (
-    F32,
-    I32,
-    I64,
-    SDOT,
-    SMMLA,
-    V2I64,
-    V4F32,
-    V4I32,
-    V16I8,
-    at,
-    call,
-    const,
-    load,
-    neon_tiles,
-    splat,
-    store_row,
-    tile_function,
-    vec,
-)
+from kleidipy.core import native, neon_ir
+from kleidipy.core.neon_ir import F32, I32, I64, SDOT, SMMLA, V2I64, V4F32, V4I32, V16I8
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
@@ -97,9 +78,9 @@ def block_loop(b: ir.IRBuilder, nb: ir.Value) -> Iterator[ir.Value]:
     b.branch(body)
     b.position_at_end(body)
     index = b.phi(I64)
-    index.add_incoming(const(I64, 0), entry)
+    index.add_incoming(I64(0), entry)
     yield index
-    after = b.add(index, const(I64, 1))
+    after = b.add(index, I64(1))
     index.add_incoming(after, b.basic_block)
     done = b.append_basic_block("block.done")
     b.cbranch(b.icmp_signed("<", after, nb), body, done)
@@ -111,38 +92,38 @@ def _block(b: ir.IRBuilder, op: str, mr: int, kr: int, lbs: list, rb: ir.Value, 
     chunks of kr per row), ``rb`` the block's RHS bytes (4 columns × 32 in chunks of kr per column), ``accs`` as
     :func:`tile_rows` reads them."""
     # 16 bytes v: kr 4, K group v of 4 columns; kr 8, K group v // 2 of columns 2(v % 2), 2(v % 2) + 1
-    rhs = [load(b, rb, 16 * v, V16I8) for v in range(RHS_BLOCK // 16)]
+    rhs = [neon_ir.load(b, rb, 16 * v, V16I8) for v in range(RHS_BLOCK // 16)]
     out = list(accs)
     for i, lb in enumerate(lbs):
         if kr == 4:  # row r of K group g: int32 word g·mr + r of the block
-            lhs = [load(b, lb, 16 * v, V16I8) for v in range(mr * BLOCK // 16)]
+            lhs = [neon_ir.load(b, lb, 16 * v, V16I8) for v in range(mr * BLOCK // 16)]
             for r in range(mr):
                 for g in range(BLOCK // 4):
                     word = g * mr + r
                     lanes = b.bitcast(lhs[word // 4], V4I32)
-                    mask = vec(V4I32, [word % 4] * 4)
+                    mask = neon_ir.vec(V4I32, [word % 4] * 4)
                     one = b.bitcast(b.shuffle_vector(lanes, ir.Constant(V4I32, ir.Undefined), mask), V16I8)
-                    out[i * mr + r] = call(b, SDOT, V4I32, [out[i * mr + r], rhs[g], one])
+                    out[i * mr + r] = neon_ir.call(b, SDOT, V4I32, [out[i * mr + r], rhs[g], one])
         elif op == "smmla":  # rows 2p, 2p+1 of K group g: 16 bytes at g·mr·8 + 16p; accumulator (pair, column pair)
             for g in range(BLOCK // 8):
                 for p in range(mr // 2):
-                    pair = load(b, lb, g * mr * 8 + 16 * p, V16I8)
+                    pair = neon_ir.load(b, lb, g * mr * 8 + 16 * p, V16I8)
                     for h in range(2):
                         a = 2 * (i * mr // 2 + p) + h
-                        out[a] = call(b, SMMLA, V4I32, [out[a], pair, rhs[2 * g + h]])
+                        out[a] = neon_ir.call(b, SMMLA, V4I32, [out[a], pair, rhs[2 * g + h]])
         else:  # row r of K group g: 8 bytes at (g·mr + r)·8 in both doublewords (one row: ld1r, as KleidiAI's 1x8
             # kernel; rows in pairs: dup of a doubleword of the pair's 16 bytes); accumulator (row, column pair)
             for r in range(mr):
                 for g in range(BLOCK // 8):
                     if mr == 1:
-                        one = splat(b, load(b, lb, g * 8, I64), V2I64)
+                        one = neon_ir.splat(b, neon_ir.load(b, lb, g * 8, I64), V2I64)
                     else:
-                        pair = load(b, lb, (g * mr + r - r % 2) * 8, V2I64)
-                        one = b.shuffle_vector(pair, pair, vec(ir.VectorType(I32, 2), [r % 2] * 2))
+                        pair = neon_ir.load(b, lb, (g * mr + r - r % 2) * 8, V2I64)
+                        one = b.shuffle_vector(pair, pair, neon_ir.vec(ir.VectorType(I32, 2), [r % 2] * 2))
                     one = b.bitcast(one, V16I8)
                     for h in range(2):
                         a = 2 * (i * mr + r) + h
-                        out[a] = call(b, SDOT, V4I32, [out[a], rhs[2 * g + h], one])
+                        out[a] = neon_ir.call(b, SDOT, V4I32, [out[a], rhs[2 * g + h], one])
     return out
 
 
@@ -158,67 +139,92 @@ def tile_rows(b: ir.IRBuilder, op: str, kr: int, accs: list) -> list:
     if op == "smmla":  # (row pair, columns 0 1) ‖ (row pair, columns 2 3) → uzp1 / uzp2 of their doublewords
         rows = []
         for lo, hi in zip(accs[::2], accs[1::2], strict=True):
-            rows.append(b.shuffle_vector(lo, hi, vec(V4I32, [0, 1, 4, 5])))
-            rows.append(b.shuffle_vector(lo, hi, vec(V4I32, [2, 3, 6, 7])))
+            rows.append(b.shuffle_vector(lo, hi, neon_ir.vec(V4I32, [0, 1, 4, 5])))
+            rows.append(b.shuffle_vector(lo, hi, neon_ir.vec(V4I32, [2, 3, 6, 7])))
         return rows
     pairs = zip(accs[::2], accs[1::2], strict=True)  # (row, columns 0 1), (row, columns 2 3): lanes added pairwise
-    return [call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, [lo, hi]) for lo, hi in pairs]
+    return [neon_ir.call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, [lo, hi]) for lo, hi in pairs]
+
+
+def store_rows(
+    b: ir.IRBuilder,
+    dst: tuple,
+    lhs0: list,
+    g0: ir.Value,
+    k_int: ir.Value,
+    mr: int,
+    params: ir.Value,
+    gj: ir.Value,
+    dots: list,
+) -> None:
+    """KleidiAI's epilogue of a tile's rows, the LHS groups at ``lhs0`` (from group g0) × column group gj: ``mla`` of
+    the RHS row sums (at ``params``, then the scales and biases) by the row's −zp (after its group's k_int·mr
+    bytes, then the recips), F = ``scvtf``, S = f32(scale·recip), out = f32(f32(F·S) + bias) into ``dst`` (m, n,
+    out as :func:`~kleidipy.core.neon_ir.store_row` takes them); ``dots`` the int32 dots of the rows."""
+    m, n, out = dst
+    sums, scales, biases = (neon_ir.load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
+    col0 = b.mul(gj, I64(NR))
+    for i, lb in enumerate(lhs0):
+        lparams = neon_ir.at(b, lb, b.mul(k_int, I64(mr)))
+        for r in range(mr):
+            row = b.add(b.mul(b.add(g0, I64(i)), I64(mr)), I64(r))
+            offset = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * r, I32), V4I32)
+            recip = neon_ir.splat(b, neon_ir.load(b, lparams, 4 * (mr + r), F32), V4F32)
+            f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
+            res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
+            neon_ir.store_row(b, out, m, n, row, col0, res)
+
+
+def group_tiles(b: ir.IRBuilder, lgroups: ir.Value, per_tile: int, tile: Callable[[int, ir.Value], None]) -> None:
+    """``tile(count, g0)`` over the ``lgroups`` LHS groups: ``per_tile`` groups at a time, then the groups left over
+    one at a time."""
+    full = b.udiv(lgroups, I64(per_tile))
+    with cgutils.for_range(b, full, intp=I64) as t:
+        tile(per_tile, b.mul(t.index, I64(per_tile)))
+    if per_tile > 1:
+        with cgutils.for_range(b, lgroups, start=b.mul(full, I64(per_tile)), intp=I64) as g:
+            tile(1, g.index)
 
 
 def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, i8* out)``: out
     [m, n] (float32 rows of n) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
     k_int = 32·nb (nb ≥ 1), f32(f32(F·S) + bias), unclamped."""
-    module, b, (m, n, nb, lhs, rhs, out) = tile_function(symbol(mr, kr), isa)
+    module, b, (m, n, nb, lhs, rhs, out) = neon_ir.tile_function(symbol(mr, kr), isa)
     op = instruction(mr, kr, isa)
     per_tile = groups(mr, kr, isa)
-    k_int = b.mul(nb, const(I64, BLOCK))
-    lstride = b.mul(b.add(k_int, const(I64, 8)), const(I64, mr))
-    rstride = b.add(b.mul(k_int, const(I64, NR)), const(I64, RHS_PARAMS))
-    lgroups = b.udiv(b.add(m, const(I64, mr - 1)), const(I64, mr))
-    col_groups = b.udiv(b.add(n, const(I64, NR - 1)), const(I64, NR))
+    k_int = b.mul(nb, I64(BLOCK))
+    lstride = b.mul(b.add(k_int, I64(8)), I64(mr))
+    rstride = b.add(b.mul(k_int, I64(NR)), I64(RHS_PARAMS))
+    lgroups = b.udiv(b.add(m, I64(mr - 1)), I64(mr))
+    col_groups = b.udiv(b.add(n, I64(NR - 1)), I64(NR))
 
     def tile(count: int, g0: ir.Value) -> None:
         """The rows of ``count`` LHS groups from group g0 × every group of 4 columns."""
-        lhs0 = [at(b, lhs, b.mul(b.add(g0, const(I64, i)), lstride)) for i in range(count)]
+        lhs0 = [neon_ir.at(b, lhs, b.mul(b.add(g0, I64(i)), lstride)) for i in range(count)]
         accs = [cgutils.alloca_once(b, V4I32) for _ in range(_accumulators(op, mr, kr, count))]
         with cgutils.for_range(b, col_groups, intp=I64) as gj:
-            rhs0 = at(b, rhs, b.mul(gj.index, rstride))
+            rhs0 = neon_ir.at(b, rhs, b.mul(gj.index, rstride))
             for acc in accs:
                 b.store(ir.Constant(V4I32, None), acc)
             with block_loop(b, nb) as blk:
-                lbs = [at(b, lb, b.mul(blk, const(I64, mr * BLOCK))) for lb in lhs0]
-                rb = at(b, rhs0, b.mul(blk, const(I64, RHS_BLOCK)))
+                lbs = [neon_ir.at(b, lb, b.mul(blk, I64(mr * BLOCK))) for lb in lhs0]
+                rb = neon_ir.at(b, rhs0, b.mul(blk, I64(RHS_BLOCK)))
                 for acc, value in zip(accs, _block(b, op, mr, kr, lbs, rb, [b.load(a) for a in accs]), strict=True):
                     b.store(value, acc)
             dots = tile_rows(b, op, kr, [b.load(a) for a in accs])
-            params = at(b, rhs0, b.mul(k_int, const(I64, NR)))
-            sums, scales, biases = (load(b, params, 16 * f, ty) for f, ty in enumerate((V4I32, V4F32, V4F32)))
-            col0 = b.mul(gj.index, const(I64, NR))
-            for i, lb in enumerate(lhs0):
-                lparams = at(b, lb, b.mul(k_int, const(I64, mr)))
-                for r in range(mr):
-                    row = b.add(b.mul(b.add(g0, const(I64, i)), const(I64, mr)), const(I64, r))
-                    offset = splat(b, load(b, lparams, 4 * r, I32), V4I32)
-                    recip = splat(b, load(b, lparams, 4 * (mr + r), F32), V4F32)
-                    f = b.sitofp(b.add(dots[i * mr + r], b.mul(sums, offset)), V4F32)
-                    res = b.fadd(b.fmul(f, b.fmul(scales, recip)), biases)
-                    store_row(b, out, m, n, row, col0, res)
+            params = neon_ir.at(b, rhs0, b.mul(k_int, I64(NR)))
+            store_rows(b, (m, n, out), lhs0, g0, k_int, mr, params, gj.index, dots)
 
-    full = b.udiv(lgroups, const(I64, per_tile))
-    with cgutils.for_range(b, full, intp=I64) as t:
-        tile(per_tile, b.mul(t.index, const(I64, per_tile)))
-    if per_tile > 1:  # the groups left over, one at a time
-        with cgutils.for_range(b, lgroups, start=b.mul(full, const(I64, per_tile)), intp=I64) as g:
-            tile(1, g.index)
+    group_tiles(b, lgroups, per_tile, tile)
     b.ret_void()
     return module
 
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA with DotProd, None for the
 #: SME kernels or another ISA); the native ISA of this host's tiles (None: no DotProd, or not aarch64 —
-#: :func:`matmul` is not available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1_4, _TILE_1_8, _TILE_4_4, _TILE_4_8) = neon_tiles(
+#: :func:`matmul` is not available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_ir.neon_tiles(
     tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr), "+dotprod"
 )
 AVAILABLE = HOST_ISA is not None
@@ -245,16 +251,7 @@ def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # prag
         recipe = jit.RECIPE_FMA_BIAS
         PORTABLE_MATMUL(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
         return
-    ints = (m, n, k_int // BLOCK)
-    if mr == 1:
-        if kr == 4:
-            _TILE_1_4(ints, lhs_i8, rhs_u8, out)
-        else:
-            _TILE_1_8(ints, lhs_i8, rhs_u8, out)
-    elif kr == 4:
-        _TILE_4_4(ints, lhs_i8, rhs_u8, out)
-    else:
-        _TILE_4_8(ints, lhs_i8, rhs_u8, out)
+    _TILES((mr, kr), (m, n, k_int // BLOCK), lhs_i8, rhs_u8, out)
 
 
 def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:

@@ -16,18 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.emulator import neon, sme
-from kleidipy.emulator.common import (
-    LUT_U4,
-    NEON_ACC,
-    neon_block_tiles,
-    neon_split_nibbles,
-    neon_store_rows,
-    neon_uzp_rows,
-    sme2_luti4_sdot,
-    sme2_luti4_smopa,
-    sme_start,
-)
+from kleidipy.emulator import common, neon, sme
+from kleidipy.emulator.common import LUT_U4, NEON_ACC
 from kleidipy.emulator.machine import Buffer, Machine
 
 BL = 32
@@ -49,7 +39,7 @@ def _sme2_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
     mr, nr, nb = vl, 4 * vl, k // BL
     lhs_stride, rhs_stride = mr * nb * LHS_BLOCK, _rhs_stride(nr, nb)
     row_bytes = 4 * n
-    sme_start(m, 0, 4, limits=16, lut=LUT_U4)
+    common.sme_start(m, 0, 4, limits=16, lut=LUT_U4)
     for n0 in range(0, n, nr):
         sme.whilelt_pn(m, 9, n0, n, 4, 4)
         rhs_group = (n0 // nr) * rhs_stride
@@ -62,7 +52,7 @@ def _sme2_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
                 rhs_block, lhs_block = rhs_group + b * nr * RHS_BLOCK, lhs_group + b * mr * LHS_BLOCK
                 sme.zero_za(m)
                 for q in range(BL // 4):
-                    sme2_luti4_smopa(m, rhs, rhs_block + q * 2 * vb, lhs, lhs_block + q * vb, 4)
+                    common.sme2_luti4_smopa(m, rhs, rhs_block + q * 2 * vb, lhs, lhs_block + q * vb, 4)
                 sme.ld1_multi(m, 4, 0, 4, 8, rhs, rhs_block + 16 * nr)  # zero
                 sme.ld1_multi(m, 4, 12, 4, 8, rhs, rhs_block + 20 * nr)  # scale
                 last = b == nb - 1
@@ -101,7 +91,7 @@ def _sme2_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     vb = m.vb
     nr, nb = vb, k // BL
     rhs_stride = _rhs_stride(nr, nb)
-    sme_start(m, 2, 2, limits=30, lut=LUT_U4)
+    common.sme_start(m, 2, 2, limits=30, lut=LUT_U4)
     for n0 in range(0, n, nr):
         rhs_group = (n0 // nr) * rhs_stride
         for t in range(4):
@@ -114,7 +104,7 @@ def _sme2_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
             for h in range(BL // 16):
                 sme.ld1rq(m, 0, 2, lhs, lhs_block + 16 * h)
                 for half in range(2):
-                    sme2_luti4_sdot(m, rhs, rhs_block + (4 * h + 2 * half) * 2 * vb, 2 * half)
+                    common.sme2_luti4_sdot(m, rhs, rhs_block + (4 * h + 2 * half) * 2 * vb, 2 * half)
             sme.mova_vgx4(m, 16, 0)
             sme.scvtf_x4(m, 16)
             sme.ld1r(m, 4, 1, 2, lhs, lhs_block + 32)  # row sum
@@ -170,7 +160,7 @@ def _neon_finish(m: Machine, rows: int, rhs: Buffer, bias_off: int, n0: int, n: 
     neon.ldr(m, 16, 0, rhs, bias_off)
     for r in range(rows):
         neon.fadd(m, NEON_ACC + r, NEON_ACC + r, 0)
-    neon_store_rows(m, rows, n0, n, dst, m0)
+    common.neon_store_rows(m, rows, n0, n, dst, m0)
 
 
 def _neon_blocks(
@@ -186,14 +176,14 @@ def _neon_blocks(
 
     def each_block(m0: int, rows: int, n0: int, b: int) -> None:
         rhs_block = (n0 // 4) * rhs_stride + b * 4 * RHS_BLOCK
-        neon_split_nibbles(m, rhs, rhs_block, 13)
+        common.neon_split_nibbles(m, rhs, rhs_block, 13)
         groups = range(m0 // mr, m0 // mr + -(-rows // mr))
         block(rows, rhs_block, [g * lhs_stride + b * mr * LHS_BLOCK for g in groups])
 
     def finish(m0: int, rows: int, n0: int) -> None:
         _neon_finish(m, rows, rhs, (n0 // 4) * rhs_stride + nb * 4 * RHS_BLOCK, n0, n, dst, m0)
 
-    neon_block_tiles(m, mm, n, nb, mr, kern.m_step, each_block, finish)
+    common.neon_block_tiles(m, mm, n, nb, mr, kern.m_step, each_block, finish)
 
 
 def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
@@ -214,7 +204,7 @@ def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
                     neon.smmla(m, tiles[4 * grp + 2 * pair + 1], 15, nibbles + 1)
         for grp, lhs_block in enumerate(lhs_blocks):
             for pair, temps in enumerate(((10, 11), (14, 15))):
-                neon_uzp_rows(m, tiles[4 * grp + 2 * pair], tiles[4 * grp + 2 * pair + 1], *temps)
+                common.neon_uzp_rows(m, tiles[4 * grp + 2 * pair], tiles[4 * grp + 2 * pair + 1], *temps)
             _neon_block_epilogue(
                 m, [10, 11, 14, 15], min(mr, rows - mr * grp), mr * grp, lhs, lhs_block, rhs, rhs_block, mr
             )
@@ -268,7 +258,7 @@ def _neon_dotprod_1x8(
             m.trace_when(n0 == 0 and b == 0)
             m.section(f"N block {n0}, K block {b}")
             rhs_block, lhs_block = rhs_group + b * 4 * RHS_BLOCK, b * LHS_BLOCK
-            neon_split_nibbles(m, rhs, rhs_block, 13)
+            common.neon_split_nibbles(m, rhs, rhs_block, 13)
             neon.movi(m, 10, 0)
             neon.movi(m, 11, 0)
             for c in range(4):

@@ -25,25 +25,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
-from kleidipy.core import native
-from kleidipy.core.neon_ir import (
-    F32,
-    I32,
-    I64,
-    SDOT,
-    SMMLA,
-    V2I64,
-    V4F32,
-    V4I32,
-    V16I8,
-    call,
-    lane,
-    load,
-    neon_tiles,
-    store_row,
-    tile_function,
-    vec,
-)
+from kleidipy.core import native, neon_ir
+from kleidipy.core.neon_ir import F32, I32, I64, SDOT, SMMLA, V2I64, V4F32, V4I32, V16I8
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 
 BL = _jit.BL
@@ -73,14 +56,14 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
     kr 8, 4 columns × 4 bytes; kr 16, 2 columns × 8 bytes, columns 0-1 then 2-3)."""
     zero = ir.Constant(V4I32, None)
     kbl = kr // 2  # LHS bytes per row per chunk (sr = 2)
-    lhs_data = [load(b, lb, 16 * v, V16I8) for v in range(2 * mr)] if kbl == 4 or op == "smmla" else []
+    lhs_data = [neon_ir.load(b, lb, 16 * v, V16I8) for v in range(2 * mr)] if kbl == 4 or op == "smmla" else []
 
     def chunk(c: int, r: int) -> ir.Value:  # chunk c of row r in every lane
         if kbl == 8:  # loaded broadcast (ld1r): no indexed sdot for doublewords
-            one = b.insert_element(ir.Constant(V2I64, ir.Undefined), load(b, lb, 8 * (c * mr + r), I64), I32(0))
-            return b.bitcast(lane(b, one, V2I64, 0), V16I8)
+            one = b.insert_element(ir.Constant(V2I64, ir.Undefined), neon_ir.load(b, lb, 8 * (c * mr + r), I64), I32(0))
+            return b.bitcast(neon_ir.lane(b, one, V2I64, 0), V16I8)
         word = c * mr + r
-        return b.bitcast(lane(b, lhs_data[word // 4], V4I32, word % 4), V16I8)
+        return b.bitcast(neon_ir.lane(b, lhs_data[word // 4], V4I32, word % 4), V16I8)
 
     if op == "smmla":  # rows (2p, 2p+1) of chunk c are one vector; segments 2o + h: lo ↔ chunk o, hi ↔ chunk o + 2
         smmla = SMMLA
@@ -90,27 +73,29 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
             for h in range(2):  # columns (2h, 2h+1)
                 a = zero
                 for c in range(4):
-                    a = call(b, smmla, V4I32, [a, lhs_data[c * mr // 2 + p], segs[2 * (c % 2) + h][c // 2]])
+                    a = neon_ir.call(b, smmla, V4I32, [a, lhs_data[c * mr // 2 + p], segs[2 * (c % 2) + h][c // 2]])
                 acc.append(a)
             pairs = [b.bitcast(a, V2I64) for a in acc]
             for half in range(2):  # uzp1 / uzp2: row 2p + half
-                rows.append(b.bitcast(b.shuffle_vector(*pairs, vec(ir.VectorType(I32, 2), [half, 2 + half])), V4I32))
+                rows.append(
+                    b.bitcast(b.shuffle_vector(*pairs, neon_ir.vec(ir.VectorType(I32, 2), [half, 2 + half])), V4I32)
+                )
         return rows
     rows = []
     for r in range(mr):
         if kbl == 4:  # segment o: 4 columns × 4 bytes; lo ↔ chunk o, hi ↔ chunk o + 4
             a = zero
             for c in range(8):
-                a = call(b, SDOT, V4I32, [a, segs[c % 4][c // 4], chunk(c, r)])
+                a = neon_ir.call(b, SDOT, V4I32, [a, segs[c % 4][c // 4], chunk(c, r)])
             rows.append(a)
         else:  # segments 2o + h: columns (2h, 2h+1) × 8 bytes; lo ↔ chunk o, hi ↔ chunk o + 2
             pair = []
             for h in range(2):
                 a = zero
                 for c in range(4):
-                    a = call(b, SDOT, V4I32, [a, segs[2 * (c % 2) + h][c // 2], chunk(c, r)])
+                    a = neon_ir.call(b, SDOT, V4I32, [a, segs[2 * (c % 2) + h][c // 2], chunk(c, r)])
                 pair.append(a)
-            rows.append(call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
+            rows.append(neon_ir.call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
     return rows
 
 
@@ -118,53 +103,42 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)``:
     out [m, n] (rows of n floats) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
     nb blocks of 32 values each, plus the bias, unclamped."""
-    module, b, (m, n, nb, lhs, rhs, out) = tile_function(symbol(mr, kr), isa)
+    module, b, (m, n, nb, lhs, rhs, out) = neon_ir.tile_function(symbol(mr, kr), isa)
     op = instruction(mr, kr, isa)
     lstride = b.mul(nb, I64(mr * LHS_BLOCK))
     rstride = b.add(b.mul(nb, I64(RHS_BLOCK)), I64(4 * NR))
     accs = [cgutils.alloca_once(b, V4F32) for _ in range(mr)]
-    groups = b.udiv(b.add(m, I64(mr - 1)), I64(mr))
-    col_groups = b.udiv(b.add(n, I64(NR - 1)), I64(NR))
-    high_mask = vec(V16I8, [0xF0] * 16)
     fields = ir.VectorType(F32, mr)
-    with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
-        lhs0 = b.gep(lhs, [b.mul(gi.index, lstride)])
-        rhs0 = b.gep(rhs, [b.mul(gj.index, rstride)])
-        for acc in accs:
-            b.store(ir.Constant(V4F32, None), acc)
+    with neon_ir.group_pairs(b, m, n, mr, lhs, rhs, (lstride, rstride), accs) as (gi, gj, lhs0, rhs0):
         with cgutils.for_range(b, nb, intp=I64) as blk:
             rb = b.gep(rhs0, [b.mul(blk.index, I64(RHS_BLOCK))])
             lb = b.gep(lhs0, [b.mul(blk.index, I64(mr * LHS_BLOCK))])
-            segs = []
-            for s in range(4):
-                codes = load(b, rb, 16 * s, V16I8)
-                segs.append((b.shl(codes, vec(V16I8, [4] * 16)), b.and_(codes, high_mask)))
-            dots = _block_dots(b, mr, kr, op, lb, segs)
-            zero = load(b, rb, 16 * NR, V4F32)
-            scale = load(b, rb, 20 * NR, V4F32)
-            row_sum = load(b, lb, BL * mr, fields)
-            recip = load(b, lb, (BL + 4) * mr, fields)
+            dots = _block_dots(b, mr, kr, op, lb, neon_ir.nibble_codes(b, rb, 0))
+            zero = neon_ir.load(b, rb, 16 * NR, V4F32)
+            scale = neon_ir.load(b, rb, 20 * NR, V4F32)
+            row_sum = neon_ir.load(b, lb, BL * mr, fields)
+            recip = neon_ir.load(b, lb, (BL + 4) * mr, fields)
             undef = ir.Constant(fields, ir.Undefined)
             for r in range(mr):
-                pick = vec(V4I32, [r] * 4)
-                acc = call(b, "llvm.fma.v4f32", V4F32, [zero, b.shuffle_vector(row_sum, undef, pick), b.load(accs[r])])
+                pick = neon_ir.vec(V4I32, [r] * 4)
+                acc = neon_ir.call(
+                    b, "llvm.fma.v4f32", V4F32, [zero, b.shuffle_vector(row_sum, undef, pick), b.load(accs[r])]
+                )
                 s = b.fmul(scale, b.shuffle_vector(recip, undef, pick))
-                b.store(call(b, "llvm.fma.v4f32", V4F32, [b.sitofp(dots[r], V4F32), s, acc]), accs[r])
-        bias = load(b, rhs0, b.mul(nb, I64(RHS_BLOCK)), V4F32)
-        col0 = b.mul(gj.index, I64(NR))
+                b.store(neon_ir.call(b, "llvm.fma.v4f32", V4F32, [b.sitofp(dots[r], V4F32), s, acc]), accs[r])
+        bias = neon_ir.load(b, rhs0, b.mul(nb, I64(RHS_BLOCK)), V4F32)
+        col0 = b.mul(gj, I64(NR))
         for r in range(mr):
-            row = b.add(b.mul(gi.index, I64(mr)), I64(r))
-            store_row(b, out, m, n, row, col0, b.fadd(b.load(accs[r]), bias))
+            row = b.add(b.mul(gi, I64(mr)), I64(r))
+            neon_ir.store_row(b, out, m, n, row, col0, b.fadd(b.load(accs[r]), bias))
     b.ret_void()
     return module
 
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA, None for the SME2 kernels
 #: or x86); the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not
-#: available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1_8, _TILE_1_16, _TILE_4_8, _TILE_4_16) = neon_tiles(
-    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr)
-)
+#: available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_ir.neon_tiles(tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr))
 AVAILABLE = HOST_ISA is not None
 
 
@@ -175,16 +149,7 @@ def compute(  # pragma: no cover - compiled (aarch64 with DotProd)
     """Unclamped float32 [m, n] of the NEON kernels on the native tiles (the signature and bits of
     ``jit.matmul_neon``: ``ukernels.NEON_COMPUTE``; mr 1 or 4, nr 4, kbl = kr/sr 4 or 8)."""
     out = np.empty((m, n), np.float32)
-    ints = (m, n, k // BL)
-    if mr == 1:
-        if kbl == 4:
-            _TILE_1_8(ints, lhs, rhs, out)
-        else:
-            _TILE_1_16(ints, lhs, rhs, out)
-    elif kbl == 4:
-        _TILE_4_8(ints, lhs, rhs, out)
-    else:
-        _TILE_4_16(ints, lhs, rhs, out)
+    _TILES((mr, 2 * kbl), (m, n, k // BL), lhs, rhs, out)  # the tile of (mr, kr): kr = 2·kbl (sr 2)
     return out
 
 

@@ -17,18 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.emulator import neon, sme
-from kleidipy.emulator.common import (
-    LUT_U4,
-    NEON_ACC,
-    neon_block_tiles,
-    neon_split_nibbles,
-    neon_store_rows,
-    neon_uzp_rows,
-    sme2_luti4_sdot,
-    sme2_luti4_smopa,
-    sme_start,
-)
+from kleidipy.emulator import common, neon, sme
+from kleidipy.emulator.common import LUT_U4, NEON_ACC
 from kleidipy.emulator.machine import Buffer, Machine
 
 BL = 32
@@ -43,7 +33,7 @@ def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     mr, nr, nb = vl, 4 * vl, k // BL
     lhs_stride, rhs_stride = mr * nb * (BL + 2), nr * nb * (BL // 2 + 2)
     row_bytes = 4 * n
-    sme_start(m, 0, 4, lut=LUT_U4 if sme2 else None)
+    common.sme_start(m, 0, 4, lut=LUT_U4 if sme2 else None)
     sme.whilelt(m, 4, 0, 2 * mr, 1)
     if not sme2:
         sme.dup_imm(m, 20, -16, "<i1")
@@ -64,7 +54,7 @@ def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
                 if sme2:
                     for c in range(BL // 4):
                         step = b * (BL // 4) + c
-                        sme2_luti4_smopa(m, rhs, rhs_group + step * 2 * vb, lhs, lhs_group + step * vb, 2)
+                        common.sme2_luti4_smopa(m, rhs, rhs_group + step * 2 * vb, lhs, lhs_group + step * vb, 2)
                 else:
                     for p in range(BL // 8):
                         packet = b * (BL // 8) + p
@@ -128,7 +118,7 @@ def _sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffe
     vb = m.vb
     nr, nb = vb, k // BL
     rhs_stride = nr * nb * (BL // 2 + 2)
-    sme_start(m, 2, 2, limits=20, lut=LUT_U4 if sme2 else None)
+    common.sme_start(m, 2, 2, limits=20, lut=LUT_U4 if sme2 else None)
     sme.ptrue(m, 3, 2)
     sme.dup_imm(m, 28, 0.0, "<f4", "FMOV")
     if not sme2:
@@ -151,7 +141,7 @@ def _sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffe
                 sme.ld1rq(m, 0, 2, lhs, b * BL + 16 * h)
                 for half in range(2):
                     if sme2:
-                        sme2_luti4_sdot(m, rhs, data, 2 * half)
+                        common.sme2_luti4_sdot(m, rhs, data, 2 * half)
                     else:
                         for r in range(4):
                             sme.ld1(m, 1, 12 + r, 2, rhs, data + r * vb)
@@ -208,7 +198,7 @@ def _neon_rhs_block(m: Machine, rhs: Buffer, block: int, mask: int) -> None:
     nibbles (low: K 0–15 → v5–v8, high: K 16–31 → v1–v4)."""
     neon.ldr(m, 8, 0, rhs, block)
     neon.fcvtl(m, 0, 0)
-    neon_split_nibbles(m, rhs, block + 8, mask)
+    common.neon_split_nibbles(m, rhs, block + 8, mask)
 
 
 def _neon_lhs_scales(m: Machine, lhs: Buffer, off: int, mr: int) -> None:
@@ -247,9 +237,9 @@ def _neon_blocks(
             group(grp, (m0 // mr + grp) * lhs_stride + b * mr * (BL + 2))
 
     def finish(m0: int, rows: int, n0: int) -> None:
-        neon_store_rows(m, rows, n0, n, dst, m0)
+        common.neon_store_rows(m, rows, n0, n, dst, m0)
 
-    neon_block_tiles(m, mm, n, nb, mr, kern.m_step, block, finish)
+    common.neon_block_tiles(m, mm, n, nb, mr, kern.m_step, block, finish)
 
 
 def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
@@ -273,7 +263,7 @@ def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buf
         _neon_lhs_scales(m, lhs, lhs_block, mr)
         for pair in range(2):
             left, right = ints[2 * pair], ints[2 * pair + 1]
-            neon_uzp_rows(m, left, right, 15, right)
+            common.neon_uzp_rows(m, left, right, 15, right)
             row = mr * grp + 2 * pair
             _neon_accumulate(m, NEON_ACC + row, 15, left, 2 * pair, mr)
             _neon_accumulate(m, NEON_ACC + row + 1, right, left, 2 * pair + 1, mr)
@@ -339,7 +329,7 @@ def _neon_dotprod_1x8(
             neon.addp(m, 11, 11, 12, 4)
             _neon_accumulate(m, NEON_ACC, 11, 10, 0, 1)
         m.trace_when(n0 == 0)
-        neon_store_rows(m, 1, n0, n, dst, 0)
+        common.neon_store_rows(m, 1, n0, n, dst, 0)
     m.trace_when(False)
 
 

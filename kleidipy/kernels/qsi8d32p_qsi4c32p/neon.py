@@ -22,27 +22,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
-from kleidipy.core import native
-from kleidipy.core.neon_ir import (
-    F16,
-    F32,
-    I32,
-    I64,
-    SDOT,
-    SMMLA,
-    V2I64,
-    V4F32,
-    V4I32,
-    V16I8,
-    call,
-    const,
-    lane,
-    load,
-    neon_tiles,
-    store_row,
-    tile_function,
-    vec,
-)
+from kleidipy.core import native, neon_ir
+from kleidipy.core.neon_ir import F16, F32, I32, I64, SDOT, SMMLA, V2I64, V4F32, V4I32, V16I8
 
 #: columns of a group of the NEON RHS layout (and of a tile)
 NR = 4
@@ -68,16 +49,16 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
     nibbles: ``(lo, hi)`` per 16 bytes)."""
     zero = ir.Constant(V4I32, None)
     kbl = kr // 2  # LHS bytes per row per chunk (sr = 2)
-    lhs_data = [load(b, lb, 2 * mr + 16 * v, V16I8) for v in range(2 * mr)]
+    lhs_data = [neon_ir.load(b, lb, 2 * mr + 16 * v, V16I8) for v in range(2 * mr)]
 
     def chunk(c: int, r: int, lanes: ir.VectorType) -> ir.Value:  # chunk c of row r in every lane
         word = c * mr + r
         if lanes is V2I64:  # loaded broadcast (ld1r): no indexed sdot for doublewords
             undef = ir.Constant(V2I64, ir.Undefined)
-            one = b.insert_element(undef, load(b, lb, 2 * mr + 8 * word, I64), const(I32, 0))
-            return b.bitcast(b.shuffle_vector(one, undef, vec(ir.VectorType(I32, 2), [0, 0])), V16I8)
+            one = b.insert_element(undef, neon_ir.load(b, lb, 2 * mr + 8 * word, I64), I32(0))
+            return b.bitcast(b.shuffle_vector(one, undef, neon_ir.vec(ir.VectorType(I32, 2), [0, 0])), V16I8)
         per = 16 // kbl
-        return b.bitcast(lane(b, lhs_data[word // per], lanes, word % per), V16I8)
+        return b.bitcast(neon_ir.lane(b, lhs_data[word // per], lanes, word % per), V16I8)
 
     if op == "smmla":  # chunk c of rows (2p, 2p+1) is one vector; lo of segment o ↔ chunk o, hi ↔ chunk o + 2
         rows = []
@@ -87,11 +68,11 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
                 a = zero
                 for o in range(2):
                     lo, hi = segs[2 * o + h]
-                    a = call(b, SMMLA, V4I32, [a, lhs_data[o * mr // 2 + p], lo])
-                    a = call(b, SMMLA, V4I32, [a, lhs_data[(o + 2) * mr // 2 + p], hi])
+                    a = neon_ir.call(b, SMMLA, V4I32, [a, lhs_data[o * mr // 2 + p], lo])
+                    a = neon_ir.call(b, SMMLA, V4I32, [a, lhs_data[(o + 2) * mr // 2 + p], hi])
                 acc.append(a)
-            rows.append(b.shuffle_vector(acc[0], acc[1], vec(V4I32, [0, 1, 4, 5])))
-            rows.append(b.shuffle_vector(acc[0], acc[1], vec(V4I32, [2, 3, 6, 7])))
+            rows.append(b.shuffle_vector(acc[0], acc[1], neon_ir.vec(V4I32, [0, 1, 4, 5])))
+            rows.append(b.shuffle_vector(acc[0], acc[1], neon_ir.vec(V4I32, [2, 3, 6, 7])))
         return rows
 
     rows = []
@@ -100,8 +81,8 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
             a = zero
             for o in range(4):
                 lo, hi = segs[o]
-                a = call(b, SDOT, V4I32, [a, lo, chunk(o, r, V4I32)])
-                a = call(b, SDOT, V4I32, [a, hi, chunk(o + 4, r, V4I32)])
+                a = neon_ir.call(b, SDOT, V4I32, [a, lo, chunk(o, r, V4I32)])
+                a = neon_ir.call(b, SDOT, V4I32, [a, hi, chunk(o + 4, r, V4I32)])
             rows.append(a)
         else:  # 16 bytes: 2 columns × 8 bytes (h: columns 2h, 2h+1); lo of segment o ↔ chunk o, hi ↔ chunk o + 2
             pair = []
@@ -109,10 +90,10 @@ def _block_dots(b: ir.IRBuilder, mr: int, kr: int, op: str, lb: ir.Value, segs: 
                 a = zero
                 for o in range(2):
                     lo, hi = segs[2 * o + h]
-                    a = call(b, SDOT, V4I32, [a, lo, chunk(o, r, V2I64)])
-                    a = call(b, SDOT, V4I32, [a, hi, chunk(o + 2, r, V2I64)])
+                    a = neon_ir.call(b, SDOT, V4I32, [a, lo, chunk(o, r, V2I64)])
+                    a = neon_ir.call(b, SDOT, V4I32, [a, hi, chunk(o + 2, r, V2I64)])
                 pair.append(a)
-            rows.append(call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
+            rows.append(neon_ir.call(b, "llvm.aarch64.neon.addp.v4i32", V4I32, pair))
     return rows
 
 
@@ -120,45 +101,35 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
     """The LLVM module of the tile ``void symbol(mr, kr)(i64 m, i64 n, i64 nb, i8* lhs, i8* rhs, float* out)``:
     out [m, n] (rows of n floats) = the packed LHS (m rows, groups of mr) × the packed RHS (n columns, groups of 4),
     nb blocks of 32 values each, unclamped."""
-    module, b, (m, n, nb, lhs, rhs, out) = tile_function(symbol(mr, kr), isa)
+    module, b, (m, n, nb, lhs, rhs, out) = neon_ir.tile_function(symbol(mr, kr), isa)
     op = instruction(mr, kr, isa)
-    lstride = b.mul(nb, const(I64, mr * 34))
-    rstride = b.mul(nb, const(I64, RHS_BLOCK))
+    lstride = b.mul(nb, I64(mr * 34))
+    rstride = b.mul(nb, I64(RHS_BLOCK))
     accs = [cgutils.alloca_once(b, V4F32) for _ in range(mr)]
-    groups = b.udiv(b.add(m, const(I64, mr - 1)), const(I64, mr))
-    col_groups = b.udiv(b.add(n, const(I64, NR - 1)), const(I64, NR))
-    low_mask = vec(V16I8, [0xF0] * 16)
-    with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
-        lhs0 = b.gep(lhs, [b.mul(gi.index, lstride)])
-        rhs0 = b.gep(rhs, [b.mul(gj.index, rstride)])
-        for acc in accs:
-            b.store(ir.Constant(V4F32, None), acc)
+    with neon_ir.group_pairs(b, m, n, mr, lhs, rhs, (lstride, rstride), accs) as (gi, gj, lhs0, rhs0):
         with cgutils.for_range(b, nb, intp=I64) as blk:
-            rb = b.gep(rhs0, [b.mul(blk.index, const(I64, RHS_BLOCK))])
-            lb = b.gep(lhs0, [b.mul(blk.index, const(I64, mr * 34))])
-            segs = []
-            for s in range(4):
-                codes = load(b, rb, 2 * NR + 16 * s, V16I8)
-                segs.append((b.shl(codes, vec(V16I8, [4] * 16)), b.and_(codes, low_mask)))
-            d_r = b.fpext(load(b, rb, 0, ir.VectorType(F16, NR)), V4F32)
-            d_l = b.fpext(load(b, lb, 0, ir.VectorType(F16, mr)), ir.VectorType(F32, mr))
+            rb = b.gep(rhs0, [b.mul(blk.index, I64(RHS_BLOCK))])
+            lb = b.gep(lhs0, [b.mul(blk.index, I64(mr * 34))])
+            segs = neon_ir.nibble_codes(b, rb, 2 * NR)
+            d_r = b.fpext(neon_ir.load(b, rb, 0, ir.VectorType(F16, NR)), V4F32)
+            d_l = b.fpext(neon_ir.load(b, lb, 0, ir.VectorType(F16, mr)), ir.VectorType(F32, mr))
             for r, dots in enumerate(_block_dots(b, mr, kr, op, lb, segs)):
-                value = call(b, "llvm.aarch64.neon.vcvtfxs2fp.v4f32.v4i32", V4F32, [dots, const(I32, 4)])  # 16·a → a
-                scale = b.fmul(d_r, b.shuffle_vector(d_l, ir.Constant(d_l.type, ir.Undefined), vec(V4I32, [r] * 4)))
-                b.store(call(b, "llvm.fma.v4f32", V4F32, [value, scale, b.load(accs[r])]), accs[r])
-        col0 = b.mul(gj.index, const(I64, NR))
+                value = neon_ir.call(b, "llvm.aarch64.neon.vcvtfxs2fp.v4f32.v4i32", V4F32, [dots, I32(4)])  # 16·a → a
+                scale = b.fmul(
+                    d_r, b.shuffle_vector(d_l, ir.Constant(d_l.type, ir.Undefined), neon_ir.vec(V4I32, [r] * 4))
+                )
+                b.store(neon_ir.call(b, "llvm.fma.v4f32", V4F32, [value, scale, b.load(accs[r])]), accs[r])
+        col0 = b.mul(gj, I64(NR))
         for r in range(mr):
-            store_row(b, out, m, n, b.add(b.mul(gi.index, const(I64, mr)), const(I64, r)), col0, b.load(accs[r]))
+            neon_ir.store_row(b, out, m, n, b.add(b.mul(gi, I64(mr)), I64(r)), col0, b.load(accs[r]))
     b.ret_void()
     return module
 
 
 #: ``kernel_tile`` (the tile module of one of the family's NEON kernels for an aarch64 ISA, None for the SME kernels
 #: or x86); the native ISA of this host's tiles (None: no DotProd, or not aarch64 — :func:`compute` is not
-#: available); the tiles' callers
-kernel_tile, HOST_ISA, (_TILE_1_8, _TILE_1_16, _TILE_4_8, _TILE_4_16) = neon_tiles(
-    tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr)
-)
+#: available); the tiles' caller
+kernel_tile, HOST_ISA, _TILES = neon_ir.neon_tiles(tile_module, symbol, SHAPES, lambda kernel: (kernel.mr, kernel.kr))
 AVAILABLE = HOST_ISA is not None
 
 
@@ -167,14 +138,5 @@ def compute(m, n, k, mr, nr, kr, sr, lhs, rhs):  # pragma: no cover - compiled (
     """Unclamped float32 [m, n] of the NEON kernels on the native tiles (the signature and bits of
     ``jit.matmul_qsi8d32p_qsi4c32pscalef16``; mr 1 or 4, nr 4, kr 8 or 16, sr 2)."""
     out = np.empty((m, n), np.float32)
-    ints = (m, n, k // 32)
-    if mr == 1:
-        if kr == 8:
-            _TILE_1_8(ints, lhs, rhs, out)
-        else:
-            _TILE_1_16(ints, lhs, rhs, out)
-    elif kr == 8:
-        _TILE_4_8(ints, lhs, rhs, out)
-    else:
-        _TILE_4_16(ints, lhs, rhs, out)
+    _TILES((mr, kr), (m, n, k // 32), lhs, rhs, out)
     return out
