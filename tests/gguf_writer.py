@@ -33,7 +33,8 @@ def tiny_kv(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n
 
 def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
                  seed: int = 0, tied: bool | None = None, **_: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """Random float32 tensors in numpy order (reversed ggml shape); qwen2 gets biases and an output.weight."""
+    """Random float32 tensors in numpy order (reversed ggml shape); qwen2 gets biases and an output.weight, qwen3
+    per-head Q/K norms."""
     rng = np.random.default_rng(seed)
     hd = n_embd // n_head
     tied = arch == "llama" if tied is None else tied
@@ -56,6 +57,9 @@ def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
             t[p + "attn_q.bias"] = (0.1 * rng.standard_normal(n_head * hd)).astype(np.float32)
             t[p + "attn_k.bias"] = (0.1 * rng.standard_normal(n_head_kv * hd)).astype(np.float32)
             t[p + "attn_v.bias"] = (0.1 * rng.standard_normal(n_head_kv * hd)).astype(np.float32)
+        if arch == "qwen3":
+            t[p + "attn_q_norm.weight"] = norm(hd)
+            t[p + "attn_k_norm.weight"] = norm(hd)
         t[p + "ffn_norm.weight"] = norm(n_embd)
         t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
