@@ -125,7 +125,10 @@ def write_model(key: str, tokenizer_source: Path, path: Path) -> Path:
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", m["eps"])
     w.add_float32(f"{a}.rope.freq_base", m["rope_base"])
     w.add_uint32(f"{a}.rope.dimension_count", m["head_dim"])
-    w.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_Q4_0 if m["blocks"] == T.Q4_0 else gguf.LlamaFileType.MOSTLY_Q8_0))
+    w.add_uint32(
+        "general.file_type",
+        int(gguf.LlamaFileType.MOSTLY_Q4_0 if m["blocks"] == T.Q4_0 else gguf.LlamaFileType.MOSTLY_Q8_0),
+    )
     for k, v, vtype, sub in tok:
         w.add_key_value(k, v, vtype, sub)
     types = {"token_embd.weight": m["embd"], "output.weight": m["output"]}
