@@ -32,11 +32,12 @@ def tiny_kv(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n
 
 
 def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
-                 seed: int = 0, tied: bool | None = None, **_: int) -> dict[str, np.ndarray]:  # fmt: skip
+                 seed: int = 0, tied: bool | None = None, head_dim: int | None = None,
+                 **_: int) -> dict[str, np.ndarray]:  # fmt: skip
     """Random float32 tensors in numpy order (reversed ggml shape); qwen2 gets biases and an output.weight, qwen3
-    per-head Q/K norms."""
+    per-head Q/K norms (``head_dim``: when it is not n_embd / n_head)."""
     rng = np.random.default_rng(seed)
-    hd = n_embd // n_head
+    hd = head_dim or n_embd // n_head
     tied = arch == "llama" if tied is None else tied
 
     def mat(n: int, k: int) -> np.ndarray:

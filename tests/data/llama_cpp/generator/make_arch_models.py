@@ -9,8 +9,10 @@ special ids, chat template) is copied from a shipped model of the family: Qwen2.
 vocabulary, pre-tokenizer ``qwen2``); SmolLM2's vocabulary for smollm3 with SmolLM3's pre-tokenizer type
 ``llama-bpe`` (SmolLM3 ships Llama 3's tokenizer; no catalogue model has it, llama-bpe's rules are what is tested).
 
-The output logits are peaked: the final norm's weights are ~6, so the logits' spread across the vocabulary (~10)
-dwarfs the rounding differences between implementations and greedy top-1/top-2 margins are mostly wide.
+The output logits are peaked, so that greedy top-1/top-2 margins are wide: the blocks' output projections are scaled
+by BLOCK_GAIN, so the residual stream stays near the input token's embedding, and the LM head's row of each token's
+successor (a fixed random permutation; with a tied LM head the token itself) is that token's embedding: the top
+logit stands ~10 standard deviations of the others above them, while every block still shifts every logit.
 
 ``reference`` (run in a separate process with llama-cpp-python's package on PYTHONPATH and LLAMA_CPP_LIB_PATH at
 the vendored build's bin/) runs llama.cpp on each file: token ids of the prompts, last-row logits, greedy steps
@@ -33,11 +35,14 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/: the random tensors of the tests' tiny models
+from gguf_writer import tiny_tensors  # noqa: E402
+
 #: per model key: architecture, shape and weight types (blocks, token_embd, output; output None = tied)
 MODELS = {
     "qwen3": dict(
         arch="qwen3", seed=3, pre=None, n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=128, n_ff=768,
-        rope_base=1000000.0, eps=1e-6, n_ctx=40960, blocks=T.Q4_0, embd=T.Q8_0, output=None,
+        rope_base=1000000.0, eps=1e-6, n_ctx=40960, blocks=T.Q4_0, embd=T.Q4_0, output=None,
     ),
     "smollm3": dict(
         arch="smollm3", seed=33, pre="llama-bpe", n_layer=8, n_embd=256, n_head=4, n_head_kv=1, head_dim=64,
@@ -46,7 +51,8 @@ MODELS = {
 }  # fmt: skip
 #: the catalogue model each key copies its tokenizer from
 TOKENIZER_SOURCE = {"qwen3": "qwen2.5-coder-0.5b-instruct", "smollm3": "smollm2-135m-instruct"}
-OUTPUT_NORM_GAIN = 6.0
+#: the scale of the blocks' output projections (attn_output, ffn_down): their sum stays well below the embedding
+BLOCK_GAIN = 0.1
 
 LONG = " ".join(
     f"Chapter {i}: the river kept its course past the mill, the orchard and the old stone bridge, where "
@@ -76,34 +82,16 @@ def tokenizer_kv(source: Path, pre: str | None) -> list[tuple[str, object, gguf.
 
 
 def tensors(m: dict, n_vocab: int) -> dict[str, np.ndarray]:
-    """Random float32 tensors in numpy order (ggml shape reversed), llama.cpp's names."""
-    rng = np.random.default_rng(m["seed"])
-    d, hd, ff = m["n_embd"], m["head_dim"], m["n_ff"]
-
-    def mat(n: int, k: int) -> np.ndarray:
-        return (rng.standard_normal((n, k), np.float32) / np.sqrt(k)).astype(np.float32)
-
-    def norm(n: int, gain: float = 1.0) -> np.ndarray:
-        return (gain * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32)
-
-    t = {"token_embd.weight": (0.1 * rng.standard_normal((n_vocab, d), np.float32)).astype(np.float32)}
-    for i in range(m["n_layer"]):
-        p = f"blk.{i}."
-        t[p + "attn_norm.weight"] = norm(d)
-        t[p + "attn_q.weight"] = mat(m["n_head"] * hd, d)
-        t[p + "attn_k.weight"] = mat(m["n_head_kv"] * hd, d)
-        t[p + "attn_v.weight"] = mat(m["n_head_kv"] * hd, d)
-        t[p + "attn_output.weight"] = mat(d, m["n_head"] * hd)
-        if m["arch"] == "qwen3":
-            t[p + "attn_q_norm.weight"] = norm(hd)
-            t[p + "attn_k_norm.weight"] = norm(hd)
-        t[p + "ffn_norm.weight"] = norm(d)
-        t[p + "ffn_gate.weight"] = mat(ff, d)
-        t[p + "ffn_up.weight"] = mat(ff, d)
-        t[p + "ffn_down.weight"] = mat(d, ff)
-    t["output_norm.weight"] = norm(d, OUTPUT_NORM_GAIN)
-    if m["output"] is not None:
-        t["output.weight"] = (0.1 * rng.standard_normal((n_vocab, d), np.float32)).astype(np.float32)
+    """Random float32 tensors in numpy order (ggml shape reversed), llama.cpp's names (tests/gguf_writer.py), made
+    peaked (module docstring)."""
+    shape = {k: m[k] for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "head_dim", "seed")}
+    t = tiny_tensors(m["arch"], n_vocab=n_vocab, tied=m["output"] is None, **shape)
+    for name in t:
+        if name.endswith(("attn_output.weight", "ffn_down.weight")):
+            t[name] *= np.float32(BLOCK_GAIN)
+    if "output.weight" in t:  # the successor of token i is successor[i]
+        successor = np.random.default_rng(m["seed"]).permutation(n_vocab)
+        t["output.weight"][successor] = t["token_embd.weight"]
     return t
 
 
