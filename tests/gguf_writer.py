@@ -88,6 +88,13 @@ def write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], 
             w.add_string(key, value)
         else:
             w.add_array(key, value)
+    write_tensors(w, tensors, types)
+    return path
+
+
+def write_tensors(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], types: dict) -> None:
+    """Add ``tensors`` to ``w`` — each of the type ``types`` gives by name, else ``types["*"]`` for 2-D ones, else
+    F32; uint8 arrays are already quantized bytes — and write the file."""
     for name, arr in tensors.items():
         ty = types.get(name, types.get("*", T.F32) if arr.ndim == 2 else T.F32)
         if ty == T.F32:
@@ -103,7 +110,6 @@ def write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 def tiny_model(tmp_path: Path, arch: str = "llama", name: str = "tiny.gguf", types: dict | None = None,

@@ -36,7 +36,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/: the random tensors of the tests' tiny models
-from gguf_writer import tiny_tensors  # noqa: E402
+from gguf_writer import tiny_tensors, write_tensors  # noqa: E402
 
 #: per model key: architecture, shape and weight types (blocks, token_embd, output; output None = tied)
 MODELS = {
@@ -119,18 +119,9 @@ def write_model(key: str, tokenizer_source: Path, path: Path) -> Path:
     )
     for k, v, vtype, sub in tok:
         w.add_key_value(k, v, vtype, sub)
-    types = {"token_embd.weight": m["embd"], "output.weight": m["output"]}
-    for name, arr in tensors(m, n_vocab).items():
-        ty = T.F32 if arr.ndim == 1 else types.get(name, m["blocks"])
-        if ty == T.F32:
-            w.add_tensor(name, arr)
-        else:
-            q = gguf.quants.quantize(arr, ty)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=ty)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_tensors(
+        w, tensors(m, n_vocab), {"token_embd.weight": m["embd"], "output.weight": m["output"], "*": m["blocks"]}
+    )
     return path
 
 
