@@ -32,10 +32,12 @@ def tiny_kv(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n
 
 
 def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
-                 seed: int = 0, tied: bool | None = None, **_: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """Random float32 tensors in numpy order (reversed ggml shape); qwen2 gets biases and an output.weight."""
+                 seed: int = 0, tied: bool | None = None, head_dim: int | None = None,
+                 **_: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """Random float32 tensors in numpy order (reversed ggml shape); qwen2 gets biases and an output.weight, qwen3
+    per-head Q/K norms (``head_dim``: when it is not n_embd / n_head)."""
     rng = np.random.default_rng(seed)
-    hd = n_embd // n_head
+    hd = head_dim or n_embd // n_head
     tied = arch == "llama" if tied is None else tied
 
     def mat(n: int, k: int) -> np.ndarray:
@@ -56,6 +58,9 @@ def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
             t[p + "attn_q.bias"] = (0.1 * rng.standard_normal(n_head * hd)).astype(np.float32)
             t[p + "attn_k.bias"] = (0.1 * rng.standard_normal(n_head_kv * hd)).astype(np.float32)
             t[p + "attn_v.bias"] = (0.1 * rng.standard_normal(n_head_kv * hd)).astype(np.float32)
+        if arch == "qwen3":
+            t[p + "attn_q_norm.weight"] = norm(hd)
+            t[p + "attn_k_norm.weight"] = norm(hd)
         t[p + "ffn_norm.weight"] = norm(n_embd)
         t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
@@ -83,6 +88,13 @@ def write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], 
             w.add_string(key, value)
         else:
             w.add_array(key, value)
+    write_tensors(w, tensors, types)
+    return path
+
+
+def write_tensors(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], types: dict) -> None:
+    """Add ``tensors`` to ``w`` — each of the type ``types`` gives by name, else ``types["*"]`` for 2-D ones, else
+    F32; uint8 arrays are already quantized bytes — and write the file."""
     for name, arr in tensors.items():
         ty = types.get(name, types.get("*", T.F32) if arr.ndim == 2 else T.F32)
         if ty == T.F32:
@@ -98,7 +110,6 @@ def write_gguf(path: Path, arch: str, kv: dict, tensors: dict[str, np.ndarray], 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 def tiny_model(tmp_path: Path, arch: str = "llama", name: str = "tiny.gguf", types: dict | None = None,

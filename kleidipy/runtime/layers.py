@@ -121,8 +121,9 @@ class Segment:
 
 
 class SelfAttention:
-    """GQA self-attention with RoPE and optional q/k/v/output biases, over one layer of a KV cache; optionally
-    per-head RMSNorm of Q and K, a Q pre-scale replacing the softmax scale, and a sliding window."""
+    """GQA self-attention with RoPE (none when ``rope`` is None) and optional q/k/v/output biases, over one layer of
+    a KV cache; optionally per-head RMSNorm of Q and K, a Q pre-scale replacing the softmax scale, and a sliding
+    window."""
 
     def __init__(
         self,
@@ -131,7 +132,7 @@ class SelfAttention:
         wk: Linear,
         wv: Linear,
         wo: Linear,
-        rope: RoPE,
+        rope: RoPE | None,
         n_head: int,
         n_head_kv: int,
         head_dim: int,
@@ -155,7 +156,7 @@ class SelfAttention:
 
     @classmethod
     def from_tensors(
-        cls, layer: int, t: dict[str, Any], rope: RoPE, hp: HyperParameters, **options: Any
+        cls, layer: int, t: dict[str, Any], rope: RoPE | None, hp: HyperParameters, **options: Any
     ) -> SelfAttention:
         """Block ``layer``'s attention from its tensors by field (``wq``, ``wk``, ``wv``, ``wo``, and the biases
         ``bq``, ``bk``, ``bv``, ``bo`` where the table has them) and the model's head counts; ``options``: the
@@ -175,8 +176,9 @@ class SelfAttention:
             q = ops.rms_norm(q, self.q_norm, "q", head_dim=hd)
         if self.k_norm is not None:
             k = ops.rms_norm(k, self.k_norm, "k", head_dim=hd)
-        q = ops.rope(q, self.n_head, self.rope)
-        k = ops.rope(k, self.n_head_kv, self.rope)
+        if self.rope is not None:  # (None: a layer without position encoding, SmolLM3's NoPE layers)
+            q = ops.rope(q, self.n_head, self.rope)
+            k = ops.rope(k, self.n_head_kv, self.rope)
         if self.q_scale is not None:
             q = ops.scale(q, self.q_scale)
         ops.store_kv(self.layer, k, v)

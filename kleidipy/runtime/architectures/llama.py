@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile
+from kleidipy.runtime.gguf_file import GGUFMetadataError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, SelfAttention, T
 
@@ -34,13 +35,27 @@ class Llama(CausalLM):
 
     def prepare(self, model: ValidatedFile, top: TensorTable) -> None:
         hp = self.hparams
-        self.rope_tables = self.rope(hp.rope_freq_base, hp.rope_freq_scale, model.vector(top["rope_freqs"][0]))
+        freq_factors = model.vector(top["rope_freqs"][0]) if "rope_freqs" in top else None
+        self.rope_tables = self.rope(hp.rope_freq_base, hp.rope_freq_scale, freq_factors)
+
+    def attention(self, layer: int, t: dict[str, Any]) -> SelfAttention:
+        """Block ``layer``'s attention (what qwen3 and smollm3 change of the block)."""
+        return SelfAttention.from_tensors(layer, t, self.rope_tables, self.hparams)
 
     def block(self, layer: int, t: dict[str, Any]) -> LlamaBlock:
         hp = self.hparams
-        attention = SelfAttention.from_tensors(layer, t, self.rope_tables, hp)
         norm = RMSNorm(t["attn_norm"], hp.rms_eps), RMSNorm(t["ffn_norm"], hp.rms_eps)
-        return LlamaBlock(norm[0], attention, norm[1], GatedFFN(t["gate"], t["up"], t["down"]))
+        return LlamaBlock(norm[0], self.attention(layer, t), norm[1], GatedFFN(t["gate"], t["up"], t["down"]))
+
+
+def check_whole_heads_rotated(model: ValidatedFile) -> None:
+    """llama.cpp asserts (aborts) for qwen3 and smollm3 when RoPE does not rotate whole heads (rope.dimension_count
+    != head size): here a one-line error."""
+    hp = model.hparams
+    if hp.n_rot != hp.head_dim:
+        raise GGUFMetadataError(
+            f"{model.path}: {hp.architecture}.rope.dimension_count = {hp.n_rot} must equal the head size {hp.head_dim}"
+        )
 
 
 def llama_tensors(arch: Architecture, hp: HyperParameters) -> tuple[TensorTable, TensorTable]:
