@@ -28,7 +28,15 @@ def tiny_kv(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-5,
         f"{arch}.rope.freq_base": 10000.0 if arch == "llama" else 1000000.0,
         f"{arch}.vocab_size": n_vocab,
+        **(longrope_kv(arch, n_ctx // 4) if arch == "phi3" else {}),
     }
+
+
+def longrope_kv(arch: str, n_ctx_orig: int) -> dict:
+    """phi3's LongRoPE keys as the converter writes them: the original context, the attention factor
+    sqrt(1 + ln(scale) / ln(original)) of a context ``scale`` times longer (here 4)."""
+    factor = float(np.sqrt(1.0 + np.log(4.0) / np.log(n_ctx_orig)))
+    return {f"{arch}.rope.scaling.original_context_length": n_ctx_orig, f"{arch}.rope.scaling.attn_factor": factor}
 
 
 def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, n_vocab: int,
@@ -68,6 +76,13 @@ def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
     t["output_norm.weight"] = norm(n_embd)
     if not tied:
         t["output.weight"] = mat(n_vocab, n_embd)
+    if arch == "phi3":  # fused Q/K/V and gate/up (the gate first), LongRoPE's factors
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            t[p + "attn_qkv.weight"] = np.concatenate([t.pop(f"{p}attn_{x}.weight") for x in "qkv"])
+            t[p + "ffn_up.weight"] = np.concatenate([t.pop(p + "ffn_gate.weight"), t.pop(p + "ffn_up.weight")])
+        t["rope_factors_long.weight"] = np.geomspace(1.0, 40.0, hd // 2).astype(np.float32)
+        t["rope_factors_short.weight"] = (1.0 + 0.1 * rng.random(hd // 2)).astype(np.float32)
     return t
 
 

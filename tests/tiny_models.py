@@ -55,8 +55,9 @@ def bpe_vocab() -> dict:
 
 
 def model_parts(arch: str = "llama", seed: int = 0) -> tuple[dict, dict[str, np.ndarray]]:
-    """(metadata, float32 tensors) of a tiny model: llama with the SPM vocabulary, the others with the BPE one."""
-    vocab = spm_vocab() if arch == "llama" else bpe_vocab()
+    """(metadata, float32 tensors) of a tiny model: llama and phi3 with the SPM vocabulary, the others with the BPE
+    one."""
+    vocab = spm_vocab() if arch in ("llama", "phi3") else bpe_vocab()
     shape = {**SHAPE, **ARCH_SHAPE.get(arch, {}), "n_vocab": len(vocab["tokenizer.ggml.tokens"])}
     return {**tiny_kv(arch, **shape), **vocab}, tiny_tensors(arch, seed=seed, **shape)
 

@@ -9,7 +9,7 @@ it imports their records).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,17 +31,24 @@ TensorTable = dict[str, tuple[str, tuple[int, ...], bool]]
 
 class ValidatedFile(Protocol):
     """What an architecture's model reads of its validated GGUF file (:class:`~kleidipy.runtime.model_file.ModelFile`
-    is one): the architecture's name, the hyper-parameters, metadata, tensors, and 2-D weights through a factory."""
+    is one): the architecture's name, the hyper-parameters, metadata, tensors, and 2-D weights through a factory
+    (whole, or split by rows: a fused weight)."""
 
     path: Path
     architecture: str
     hparams: HyperParameters
 
-    def get_int(self, key: str) -> int: ...
+    tensors: dict[str, Tensor]
+
+    def get_int(self, key: str, default: Any = ...) -> int: ...
+
+    def get_float(self, key: str, default: Any = ...) -> float: ...
 
     def tensor(self, name: str) -> Tensor: ...
 
     def linear(self, name: str, factory: LinearFactory) -> Linear: ...
+
+    def split_linear(self, name: str, factory: LinearFactory, rows: Sequence[int]) -> list[Linear]: ...
 
     def vector(self, name: str) -> np.ndarray | None: ...
 

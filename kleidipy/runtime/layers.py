@@ -54,7 +54,8 @@ class RMSNorm:
 
 
 class RoPE:
-    """Rotary position embedding with cos/sin tables precomputed for positions 0..n_ctx-1."""
+    """Rotary position embedding with cos/sin tables precomputed for positions 0..n_ctx-1; ``attn_factor``
+    multiplies both tables in f32 (ggml's rope ``mscale`` without YaRN ramp: ``cosf(theta) * mscale``)."""
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class RoPE:
         freq_scale: float,
         n_ctx: int,
         freq_factors: np.ndarray | None = None,
+        attn_factor: float = 1.0,
     ) -> None:
         self.n_rot = n_rot
         self.neox = rope_type == RopeType.NEOX
@@ -74,8 +76,8 @@ class RoPE:
         for i in range(n_rot // 2):
             angles[:, i] = np.float32(freq_scale) * (theta / ff[i])
             theta = theta * theta_scale
-        self.cos = libm_f32(np.cos, angles)
-        self.sin = libm_f32(np.sin, angles)
+        self.cos = libm_f32(np.cos, angles) * np.float32(attn_factor)
+        self.sin = libm_f32(np.sin, angles) * np.float32(attn_factor)
 
     def __call__(self, x: np.ndarray, start: int) -> None:
         """Rotate x [m, n_heads, head_dim] (C-contiguous float32) in place for positions start..start+m-1."""
@@ -315,7 +317,7 @@ class CausalLM:
         self.prepare(model, top)
         self.blocks = []
         for i in range(hp.n_layer):  # (a loop: one frame in a trace's call stack, as for the LM head)
-            self.blocks.append(self.block(i, read_tensors(model, block, linear, i)))
+            self.blocks.append(self.block(i, self.read_block(model, block, linear, i)))
         embd = model.tensor(top["token_embd"][0])
         self.embedding = self.token_embedding(embedding(top["token_embd"][0], embd.ggml_type, embd.shape, embd.data))
         self.output_norm = RMSNorm(model.vector(top["output_norm"][0]), hp.rms_eps)
@@ -334,10 +336,16 @@ class CausalLM:
         """What the blocks share, read before them from the model's tensors ``top`` (:attr:`hparams` and
         :attr:`n_ctx` are set)."""
 
-    def rope(self, freq_base: float, freq_scale: float, freq_factors: np.ndarray | None = None) -> RoPE:
+    def rope(
+        self, freq_base: float, freq_scale: float, freq_factors: np.ndarray | None = None, attn_factor: float = 1.0
+    ) -> RoPE:
         """RoPE tables for this model's context and hyper-parameters."""
         hp = self.hparams
-        return RoPE(hp.n_rot, hp.rope_type, freq_base, freq_scale, self.n_ctx, freq_factors)
+        return RoPE(hp.n_rot, hp.rope_type, freq_base, freq_scale, self.n_ctx, freq_factors, attn_factor)
+
+    def read_block(self, model: ValidatedFile, table: TensorTable, linear: LinearFactory, layer: int) -> dict[str, Any]:
+        """Block ``layer``'s tensors by field (:func:`read_tensors`; phi3 splits its fused weights here)."""
+        return read_tensors(model, table, linear, layer)
 
     def block(self, layer: int, t: dict[str, Any]) -> Block:
         """Block ``layer`` from its tensors by field (the architecture's block table)."""

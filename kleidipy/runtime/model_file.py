@@ -5,6 +5,7 @@ hyper-parameters, type) before anything is loaded, so a bad file fails at once w
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,6 +49,18 @@ class ModelFile(GGUFContainer):
         self.release(name)
         return out
 
+    def split_linear(self, name: str, factory: LinearFactory, rows: Sequence[int]) -> list[Linear]:
+        """The Linears of consecutive row blocks of 2-D weight ``name`` (``rows`` output channels each, in order:
+        a fused weight's parts), named ``name[lo:hi]``; exact, as each output channel is a row of its own (the
+        quantization blocks run along it). The GGML bytes are released after, as by :meth:`linear`."""
+        t = self.tensor(name)
+        out, lo = [], 0
+        for n in rows:
+            out.append(factory(f"{name}[{lo}:{lo + n}]", t.ggml_type, (t.shape[0], n), t.data[lo : lo + n]))
+            lo += n
+        self.release(name)
+        return out
+
     def vector(self, name: str) -> np.ndarray | None:
         """float32 values of 1-D tensor ``name`` (a norm weight or bias), None when the file has none."""
         return self.tensors[name].to_float() if name in self.tensors else None
@@ -58,7 +71,8 @@ class ModelFile(GGUFContainer):
 
     def _check_tensors(self) -> None:
         arch = self.arch
-        if 9 * self.hparams.n_layer > len(self.tensors):  # each block has at least 9 tensors
+        per_block = sum(required for _, _, required in arch.tensors(arch, self.hparams)[1].values())
+        if per_block * self.hparams.n_layer > len(self.tensors):  # each block has its required tensors at least
             raise GGUFTensorError(
                 f"{self.path}: {arch.name}.block_count = {self.hparams.n_layer} but the file has only "
                 f"{len(self.tensors)} tensors"

@@ -257,7 +257,7 @@ def test_missing_unexpected_and_misshaped_tensors(tmp_path: Path) -> None:
 
 def test_unknown_architecture(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "gpt2.gguf", "gpt2", tiny_kv("gpt2", **TINY), tiny_tensors("llama", **TINY))
-    with raises_one_line(UnsupportedArchitectureError, path, "'gpt2'", "llama, qwen2"):
+    with raises_one_line(UnsupportedArchitectureError, path, "'gpt2'", "llama, phi3, qwen2"):
         ModelFile(path)
     w = gguf.GGUFWriter(tmp_path / "noarch.gguf", "llama")
     w.kv_data[0].pop("general.architecture")
@@ -294,6 +294,35 @@ def test_bad_hyper_parameters(tmp_path: Path, kv: dict, exc: type[GGUFError], ma
     path = tiny_model(tmp_path, kv=kv)
     with raises_one_line(exc, path, match):
         ModelFile(path)
+
+
+PHI3_Q = np.zeros((64, 64), np.float32)  # an attn_q.weight of the tiny phi3
+
+
+@pytest.mark.parametrize(
+    ("change", "exc", "match"),
+    [
+        (
+            {"extra": {"rope_factors_long.weight": np.ones(5, np.float32)}},
+            GGUFTensorError,
+            "has shape [5], expected [8]",
+        ),
+        ({"extra": {"rope_factors_short.weight": np.ones((2, 4), np.float32)}}, GGUFTensorError, "expected [8]"),
+        ({"extra": {"rope_factors_long.weight": np.zeros(8, np.float32)}}, GGUFMetadataError, "LongRoPE factors"),
+        ({"kv": {"phi3.rope.scaling.attn_factor": 0.0}}, GGUFMetadataError, "attn_factor = 0.0 must be > 0"),
+        ({"kv": {"phi3.rope.scaling.original_context_length": 0}}, GGUFMetadataError, "original_context_length = 0"),
+        ({"drop": ("blk.1.attn_qkv.weight",)}, GGUFTensorError, "block 1 needs attn_qkv.weight or attn_q/attn_k"),
+        ({"extra": {"blk.0.attn_q.weight": PHI3_Q}}, GGUFTensorError, "block 0 needs attn_qkv.weight or attn_q/attn_k"),
+        ({"drop": ("blk.0.ffn_up.weight",)}, GGUFTensorError, "missing tensor 'blk.0.ffn_up.weight'"),
+    ],
+)
+def test_bad_phi3_files(tmp_path: Path, change: dict, exc: type[GGUFError], match: str) -> None:
+    """A phi3 file whose LongRoPE factors, RoPE scaling keys or fused weights are wrong stops with one line, at
+    validation (shapes) or before any weight is read (values, which of fused or separate Q/K/V)."""
+    path = tiny_model(tmp_path, "phi3", **change)
+    with raises_one_line(exc, path, match):
+        model = ModelFile(path)
+        model.arch.build(model)
 
 
 def test_duplicate_key_and_tensor(tmp_path: Path) -> None:

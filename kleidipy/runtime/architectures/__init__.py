@@ -1,5 +1,5 @@
 """The architectures kleidipy runs, one module each (its model, its tensor table, its rows): llama and qwen2 in
-``llama``; qwen3, smollm3 and gemma3 in their own. Adding an architecture is adding a module: its ``ROWS`` are
+``llama``; qwen3, smollm3, phi3 and gemma3 in their own. Adding an architecture is adding a module: its ``ROWS`` are
 collected here."""
 
 from __future__ import annotations
