@@ -1,4 +1,4 @@
-"""qwen3 and smollm3 held to llama.cpp on small random-weight files (``tests/data/llama_cpp/arch``, made by
+"""qwen3, smollm3 and phi3 held to llama.cpp on small random-weight files (``tests/data/llama_cpp/arch``, made by
 ``generator/make_arch_models.py``; the files are written here at test time, byte-identical to the ones llama.cpp
 ran: their sha256 is checked against the reference).
 
@@ -6,8 +6,10 @@ For each model and prompt: token ids identical to llama.cpp's; the last-row logi
 (the largest last-row max |Δ| of its no-repack and flash-attention runs against its default one) or, where a
 stated reason keeps the KleidiAI path from it, the measured figure (MEASURED); our greedy continuation equals
 llama.cpp's up to its first step whose top-1/top-2 margin is not above that bound. Engine: target sme2:svl=512,
-jit execution, as test_runtime_reference. The compiled plan against the op-by-op path for both architectures:
-tests/graph/test_plan.py; ``kleidipy run -m FILE`` on both: here."""
+jit execution, as test_runtime_reference. The compiled plan against the op-by-op path for these architectures:
+tests/graph/test_plan.py; ``kleidipy run -m FILE`` on each: here. The phi3 file has fused Q/K/V and gate/up weights
+and LongRoPE factors with an original context of 512: the context (llama.cpp's 2048, kleidipy's 4096, both past
+it) takes the long factors, and the long prompt runs past 512 positions."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import paths
 import pytest
-from model_files import QWEN25, SMOLLM2, model_file, sha256_file
+from model_files import GEMMA3, QWEN25, SMOLLM2, model_file, sha256_file
 
 from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
@@ -32,7 +34,7 @@ _spec = importlib.util.spec_from_file_location(
 make_arch_models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_arch_models)
 
-TOKENIZER_OF = {"qwen3": QWEN25, "smollm3": SMOLLM2}
+TOKENIZER_OF = {"qwen3": QWEN25, "smollm3": SMOLLM2, "phi3": GEMMA3}
 PROMPTS = tuple(make_arch_models.PROMPTS)
 
 Q8_0_REQUANT = (

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Small random-weight GGUFs of the qwen3 and smollm3 architectures in llama.cpp's own tensor names and metadata
-keys, and llama.cpp's reference data for them (``../arch/``; README "Random-weight architectures").
+"""Small random-weight GGUFs of the qwen3, smollm3 and phi3 architectures in llama.cpp's own tensor names and
+metadata keys, and llama.cpp's reference data for them (``../arch/``; README "Random-weight architectures").
 
 ``write_model(key, tokenizer_source, path)`` writes one file: deterministic (seed per key), gguf + numpy only, so
 the tests write the same bytes at test time (the files are not committed: the Qwen tokenizer alone makes the qwen3
 file 40 MB) and check them against the sha256 recorded with the reference. The tokenizer (tokens, types, merges,
 special ids, chat template) is copied from a shipped model of the family: Qwen2.5's for qwen3 (Qwen3 keeps Qwen2's
 vocabulary, pre-tokenizer ``qwen2``); SmolLM2's vocabulary for smollm3 with SmolLM3's pre-tokenizer type
-``llama-bpe`` (SmolLM3 ships Llama 3's tokenizer; no catalogue model has it, llama-bpe's rules are what is tested).
+``llama-bpe`` (SmolLM3 ships Llama 3's tokenizer; no catalogue model has it, llama-bpe's rules are what is tested);
+Gemma 3's SPM vocabulary (``llama`` model, the SPM one in the catalogue) for phi3, whose file has fused attn_qkv and
+ffn_up, LongRoPE factors and an original context of 512 (the long prompt runs past it: llama.cpp's context of 2048
+takes the long factors), and a sliding window of 262 that llama.cpp reads and disables.
 
 The output logits are peaked, so that greedy top-1/top-2 margins are wide: the blocks' output projections are scaled
 by BLOCK_GAIN, so the residual stream stays near the input token's embedding, and the LM head's row of each token's
@@ -38,6 +41,9 @@ from gguf import GGMLQuantizationType as T
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/: the random tensors of the tests' tiny models
 from gguf_writer import tiny_tensors, write_tensors  # noqa: E402
 
+#: not "phi3" nor "phi-3": llama.cpp gives a model so named its tokenizer's special tokens RSTRIP and "</s>" (which
+#: Gemma's vocabulary lacks: the load fails), a rule of the name that kleidipy's tokenizer does not follow
+PHI3_NAME = "kleidipy random fused-QKV LongRoPE model"
 #: per model key: architecture, shape and weight types (blocks, token_embd, output; output None = tied)
 MODELS = {
     "qwen3": dict(
@@ -48,9 +54,19 @@ MODELS = {
         arch="smollm3", seed=33, pre="llama-bpe", n_layer=8, n_embd=256, n_head=4, n_head_kv=1, head_dim=64,
         n_ff=768, rope_base=5000000.0, eps=1e-6, n_ctx=65536, blocks=T.Q8_0, embd=T.Q4_0, output=T.Q4_0,
     ),
+    "phi3": dict(
+        arch="phi3", seed=43, pre=None, n_layer=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
+        rope_base=10000.0, eps=1e-5, n_ctx=4096, blocks=T.Q4_0, embd=T.Q4_0, output=T.Q4_0,
+        name=PHI3_NAME, kv={"rope.scaling.original_context_length": 512, "attention.sliding_window": 262,
+                            "rope.scaling.attn_factor": float(np.sqrt(4 / 3))},
+    ),
 }  # fmt: skip
 #: the catalogue model each key copies its tokenizer from
-TOKENIZER_SOURCE = {"qwen3": "qwen2.5-coder-0.5b-instruct", "smollm3": "smollm2-135m-instruct"}
+TOKENIZER_SOURCE = {
+    "qwen3": "qwen2.5-coder-0.5b-instruct",
+    "smollm3": "smollm2-135m-instruct",
+    "phi3": "gemma3-270m",
+}
 #: the scale of the blocks' output projections (attn_output, ffn_down): their sum stays well below the embedding
 BLOCK_GAIN = 0.1
 
@@ -101,7 +117,7 @@ def write_model(key: str, tokenizer_source: Path, path: Path) -> Path:
     tok = tokenizer_kv(tokenizer_source, m["pre"])
     n_vocab = len(next(v for k, v, *_ in tok if k == "tokenizer.ggml.tokens"))
     w = gguf.GGUFWriter(path, a)
-    w.add_string("general.name", f"kleidipy random {a}")
+    w.add_string("general.name", m.get("name", f"kleidipy random {a}"))
     w.add_uint32(f"{a}.block_count", m["n_layer"])
     w.add_uint32(f"{a}.context_length", m["n_ctx"])
     w.add_uint32(f"{a}.embedding_length", m["n_embd"])
@@ -117,6 +133,8 @@ def write_model(key: str, tokenizer_source: Path, path: Path) -> Path:
         "general.file_type",
         int(gguf.LlamaFileType.MOSTLY_Q4_0 if m["blocks"] == T.Q4_0 else gguf.LlamaFileType.MOSTLY_Q8_0),
     )
+    for k, v in m.get("kv", {}).items():  # (phi3's LongRoPE keys and sliding window, as its converter writes them)
+        (w.add_uint32 if isinstance(v, int) else w.add_float32)(f"{a}.{k}", v)
     for k, v, vtype, sub in tok:
         w.add_key_value(k, v, vtype, sub)
     write_tensors(
