@@ -29,6 +29,16 @@ def tiny_kv(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n
         f"{arch}.rope.freq_base": 10000.0 if arch == "llama" else 1000000.0,
         f"{arch}.vocab_size": n_vocab,
         **(longrope_kv(arch, n_ctx // 4) if arch == "phi3" else {}),
+        **(gemma2_kv(arch) if arch == "gemma2" else {}),
+    }
+
+
+def gemma2_kv(arch: str) -> dict:
+    """gemma2's keys: a window of 4 (layer 0 slides), soft-caps small enough that they cap."""
+    return {
+        f"{arch}.attention.sliding_window": 4,
+        f"{arch}.attn_logit_softcapping": 2.0,
+        f"{arch}.final_logit_softcapping": 3.0,
     }
 
 
@@ -46,7 +56,7 @@ def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
     per-head Q/K norms (``head_dim``: when it is not n_embd / n_head)."""
     rng = np.random.default_rng(seed)
     hd = head_dim or n_embd // n_head
-    tied = arch == "llama" if tied is None else tied
+    tied = arch in ("llama", "gemma2") if tied is None else tied
 
     def mat(n: int, k: int) -> np.ndarray:
         return (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
@@ -73,6 +83,9 @@ def tiny_tensors(arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
         t[p + "ffn_gate.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_up.weight"] = mat(n_ff, n_embd)
         t[p + "ffn_down.weight"] = mat(n_embd, n_ff)
+        if arch == "gemma2":
+            t[p + "post_attention_norm.weight"] = norm(n_embd)
+            t[p + "post_ffw_norm.weight"] = norm(n_embd)
     t["output_norm.weight"] = norm(n_embd)
     if not tied:
         t["output.weight"] = mat(n_vocab, n_embd)

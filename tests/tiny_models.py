@@ -13,8 +13,8 @@ from gguf_writer import tiny_kv, tiny_tensors, write_gguf
 from kleidipy.runtime.tokenizer import _BYTE_TO_CHAR
 
 SHAPE = dict(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_ctx=256)
-#: smollm3 with a layer without RoPE (every fourth)
-ARCH_SHAPE = {"smollm3": dict(n_layer=4)}
+#: smollm3 with a layer without RoPE (every fourth); gemma2 with a sliding and a global layer
+ARCH_SHAPE = {"smollm3": dict(n_layer=4), "gemma2": dict(n_layer=2)}
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -57,7 +57,7 @@ def bpe_vocab() -> dict:
 def model_parts(arch: str = "llama", seed: int = 0) -> tuple[dict, dict[str, np.ndarray]]:
     """(metadata, float32 tensors) of a tiny model: llama and phi3 with the SPM vocabulary, the others with the BPE
     one."""
-    vocab = spm_vocab() if arch in ("llama", "phi3") else bpe_vocab()
+    vocab = spm_vocab() if arch in ("llama", "phi3", "gemma2") else bpe_vocab()
     shape = {**SHAPE, **ARCH_SHAPE.get(arch, {}), "n_vocab": len(vocab["tokenizer.ggml.tokens"])}
     return {**tiny_kv(arch, **shape), **vocab}, tiny_tensors(arch, seed=seed, **shape)
 

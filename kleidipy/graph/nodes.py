@@ -1,7 +1,8 @@
 """The compiled plan's node routines: one C routine per op (ggml-cpu's ``ggml_compute_forward_<op>``), each thread's
 share of a node, reached by address through the plan's table as the kernels are (:mod:`kleidipy.core.node`), so
 that a first run compiles (or loads from numba's cache) only the routines its model's nodes use — attention's path
-for its head_dim and KV cache type among them. MUL_MAT and KEEP run in the walk itself (:mod:`kleidipy.graph.walk`).
+for its head_dim and KV cache type among them. MUL_MAT, KEEP and SOFTCAP run in the walk itself
+(:mod:`kleidipy.graph.walk`).
 
 Every routine is ``routine(table, node, rows, ith, nth)`` (:data:`ROUTINE`): the address of the run's arrays table
 (:mod:`kleidipy.graph.tables`), the node's index, the rows live at that node, the thread and the thread count. The
@@ -17,6 +18,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from kleidipy.core.node import cfunc_address, indirect_call
+from kleidipy.core.numerics import bits_f32
 from kleidipy.core.pointers import bool_at, f32_at, f64_at
 from kleidipy.graph.plan import (
     OP_ADD,
@@ -187,6 +189,7 @@ def _attention_args(table, i, s, ith, nth, cell, f16):  # pragma: no cover - com
         hi,
         g0,
         gstep,
+        bits_f32(np.uint32(node[6])),
     )
 
 
@@ -229,8 +232,9 @@ def attention_rows_f32(table, i, rows, ith, nth):  # pragma: no cover - compiled
     _attention_rows(table, i, ith, nth, np.float32(0), False)
 
 
-#: each op's routine (the walk runs MUL_MAT and KEEP itself), those that touch the KV cache by whether its cells are
-#: F16, and attention also by whether head_dim is a multiple of 16 (:func:`~kleidipy.ops.attention.attention`'s paths)
+#: each op's routine (the walk runs MUL_MAT, KEEP and SOFTCAP itself), those that touch the KV cache by whether its
+#: cells are F16, and attention also by whether head_dim is a multiple of 16
+#: (:func:`~kleidipy.ops.attention.attention`'s paths)
 ROUTINES: dict[int, Callable] = {
     OP_RMS_NORM: rms_norm,
     OP_ADD: add,

@@ -21,10 +21,11 @@ OP_ADD_ROW = 4  #: [op, buffer, vector] (bias, in place)
 OP_SCALE = 5  #: [op, buffer]; fparam the factor (in place)
 OP_ROPE = 6  #: [op, buffer, n_heads, rope table]
 OP_STORE_KV = 7  #: [op, k, v, layer]
-OP_ATTENTION = 8  #: [op, q, dst, layer, n_head, window]; fparam the softmax scale
+OP_ATTENTION = 8  #: [op, q, dst, layer, n_head, window, soft-cap's f32 bits (0: none)]; fparam the softmax scale
 OP_SWIGLU = 9  #: [op, gate, up, dst]
 OP_GEGLU = 10  #: [op, gate, up, dst]
 OP_KEEP = 11  #: [op, first buffer, second buffer or -1]: keep the rows the run names (moved to the top, in order)
+OP_SOFTCAP = 12  #: [op, buffer]; fparam the cap (in place: tanhf(x / cap) * cap; the walk runs it, on the logits too)
 #: the ops' names (as a trace shows them)
 OP_NAMES = {
     OP_RMS_NORM: "RMS_NORM",
@@ -38,6 +39,7 @@ OP_NAMES = {
     OP_SWIGLU: "SWIGLU",
     OP_GEGLU: "GEGLU",
     OP_KEEP: "KEEP",
+    OP_SOFTCAP: "SOFTCAP",
 }
 
 NODE_WIDTH = 8
@@ -69,7 +71,7 @@ def _written(row: list[int]) -> tuple[int, ...]:
         return (row[2],)
     if op in (OP_ADD, OP_SWIGLU, OP_GEGLU):
         return (row[3],)
-    if op in (OP_ADD_ROW, OP_SCALE, OP_ROPE):
+    if op in (OP_ADD_ROW, OP_SCALE, OP_ROPE, OP_SOFTCAP):
         return (row[1],)
     return ()  # STORE_KV writes the cache; KEEP moves rows (handled apart)
 
@@ -177,10 +179,17 @@ class PlanBuilder:
     def store_kv(self, layer: int, k: int, v: int) -> None:
         self._node(OP_STORE_KV, k, v, layer)
 
-    def attention(self, layer: int, q: int, n_head: int, scale: float, window: int | None, name: str) -> int:
+    def attention(
+        self, layer: int, q: int, n_head: int, scale: float, window: int | None, name: str, cap: float = 0.0
+    ) -> int:
         dst = self.buffer(name, self.widths[q])
-        self._node(OP_ATTENTION, q, dst, layer, n_head, window or 0, fparam=scale)
+        bits = int(np.float32(cap).view(np.uint32))
+        self._node(OP_ATTENTION, q, dst, layer, n_head, window or 0, bits, fparam=scale)
         return dst
+
+    def softcap(self, buf: int, cap: float) -> int:
+        self._node(OP_SOFTCAP, buf, fparam=cap)
+        return buf
 
     def glu(self, gelu: bool, gate: int, up: int, name: str) -> int:
         """silu(gate) * up (SwiGLU), or gelu(gate) * up (GeGLU) into buffer ``name``."""
@@ -206,8 +215,8 @@ class Plan:
     weights: list[MatmulWeight]
     vectors: list[np.ndarray]
     ropes: list[RopeTables]
-    logits: int  #: the buffer of the logits of the kept rows: the last node, a MUL_MAT, writes it (the executor
-    #: has it write into the caller's array instead)
+    logits: int  #: the buffer of the logits of the kept rows: the LM head's MUL_MAT (the last node but a final
+    #: SOFTCAP) writes it (the executor has it write into the caller's array instead)
 
 
 def build_plan(lm: PlannedModel) -> Plan:
@@ -225,6 +234,8 @@ def build_plan(lm: PlannedModel) -> Plan:
     logits = b.matmul(lm.lm_head, b.rms_norm(x, lm.output_norm, "out_norm"), "logits")
     if b.nodes[-1][0] != OP_MATMUL or b.nodes[-1][2] != logits:  # (a bias on the LM head would add a node)
         raise NotPlannableError("the LM head must be the plan's last node")
+    if lm.final_softcap:  # (Gemma 2's final_logit_softcapping: in place, on the caller's logits)
+        b.softcap(logits, lm.final_softcap)
     return Plan(
         np.array(b.nodes, np.int64).reshape(-1, NODE_WIDTH),
         np.array(b.fparams, np.float64),

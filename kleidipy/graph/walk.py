@@ -13,16 +13,17 @@ from __future__ import annotations
 import numba
 
 from kleidipy.core.node import copy
-from kleidipy.core.pointers import f32_at, i64_at, u8_at
+from kleidipy.core.pointers import f32_at, f64_at, i64_at, u8_at
 from kleidipy.formats.rows import get_rows
 from kleidipy.graph import matmul as mm
 from kleidipy.graph.atomics import monotonic_ns
 from kleidipy.graph.nodes import call_routine
-from kleidipy.graph.plan import OP_KEEP, OP_MATMUL
+from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, OP_SOFTCAP
 from kleidipy.graph.tables import (
     A_BUFFERS,
     A_DECODE,
     A_EMBD_ROWS,
+    A_FPARAMS,
     A_LHS,
     A_NODES,
     A_PARAMS,
@@ -64,7 +65,7 @@ STATUS_PER_RUN = STATUS_INSIDE
 def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address tables
-    kcaches/vcaches), keeping the rows ``keep`` at the KEEP node, each node but MUL_MAT and KEEP by its routine
+    kcaches/vcaches), keeping the rows ``keep`` at the KEEP node, each node but MUL_MAT, KEEP and SOFTCAP by its routine
     (:mod:`kleidipy.graph.nodes`; see docs/compiled-plan-execution.md); the MUL_MAT into buffer ``logits_buffer`` writes
     into ``logits`` instead (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the
     thread records per node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for other
@@ -133,6 +134,10 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
                             if keep[r] != r:
                                 copy(x[keep[r]], x[r])
             rows = keep.size
+        elif op == OP_SOFTCAP:  # (here: the logits' buffer is the caller's array)
+            x = f32_at(run[RUN_LOGITS], (keep.size, run[RUN_N_VOCAB])) if a == logits_buffer else f32_2d(buffers, a)
+            lo, hi = share(rows, ith, nth)
+            elementwise.softcap(x, f64_at(arrays[A_FPARAMS, 0], arrays[A_FPARAMS, 1])[i], lo, hi)
         else:
             call_routine(routines[i], table, i, rows, ith, nth)
         if timed:

@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 from kleidipy.core import vnni
 from kleidipy.core.numerics import fma32, round_f16_scalar
 from kleidipy.core.vnni import F32, F32X16
-from kleidipy.ops.elementwise import _load_cell, _store_cell, expf_ir
+from kleidipy.ops.elementwise import _load_cell, _store_cell, expf_ir, softcap_value
 
 #: lanes of ggml_vec_dot_f16 / ggml_vec_dot_f32 on NEON: GGML_F32_ARR (4) registers of 4 floats
 LANES = 16
@@ -253,6 +253,16 @@ def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile tim
     return sig, codegen
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _softcap(s, jlo, jhi, cap):
+    """Scores s[jlo:jhi] soft-capped in place when ``cap`` > 0 (Gemma 2's attn_logit_softcapping, before the
+    softmax: :func:`~kleidipy.ops.elementwise.softcap_value`); nothing otherwise."""
+    if cap > 0:
+        inv = np.float32(1.0) / cap
+        for j in range(jlo, jhi):
+            s[j] = softcap_value(s[j], inv, cap)
+
+
 @numba.njit(cache=True, nogil=True)
 def _kqv(vh, jlo, jhi, s, acc, out):
     """out [d] = KQV of the weights s[jlo:jhi] over V of one head in the cache's layout vh [16, nb·d], cell by cell
@@ -360,7 +370,7 @@ def _load_blocks(kh, vh, origin, hi, kb, vb):
 
 
 @numba.njit(cache=True, nogil=True)
-def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc, qv, out):
+def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, cap, f16, kb, vb, origin, s, acc, qv, out):
     """Rows i0 .. i0 + nr - 1 (nr <= ROWS; row i at position p0 + i) of head h of :func:`attention` over K and V
     of its KV head as f32 blocks from ``origin`` (:func:`_load_blocks`), :data:`ROWS` rows at a time: KQ of every
     block any of them reads (cells outside a row's range are computed and not read), each row's softmax, then KQV:
@@ -381,6 +391,7 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
     for t in range(nr):
         jlo = max(0, p0 + i0 + t - window + 1) if window > 0 else 0
         jhi = min(p0 + i0 + t + 1, n_kv)
+        _softcap(s[t], jlo, jhi, cap)
         _softmax(jlo, jhi, sc, f16, s[t])
         for j in range(jlo, min(shared_lo, jhi)):
             _kqv_cell(s[t, j], vb[j % LANES, (j - origin) // LANES], acc[t, j % LANES])
@@ -396,7 +407,7 @@ def _attend_rows(q, h, i0, nr, p0, n_kv, window, sc, f16, kb, vb, origin, s, acc
 
 
 @numba.njit(cache=True, nogil=True)
-def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kh, vh, s, acc, qv, out):
+def _attend_heads(q, h0, nr, p, n_kv, window, sc, cap, f16, kh, vh, s, acc, qv, out):
     """Heads h0 .. h0 + nr - 1 (nr <= ROWS, of one KV head: kh [nb, d·16] its K, vh [16, nb·d] its V, in the cache;
     d a multiple of 16) of :func:`attention`'s one row (q [1, n_head, d], at position p), each K and V vector loaded
     once for all of them: KQ of the blocks of cells up to the row's end (cells before its window or after its end
@@ -414,6 +425,7 @@ def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kh, vh, s, acc, qv, out):
     shared_hi = max(shared_lo, jhi - jhi % LANES)
     acc[:nr] = np.float32(0.0)
     for t in range(nr):
+        _softcap(s[t], jlo, jhi, cap)
         _softmax(jlo, jhi, sc, f16, s[t])
         for j in range(jlo, shared_lo):
             _kqv_cell(s[t, j], _v_row(vh, j, d), acc[t, j % LANES])
@@ -425,7 +437,7 @@ def _attend_heads(q, h0, nr, p, n_kv, window, sc, f16, kh, vh, s, acc, qv, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep):
+def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep, cap=0.0):
     """Heads h0..h1-1, of them the groups of ROWS rows g0, g0 + gstep, g0 + 2·gstep, ... (all rows: 0, 1), of causal
     attention of q [m, n_head, d] (after RoPE; row i at position p = start + i) over
     the first n_kv cells of one cache layer, K kc [n_head_kv, nb, d·16] and V vc [n_head_kv, 16, nb·d] (the layout
@@ -439,6 +451,8 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
       of the d = l (mod 16) elements from +0 in increasing d with a fused multiply-add (exact products with F16
       operands; ggml's vfmaq_f32 for F32), reduced by halves (lanes l + l+8, then + l+4) and then pairwise
       ((v0+v1) + (v2+v3), vaddvq_f32); the d % 16 last products added in f64;
+    * with ``cap`` > 0 (Gemma 2's attention logit soft-capping, llama.cpp's kq_scaled_1, kq_tanh, kq_scaled_2):
+      ``s[j] = tanhf(s[j] * (float)(1/cap)) * cap`` (:func:`~kleidipy.ops.elementwise.softcap_value`);
     * ``s[j] * scale`` in f32; masked cells are -inf (their weight is 0);
     * softmax: max over the row, ``e[j] = expf(s[j] - max)``, the sum in f64 of ``(e0+e1)+(e2+e3)`` (f32) per 4
       cells from cell 0 with masked cells 0, ``w[j] = e[j] * (float)(1/sum)``; with ``f16`` w is rounded to F16;
@@ -446,9 +460,9 @@ def attention(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h
       of ``w[j] * V[j, c]``, reduced the same way.
     """
     if q.shape[2] % LANES == 0:
-        attention_tiled(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep)
+        attention_tiled(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep, cap)
     else:
-        attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep)
+        attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep, cap)
 
 
 def attention_for(head_dim: int) -> Callable[..., None]:
@@ -475,19 +489,19 @@ def _scratch_views(scratch, n_kv, d):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def attention_tiled(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep):
+def attention_tiled(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep, cap=0.0):
     """:func:`attention` for a head_dim that is a multiple of 16: one row (decode) reads the cache itself, the heads
     of each KV head together; a batch of rows reads the cells any row reads (from the first row's window start to the
     last row's position) from f32 blocks made once per KV head (from the 16-aligned origin), ROWS rows at a time."""
     group = q.shape[1] // kc.shape[0]
-    sc = np.float32(scale)
+    sc, cp = np.float32(scale), np.float32(cap)
     vb, kb, _, s, acc, qv = _scratch_views(scratch, n_kv, q.shape[2])
     if m == 1:
         h = h0
         while h < h1 and g0 == 0:
             kvh = h // group
             nr = min(ROWS, h1 - h, (kvh + 1) * group - h)
-            _attend_heads(q, h, nr, start, n_kv, window, sc, f16, kc[kvh], vc[kvh], s, acc, qv, out)
+            _attend_heads(q, h, nr, start, n_kv, window, sc, cp, f16, kc[kvh], vc[kvh], s, acc, qv, out)
             h += nr
         return
     lo = max(0, start - window + 1) if window > 0 else 0
@@ -500,15 +514,15 @@ def attention_tiled(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch,
             _load_blocks(kc[kvh], vc[kvh], origin, hi, kb, vb)
             loaded = kvh
         for i0 in range(g0 * ROWS, m, gstep * ROWS):
-            _attend_rows(q, h, i0, min(ROWS, m - i0), start, n_kv, window, sc, f16, kb, vb, origin, s, acc, qv, out)
+            _attend_rows(q, h, i0, min(ROWS, m - i0), start, n_kv, window, sc, cp, f16, kb, vb, origin, s, acc, qv, out)
 
 
 @numba.njit(cache=True, nogil=True)
-def attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep):
+def attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, h0, h1, g0, gstep, cap=0.0):
     """:func:`attention` for any head_dim: row by row, head by head, from the cache."""
     d = q.shape[2]
     group = q.shape[1] // kc.shape[0]
-    sc = np.float32(scale)
+    sc, cp = np.float32(scale), np.float32(cap)
     _, _, kq, s, acc, qv = _scratch_views(scratch, n_kv, d)
     for h in range(h0, h1):
         kvh = h // group
@@ -521,5 +535,6 @@ def attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, 
             jlo = max(0, p - window + 1) if window > 0 else 0
             jhi = min(p + 1, n_kv)
             _kq_cells(qv[0], kc[kvh], jlo, jhi, kq, s[0])
+            _softcap(s[0], jlo, jhi, cp)
             _softmax(jlo, jhi, sc, f16, s[0])
             _kqv(vc[kvh], jlo, jhi, s[0], acc[0], out[i, h * d : (h + 1) * d])

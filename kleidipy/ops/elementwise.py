@@ -154,6 +154,30 @@ def scale(x, s, r0, r1):
             x[r, i] *= s32
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def tanhf(x):
+    """glibc's tanhf of an f32 as :func:`libm_f32` states it: tanh in float64, rounded once to f32."""
+    return np.float32(np.tanh(np.float64(x)))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def softcap_value(x, inv, cap):
+    """One soft-capped f32, in llama.cpp's op order (ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap):
+    ``tanhf(x * inv) * cap`` with ``inv`` = (float)(1.0f / cap)."""
+    return tanhf(x * inv) * cap
+
+
+@numba.njit(cache=True, nogil=True)
+def softcap(x, cap, r0, r1):
+    """Rows r0..r1-1 of x [m, n] soft-capped in place (Gemma 2's final logits): :func:`softcap_value` with the
+    f32 ``cap``."""
+    c = np.float32(cap)
+    inv = np.float32(1.0) / c
+    for r in range(r0, r1):
+        for i in range(x.shape[1]):
+            x[r, i] = softcap_value(x[r, i], inv, c)
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")  # no ZeroDivisionError branch: the loop vectorizes
 def swiglu(gate, up, out, r0, r1):
     """Rows r0..r1-1 of out = silu(gate) * up (all [m, n]), ``silu(g) = g / (1 + expf(0 - g))`` in f32 with

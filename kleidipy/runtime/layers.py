@@ -95,10 +95,12 @@ def attention(
     start: int,
     scale: np.float32,
     window: int | None = None,
+    cap: float = 0.0,
 ) -> np.ndarray:
     """Causal attention of q [m, n_head, d] (positions start..start+m-1) over the cells 0..start+m-1 of layer
     ``layer`` of the cache ``kv`` (float16, which also rounds Q and the softmax weights to F16, or float32), over
-    the last ``window`` positions of each query when given; returns [m, n_head, d]
+    the last ``window`` positions of each query when given, scores soft-capped at ``cap`` when > 0; returns
+    [m, n_head, d]
     (:func:`kleidipy.ops.attention.attention`)."""
     m, n_head, d = q.shape
     n_kv = start + m
@@ -107,7 +109,7 @@ def attention(
     scratch = np.empty(ops_attention.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
     attend = ops_attention.attention_for(d)  # (its path alone: a first run compiles only that)
-    attend(q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1)
+    attend(q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1, np.float32(cap))
     return out.reshape(m, n_head, d)
 
 
@@ -124,8 +126,8 @@ class Segment:
 
 class SelfAttention:
     """GQA self-attention with RoPE (none when ``rope`` is None) and optional q/k/v/output biases, over one layer of
-    a KV cache; optionally per-head RMSNorm of Q and K, a Q pre-scale replacing the softmax scale, and a sliding
-    window."""
+    a KV cache; optionally per-head RMSNorm of Q and K, a Q pre-scale replacing the softmax scale, a sliding
+    window, and a soft-cap of the scores (``cap``)."""
 
     def __init__(
         self,
@@ -146,8 +148,9 @@ class SelfAttention:
         k_norm: RMSNorm | None = None,
         q_scale: float | None = None,
         window: int | None = None,
+        cap: float | None = None,
     ) -> None:
-        self.layer = layer
+        self.layer, self.cap = layer, float(np.float32(cap or 0.0))
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
         self.bq, self.bk, self.bv, self.bo = bq, bk, bv, bo
         self.q_norm, self.k_norm, self.window = q_norm, k_norm, window
@@ -184,7 +187,7 @@ class SelfAttention:
         if self.q_scale is not None:
             q = ops.scale(q, self.q_scale)
         ops.store_kv(self.layer, k, v)
-        out = ops.attention(self.layer, q, self.n_head, self.scale, self.window, "kqv")
+        out = ops.attention(self.layer, q, self.n_head, self.scale, self.window, "kqv", self.cap)
         return ops.matmul(self.wo, out, "attn_out", self.bo)
 
 
@@ -257,13 +260,17 @@ class EagerOps:
             seg.cache.store(layer, seg.start, keys, values)
 
     def attention(
-        self, layer: int, q: np.ndarray, n_head: int, scale: float, window: int | None, name: str
+        self, layer: int, q: np.ndarray, n_head: int, scale: float, window: int | None, name: str, cap: float = 0.0
     ) -> np.ndarray:
         out = np.empty_like(q)
         heads = out.reshape(out.shape[0], n_head, -1)
         for seg, rows in self._heads(q, n_head):
-            heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window)
+            heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window, cap)
         return out
+
+    def softcap(self, buf: np.ndarray, cap: float) -> np.ndarray:
+        elementwise.softcap(buf, cap, 0, buf.shape[0])
+        return buf
 
     def glu(self, gelu: bool, gate: np.ndarray, up: np.ndarray, name: str) -> np.ndarray:
         if gelu:
@@ -297,6 +304,8 @@ class CausalLM:
 
     #: the architectures (registry rows) the subclass builds
     rows: tuple[Architecture, ...] = ()
+    #: the logits' soft-cap (Gemma 2's final_logit_softcapping; :meth:`prepare` sets it), or None
+    final_softcap: float | None = None
 
     def __init__(
         self,
@@ -533,7 +542,8 @@ class CausalLM:
         x = self._hidden(ids, ubatch, keep)
         if x.shape[0] == 0:
             return np.empty((0, self.hparams.n_vocab), np.float32)
-        return self.lm_head(self.output_norm(x))
+        logits = self.lm_head(self.output_norm(x))
+        return logits if self.final_softcap is None else EagerOps(ubatch).softcap(logits, self.final_softcap)
 
 
 def _first_position(positions: Sequence[int] | np.ndarray, m: int) -> int:

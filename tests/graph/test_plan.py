@@ -1,6 +1,6 @@
 """The compiled plan against the op-by-op (eager) path, bit for bit: logits and KV cache, prefill (several ubatches,
 all logits or the last) and decode, at 1 and 2 threads, for every architecture (tiny llama / qwen2 models for each
-weight type and target, tiny qwen3 / smollm3 / phi3 too, and the real SmolLM2, Qwen2.5 Q4_K_M and Gemma 3 as
+weight type and target, tiny qwen3 / smollm3 / phi3 / gemma2 too, and the real SmolLM2, Qwen2.5 Q4_K_M and Gemma 3 as
 shipped)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _assert_same(lm: CausalLM, prompt: np.ndarray, steps: list[int]) -> None:
 
 @pytest.mark.parametrize("target", ["sme2:svl=512", "i8mm", "dotprod"])
 @pytest.mark.parametrize("weights", [T.Q4_0, T.Q8_0, T.Q4_1, T.F16])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "smollm3", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma2"])
 def test_tiny_models_bit_for_bit(tmp_path: Path, arch: str, weights: T, target: str) -> None:
     lm = _build(write_model(tmp_path / "m.gguf", arch, weights), target, n_ubatch=4)  # 3 ubatches for the prompt
     prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)

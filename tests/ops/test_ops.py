@@ -11,7 +11,7 @@ import pytest
 from kleidipy.core.numerics import fma_f32
 from kleidipy.ops import attention, elementwise
 from kleidipy.ops.attention import cells
-from kleidipy.ops.elementwise import gelu_f16_table
+from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
 from kleidipy.runtime.kv_cache import KVCache
 
 F32 = np.float32
@@ -238,9 +238,28 @@ def _reduce16(lanes: np.ndarray) -> np.ndarray:
     return (v4[..., 0] + v4[..., 1]) + (v4[..., 2] + v4[..., 3])
 
 
-def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16):
+def softcap_numpy(x: np.ndarray, cap: float) -> np.ndarray:
+    """llama.cpp's soft-cap in numpy: ggml_scale by (float)(1/cap), glibc's tanhf (as libm_f32 states it), then
+    ggml_scale by cap, each rounded to f32."""
+    inv = F32(1.0) / F32(cap)
+    return (libm_f32(np.tanh, x.astype(np.float32) * inv) * F32(cap)).astype(np.float32)
+
+
+def test_softcap(rng: np.random.Generator) -> None:
+    """Rows r0..r1-1 capped in place, the others untouched; values past the cap come out inside (-cap, cap)."""
+    cap = 7.5
+    x = (rng.standard_normal((6, 37)) * 20).astype(np.float32)
+    assert np.abs(x).max() > cap  # (some do cap)
+    out = x.copy()
+    elementwise.softcap(out, cap, 1, 5)
+    assert _same(out[1:5], softcap_numpy(x[1:5], cap))
+    assert _same(out[[0, 5]], x[[0, 5]])
+    assert np.abs(out[1:5]).max() <= cap
+
+
+def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16, cap=0.0):
     """The fixed-order formula of attention.attention in numpy: q [m, n_head, d], kc/vc [n_head_kv, n_ctx, d] float32
-    holding the cache's values; returns [m, n_head * d]."""
+    holding the cache's values (scores soft-capped when ``cap`` > 0); returns [m, n_head * d]."""
     m, n_head, d = q.shape
     group = n_head // kc.shape[0]
     d16 = d - d % 16
@@ -258,7 +277,10 @@ def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16):
             dot = _reduce16(lanes).astype(np.float64)
             for c in range(d16, d):
                 dot += (qv[c] * k[:, c]).astype(np.float64)
-            s = dot.astype(np.float32) * F32(scale)
+            s = dot.astype(np.float32)
+            if cap:
+                s = softcap_numpy(s, cap)
+            s = s * F32(scale)
             e = expf_numpy(s - s.max())
             cells = np.zeros(-(-jhi // 4) * 4, np.float32)
             cells[jlo:jhi] = e
@@ -318,6 +340,33 @@ def test_attention(
             scratch = np.full(attention.attention_scratch_size(n_ctx, d), np.nan, np.float32)
             attention.attention(q, ops_k, ops_v, start, m, n_kv, scale, window, f16, out, scratch, 0, n_head, g0, gstep)
         assert _same(out, want)
+
+
+@pytest.mark.parametrize(
+    ("m", "start", "d", "window", "f16"),
+    [(1, 37, 32, 0, True), (9, 140, 64, 37, True), (4, 3, 40, 0, False), (6, 20, 32, 5, False)],
+)
+def test_attention_softcap(rng: np.random.Generator, m: int, start: int, d: int, window: int, f16: bool) -> None:
+    """Scores soft-capped before the softmax (Gemma 2), on the batch tiles, the decode path and the any-head_dim
+    path; the scale after the cap (Gemma 2 scales Q and gives attention 1.0); some scores exceed the cap."""
+    n_head, n_head_kv, cap = 4, 2, 5.0
+    n_ctx, n_kv = start + m + 3, start + m
+    q = (rng.standard_normal((m, n_head, d)) * 2).astype(np.float32)
+    dtype = np.float16 if f16 else np.float32
+    kc, vc = rng.standard_normal((2, n_head_kv, n_ctx, d)).astype(dtype)
+    scores = np.einsum("mhd,nd->mhn", q[:, ::2], kc[0].astype(np.float32))
+    assert np.abs(scores).max() > 2 * cap
+    want = attention_numpy(q, kc.astype(np.float32), vc.astype(np.float32), start, n_kv, 0.75, window, f16, cap)
+    assert not _same(
+        want, attention_numpy(q, kc.astype(np.float32), vc.astype(np.float32), start, n_kv, 0.75, window, f16)
+    )
+    cache = KVCache(1, n_head_kv, d, n_ctx, dtype)
+    cache.store(0, 0, kc.transpose(1, 0, 2).astype(np.float32), vc.transpose(1, 0, 2).astype(np.float32))
+    ops_k, ops_v = cache.layer(0)
+    out = np.full((m, n_head * d), np.nan, np.float32)
+    scratch = np.full(attention.attention_scratch_size(n_ctx, d), np.nan, np.float32)
+    attention.attention(q, ops_k, ops_v, start, m, n_kv, 0.75, window, f16, out, scratch, 0, n_head, 0, 1, cap)
+    assert _same(out, want)
 
 
 def test_attention_close_to_float64(rng: np.random.Generator) -> None:

@@ -1,5 +1,5 @@
-"""qwen3, smollm3 and phi3 held to llama.cpp on small random-weight files (``tests/data/llama_cpp/arch``, made by
-``generator/make_arch_models.py``; the files are written here at test time, byte-identical to the ones llama.cpp
+"""qwen3, smollm3, phi3 and gemma2 held to llama.cpp on small random-weight files (``tests/data/llama_cpp/arch``,
+made by ``generator/make_arch_models.py``; the files are written here at test time, byte-identical to the ones llama.cpp
 ran: their sha256 is checked against the reference).
 
 For each model and prompt: token ids identical to llama.cpp's; the last-row logits within llama.cpp's own spread
@@ -9,7 +9,9 @@ llama.cpp's up to its first step whose top-1/top-2 margin is not above that boun
 jit execution, as test_runtime_reference. The compiled plan against the op-by-op path for these architectures:
 tests/graph/test_plan.py; ``kleidipy run -m FILE`` on each: here. The phi3 file has fused Q/K/V and gate/up weights
 and LongRoPE factors with an original context of 512: the context (llama.cpp's 2048, kleidipy's 4096, both past
-it) takes the long factors, and the long prompt runs past 512 positions."""
+it) takes the long factors, and the long prompt runs past 512 positions. The gemma2 file slides a window of 64 on
+its even layers (the long prompt runs past it) and soft-caps attention scores at 1 and logits at 30: some of each are
+past their cap before it (checked here)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import paths
 import pytest
 from model_files import GEMMA3, QWEN25, SMOLLM2, model_file, sha256_file
 
+from kleidipy.runtime import layers
 from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 
@@ -34,7 +37,7 @@ _spec = importlib.util.spec_from_file_location(
 make_arch_models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_arch_models)
 
-TOKENIZER_OF = {"qwen3": QWEN25, "smollm3": SMOLLM2, "phi3": GEMMA3}
+TOKENIZER_OF = {"qwen3": QWEN25, "smollm3": SMOLLM2, "phi3": GEMMA3, "gemma2": GEMMA3}
 PROMPTS = tuple(make_arch_models.PROMPTS)
 
 Q8_0_REQUANT = (
@@ -94,6 +97,44 @@ def test_vs_llama_cpp(arch_model: tuple[str, Path, dict], engine: Engine, prompt
     )
     assert equal == n_greedy, f"greedy differs at step {equal}"
     assert max_diff <= limit, f"last-logit max |Δ| {max_diff:.3f} > {limit:.3f} ({why})"
+
+
+def test_gemma2_soft_caps_cap_and_the_window_slides(
+    arch_model: tuple[str, Path, dict], engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the gemma2 file (op by op, the same bits as the plan: tests/graph/test_plan.py): some attention scores
+    and some last-row logits are past their caps before capping, and the long prompt is longer than the window."""
+    key, _, ref = arch_model
+    if key != "gemma2":
+        pytest.skip("gemma2's soft-caps")
+    attn_cap, final_cap = make_arch_models.GEMMA2_CAPS
+    scores, logits = [], []
+    attend, softcap = layers.attention, layers.EagerOps.softcap
+
+    def spy_attention(q, kv, layer, start, scale, window=None, cap=0.0):
+        k, _ = kv.read(layer, start + q.shape[0])
+        k = np.repeat(k.astype(np.float32), q.shape[1] // k.shape[0], axis=0)
+        s = np.einsum("mhd,hnd->mhn", q, k) * np.float32(scale)
+        causal = np.arange(k.shape[1])[None, :] <= start + np.arange(q.shape[0])[:, None]
+        scores.append(float(np.abs(np.where(causal[:, None], s, 0)).max()))
+        assert cap == np.float32(attn_cap)
+        return attend(q, kv, layer, start, scale, window, cap)
+
+    def spy_softcap(self, buf, cap):
+        logits.append(float(np.abs(buf).max()))
+        return softcap(self, buf, cap)
+
+    monkeypatch.setattr(layers, "attention", spy_attention)
+    monkeypatch.setattr(layers.EagerOps, "softcap", spy_softcap)
+    compiled, engine.lm.compiled = engine.lm.compiled, None
+    try:
+        engine.lm.reset()
+        out = engine.lm.forward(ref["prompts"]["short_fact"]["token_ids"])
+    finally:
+        engine.lm.compiled = compiled
+    assert max(scores) > 2 * attn_cap
+    assert logits[-1] > 2 * final_cap and float(np.abs(out).max()) <= final_cap
+    assert len(ref["prompts"]["long_prose"]["token_ids"]) > 2 * make_arch_models.GEMMA2_WINDOW
 
 
 def test_kleidipy_run(arch_model: tuple[str, Path, dict], engine: Engine) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import paths
 import pytest
 from model_files import GEMMA3, model_file
+from tiny_models import write_model
 
 from kleidipy.runtime.architectures.gemma3 import Gemma3, Gemma3Params
 from kleidipy.runtime.gguf_file import GGUFMetadataError, UnsupportedArchitectureError
@@ -52,6 +53,28 @@ def test_sliding_window_masks_old_keys(m: int, start: int) -> None:
 
 def test_every_sixth_layer_is_global() -> None:
     assert [i for i in range(18) if not Gemma3Params.is_sliding(i)] == [5, 11, 17]
+
+
+@pytest.mark.parametrize(
+    ("kv", "want"),
+    [
+        ({}, (4, 2.0, 3.0, [True, False])),  # the tiny file's keys
+        (
+            {"gemma2.attention.sliding_window": None, "gemma2.attn_logit_softcapping": None,
+             "gemma2.final_logit_softcapping": None},
+            (4096, 50.0, 30.0, [True, False]),
+        ),  # llama.cpp's defaults
+    ],
+)  # fmt: skip
+def test_gemma2_window_on_even_layers_and_caps(tmp_path: Path, kv: dict, want: tuple) -> None:
+    """gemma2: the window on the even layers (set_swa_pattern(2)), the caps as read or llama.cpp's defaults, the
+    attention scale 1/sqrt(head_dim) on Q and 1 in the softmax."""
+    model = ModelFile(write_model(tmp_path / "g.gguf", "gemma2", kv=kv))
+    lm = model.arch.build(model, n_ctx=32)
+    windows = [b.attention.window for b in lm.blocks]
+    assert (windows[0], lm.blocks[0].attention.cap, lm.final_softcap, [w is not None for w in windows]) == want
+    a = lm.blocks[1].attention
+    assert (a.q_scale, a.scale, a.cap) == (np.float32(1 / 4), 1.0, want[1])
 
 
 def _fake_model(window: int, n_layer: int = 18) -> SimpleNamespace:

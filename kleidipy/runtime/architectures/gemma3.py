@@ -42,8 +42,14 @@ class Gemma3Params:
         window = model.get_int(f"{hp.architecture}.attention.sliding_window")
         if window <= 0:
             raise GGUFMetadataError(f"{model.path}: {hp.architecture}.attention.sliding_window = {window} must be > 0")
-        size = hp.n_embd // hp.n_head if hp.n_layer == N_LAYER_27B else hp.head_dim
-        return cls(window, float(np.float32(1.0) / np.sqrt(np.float32(size))))
+        return cls(window, attention_scale(hp, N_LAYER_27B))
+
+
+def attention_scale(hp: HyperParameters, n_layer_27b: int) -> float:
+    """Gemma's Q scale (llama.cpp's f_attention_scale): 1/sqrtf(n_embd / n_head) for the 27B (``n_layer_27b``
+    layers), else 1/sqrtf(head_dim)."""
+    size = hp.n_embd // hp.n_head if hp.n_layer == n_layer_27b else hp.head_dim
+    return float(np.float32(1.0) / np.sqrt(np.float32(size)))
 
 
 class ScaledEmbedding:
@@ -81,6 +87,12 @@ class Gemma3Block:
         return ops.add(ops.rms_norm(f, self.post_ffw_norm, "post_norm"), h, "x")
 
 
+def sandwich_block(t: dict[str, Any], eps: float, attention: SelfAttention) -> Gemma3Block:
+    """A block of Gemma's sandwich norms (from the block's tensors ``t``) and GeGLU around ``attention``."""
+    norm = tuple(RMSNorm(t[f], eps) for f in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm"))
+    return Gemma3Block(norm, attention, GatedFFN(t["gate"], t["up"], t["down"], gelu=True))
+
+
 class Gemma3(CausalLM):
     """A gemma3-architecture model from a validated model file."""
 
@@ -93,7 +105,6 @@ class Gemma3(CausalLM):
     def block(self, layer: int, t: dict[str, Any]) -> Gemma3Block:
         hp, g = self.hparams, self.params
         sliding = g.is_sliding(layer)
-        norm = {f: RMSNorm(t[f], hp.rms_eps) for f in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm")}
         attention = SelfAttention.from_tensors(
             layer,
             t,
@@ -104,8 +115,7 @@ class Gemma3(CausalLM):
             q_scale=g.attention_scale,
             window=g.sliding_window if sliding else None,
         )
-        ffn = GatedFFN(t["gate"], t["up"], t["down"], gelu=True)
-        return Gemma3Block(tuple(norm.values()), attention, ffn)
+        return sandwich_block(t, hp.rms_eps, attention)
 
     def token_embedding(self, rows: Embedding) -> Embedding:
         return ScaledEmbedding(rows)

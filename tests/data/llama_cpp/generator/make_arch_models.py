@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Small random-weight GGUFs of the qwen3, smollm3 and phi3 architectures in llama.cpp's own tensor names and
+"""Small random-weight GGUFs of the qwen3, smollm3, phi3 and gemma2 architectures in llama.cpp's own tensor names and
 metadata keys, and llama.cpp's reference data for them (``../arch/``; README "Random-weight architectures").
 
 ``write_model(key, tokenizer_source, path)`` writes one file: deterministic (seed per key), gguf + numpy only, so
@@ -10,7 +10,10 @@ vocabulary, pre-tokenizer ``qwen2``); SmolLM2's vocabulary for smollm3 with Smol
 ``llama-bpe`` (SmolLM3 ships Llama 3's tokenizer; no catalogue model has it, llama-bpe's rules are what is tested);
 Gemma 3's SPM vocabulary (``llama`` model, the SPM one in the catalogue) for phi3, whose file has fused attn_qkv and
 ffn_up, LongRoPE factors and an original context of 512 (the long prompt runs past it: llama.cpp's context of 2048
-takes the long factors), and a sliding window of 262 that llama.cpp reads and disables.
+takes the long factors), and a sliding window of 262 that llama.cpp reads and disables; the same vocabulary (its
+pre type ``default``, as Gemma 2's converter writes it) for gemma2, whose file has a sliding window of 64 on its even
+layers, soft-caps of 1 (attention) and 30 (logits), and no output.weight (llama.cpp's gemma2 always takes
+token_embd).
 
 The output logits are peaked, so that greedy top-1/top-2 margins are wide: the blocks' output projections are scaled
 by BLOCK_GAIN, so the residual stream stays near the input token's embedding, and the LM head's row of each token's
@@ -44,6 +47,9 @@ from gguf_writer import tiny_tensors, write_tensors  # noqa: E402
 #: not "phi3" nor "phi-3": llama.cpp gives a model so named its tokenizer's special tokens RSTRIP and "</s>" (which
 #: Gemma's vocabulary lacks: the load fails), a rule of the name that kleidipy's tokenizer does not follow
 PHI3_NAME = "kleidipy random fused-QKV LongRoPE model"
+#: gemma2's sliding window (layers 0 and 2; the long prompt runs past it) and its attention and final soft-caps,
+#: small enough that they cap (the test checks: scores and logits past them)
+GEMMA2_WINDOW, GEMMA2_CAPS = 64, (1.0, 30.0)
 #: per model key: architecture, shape and weight types (blocks, token_embd, output; output None = tied)
 MODELS = {
     "qwen3": dict(
@@ -60,12 +66,19 @@ MODELS = {
         name=PHI3_NAME, kv={"rope.scaling.original_context_length": 512, "attention.sliding_window": 262,
                             "rope.scaling.attn_factor": float(np.sqrt(4 / 3))},
     ),
+    "gemma2": dict(
+        arch="gemma2", seed=52, pre=None, n_layer=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
+        rope_base=10000.0, eps=1e-6, n_ctx=8192, blocks=T.Q4_0, embd=T.Q4_0, output=None,
+        kv={"attention.sliding_window": GEMMA2_WINDOW, "attn_logit_softcapping": GEMMA2_CAPS[0],
+            "final_logit_softcapping": GEMMA2_CAPS[1]},
+    ),
 }  # fmt: skip
 #: the catalogue model each key copies its tokenizer from
 TOKENIZER_SOURCE = {
     "qwen3": "qwen2.5-coder-0.5b-instruct",
     "smollm3": "smollm2-135m-instruct",
     "phi3": "gemma3-270m",
+    "gemma2": "gemma3-270m",
 }
 #: the scale of the blocks' output projections (attn_output, ffn_down): their sum stays well below the embedding
 BLOCK_GAIN = 0.1
@@ -133,7 +146,7 @@ def write_model(key: str, tokenizer_source: Path, path: Path) -> Path:
         "general.file_type",
         int(gguf.LlamaFileType.MOSTLY_Q4_0 if m["blocks"] == T.Q4_0 else gguf.LlamaFileType.MOSTLY_Q8_0),
     )
-    for k, v in m.get("kv", {}).items():  # (phi3's LongRoPE keys and sliding window, as its converter writes them)
+    for k, v in m.get("kv", {}).items():  # (phi3's LongRoPE keys and sliding window, gemma2's window and caps)
         (w.add_uint32 if isinstance(v, int) else w.add_float32)(f"{a}.{k}", v)
     for k, v, vtype, sub in tok:
         w.add_key_value(k, v, vtype, sub)
