@@ -89,13 +89,7 @@ class RoPE:
 
 
 def attention(
-    q: np.ndarray,
-    kv: KVCache,
-    layer: int,
-    start: int,
-    scale: np.float32,
-    window: int | None = None,
-    cap: float = 0.0,
+    q: np.ndarray, kv: KVCache, layer: int, start: int, scale: np.float32, window: int | None = None, cap: float = 0.0
 ) -> np.ndarray:
     """Causal attention of q [m, n_head, d] (positions start..start+m-1) over the cells 0..start+m-1 of layer
     ``layer`` of the cache ``kv`` (float16, which also rounds Q and the softmax weights to F16, or float32), over
