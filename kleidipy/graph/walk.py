@@ -61,6 +61,14 @@ STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END, STATUS_BAD_TOKEN, STATU
 STATUS_PER_RUN = STATUS_INSIDE
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _buffer(buffers, run, n_keep, buf, logits_buffer):  # pragma: no cover - compiled
+    """Buffer ``buf`` [rows, width], or for the logits' buffer the caller's logits array [n_keep, n_vocab]."""
+    if buf == logits_buffer:
+        return f32_at(run[RUN_LOGITS], (n_keep, run[RUN_N_VOCAB]))
+    return f32_2d(buffers, buf)
+
+
 @numba.njit(cache=True, nogil=True)
 def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
@@ -117,7 +125,7 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
             kind = 0 if rows == 1 else 1
             prm, n, w = params[2 * c + kind], sizes[c, 0], u8_1d(rhs, c)
             x = f32_2d(buffers, a)
-            out = f32_at(run[RUN_LOGITS], (keep.size, run[RUN_N_VOCAB])) if b == logits_buffer else f32_2d(buffers, b)
+            out = _buffer(buffers, run, keep.size, b, logits_buffer)
             if d == 1:  # the previous MUL_MAT packed this input so: no pack, no barrier
                 if timed:
                     prof[ith, i, 1] = prof[ith, i, 0]
@@ -135,7 +143,7 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
                                 copy(x[keep[r]], x[r])
             rows = keep.size
         elif op == OP_SOFTCAP:  # (here: the logits' buffer is the caller's array)
-            x = f32_at(run[RUN_LOGITS], (keep.size, run[RUN_N_VOCAB])) if a == logits_buffer else f32_2d(buffers, a)
+            x = _buffer(buffers, run, keep.size, a, logits_buffer)
             lo, hi = share(rows, ith, nth)
             elementwise.softcap(x, f64_at(arrays[A_FPARAMS, 0], arrays[A_FPARAMS, 1])[i], lo, hi)
         else:
