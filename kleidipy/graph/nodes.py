@@ -1,7 +1,7 @@
 """The compiled plan's node routines: one C routine per op (ggml-cpu's ``ggml_compute_forward_<op>``), each thread's
 share of a node, reached by address through the plan's table as the kernels are (:mod:`kleidipy.core.node`), so
 that a first run compiles (or loads from numba's cache) only the routines its model's nodes use — attention's path
-for its head_dim and KV cache type among them. MUL_MAT, KEEP and SOFTCAP run in the walk itself
+for its head_dim and KV cache type among them. MUL_MAT and KEEP run in the walk itself
 (:mod:`kleidipy.graph.walk`).
 
 Every routine is ``routine(table, node, rows, ith, nth)`` (:data:`ROUTINE`): the address of the run's arrays table
@@ -28,6 +28,7 @@ from kleidipy.graph.plan import (
     OP_RMS_NORM,
     OP_ROPE,
     OP_SCALE,
+    OP_SOFTCAP,
     OP_STORE_KV,
     OP_SWIGLU,
     Plan,
@@ -46,6 +47,7 @@ from kleidipy.graph.tables import (
     A_VECTORS,
     arrays_at,
     i64_2d,
+    logits_2d,
     segments,
 )
 from kleidipy.graph.views import f32_1d, f32_2d, like_4d
@@ -114,6 +116,14 @@ def scale(table, i, rows, ith, nth):  # pragma: no cover - compiled
     arrays, node, buffers = _node(table, i)
     lo, hi = share(rows, ith, nth)
     elementwise.scale(f32_2d(buffers, node[1]), np.float32(_fparam(arrays, i)), lo, hi)
+
+
+def softcap(table, i, rows, ith, nth):  # pragma: no cover - compiled
+    """SOFTCAP (in place; on the caller's logits array when the node's buffer is the logits'): a share of the rows."""
+    arrays, node, buffers = _node(table, i)
+    x = logits_2d(arrays) if node[2] else f32_2d(buffers, node[1])
+    lo, hi = share(rows, ith, nth)
+    elementwise.softcap(x, _fparam(arrays, i), lo, hi)
 
 
 def rope(table, i, rows, ith, nth):  # pragma: no cover - compiled
@@ -232,7 +242,7 @@ def attention_rows_f32(table, i, rows, ith, nth):  # pragma: no cover - compiled
     _attention_rows(table, i, ith, nth, np.float32(0), False)
 
 
-#: each op's routine (the walk runs MUL_MAT, KEEP and SOFTCAP itself), those that touch the KV cache by whether its
+#: each op's routine (the walk runs MUL_MAT and KEEP itself), those that touch the KV cache by whether its
 #: cells are F16, and attention also by whether head_dim is a multiple of 16
 #: (:func:`~kleidipy.ops.attention.attention`'s paths)
 ROUTINES: dict[int, Callable] = {
@@ -241,6 +251,7 @@ ROUTINES: dict[int, Callable] = {
     OP_ADD_ROW: add_row,
     OP_SCALE: scale,
     OP_ROPE: rope,
+    OP_SOFTCAP: softcap,
     OP_SWIGLU: swiglu,
     OP_GEGLU: geglu,
 }

@@ -25,7 +25,7 @@ OP_ATTENTION = 8  #: [op, q, dst, layer, n_head, window, soft-cap's f32 bits (0:
 OP_SWIGLU = 9  #: [op, gate, up, dst]
 OP_GEGLU = 10  #: [op, gate, up, dst]
 OP_KEEP = 11  #: [op, first buffer, second buffer or -1]: keep the rows the run names (moved to the top, in order)
-OP_SOFTCAP = 12  #: [op, buffer]; fparam the cap (in place: tanhf(x / cap) * cap; the walk runs it, on the logits too)
+OP_SOFTCAP = 12  #: [op, buffer, 1 when it is the logits' buffer]; fparam the cap (in place: tanhf(x / cap) * cap)
 #: the ops' names (as a trace shows them)
 OP_NAMES = {
     OP_RMS_NORM: "RMS_NORM",
@@ -187,8 +187,9 @@ class PlanBuilder:
         self._node(OP_ATTENTION, q, dst, layer, n_head, window or 0, bits, fparam=scale)
         return dst
 
-    def softcap(self, buf: int, cap: float) -> int:
-        self._node(OP_SOFTCAP, buf, fparam=cap)
+    def softcap(self, buf: int, cap: float, logits: bool = False) -> int:
+        """tanhf(x / cap) * cap in place; ``logits``: ``buf`` is the plan's logits (the caller's array at run time)."""
+        self._node(OP_SOFTCAP, buf, int(logits), fparam=cap)
         return buf
 
     def glu(self, gelu: bool, gate: int, up: int, name: str) -> int:
@@ -235,7 +236,7 @@ def build_plan(lm: PlannedModel) -> Plan:
     if b.nodes[-1][0] != OP_MATMUL or b.nodes[-1][2] != logits:  # (a bias on the LM head would add a node)
         raise NotPlannableError("the LM head must be the plan's last node")
     if lm.final_softcap:  # (Gemma 2's final_logit_softcapping: in place, on the caller's logits)
-        b.softcap(logits, lm.final_softcap)
+        b.softcap(logits, lm.final_softcap, logits=True)
     return Plan(
         np.array(b.nodes, np.int64).reshape(-1, NODE_WIDTH),
         np.array(b.fparams, np.float64),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numba
 
-from kleidipy.core.pointers import i64_at
+from kleidipy.core.pointers import f32_at, i64_at
 
 #: rows of the table of the arrays a run reads: the plan's nodes and float parameters, the address of each node's
 #: routine (:mod:`kleidipy.graph.nodes`; 0 for the nodes the walk runs itself); the address tables of the activation
@@ -52,3 +52,10 @@ def segments(arrays):  # pragma: no cover - compiled
     """The run's segments [n, 4] (cache index, first position, first row, last row + 1)."""
     run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
     return i64_at(run[RUN_SEGS], (run[RUN_N_SEGS], 4))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def logits_2d(arrays):  # pragma: no cover - compiled
+    """The caller's logits array [rows kept, n_vocab] of the run: where the LM head (and a final SOFTCAP) writes."""
+    run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
+    return f32_at(run[RUN_LOGITS], (run[RUN_N_KEEP], run[RUN_N_VOCAB]))

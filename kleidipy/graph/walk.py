@@ -13,17 +13,16 @@ from __future__ import annotations
 import numba
 
 from kleidipy.core.node import copy
-from kleidipy.core.pointers import f32_at, f64_at, i64_at, u8_at
+from kleidipy.core.pointers import i64_at, u8_at
 from kleidipy.formats.rows import get_rows
 from kleidipy.graph import matmul as mm
 from kleidipy.graph.atomics import monotonic_ns
 from kleidipy.graph.nodes import call_routine
-from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, OP_SOFTCAP
+from kleidipy.graph.plan import OP_KEEP, OP_MATMUL
 from kleidipy.graph.tables import (
     A_BUFFERS,
     A_DECODE,
     A_EMBD_ROWS,
-    A_FPARAMS,
     A_LHS,
     A_NODES,
     A_PARAMS,
@@ -39,7 +38,6 @@ from kleidipy.graph.tables import (
     RUN_LOGITS,
     RUN_M,
     RUN_N_KEEP,
-    RUN_N_VOCAB,
     RUN_PROF,
     RUN_PROF_THREADS,
     RUN_SEGS,
@@ -47,6 +45,7 @@ from kleidipy.graph.tables import (
     RUN_TOKEN,
     arrays_at,
     i64_2d,
+    logits_2d,
 )
 from kleidipy.graph.views import f32_2d, u8_1d
 from kleidipy.graph.workers import SYNC_FIRST_FREE, barrier, next_run, pool_arrays, post_again, share, wait_done
@@ -61,19 +60,11 @@ STATUS_NONFINITE, STATUS_NODE, STATUS_START, STATUS_END, STATUS_BAD_TOKEN, STATU
 STATUS_PER_RUN = STATUS_INSIDE
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _buffer(buffers, run, n_keep, buf, logits_buffer):  # pragma: no cover - compiled
-    """Buffer ``buf`` [rows, width], or for the logits' buffer the caller's logits array [n_keep, n_vocab]."""
-    if buf == logits_buffer:
-        return f32_at(run[RUN_LOGITS], (n_keep, run[RUN_N_VOCAB]))
-    return f32_2d(buffers, buf)
-
-
 @numba.njit(cache=True, nogil=True)
 def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pragma: no cover - compiled
     """Thread ith's walk over the plan for a ubatch of m tokens in segments ``segs`` [n, 4] (cache index, first
     position, first row, last row + 1: rows of one sequence, whose KV cache is row ``cache index`` of the address tables
-    kcaches/vcaches), keeping the rows ``keep`` at the KEEP node, each node but MUL_MAT, KEEP and SOFTCAP by its routine
+    kcaches/vcaches), keeping the rows ``keep`` at the KEEP node, each node but MUL_MAT and KEEP by its routine
     (:mod:`kleidipy.graph.nodes`; see docs/compiled-plan-execution.md); the MUL_MAT into buffer ``logits_buffer`` writes
     into ``logits`` instead (the caller's own array: no copy out). With a non-empty ``prof`` [threads, nodes, 3] the
     thread records per node the monotonic ns of its start, of the end of its share of a MUL_MAT's LHS pack (0 for other
@@ -125,7 +116,7 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
             kind = 0 if rows == 1 else 1
             prm, n, w = params[2 * c + kind], sizes[c, 0], u8_1d(rhs, c)
             x = f32_2d(buffers, a)
-            out = _buffer(buffers, run, keep.size, b, logits_buffer)
+            out = logits_2d(arrays) if b == logits_buffer else f32_2d(buffers, b)
             if d == 1:  # the previous MUL_MAT packed this input so: no pack, no barrier
                 if timed:
                     prof[ith, i, 1] = prof[ith, i, 0]
@@ -142,10 +133,6 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
                             if keep[r] != r:
                                 copy(x[keep[r]], x[r])
             rows = keep.size
-        elif op == OP_SOFTCAP:  # (here: the logits' buffer is the caller's array)
-            x = _buffer(buffers, run, keep.size, a, logits_buffer)
-            lo, hi = share(rows, ith, nth)
-            elementwise.softcap(x, f64_at(arrays[A_FPARAMS, 0], arrays[A_FPARAMS, 1])[i], lo, hi)
         else:
             call_routine(routines[i], table, i, rows, ith, nth)
         if timed:
