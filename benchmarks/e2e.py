@@ -6,7 +6,9 @@
     python benchmarks/e2e.py --llama-cpp-python /path/to/venv-with-llama-cpp/bin/python
 
 Models: SmolLM2-135M (Q4_1 as shipped, and Q4_0 made by `kleidipy quantize --pure`), Qwen2.5-Coder-0.5B (as
-shipped, a Q4_K_M mix, and Q4_0), and a TinyLlama-1.1B-shaped random-weight Q4_0 model written here. kleidipy runs
+shipped, a Q4_K_M mix, and Q4_0), and random-weight Q4_0 models written here (``kleidipy.tools.synthetic``) of
+TinyLlama-1.1B's shape (the llama row) and of Qwen3-0.6B's, Gemma-2-2B's, Phi-3-mini's and SmolLM3-3B's (a row per
+further architecture; a third table holds each one's kleidipy/llama.cpp ratio against the llama row's). kleidipy runs
 its compiled plan on persistent threads (``--eager``: op by op from Python); "host µs/token" is the Python time per
 decoded token outside the plan (the call into numba, its argument unboxing, included: the plan clocks itself).
 llama.cpp is timed as llama-bench times it (``benchmarks/llama_cpp_bench.py``: low-level ``llama_decode``, no logits
@@ -48,7 +50,17 @@ from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import cache_dir, pull
 from kleidipy.target import resolve_target
-from kleidipy.tools.synthetic import TINYLLAMA_1_1B, write_random_llama
+from kleidipy.tools import synthetic
+
+#: the llama row, and a row per further architecture (random Q4_0 weights of a real model's shape) that the
+#: architectures table holds against it
+LLAMA_ROW = "tinyllama-q4_0"
+ARCHITECTURE_ROWS = {
+    "qwen3-0.6b-q4_0": synthetic.QWEN3_0_6B,
+    "gemma2-2b-q4_0": synthetic.GEMMA2_2B,
+    "phi3-3.8b-q4_0": synthetic.PHI3_MINI_3_8B,
+    "smollm3-3b-q4_0": synthetic.SMOLLM3_3B,
+}
 
 
 def bench_dir() -> Path:
@@ -73,18 +85,22 @@ def model_files() -> dict[str, Path | callable]:
     def quantized(name: str, key: str):  # noqa: ANN202
         return lambda: requantized(name, key)
 
-    def tinyllama() -> Path:
-        dst = bench_dir() / "tinyllama-1.1b-random-q4_0.gguf"
-        if not dst.exists():
-            write_random_llama(dst, TINYLLAMA_1_1B)
-        return dst
+    def random(shape: synthetic.ModelShape, key: str):  # noqa: ANN202
+        def make() -> Path:
+            dst = bench_dir() / f"{key}-random.gguf"
+            if not dst.exists():
+                synthetic.write_random_model(dst, shape)
+            return dst
+
+        return make
 
     return {
         "smollm2-q4_1": lambda: pull("smollm2-135m-instruct"),
         "smollm2-q4_0": quantized("smollm2-135m-instruct", "smollm2-q4_0"),
         "qwen25-q4_k_m": lambda: pull("qwen2.5-coder-0.5b-instruct"),
         "qwen25-q4_0": quantized("qwen2.5-coder-0.5b-instruct", "qwen25-q4_0"),
-        "tinyllama-q4_0": tinyllama,
+        LLAMA_ROW: random(synthetic.TINYLLAMA_1_1B, "tinyllama-1.1b-q4_0"),
+        **{key: random(shape, key) for key, shape in ARCHITECTURE_ROWS.items()},
     }
 
 
@@ -215,6 +231,28 @@ def _scaling_row(key: str, r: dict, first: dict, label: str, wbytes: int) -> str
     )
 
 
+def _ratio_of_ratios(r: dict, base: dict, what: str) -> str:
+    mine, llama = r[what], r[f"ref_{what}"]
+    if not (mine and llama and base[what] and base[f"ref_{what}"]):
+        return "—"
+    ratio = statistics.mean(mine) / statistics.mean(llama)
+    return f"{ratio:.2f}x | {ratio / (statistics.mean(base[what]) / statistics.mean(base[f'ref_{what}'])):.2f}"
+
+
+def architectures_table(results: dict, counts: list[int]) -> str:
+    """Each further architecture's kleidipy/llama.cpp ratio beside the llama row's (the same run): the issue's bar
+    is the quotient within 10 % of 1."""
+    lines = [
+        f"\n| model | threads | pp ratio | ÷ {LLAMA_ROW}'s | tg ratio | ÷ {LLAMA_ROW}'s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in (k for k in results if k in ARCHITECTURE_ROWS):
+        for t in counts:
+            base, r = results[LLAMA_ROW][t], results[key][t]
+            lines.append(f"| {key} | {t} | {_ratio_of_ratios(r, base, 'pp')} | {_ratio_of_ratios(r, base, 'tg')} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="pp64 / tg16, one repetition")
@@ -249,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     llama = not args.no_llama_cpp
-    scaling = []
+    scaling, results = [], {}
     with ThreadPoolExecutor(max(counts)) as pool:
         for key in args.models.split(","):
             path = files[key]()
@@ -277,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 for engine in engines.values():
                     engine.close()
+            results[key] = runs
             for t in counts:
                 r, host = runs[t], engines[t].host_us
                 roof = statistics.mean(r["bw"]) * 1e9 / wbytes
@@ -295,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("|---|---|---|---|---|---|---|---|")
         print("\n".join(scaling))
+    if LLAMA_ROW in results and set(ARCHITECTURE_ROWS) & set(results):
+        print(architectures_table(results, counts))
     return 0
 
 
