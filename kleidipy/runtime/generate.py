@@ -34,7 +34,7 @@ from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import resolve_model
 from kleidipy.runtime.repack_cache import RepackCache
 from kleidipy.runtime.sampler import Sampler, SamplingParams, log_softmax
-from kleidipy.runtime.tokenizer import StreamDetokenizer, Tokenizer
+from kleidipy.runtime.tokenizer import TOKENIZER_KEYS, StreamDetokenizer, Tokenizer
 from kleidipy.target import Target, resolve_target
 
 #: Why a generation ended: an end-of-generation token or a stop string ("stop"), or the token budget or the
@@ -266,7 +266,7 @@ class Engine:
         self.gguf = ModelFile(self.path)
         if self.check_tensors:
             tensor_check.check_tensors(self.gguf)
-        metadata = self.gguf.metadata("tokenizer.")
+        metadata = self.gguf.metadata(TOKENIZER_KEYS)
         self.tokenizer = Tokenizer(metadata)
         self.chat_template = ChatTemplate.from_metadata(metadata)
         n_weights = sum(len(t.shape) == 2 for t in self.gguf.tensors.values())

@@ -395,7 +395,7 @@ class GGUFContainer:
 
     # -- metadata ------------------------------------------------------------------------------------------------
 
-    def metadata(self, prefix: str = "") -> dict[str, Any]:
+    def metadata(self, prefix: str | tuple[str, ...] = "") -> dict[str, Any]:
         """The key/values whose keys start with ``prefix``, in file order, as plain Python values: strings decoded
         with ``surrogateescape`` (token texts keep their exact bytes), arrays as lists."""
         return {key: value.plain() for key, value in self._values.items() if key.startswith(prefix)}

@@ -523,9 +523,17 @@ def special_token_id(metadata: Mapping[str, Any], key: str, n_vocab: int) -> int
     return int(value)
 
 
+#: the keys a tokenizer reads: the vocabulary's, and the model's name (llama.cpp sets token attributes by it)
+TOKENIZER_KEYS = ("tokenizer.", "general.name")
+#: model names (lower case, contained) whose special tokens take RSTRIP in llama.cpp
+_RSTRIP_MODEL_NAMES = ("phi-3", "phi3")
+#: the characters C's isspace() takes (llama.cpp strips these bytes)
+_C_SPACES = " \t\n\v\f\r"
+
+
 def gguf_metadata(
     source: str | os.PathLike[str] | GGUFContainer | gguf.GGUFReader | Mapping[str, gguf.ReaderField],
-    prefix: str = "tokenizer.",
+    prefix: str | tuple[str, ...] = TOKENIZER_KEYS,
 ) -> dict[str, Any]:
     """The GGUF key/values whose keys start with ``prefix``, as plain Python values, of a file (a path or an open
     :class:`GGUFContainer`, e.g. a ``ModelFile``), of a ``gguf.GGUFReader`` or of a mapping of its fields. Strings
@@ -633,6 +641,12 @@ class Tokenizer:
             (i for i, attr in enumerate(self._attrs) if attr & _CACHED_ATTRS),
             key=lambda i: (-len(_utf8(self._texts[i])), i),
         )
+        # llama.cpp's token attribute by model name: a Phi-3 strips the whitespace after its special tokens and
+        # </s>, but not after <unk>, <s> and <|endoftext|> (llama_vocab::impl::load, RSTRIP)
+        self._rstrip: frozenset[int] = frozenset()
+        if any(name in str(metadata.get("general.name", "")).lower() for name in _RSTRIP_MODEL_NAMES):
+            ids = {*self._special_cache, *(self._token_to_id[t] for t in ("</s>",) if t in self._token_to_id)}
+            self._rstrip = frozenset(ids - {self._token_to_id.get(t) for t in ("<unk>", "<s>", "<|endoftext|>")})
         self._pieces: dict[int, bytes] = {}
         self._bpe_cache: dict[str, tuple[int, ...]] = {}
 
@@ -716,7 +730,8 @@ class Tokenizer:
         return output
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """Cut whole special tokens out of ``text`` (longest token texts first), keeping the text between."""
+        """Cut whole special tokens out of ``text`` (longest token texts first), keeping the text between (without
+        its leading whitespace after a token with RSTRIP)."""
         fragments: list[str | int] = [text] if text else []
         for token in self._special_cache:
             special = self._texts[token]
@@ -730,6 +745,7 @@ class Tokenizer:
                 for k, piece in enumerate(fragment.split(special)):
                     if k:
                         split.append(token)
+                        piece = piece.lstrip(_C_SPACES) if token in self._rstrip else piece
                     if piece:
                         split.append(piece)
             fragments = split

@@ -28,6 +28,7 @@ from model_files import GEMMA3, QWEN25, SMOLLM2, model_file, sha256_file
 
 from kleidipy.runtime import layers
 from kleidipy.runtime.generate import Engine
+from kleidipy.runtime.tokenizer import Tokenizer, gguf_metadata
 from kleidipy.target import parse_target
 
 ARCH = paths.DATA / "llama_cpp" / "arch"
@@ -144,3 +145,16 @@ def test_kleidipy_run(arch_model: tuple[str, Path, dict], engine: Engine) -> Non
     assert proc.returncode == 0, proc.stderr
     want = "The capital of France is" + engine.tokenizer.decode(ref["prompts"]["short_fact"]["greedy"][:3])
     assert proc.stdout.rstrip("\n") == want
+
+
+def test_phi3_named_file_strips_the_space_after_special_tokens(tmp_path: Path) -> None:
+    """A file named as a Phi-3 gives its special tokens llama.cpp's RSTRIP (the whitespace after them is dropped;
+    not after <unk>, <s>, <|endoftext|>): token ids equal llama.cpp's with parse_special true and false."""
+    path = make_arch_models.write_model("phi3", None, tmp_path / "m.gguf", name=make_arch_models.PHI3_REAL_NAME)
+    ref = json.loads((ARCH / "phi3_rstrip.json").read_text())
+    assert sha256_file(path) == ref["model_sha256"], "the generator no longer writes the file llama.cpp ran"
+    tok = Tokenizer.from_gguf(path)
+    for case in ref["cases"]:
+        assert tok.encode(case["text"], parse_special=case["parse_special"]) == case["token_ids"], case
+    plain = Tokenizer({**gguf_metadata(path), "general.name": "a model"})  # (any other name: the spaces stay)
+    assert plain.encode(ref["cases"][0]["text"], parse_special=True) != ref["cases"][0]["token_ids"]

@@ -25,9 +25,15 @@ the vendored build's bin/) runs llama.cpp on each file: token ids of the prompts
 with their margins, for the variants default, norepack (use_extra_bufts=false) and flashattn; the spread is the
 largest last-row max |Δ| of a variant against default.
 
+``rstrip-reference`` records llama.cpp's token ids for a phi3 file named as a Phi-3 (llama.cpp then gives its special
+tokens the RSTRIP attribute: the whitespace after them is dropped) with a vocabulary shaped as Phi-3's
+(``write-phi3-named``): ``../arch/phi3_rstrip.json``.
+
 Usage:
   make_arch_models.py write KEY TOKENIZER_SOURCE_GGUF OUT.gguf
   make_arch_models.py reference KEY MODEL.gguf OUT_DIR
+  make_arch_models.py write-phi3-named OUT.gguf
+  make_arch_models.py rstrip-reference MODEL.gguf OUT.json
 """
 
 from __future__ import annotations
@@ -124,13 +130,14 @@ def tensors(m: dict, n_vocab: int) -> dict[str, np.ndarray]:
     return t
 
 
-def write_model(key: str, tokenizer_source: Path, path: Path) -> Path:
-    """Write model ``key``'s GGUF to ``path`` (the same bytes on every run)."""
+def write_model(key: str, tokenizer_source: Path | None, path: Path, name: str | None = None) -> Path:
+    """Write model ``key``'s GGUF to ``path`` (the same bytes on every run); with no ``tokenizer_source``, the
+    Phi-3-like vocabulary of :func:`phi3_vocab_kv`; ``name`` replaces the model's general.name."""
     m, a = MODELS[key], MODELS[key]["arch"]
-    tok = tokenizer_kv(tokenizer_source, m["pre"])
+    tok = tokenizer_kv(tokenizer_source, m["pre"]) if tokenizer_source else phi3_vocab_kv()
     n_vocab = len(next(v for k, v, *_ in tok if k == "tokenizer.ggml.tokens"))
     w = gguf.GGUFWriter(path, a)
-    w.add_string("general.name", m.get("name", f"kleidipy random {a}"))
+    w.add_string("general.name", name or m.get("name", f"kleidipy random {a}"))
     w.add_uint32(f"{a}.block_count", m["n_layer"])
     w.add_uint32(f"{a}.context_length", m["n_ctx"])
     w.add_uint32(f"{a}.embedding_length", m["n_embd"])
@@ -154,6 +161,51 @@ def write_model(key: str, tokenizer_source: Path, path: Path) -> Path:
         w, tensors(m, n_vocab), {"token_embd.weight": m["embd"], "output.weight": m["output"], "*": m["blocks"]}
     )
     return path
+
+
+#: a Phi-3 model's name: llama.cpp strips the whitespace after its special tokens (RSTRIP) but <unk>, <s>,
+#: <|endoftext|>
+PHI3_REAL_NAME = "Phi-3-mini-4k-instruct"
+#: texts for the RSTRIP rule, each tokenized with parse_special true and false
+RSTRIP_TEXTS = (
+    "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n",
+    "<|system|>  \t be brief<|end|>\r\n\n<|user|> hi </s>  next <s>  kept <unk>  kept <|endoftext|>  kept",
+    "a<|end|>   <|end|>\n\n",
+)
+
+
+def phi3_vocab_kv() -> list[tuple[str, object, gguf.GGUFValueType, object]]:
+    """A SentencePiece vocabulary shaped as Phi-3's: <unk> <s> </s>, the 256 byte tokens, a few pieces, then
+    <|endoftext|> (control) and Phi-3's chat tokens (<|end|> control, the others user-defined, as its file has
+    them)."""
+    V = gguf.GGUFValueType
+    pieces = ["\u2581", *("\u2581" + w for w in ("What", "is", "hi", "be", "brief", "next", "kept")), "a"]
+    specials = {"<|endoftext|>": 3, "<|assistant|>": 4, "<|end|>": 3, "<|system|>": 4, "<|user|>": 4}
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces, *specials]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(pieces), *specials.values()]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0] * len(specials)
+    kv = [
+        ("tokenizer.ggml.model", "llama", V.STRING, None),
+        ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
+        ("tokenizer.ggml.scores", scores, V.ARRAY, V.FLOAT32),
+        ("tokenizer.ggml.token_type", types, V.ARRAY, V.INT32),
+    ]
+    ids = {"bos_token_id": 1, "eos_token_id": tokens.index("<|endoftext|>"), "unknown_token_id": 0}
+    return kv + [(f"tokenizer.ggml.{k}", v, V.UINT32, None) for k, v in ids.items()]
+
+
+def rstrip_reference(model: Path, out: Path) -> None:
+    """Write llama.cpp's token ids of :data:`RSTRIP_TEXTS` (BOS added; parse_special true and false) to ``out``."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(model), vocab_only=True, verbose=False)
+    cases = [
+        {"text": text, "parse_special": special, "token_ids": llm.tokenize(text.encode(), True, special)}
+        for text in RSTRIP_TEXTS
+        for special in (True, False)
+    ]
+    rec = {"model_sha256": sha256_file(model), "llama_cpp_python": llama_cpp.__version__, "cases": cases}
+    out.write_text(json.dumps(rec, ensure_ascii=False, indent=1) + "\n")
 
 
 def sha256_file(path: Path) -> str:
@@ -231,8 +283,14 @@ def reference(key: str, model: Path, out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    cmd, key, a, b = sys.argv[1:5]
+    cmd = sys.argv[1]
     if cmd == "write":
+        key, a, b = sys.argv[2:5]
         write_model(key, Path(a), Path(b))
+    elif cmd == "write-phi3-named":
+        write_model("phi3", None, Path(sys.argv[2]), name=PHI3_REAL_NAME)
+    elif cmd == "rstrip-reference":
+        rstrip_reference(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
+        key, a, b = sys.argv[2:5]
         reference(key, Path(a), Path(b))
