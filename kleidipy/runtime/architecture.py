@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kleidipy.runtime.gguf_file import Tensor
+from kleidipy.runtime.gguf_file import GGUFMetadataError, Tensor
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import check_context_size
 from kleidipy.runtime.weights import Linear, LinearFactory
@@ -44,6 +44,8 @@ class ValidatedFile(Protocol):
 
     def get_float(self, key: str, default: Any = ...) -> float: ...
 
+    def metadata(self, prefix: str | tuple[str, ...] = "") -> dict[str, Any]: ...
+
     def tensor(self, name: str) -> Tensor: ...
 
     def linear(self, name: str, factory: LinearFactory) -> Linear: ...
@@ -51,6 +53,21 @@ class ValidatedFile(Protocol):
     def split_linear(self, name: str, factory: LinearFactory, rows: Sequence[int]) -> list[Linear]: ...
 
     def vector(self, name: str) -> np.ndarray | None: ...
+
+
+def sliding_layers(model: ValidatedFile, n_pattern: int) -> tuple[bool, ...]:
+    """Which layers attend through the sliding window, as llama.cpp's ``load_swa_pattern`` reads it: the file's
+    ``attention.sliding_window_pattern`` as a bool per layer (an array) or as n (layer il slides when
+    il % n < n − 1; 0: every layer); without the key, ``n_pattern``."""
+    n_layer, key = model.hparams.n_layer, f"{model.architecture}.attention.sliding_window_pattern"
+    value = model.metadata(key).get(key, n_pattern)
+    if isinstance(value, list) and len(value) == n_layer and all(isinstance(v, bool) for v in value):
+        return tuple(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GGUFMetadataError(
+            f"{model.path}: {key} = {str(value)[:60]} must be an integer >= 0 or {n_layer} bools (one per layer)"
+        )
+    return tuple(value == 0 or layer % value < value - 1 for layer in range(n_layer))
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def test_sliding_window_masks_old_keys(m: int, start: int) -> None:
 
 
 def test_every_sixth_layer_is_global() -> None:
-    assert [i for i in range(18) if not Gemma3Params.is_sliding(i)] == [5, 11, 17]
+    assert [i for i, slides in enumerate(Gemma3Params.read(_fake_model(512)).sliding) if not slides] == [5, 11, 17]
 
 
 @pytest.mark.parametrize(
@@ -64,6 +64,8 @@ def test_every_sixth_layer_is_global() -> None:
              "gemma2.final_logit_softcapping": None},
             (4096, 50.0, 30.0, [True, False]),
         ),  # llama.cpp's defaults
+        ({"gemma2.attention.sliding_window_pattern": [False, True]}, (None, 2.0, 3.0, [False, True])),  # per layer
+        ({"gemma2.attention.sliding_window_pattern": 0}, (4, 2.0, 3.0, [True, True])),  # 0: every layer slides
     ],
 )  # fmt: skip
 def test_gemma2_window_on_even_layers_and_caps(tmp_path: Path, kv: dict, want: tuple) -> None:
@@ -77,13 +79,25 @@ def test_gemma2_window_on_even_layers_and_caps(tmp_path: Path, kv: dict, want: t
     assert (a.q_scale, a.scale, a.cap) == (np.float32(1 / 4), 1.0, want[1])
 
 
+@pytest.mark.parametrize("pattern", [[True, False, True], [1, 0], True, "6"])
+def test_gemma2_bad_window_pattern(tmp_path: Path, pattern: object) -> None:
+    """A sliding_window_pattern that is neither a bool per layer nor an integer >= 0: one line naming the key."""
+    model = ModelFile(
+        write_model(tmp_path / "g.gguf", "gemma2", kv={"gemma2.attention.sliding_window_pattern": pattern})
+    )
+    with pytest.raises(GGUFMetadataError, match="sliding_window_pattern"):
+        model.arch.build(model, n_ctx=32)
+
+
 def _fake_model(window: int, n_layer: int = 18) -> SimpleNamespace:
     hp = SimpleNamespace(architecture="gemma3", n_embd=640, n_head=4, head_dim=256, n_layer=n_layer)
-    return SimpleNamespace(hparams=hp, path="m.gguf", get_int=lambda key: window)
+    return SimpleNamespace(
+        hparams=hp, architecture="gemma3", path="m.gguf", get_int=lambda key: window, metadata=lambda prefix: {}
+    )
 
 
 def test_params_attention_scale_and_bad_window() -> None:
-    assert Gemma3Params.read(_fake_model(512)) == Gemma3Params(512, 1 / 16)
+    assert Gemma3Params.read(_fake_model(512)) == Gemma3Params(512, 1 / 16, ((True,) * 5 + (False,)) * 3)
     assert Gemma3Params.read(_fake_model(512, n_layer=62)).attention_scale == pytest.approx(1 / np.sqrt(160))
     with pytest.raises(GGUFMetadataError, match="sliding_window = 0"):
         Gemma3Params.read(_fake_model(0))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile
+from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, sliding_layers
 from kleidipy.runtime.architectures.gemma3 import (
     Gemma3Block,
     ScaledEmbedding,
@@ -35,12 +35,9 @@ class Gemma2(CausalLM):
     def prepare(self, model: ValidatedFile, top: TensorTable) -> None:
         hp, a = self.hparams, self.hparams.architecture
         self.window = model.get_int(f"{a}.attention.sliding_window", SLIDING_WINDOW)
-        self.pattern = model.get_int(f"{a}.attention.sliding_window_pattern", SWA_PATTERN)
-        if self.window <= 0 or self.pattern < 0:
-            raise GGUFMetadataError(
-                f"{model.path}: {a}.attention.sliding_window = {self.window} must be > 0 and its pattern "
-                f"{self.pattern} >= 0"
-            )
+        if self.window <= 0:
+            raise GGUFMetadataError(f"{model.path}: {a}.attention.sliding_window = {self.window} must be > 0")
+        self.sliding = sliding_layers(model, SWA_PATTERN)
         self.attn_softcap = model.get_float(f"{a}.attn_logit_softcapping", ATTN_SOFTCAP)
         self.final_softcap = model.get_float(f"{a}.final_logit_softcapping", FINAL_SOFTCAP)
         self.q_scale = attention_scale(hp, N_LAYER_27B)
@@ -48,13 +45,9 @@ class Gemma2(CausalLM):
         base_swa = model.get_float(f"{a}.rope.freq_base_swa", hp.rope_freq_base)
         self.local_rope = self.global_rope if base_swa == hp.rope_freq_base else self.rope(base_swa, hp.rope_freq_scale)
 
-    def is_sliding(self, layer: int) -> bool:
-        """llama.cpp's set_swa_pattern(n) (0: every layer slides)."""
-        return self.pattern == 0 or layer % self.pattern < self.pattern - 1
-
     def block(self, layer: int, t: dict[str, Any]) -> Gemma3Block:
         hp = self.hparams
-        sliding = self.is_sliding(layer)
+        sliding = self.sliding[layer]
         attention = SelfAttention.from_tensors(
             layer,
             t,

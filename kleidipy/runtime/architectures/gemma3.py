@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile
+from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, sliding_layers
 from kleidipy.runtime.gguf_file import GGUFMetadataError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.layers import CausalLM, GatedFFN, RMSNorm, SelfAttention, T
@@ -20,7 +20,7 @@ from kleidipy.runtime.weights import Embedding
 if TYPE_CHECKING:
     from kleidipy.graph.model import Ops
 
-SWA_PATTERN = 6  #: llama.cpp's set_swa_pattern(6): five sliding layers, then a global one
+SWA_PATTERN = 6  #: llama.cpp's load_swa_pattern(ml, 6): five sliding layers, then a global one
 ROPE_FREQ_BASE_SWA = 10000.0  #: llama.cpp's rope_freq_base_train_swa for gemma3
 N_LAYER_27B = 62  #: the one size whose attention scale is 1/sqrt(n_embd / n_head)
 
@@ -31,10 +31,7 @@ class Gemma3Params:
 
     sliding_window: int
     attention_scale: float
-
-    @staticmethod
-    def is_sliding(layer: int) -> bool:
-        return layer % SWA_PATTERN < SWA_PATTERN - 1
+    sliding: tuple[bool, ...]  #: per layer: whether it attends through the window
 
     @classmethod
     def read(cls, model: ValidatedFile) -> Gemma3Params:
@@ -42,7 +39,7 @@ class Gemma3Params:
         window = model.get_int(f"{hp.architecture}.attention.sliding_window")
         if window <= 0:
             raise GGUFMetadataError(f"{model.path}: {hp.architecture}.attention.sliding_window = {window} must be > 0")
-        return cls(window, attention_scale(hp, N_LAYER_27B))
+        return cls(window, attention_scale(hp, N_LAYER_27B), sliding_layers(model, SWA_PATTERN))
 
 
 def attention_scale(hp: HyperParameters, n_layer_27b: int) -> float:
@@ -104,7 +101,7 @@ class Gemma3(CausalLM):
 
     def block(self, layer: int, t: dict[str, Any]) -> Gemma3Block:
         hp, g = self.hparams, self.params
-        sliding = g.is_sliding(layer)
+        sliding = g.sliding[layer]
         attention = SelfAttention.from_tensors(
             layer,
             t,
