@@ -39,7 +39,7 @@ class HyperParameters:
     rope_type: RopeType
     rope_freq_base: float
     rope_freq_scale: float  #: 1 / rope.scaling.factor (linear scaling), 1.0 without scaling
-    rope_scaling: str  #: "none" or "linear"
+    rope_scaling: str  #: "none", "linear" or (phi3, whose factors are tensors: as linear) "longrope"
     tied_embeddings: bool  #: no output.weight: the LM head is token_embd
 
     @property
@@ -100,8 +100,10 @@ def read_hparams(g: GGUFContainer, arch: str, rope_type: RopeType) -> HyperParam
         )
     scaling = g.get_str(f"{a}.rope.scaling.type", "none")
     factor = g.get_float(f"{a}.rope.scaling.factor", g.get_float(f"{a}.rope.scale_linear", 0.0))
-    if scaling not in ("none", "linear"):
-        raise UnsupportedModelError(f"{g.path}: rope scaling '{scaling}' is not supported (none, linear)")
+    if scaling not in ("none", "linear") and (scaling, a) != ("longrope", "phi3"):
+        raise UnsupportedModelError(
+            f"{g.path}: rope scaling '{scaling}' is not supported (none, linear; longrope for phi3)"
+        )
     if factor < 0 or not math.isfinite(factor):
         raise GGUFMetadataError(f"{g.path}: rope scaling factor {factor} must be >= 0")
     n_vocab = _n_vocab(g, a)
@@ -119,7 +121,7 @@ def read_hparams(g: GGUFContainer, arch: str, rope_type: RopeType) -> HyperParam
         rms_eps=rms_eps,
         rope_type=rope_type,
         rope_freq_base=freq_base,
-        rope_freq_scale=1.0 if factor == 0.0 else 1.0 / factor,
+        rope_freq_scale=1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor,  # (llama.cpp: none never scales)
         rope_scaling=scaling,
         tied_embeddings="output.weight" not in g.tensors,
     )

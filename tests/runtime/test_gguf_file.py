@@ -282,6 +282,7 @@ def test_unknown_architecture(tmp_path: Path) -> None:
         ({"llama.embedding_length": 66}, GGUFMetadataError, "not a multiple of head_count"),
         ({"llama.vocab_size": 81}, GGUFTensorError, "'token_embd.weight'"),
         ({"llama.rope.scaling.type": "yarn"}, UnsupportedModelError, "rope scaling 'yarn'"),
+        ({"llama.rope.scaling.type": "longrope"}, UnsupportedModelError, "longrope for phi3"),
         ({"llama.expert_count": 8}, UnsupportedModelError, "mixture-of-experts"),
         ({"llama.attention.head_count_kv": [2, 1]}, UnsupportedModelError, "per-layer"),
         ({"llama.attention.key_length": 16, "llama.attention.value_length": 8}, UnsupportedModelError, "value=8"),
@@ -323,6 +324,18 @@ def test_bad_phi3_files(tmp_path: Path, change: dict, exc: type[GGUFError], matc
     with raises_one_line(exc, path, match):
         model = ModelFile(path)
         model.arch.build(model)
+
+
+def test_rope_scaling_types_as_llama_cpp_reads_them(tmp_path: Path) -> None:
+    """A phi3 file's rope.scaling.type "longrope" (the converter writes it for Phi-3.5 / Phi-4-mini) runs as
+    llama.cpp runs it: the factors' RoPE, no frequency scale; "none" never scales, whatever factor the file has."""
+    base = ModelFile(tiny_model(tmp_path, "phi3", name="a.gguf")).hparams
+    longrope = ModelFile(tiny_model(tmp_path, "phi3", name="b.gguf", kv={"phi3.rope.scaling.type": "longrope"}))
+    assert (longrope.hparams.rope_freq_scale, longrope.hparams.rope_scaling) == (base.rope_freq_scale, "longrope")
+    none = {"llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 4.0}
+    assert ModelFile(tiny_model(tmp_path, name="c.gguf", kv=none)).hparams.rope_freq_scale == 1.0
+    linear = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
+    assert ModelFile(tiny_model(tmp_path, name="d.gguf", kv=linear)).hparams.rope_freq_scale == 0.25
 
 
 def test_duplicate_key_and_tensor(tmp_path: Path) -> None:
