@@ -24,7 +24,7 @@ from kleidipy.core.buffers import check_svl
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.names import folder, kind
 from kleidipy.errors import TargetError, UnknownKernelError
-from kleidipy.kernels.catalogue import all_kernels, get_kernel, get_packer
+from kleidipy.kernels.catalogue import all_kernels, family_of, get_kernel, get_packer
 
 #: the host features a target records (those the kernel selection and its description name)
 _MATMUL_FEATURES = frozenset({"dotprod", "sve", "sve2", "i8mm", "bf16", "sme", "sme2"})
@@ -123,6 +123,13 @@ class KernelPair:
 
     def for_m(self, m: int) -> MatmulKernel:
         return self.gemv if m == 1 else self.gemm
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether a GEMM row is bit for bit the GEMV of that row (one kernel, or one family whose rows are exact:
+        :attr:`~kleidipy.core.family.Family.exact_rows`)."""
+        family = family_of(self.gemm)
+        return self.gemv is self.gemm or (family is family_of(self.gemv) and family.exact_rows)
 
 
 #: (weight type, required features, GEMM kernel, GEMV kernel) in llama.cpp's order (spec §6.2).

@@ -49,6 +49,9 @@ class Family:
     #: the compiled plan's routines of a kernel (``node.node``, :mod:`kleidipy.core.node`; None: the plan runs none
     #: of the family's kernels)
     node: Node | None = None
+    #: a GEMM's output row is bit for bit the family's GEMV of that row alone (integer dot products of rows
+    #: quantized one by one, one float epilogue per output): a draft may be verified by the GEMM
+    exact_rows: bool = False
 
     def native_tile(self, kernel: MatmulKernel, isa: NativeIsa) -> ir.Module | str | None:
         """The LLVM module (or IR text) of a kernel's native tile for ``isa`` (None: the family has none)."""

@@ -22,7 +22,7 @@ from kleidipy.graph.model import KVCells, PlannedModel, UbatchSegment
 from kleidipy.graph.nodes import routine_addresses
 from kleidipy.graph.plan import NotPlannableError, Plan, build_plan
 from kleidipy.graph.profile import kernel_call, node_runs
-from kleidipy.graph.tables import DECODE_SLOTS, DECODE_TOKENS, RUN_SLOTS, RUN_TOKEN
+from kleidipy.graph.tables import DECODE_SLOTS, DECODE_TOKENS, RUN_GEMV, RUN_SLOTS, RUN_TOKEN
 from kleidipy.graph.views import address_table
 from kleidipy.graph.walk import (
     STATUS_BAD_TOKEN,
@@ -191,13 +191,16 @@ class CompiledForward:
             self._alone = self._lead = None
         return self._static
 
-    def __call__(self, ids: np.ndarray, ubatch: Sequence[UbatchSegment], keep: np.ndarray) -> np.ndarray:
+    def __call__(
+        self, ids: np.ndarray, ubatch: Sequence[UbatchSegment], keep: np.ndarray, gemv: bool = False
+    ) -> np.ndarray:
         """One ubatch of tokens ``ids``, in segments of one sequence each: the logits of the rows ``keep`` (int64,
-        increasing) [keep.size, n_vocab] (stored K/V in each segment's cache; the caller advances them)."""
+        increasing) [keep.size, n_vocab] (stored K/V in each segment's cache; the caller advances them). ``gemv``:
+        every MUL_MAT through its GEMV, whatever the rows (each row as a decoded token's)."""
         caches = list(dict.fromkeys(seg.cache for seg in ubatch))
         index = {id(c): i for i, c in enumerate(caches)}
         segs = np.array([[index[id(g.cache)], g.start, g.lo, g.hi] for g in ubatch], np.int64).reshape(-1, 4)
-        return self._run(ids, caches, segs, np.ascontiguousarray(keep, np.int64))
+        return self._run(ids, caches, segs, np.ascontiguousarray(keep, np.int64), gemv)
 
     def decode(self, token: int, cache: KVCells, position: int) -> np.ndarray:
         """One token (an id, checked) of the sequence of ``cache`` at ``position``: what ``self([token],
@@ -255,7 +258,9 @@ class CompiledForward:
         self._logits_at = self._logits.ctypes.data
         return self._logits
 
-    def _run(self, ids: np.ndarray, caches: list[KVCells], segs: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    def _run(
+        self, ids: np.ndarray, caches: list[KVCells], segs: np.ndarray, keep: np.ndarray, gemv: bool = False
+    ) -> np.ndarray:
         """:meth:`__call__` with the segments as the int64 table run_plan reads (cache index in ``caches``, first
         position, first row, last row + 1)."""
         ids = np.ascontiguousarray(ids, np.int64)
@@ -284,6 +289,7 @@ class CompiledForward:
             self._n_logits,
             ids.ctypes.data,
             0,
+            int(gemv),
         )
         self._status[:STATUS_PER_RUN] = 0
         self._launch(args, ids, m, threads, watchers, prof, logits.shape[0])
@@ -333,7 +339,7 @@ class CompiledForward:
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:
-                    observer.on_matmul(kernel_call(self.plan, node))
+                    observer.on_matmul(kernel_call(self.plan, node, bool(self._run_slots[RUN_GEMV])))
 
     def _raise_failed(self, ids: Sequence[int] | np.ndarray) -> None:
         """Raise what stopped the run of tokens ``ids`` (its status says)."""

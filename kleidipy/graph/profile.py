@@ -34,11 +34,12 @@ def node_runs(plan: Plan, prof: np.ndarray, m: int, kept: int, offset: float) ->
     return out
 
 
-def kernel_call(plan: Plan, node: NodeRun) -> KernelCall:
+def kernel_call(plan: Plan, node: NodeRun, gemv: bool = False) -> KernelCall:
     """A MUL_MAT node's run as the eager path reports one: the LHS pack from the first thread's start to the last
-    thread's pack end, the kernel (after the barrier) from there to the last thread's end."""
+    thread's pack end, the kernel (after the barrier) from there to the last thread's end (``gemv``: the run took
+    every matmul's GEMV)."""
     weight = plan.weights[int(plan.nodes[node.index, 3])]
-    run, code = (weight.linear.gemv, weight.gemv) if node.rows == 1 else (weight.linear.gemm, weight.gemm)
+    run, code = (weight.linear.gemv, weight.gemv) if node.rows == 1 or gemv else (weight.linear.gemm, weight.gemm)
     start = min(t[0] for t in node.threads)
     packed = max(t[1] for t in node.threads)
     end = max(t[2] for t in node.threads)

@@ -26,9 +26,10 @@ A_SLOTS = A_DECODE + 1
 #: [rows kept, n_vocab] (the caller's array: the LM head writes into it) and the token ids
 RUN_M, RUN_PROF, RUN_PROF_THREADS, RUN_SEGS, RUN_N_SEGS, RUN_KEEP, RUN_N_KEEP = range(7)
 RUN_LOGITS, RUN_N_VOCAB, RUN_IDS = 7, 8, 9
-#: a decoded token's id, in the table itself (a decode run's ``ids`` is this slot)
-RUN_TOKEN = 10
-RUN_SLOTS = 11
+#: a decoded token's id, in the table itself (a decode run's ``ids`` is this slot); 1 when every MUL_MAT runs its
+#: GEMV whatever its rows (the decode step's numerics for each row: a draft's verification)
+RUN_TOKEN, RUN_GEMV = 10, 11
+RUN_SLOTS = 12
 #: the decode template's slot past a run table's: the address of the first KV cache's token record
 #: (:attr:`~kleidipy.runtime.kv_cache.KVCache.tokens`), where a decoded token writes its id
 DECODE_TOKENS = RUN_SLOTS

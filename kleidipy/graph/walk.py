@@ -33,6 +33,7 @@ from kleidipy.graph.tables import (
     A_STATUS,
     DECODE_SLOTS,
     DECODE_TOKENS,
+    RUN_GEMV,
     RUN_IDS,
     RUN_KEEP,
     RUN_LOGITS,
@@ -113,7 +114,7 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
         if op == OP_MATMUL:
             if rows == 0:
                 continue
-            kind = 0 if rows == 1 else 1
+            kind = 0 if rows == 1 or run[RUN_GEMV] != 0 else 1
             prm, n, w = params[2 * c + kind], sizes[c, 0], u8_1d(rhs, c)
             x = f32_2d(buffers, a)
             out = logits_2d(arrays) if b == logits_buffer else f32_2d(buffers, b)

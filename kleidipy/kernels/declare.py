@@ -18,10 +18,12 @@ def declare(
     ggml_types: tuple[GGMLType, ...] = (),
     native: tuple[ModuleType, ...] = (),
     node: ModuleType | None = None,
+    exact_rows: bool = False,
 ) -> Family:
     """The family of ``ukernels`` (its FAMILY_NAME, KERNELS and PACKERS), taking ``ggml_types`` through
     ``adaptor.from_ggml`` (none: no GGML type is the family's format) and floats through ``adaptor.from_float``;
-    ``native`` its native-tile modules, ``node`` the module of its compiled plan routines."""
+    ``native`` its native-tile modules, ``node`` the module of its compiled plan routines; ``exact_rows``:
+    :attr:`Family.exact_rows`."""
     family = Family(
         name=ukernels.FAMILY_NAME,
         kernels=tuple(ukernels.KERNELS),
@@ -32,6 +34,7 @@ def declare(
         programs=isa.PROGRAMS,
         native=native,
         node=node.node if node is not None else None,
+        exact_rows=exact_rows,
     )
     attach_programs(family.kernels, family.programs)
     return family

@@ -20,6 +20,7 @@ from kleidipy.core.threads import MIN_SPLIT_MACS
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
+from kleidipy.runtime.weights import GEMV_ROWS
 from kleidipy.target import KernelPair, Target, select_kernels
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
@@ -53,11 +54,14 @@ class RepackedLinear:
 
 
 def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray:
-    """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule)."""
+    """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule; the GEMV for
+    every m while :data:`~kleidipy.runtime.weights.GEMV_ROWS` is set)."""
     m = x.shape[0]
     if m == 0:  # no rows wanted (a prefill ubatch whose logits nobody reads): nothing to multiply
         return np.empty((0, weight.n), np.float32)
     run = weight.gemv if m == 1 else weight.gemm
+    if run is not weight.gemv and GEMV_ROWS.get():  # (the GEMV takes one row: row by row, as m decoded tokens)
+        return np.concatenate([compute_forward_mul_mat(weight, x[i : i + 1]) for i in range(m)])
     watchers = [o for o in weight.backend.observers if o.wants_matmuls]
     if not watchers:
         return run(x, threads=weight.backend.threads)
@@ -89,6 +93,9 @@ class KleidiBackend:
     observers: list[Observer] = field(default_factory=list)
     #: packed weights of earlier loads (:mod:`kleidipy.runtime.repack_cache`), read instead of repacking
     cache: RepackCache | None = None
+    #: whether every weight made so far has exact rows (:attr:`~kleidipy.target.KernelPair.exact_rows`): a batch
+    #: of rows computes each as a decoded token does, so the GEMM may verify a draft
+    exact_rows: bool = True
     _noticed: set = field(default_factory=set)
 
     def __call__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RepackedLinear:
@@ -114,6 +121,7 @@ class KleidiBackend:
             call.cached = hit is not None
             for observer in self.observers:
                 observer.on_repack(call)
+        self.exact_rows = self.exact_rows and pair.exact_rows
         return RepackedLinear(name, pair, n, k, packed, self)
 
     def _cached(self, name: str, source_type: GGMLType, n: int, k: int) -> tuple[KernelPair, np.ndarray] | None:

@@ -21,7 +21,15 @@ from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFi
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
 from kleidipy.runtime.kv_cache import KVCache, PositionError, check_cache_dtype
-from kleidipy.runtime.weights import Embedding, EmbeddingFactory, FloatLinear, Linear, LinearFactory, RowEmbedding
+from kleidipy.runtime.weights import (
+    GEMV_ROWS,
+    Embedding,
+    EmbeddingFactory,
+    FloatLinear,
+    Linear,
+    LinearFactory,
+    RowEmbedding,
+)
 
 if TYPE_CHECKING:
     from kleidipy.graph.model import Ops
@@ -387,11 +395,13 @@ class CausalLM:
         *,
         all_logits: bool = False,
         cache: KVCache | None = None,
+        as_decoded: bool = False,
     ) -> np.ndarray:
         """Run m tokens at positions ``positions`` (consecutive, starting at or before the cache's ``n_past``;
         default: right after the cached ones) of the sequence whose KV cache is ``cache`` (default: the model's
         own). Returns float32 logits of the last position [n_vocab], or of every position [m, n_vocab] with
-        ``all_logits``."""
+        ``all_logits``. ``as_decoded``: every row computed with the decode step's numerics (each matmul's GEMV),
+        bit for bit the logits of the tokens decoded one at a time (a draft's verification)."""
         cache = self.cache if cache is None else cache
         one = positions is None and type(token_ids) is list and len(token_ids) == 1 and type(token_ids[0]) is int
         if one and self.compiled is not None and not self.observers:
@@ -406,33 +416,41 @@ class CausalLM:
         ids = self._check_ids(token_ids)
         start = cache.n_past if positions is None else _first_position(positions, ids.size)
         cache.check(start, ids.size)
-        return self._forward_checked([(cache, ids, start)], all_logits)[0]
+        return self._forward_checked([(cache, ids, start)], all_logits, as_decoded)[0]
 
     def forward_batch(
-        self, parts: Sequence[tuple[KVCache, Sequence[int] | np.ndarray, int]], *, all_logits: bool = False
+        self,
+        parts: Sequence[tuple[KVCache, Sequence[int] | np.ndarray, int]],
+        *,
+        all_logits: bool | Sequence[bool] = False,
+        as_decoded: bool = False,
     ) -> list[np.ndarray]:
         """Run the tokens of several sequences in shared forward passes, as llama.cpp decodes a batch of many
         sequences: part ``(cache, ids, start)`` is a sequence's tokens at positions start.. (at or before its
         cache's ``n_past``); each cache belongs to one part. The rows go in part order in ubatches of up to
         n_ubatch (a part may span two); every matmul runs once over a ubatch's rows, and RoPE, the cache write and
         attention run per segment (:class:`Segment`) over that sequence's own cache. Returns per part the logits
-        of its last token [n_vocab], or of each of its tokens [m, n_vocab] with ``all_logits``.
+        of its last token [n_vocab], or of each of its tokens [m, n_vocab] with ``all_logits`` (one flag, or one
+        per part).
 
         A row's logits may depend on the rows it shares its ubatch with (a matmul kernel's GEMM and GEMV may
-        round differently, as llama.cpp's do: the F16 ones do); one part alone computes exactly what
-        :meth:`forward` does."""
+        round differently, as llama.cpp's do: the F16 ones do) unless ``as_decoded`` (each row as a decoded
+        token's, :meth:`forward`); one part alone computes exactly what :meth:`forward` does."""
         seqs = [(kv, self._check_ids(ids), start) for kv, ids, start in parts]
         if len({id(kv) for kv, _, _ in seqs}) < len(seqs):
             raise ValueError("each part of a batch needs a KV cache of its own")
         for kv, ids, start in seqs:
             kv.check(start, ids.size)
-        return self._forward_checked(seqs, all_logits)
+        return self._forward_checked(seqs, all_logits, as_decoded)
 
-    def _forward_checked(self, seqs: list[tuple[KVCache, np.ndarray, int]], all_logits: bool) -> list[np.ndarray]:
+    def _forward_checked(
+        self, seqs: list[tuple[KVCache, np.ndarray, int]], all_logits: bool | Sequence[bool], as_decoded: bool
+    ) -> list[np.ndarray]:
         """:meth:`forward_batch` of parts whose ids and positions are checked."""
+        wants = [all_logits] * len(seqs) if isinstance(all_logits, bool) else [bool(a) for a in all_logits]
         if len(seqs) == 1 and seqs[0][1].size == 1 and self.compiled is not None and not self.observers:
             cache, ids, start = seqs[0]
-            return [self._forward_one(int(ids[0]), cache, start, all_logits)]
+            return [self._forward_one(int(ids[0]), cache, start, wants[0])]
         m = sum(ids.size for _, ids, _ in seqs)
         for observer in self.observers:
             observer.on_forward_start(m, seqs[0][2])
@@ -448,14 +466,14 @@ class CausalLM:
                     rows += hi - lo
                     lo = hi
                     if rows == self.n_ubatch:
-                        self._run_ubatch(seqs, pending, all_logits, chunks)
+                        self._run_ubatch(seqs, pending, wants, chunks, as_decoded)
                         pending, rows = [], 0
             if pending:
-                self._run_ubatch(seqs, pending, all_logits, chunks)
+                self._run_ubatch(seqs, pending, wants, chunks, as_decoded)
         finally:
             for observer in self.observers:
                 observer.on_forward_end(m, seqs[0][2])
-        return [np.concatenate(c) if all_logits else c[-1][-1] for c in chunks]
+        return [np.concatenate(c) if want else c[-1][-1] for c, want in zip(chunks, wants, strict=True)]
 
     def _forward_one(self, token: int, cache: KVCache, start: int, all_logits: bool) -> np.ndarray:
         """:meth:`forward` of one checked token at position ``start`` of ``cache`` on the compiled plan, unobserved:
@@ -468,23 +486,25 @@ class CausalLM:
         self,
         seqs: list[tuple[KVCache, np.ndarray, int]],
         pieces: list[tuple[int, int, int]],
-        all_logits: bool,
+        wants: list[bool],
         chunks: list[list[np.ndarray]],
+        as_decoded: bool,
     ) -> None:
         """One ubatch of :meth:`forward_batch`: tokens lo..hi-1 of part i for each piece (i, lo, hi); the logits of
-        its kept rows (every row with ``all_logits``, else each part's last token) are appended to chunks[i]."""
+        its kept rows (every row of a part that ``wants`` them all, else each part's last token) are appended to
+        chunks[i]."""
         ubatch, keep, row = [], [], 0
         for i, lo, hi in pieces:
             kv, ids, start = seqs[i]
             ubatch.append(Segment(kv, start + lo, row, row + hi - lo))
-            if all_logits or hi == ids.size:
-                keep.extend(range(row, row + hi - lo) if all_logits else [row + hi - lo - 1])
+            if wants[i] or hi == ids.size:
+                keep.extend(range(row, row + hi - lo) if wants[i] else [row + hi - lo - 1])
             row += hi - lo
         ids = np.concatenate([seqs[i][1][lo:hi] for i, lo, hi in pieces])
-        logits = self._decode(ids, ubatch, np.array(keep, np.int64))
+        logits = self._decode(ids, ubatch, np.array(keep, np.int64), as_decoded)
         at = 0
         for i, lo, hi in pieces:
-            n = hi - lo if all_logits else int(hi == seqs[i][1].size)
+            n = hi - lo if wants[i] else int(hi == seqs[i][1].size)
             if n:
                 chunks[i].append(logits[at : at + n])
                 at += n
@@ -526,13 +546,20 @@ class CausalLM:
             seg.cache.advance(seg.start, ids[seg.lo : seg.hi])
         return x
 
-    def _decode(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray) -> np.ndarray:
-        """One ubatch through the network: the logits of the rows ``keep`` (increasing row indices)."""
+    def _decode(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray, as_decoded: bool) -> np.ndarray:
+        """One ubatch through the network: the logits of the rows ``keep`` (increasing row indices); ``as_decoded``:
+        every matmul through its GEMV."""
         if self.compiled is not None:
-            logits = self.compiled(ids, ubatch, keep)
+            logits = self.compiled(ids, ubatch, keep, as_decoded)
             for seg in ubatch:
                 seg.cache.advance(seg.start, ids[seg.lo : seg.hi])
             return logits
+        if as_decoded:
+            token = GEMV_ROWS.set(True)
+            try:
+                return self._decode(ids, ubatch, keep, False)
+            finally:
+                GEMV_ROWS.reset(token)
         x = self._hidden(ids, ubatch, keep)
         if x.shape[0] == 0:
             return np.empty((0, self.hparams.n_vocab), np.float32)

@@ -10,6 +10,7 @@ KleidiAI kernels; :class:`FloatLinear` (dequantize once, float32 BLAS) is the te
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
 import gguf
@@ -18,6 +19,10 @@ from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.errors import DTypeError, InvalidTokenError, KernelShapeError
 from kleidipy.formats import rows
+
+#: True while every matmul runs its decode kernel (the GEMV) whatever its rows, so that each row is computed as a
+#: single decoded token's (a draft's verification); a backend whose GEMM and GEMV are one kernel ignores it
+GEMV_ROWS: ContextVar[bool] = ContextVar("GEMV_ROWS", default=False)
 
 
 @runtime_checkable

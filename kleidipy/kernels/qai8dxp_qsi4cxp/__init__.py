@@ -9,4 +9,4 @@ to the RHS packer's inputs, and ``neon``, ``sme2``, ``vnni`` the family's native
 from kleidipy.kernels.declare import declare
 from kleidipy.kernels.qai8dxp_qsi4cxp import ggml, isa, neon, sme2, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, native=(neon, sme2))
+FAMILY = declare(ukernels, isa, ggml, native=(neon, sme2), exact_rows=True)

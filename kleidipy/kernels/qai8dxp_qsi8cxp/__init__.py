@@ -12,4 +12,4 @@ from gguf import GGMLQuantizationType as GGMLType
 from kleidipy.kernels.declare import declare
 from kleidipy.kernels.qai8dxp_qsi8cxp import ggml, isa, neon, node, sme, sme2, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q8_0,), native=(neon, sme2, sme), node=node)
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q8_0,), native=(neon, sme2, sme), node=node, exact_rows=True)

@@ -12,4 +12,4 @@ from gguf import GGMLQuantizationType as GGMLType
 from kleidipy.kernels.declare import declare
 from kleidipy.kernels.qsi8d32p_qai4c32p import ggml, isa, neon, node, sme2, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_1,), native=(neon, sme2), node=node)
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_1,), native=(neon, sme2), node=node, exact_rows=True)

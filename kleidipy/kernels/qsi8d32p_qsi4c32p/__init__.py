@@ -13,4 +13,4 @@ from gguf import GGMLQuantizationType as GGMLType
 from kleidipy.kernels.declare import declare
 from kleidipy.kernels.qsi8d32p_qsi4c32p import ggml, isa, neon, node, sme, sme2, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_0,), native=(neon, sme2, sme), node=node)
+FAMILY = declare(ukernels, isa, ggml, (GGMLType.Q4_0,), native=(neon, sme2, sme), node=node, exact_rows=True)
