@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--seed", type=int, default=-1, help="random seed: same seed, same text (default -1: a random seed)"
         )
+        _add_lookup(p)
         constraint = p.add_mutually_exclusive_group()
         constraint.add_argument(
             "-j", "--json-schema", metavar="SCHEMA", help="reply with JSON matching this JSON schema ('{}': any JSON)"
@@ -273,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on the other requests being served (the matmul kernels may round a batch of rows and a single row "
         "differently: the F16 ones do)",
     )
+    _add_lookup(p, " (a request's 'lookup' field overrides it)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument(
         "--cors",
@@ -348,6 +350,18 @@ def _command(
     p = sub.add_parser(name, help=help, description=description)
     p.set_defaults(func=func)
     return p
+
+
+def _add_lookup(p: argparse.ArgumentParser, more: str = "") -> None:
+    p.add_argument(
+        "--lookup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="prompt-lookup decoding (llama.cpp's llama-lookup): draft up to N tokens a step from n-grams of the "
+        "context and verify them in one forward pass, keeping the longest accepted prefix - the same text, sooner "
+        f"when the reply repeats the prompt (code edits, quotes); default 0 = off{more}",
+    )
 
 
 def _add_runtime_args(

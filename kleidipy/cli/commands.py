@@ -269,19 +269,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.file is not None:
         text = _read_text_file(args.file, "prompt file", PromptError)
     args.prompt = check_prompt_text(text)
-    params, grammar = _sampling(args), _grammar(args)
+    params, grammar, lookup = _sampling(args), _grammar(args), _lookup(args)
     engine = _engine(args, background=True)
     chat = engine.chat_template.from_model if args.chat is None else args.chat  # as llama-cli and ollama run
     ids = engine.chat_prompt([{"role": "user", "content": args.prompt}]) if chat else engine.prompt(args.prompt)
     if not chat:
         print(args.prompt, end="", flush=True)
-    for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args), grammar=grammar):
+    for piece in engine.generate(ids, _max_tokens(args), params, seed=_seed(args), grammar=grammar, lookup=lookup):
         print(piece, end="", flush=True)
     print()
     _say_if_cut(engine, args)
     if not args.quiet:
         print(engine.timings.summary(), file=sys.stderr)
     return 0
+
+
+def _lookup(args: argparse.Namespace) -> int:
+    """--lookup, checked (0..64 tokens a step)."""
+    from kleidipy.runtime.lookup import check_lookup
+
+    return check_lookup(args.lookup)
 
 
 def _max_tokens(args: argparse.Namespace) -> int | None:
@@ -341,7 +348,7 @@ def _chat_command(line: str) -> str | None:
 def cmd_chat(args: argparse.Namespace) -> int:
     from kleidipy.runtime.context_shift import shift_messages
 
-    params, grammar = _sampling(args), _grammar(args)
+    params, grammar, lookup = _sampling(args), _grammar(args), _lookup(args)
     engine = _engine(args, background=True)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages: list[dict[str, str]] = list(system)
@@ -378,7 +385,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         reply = ""
         try:
             ids = engine.chat_prompt(messages)
-            generate = engine.generate(ids, _max_tokens(args), params, _seed(args), reuse_cache=True, grammar=grammar)
+            generate = engine.generate(
+                ids, _max_tokens(args), params, _seed(args), reuse_cache=True, grammar=grammar, lookup=lookup
+            )
             for piece in generate:
                 reply += piece
                 print(piece, end="", flush=True)
@@ -491,5 +500,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         repack_cache=args.repack_cache,
         graph=args.graph,
         deterministic=args.deterministic,
+        lookup=_lookup(args),
     )
     return 0

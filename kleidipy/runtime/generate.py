@@ -26,6 +26,7 @@ from kleidipy.core.buffers import check_threads
 from kleidipy.errors import KleidipyError
 from kleidipy.graph.execute import compile_model, plannable
 from kleidipy.observer import Observer, RepackCall
+from kleidipy.runtime import lookup as prompt_lookup
 from kleidipy.runtime import plan_build, tensor_check
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.chat_template import ChatTemplate
@@ -40,8 +41,9 @@ from kleidipy.target import Target, resolve_target
 #: Why a generation ended: an end-of-generation token or a stop string ("stop"), or the token budget or the
 #: context ("length") — OpenAI's finish reasons.
 FinishReason = Literal["stop", "length"]
-#: One forward pass: token ids -> logits of the last position.
-Forward = Callable[[Sequence[int]], np.ndarray]
+#: One forward pass: (token ids, rows) -> logits of the last position, or with ``rows`` (a drafting step) of every
+#: position [m, n_vocab], each as a decode step computes it
+Forward = Callable[[Sequence[int], bool], np.ndarray]
 
 
 class PromptError(KleidipyError, ValueError):
@@ -71,6 +73,8 @@ class Timings:
     n_decoded: int = 0
     n_generated: int = 0
     decode_s: float = 0.0
+    n_drafted: int = 0  #: tokens prompt lookup drafted, and how many of them were accepted
+    n_accepted: int = 0
 
     @property
     def prefill_tps(self) -> float:
@@ -85,6 +89,7 @@ class Timings:
             f"load {self.load_s:.2f} s (repack {self.repack_s:.2f} s) | prefill {self.n_prompt} tokens "
             + (f"(+{self.n_cached} cached) " if self.n_cached else "")
             + f"{self.prefill_tps:.1f} t/s | decode {self.n_decoded} tokens {self.decode_tps:.1f} t/s"
+            + (f" (lookup: {self.n_accepted}/{self.n_drafted} drafted accepted)" if self.n_drafted else "")
         )
 
 
@@ -94,7 +99,12 @@ class Generation:
     runs the forward pass itself (a batch of several sequences) takes ``next_ids()`` and hands the logits to
     ``advance``. The first ``n_cached`` prompt tokens are taken as already in the KV cache (only the rest is
     prefilled). With a ``grammar`` only text it allows is sampled, and the generation stops ("stop") when the
-    grammar is complete."""
+    grammar is complete. With ``lookup`` N a decode step drafts up to N tokens from the context
+    (:mod:`kleidipy.runtime.lookup`) and runs them after the last token: ``advance`` then takes every row's logits,
+    samples row by row while the sampled token is the drafted one, and ``n_past`` counts only the rows it used
+    (the caller rolls its KV cache back to it). Each row sampled as a decode step would sample it, with the same
+    draws of the sampler's generator: the text is the one generated without drafts, token for token, when the
+    rows' logits are the decode step's (``CausalLM.forward``'s ``as_decoded``)."""
 
     def __init__(
         self,
@@ -109,6 +119,7 @@ class Generation:
         n_cached: int = 0,
         logprobs: int | None = None,
         grammar: Grammar | None = None,
+        lookup: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompt = list(prompt_ids)
@@ -127,6 +138,10 @@ class Generation:
         self.logprobs = logprobs
         self.token_logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []
         self.finish_reason: FinishReason | None = None
+        self.lookup = lookup
+        #: the tokens the step drafted after the last one (:meth:`next_ids`); how many were drafted and accepted
+        self.draft: list[int] = []
+        self.n_drafted = self.n_accepted = 0
         self._text = ""
         self._sent = 0
 
@@ -139,17 +154,25 @@ class Generation:
         return self.n_past < len(self.prompt)
 
     def step(self, forward: Forward) -> str:
-        """Advance by one prefill chunk (sampling the first token after the last one) or one decode token."""
+        """Advance by one prefill chunk (sampling the first token after the last one) or one decode step."""
         ids = self.next_ids()
-        return self.advance(len(ids), forward(ids))
+        return self.advance(len(ids), forward(ids, bool(self.draft)))
 
     def next_ids(self) -> list[int]:
-        """The tokens the next step runs: the next prefill chunk, or the last token."""
-        return self.prompt[self.n_past : self.n_past + self.chunk] if self.prefilling else self.history[-1:]
+        """The tokens the next step runs: the next prefill chunk, or the last token (and a draft after it, which
+        :attr:`draft` holds: then the step needs the logits of every row)."""
+        if self.prefilling:
+            return self.prompt[self.n_past : self.n_past + self.chunk]
+        room = min(self.lookup, self.max_tokens - self.n_generated - 1, self.n_ctx - self.n_past - 1)
+        self.draft = prompt_lookup.draft(self.history, room) if room > 0 else []
+        return self.history[-1:] + self.draft
 
     def advance(self, n: int, logits: np.ndarray) -> str:
-        """The step whose ``n`` tokens (:meth:`next_ids`) a forward pass ran, given the logits of the last one:
-        samples the next token unless the prompt is still prefilling; returns the text that is now final."""
+        """The step whose ``n`` tokens (:meth:`next_ids`) a forward pass ran, given the logits of the last one (of
+        every row [n, n_vocab] after a draft): samples the next token unless the prompt is still prefilling;
+        returns the text that is now final."""
+        if self.draft:
+            return self._verify(logits)
         self.n_past += n
         if self.prefilling:
             return ""
@@ -167,6 +190,19 @@ class Generation:
         if self.n_generated >= self.max_tokens or self.n_past >= self.n_ctx:
             return self._release("length")
         return self._release(None)
+
+    def _verify(self, rows: np.ndarray) -> str:
+        """Sample row by row while the sampled token is the drafted one (every row: the last token's, then each
+        drafted token's); the rows past the first miss are dropped (:attr:`n_past` stops before them)."""
+        draft, self.draft = self.draft, []
+        self.n_drafted += len(draft)
+        out = ""
+        for i, row in enumerate(rows):
+            out += self.advance(1, row)
+            if self.done or i == len(draft) or self.history[-1] != draft[i]:
+                break
+            self.n_accepted += 1
+        return out
 
     def _record_logprobs(self, logits: np.ndarray, token: int) -> None:
         lp = log_softmax(logits)
@@ -372,13 +408,16 @@ class Engine:
         stop: Sequence[str] = (),
         reuse_cache: bool = False,
         grammar: Grammar | None = None,
+        lookup: int = 0,
     ) -> Iterator[str]:
         """Yield the text pieces of up to ``max_tokens`` sampled tokens (None: until the context is full; stops at
         end-of-generation or a ``stop`` string, which is never yielded). The prompt runs as one batch (GEMM), then
         one token at a time (GEMV). With ``reuse_cache`` the cached positions holding the prompt's first tokens are
         kept and only the rest is prefilled (a growing conversation); otherwise the KV cache starts empty. A
-        ``grammar`` constrains the text (and ends it when complete). When the iterator is exhausted,
-        ``finish_reason`` and ``timings`` (``n_cached``: prompt tokens reused) describe it."""
+        ``grammar`` constrains the text (and ends it when complete). ``lookup`` N drafts up to N tokens a step from
+        the context and verifies them in one pass (prompt-lookup decoding: the same text, sooner when the answer
+        repeats the context). When the iterator is exhausted, ``finish_reason`` and ``timings`` (``n_cached``:
+        prompt tokens reused; ``n_drafted``, ``n_accepted``) describe it."""
         self.poll_compiled()
         ids = list(prompt_ids)
         if not ids:
@@ -409,23 +448,34 @@ class Engine:
             chunk=len(ids),
             n_cached=n_cached,
             grammar=grammar,
+            lookup=lookup,
         )
         # a first run's prefill and first decode step compile the op-by-op kernels (the build starts after them)
         cold = 2 if self.build is not None and not self.build.started else 0
         try:
             while not gen.done:
                 prefill, t0 = gen.prefilling, time.perf_counter()
+                generated = gen.n_generated
                 with _compiling(self.progress) if cold else contextlib.nullcontext():
-                    piece = gen.step(self.lm.forward)  # one forward pass (the whole prompt, or one token) + sampling
+                    piece = gen.step(self._forward)  # one forward pass (the whole prompt, or a token) + sampling
+                self.lm.cache.n_past = gen.n_past  # (past a draft's rejected rows)
                 cold = max(cold - 1, 0)
                 if prefill:
                     t.prefill_s += time.perf_counter() - t0
                 else:
                     t.decode_s += time.perf_counter() - t0
-                    t.n_decoded += 1
+                    t.n_decoded += gen.n_generated - generated
                 if piece:
                     yield piece
         finally:
             if self.build is not None:
                 self.build.start()  # (after the first answer, not beside it; once)
         self.finish_reason, t.n_generated = gen.finish_reason, gen.n_generated
+        t.n_drafted, t.n_accepted = gen.n_drafted, gen.n_accepted
+
+    def _forward(self, ids: list[int], rows: bool) -> np.ndarray:
+        """The logits of a step's tokens: the last one's, or (``rows``: after a draft) every row's, each as the
+        decode step computes it (by the GEMM where its rows are exact, else by every matmul's GEMV)."""
+        if rows:
+            return self.lm.forward(ids, all_logits=True, as_decoded=not self.backend.exact_rows)
+        return self.lm.forward(ids)

@@ -168,13 +168,21 @@ def create_app(
     max_queue: int = 1024,
     cors: tuple[str, ...] = (),
     deterministic: bool = False,
+    lookup: int = 0,
 ) -> Starlette:
     """The ASGI app serving ``engine`` with ``parallel`` slots (the scheduler thread runs during the app's
     lifespan; ``app.state.scheduler`` is the :class:`Scheduler`, which batches the slots' steps unless
-    ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it."""
+    ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it. ``lookup``: the
+    prompt-lookup drafts of a request that does not say (its ``lookup`` field)."""
     slot_ctx = slot_context(engine.context_length, parallel)
     scheduler = Scheduler(
-        engine.lm, parallel, slot_ctx, max_queue, deterministic=deterministic, poll=engine.poll_compiled
+        engine.lm,
+        parallel,
+        slot_ctx,
+        max_queue,
+        deterministic=deterministic,
+        poll=engine.poll_compiled,
+        exact_rows=engine.backend.exact_rows,
     )
     name = model_id(engine)
     aliases = {name, os.fspath(engine.model), engine.path.name}
@@ -240,6 +248,7 @@ def create_app(
                 chunk=engine.lm.n_ubatch,
                 logprobs=req.logprobs,
                 grammar=req.grammar,
+                lookup=lookup if req.lookup is None else req.lookup,
             )
             for i in range(req.n)
         ]

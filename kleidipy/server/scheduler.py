@@ -87,8 +87,12 @@ class Scheduler:
         deterministic: bool = False,
         n_batch: int | None = None,
         poll: Callable[[], object] = lambda: None,
+        exact_rows: bool = False,
     ) -> None:
         self.lm = lm
+        #: whether a batch's rows are each a decoded token's (the model's weights' kernels say: the backend's
+        #: ``exact_rows``); else a pass that verifies a draft runs every matmul's GEMV
+        self.exact_rows = exact_rows
         #: called before each round: the engine takes its compiled plan there once a background build is over
         self._poll = poll
         self.n_ctx = n_ctx
@@ -215,7 +219,11 @@ class Scheduler:
 
     def _step(self, slot: Slot) -> None:
         """One step of the slot's job in a forward pass of its own."""
-        self._advance(slot, lambda gen: gen.step(lambda ids: self._forward([(slot.cache, ids, gen.n_past)])[0]))
+
+        def forward(ids: Sequence[int], rows: bool) -> np.ndarray:
+            return self._forward([(slot.cache, ids, slot.job.generation.n_past)], [rows])[0]
+
+        self._advance(slot, lambda gen: gen.step(forward))
 
     def _step_all(self) -> None:
         """One step of every busy slot in one forward pass: decoding slots first, then prompt chunks up to
@@ -235,7 +243,8 @@ class Scheduler:
         if not batch:
             return
         try:
-            logits = self._forward([(slot.cache, ids, slot.job.generation.n_past) for slot, ids in batch])
+            parts = [(slot.cache, ids, slot.job.generation.n_past) for slot, ids in batch]
+            logits = self._forward(parts, [bool(slot.job.generation.draft) for slot, _ in batch])
         except Exception:  # run again slot by slot, so that only a job whose own pass fails ends
             for slot, _ in batch:
                 slot.cache.n_past = slot.job.generation.n_past
@@ -254,6 +263,7 @@ class Scheduler:
             return
         try:
             piece = step(job.generation)
+            slot.cache.n_past = job.generation.n_past  # (past a draft's rejected rows)
         except Exception as exc:  # one failing job must not take the others down
             if not isinstance(exc, KleidipyError):
                 log.exception("generation failed in slot %d", slot.index)
@@ -271,11 +281,12 @@ class Scheduler:
         if done:
             job.post("done")
 
-    def _forward(self, parts: list[tuple[KVCache, Sequence[int], int]]) -> list[np.ndarray]:
-        """The last logits of each part (cache, ids, first position), in one forward pass."""
+    def _forward(self, parts: list[tuple[KVCache, Sequence[int], int]], rows: list[bool]) -> list[np.ndarray]:
+        """The logits of each part (cache, ids, first position) in one forward pass: its last token's, or every
+        row's for a part that drafted (``rows``), each then as a decode step computes it."""
         t0 = time.perf_counter()
         try:
-            return self.lm.forward_batch(parts)
+            return self.lm.forward_batch(parts, all_logits=rows, as_decoded=any(rows) and not self.exact_rows)
         finally:
             self.stats.forward_seconds += time.perf_counter() - t0
             self.stats.forward_passes += 1

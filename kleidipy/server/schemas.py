@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.grammar import Grammar, GrammarError, response_format_grammar
+from kleidipy.runtime.lookup import MAX_DRAFT
 from kleidipy.runtime.sampler import SamplingOptionError, SamplingParams, sampling_options
 
 Kind = Literal["chat", "completion"]
@@ -74,6 +75,9 @@ class GenerationRequest:
     prompt: str | tuple[int, ...] = ""
     #: the constraint of ``response_format`` (None: plain text)
     grammar: Grammar | None = None
+    #: prompt-lookup drafts of up to this many tokens a step (kleidipy's field, as llama-server's
+    #: ``speculative.n_max``; None: the server's ``--lookup``)
+    lookup: int | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,7 +218,15 @@ def _common(body: Any, kind: Kind) -> dict[str, Any]:
         logprobs=_logprobs(body, kind),
         n=_choices(body),
         grammar=_grammar(body),
+        lookup=_lookup(body),
     )
+
+
+def _lookup(body: Mapping[str, Any]) -> int | None:
+    n = _integer(body, "lookup", None, lo=0)
+    if n is not None and n > MAX_DRAFT:
+        raise invalid("lookup", f"'lookup' must be at most {MAX_DRAFT}, got {n}", "invalid_value")
+    return n
 
 
 def _grammar(body: Mapping[str, Any]) -> Grammar | None:

@@ -31,11 +31,13 @@ def serve(
     repack_cache: bool = True,
     graph: bool = True,
     deterministic: bool = False,
+    lookup: int = 0,
 ) -> None:
     """Load ``model`` (None: :func:`~kleidipy.runtime.pull.default_model`) and serve it until interrupted
     (``kleidipy serve``). ``ctx`` is the total context, split
     between the ``parallel`` slots; ``target`` is a :class:`~kleidipy.target.Target` (None: resolved);
-    ``deterministic``: each slot steps in a forward pass of its own (:class:`Scheduler`). The port is taken before
+    ``deterministic``: each slot steps in a forward pass of its own (:class:`Scheduler`); ``lookup``: prompt-lookup
+    drafts of up to that many tokens a step for requests that do not say. The port is taken before
     the model is loaded (a busy one is a ServerConfigError), and a line gives the page's URL once it is served."""
     import uvicorn
 
@@ -65,7 +67,9 @@ def serve(
             graph=graph,
             background_compile=True,
         )
-        app = create_app(engine, parallel=parallel, api_key=api_key, cors=tuple(cors), deterministic=deterministic)
+        app = create_app(
+            engine, parallel=parallel, api_key=api_key, cors=tuple(cors), deterministic=deterministic, lookup=lookup
+        )
         print(
             f"kleidipy: serving {app.state.model_id} on http://{host}:{port}/v1 "
             f"({parallel} slot(s) x {app.state.slot_ctx} tokens of context)",

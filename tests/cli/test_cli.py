@@ -143,6 +143,18 @@ def test_run_greedy_paris_and_seed_reproducible():
     assert a.returncode == 0 and a.stdout == b.stdout
 
 
+def test_run_lookup_gives_the_plain_text_and_checks_its_flag(tmp_path):
+    """--lookup N (prompt-lookup decoding): the greedy text without drafts, and the timing line counts them; a
+    bad N is one line before any model is loaded."""
+    args = ("run", "-p", "Repeat exactly: one two three, one two three, one two four.", "--temp", "0", "-n", "24")
+    plain, looked = run_cli(*args, "-q"), run_cli(*args, "--lookup", "8")
+    assert plain.returncode == 0 and looked.returncode == 0 and looked.stdout == plain.stdout, looked.stderr
+    assert "drafted accepted)" in looked.stderr.splitlines()[-1]
+    for n in ("-1", "65", "x"):
+        proc = run_cli("run", "-m", str(tmp_path / "never-loaded.gguf"), "-p", "hi", "--lookup", n)
+        assert proc.returncode != 0 and "--lookup" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_run_json_schema_and_grammar(tmp_path):
     # (no other properties: greedy text that rambles on in another string would be cut at -n before the JSON ends)
     schema = (
@@ -605,6 +617,7 @@ def test_serve_help_lists_llama_server_flags(capsys):
         (("--api-key", "  "), "--api-key"),
         (("--port", "70000"), "--port"),
         (("--port", "-1"), "--port"),
+        (("--lookup", "-1"), "--lookup"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, tuple) else None,
 )

@@ -267,6 +267,25 @@ def test_chat_streamed_equals_non_streamed_equals_engine(smol: Server, smollm2: 
     assert (use.prompt_tokens, use.completion_tokens, use.total_tokens) == (n_prompt, n_out, n_prompt + n_out)
 
 
+def test_lookup_drafts_give_the_same_text(smollm2: Engine) -> None:
+    """Prompt-lookup decoding in the server (``--lookup``, a request's ``lookup``): two concurrent requests whose
+    answers repeat their prompts, in batched rounds, each the text the engine generates without drafts."""
+    prompt = [{"role": "user", "content": "Repeat exactly: red, green, blue, red, green, blue, red, green, white."}]
+    want = "".join(smollm2.generate(smollm2.chat_prompt(prompt), 40, SamplingParams(temperature=0.0)))
+    with serving(smollm2, parallel=2, lookup=6) as server:
+
+        async def both() -> list[str]:
+            client = server.async_client()
+            asks = [
+                client.chat.completions.create(model=SMOLLM2, messages=prompt, max_tokens=40, temperature=0, **kw)
+                for kw in ({}, {"extra_body": {"lookup": 10}})
+            ]
+            return [r.choices[0].message.content for r in await asyncio.gather(*asks)]
+
+        assert asyncio.run(both()) == [want, want]
+        assert server.app.state.scheduler.stats.forward_passes < 40  # (drafts were accepted: fewer passes)
+
+
 def test_prompt_cache_prefills_only_the_new_tokens(smol: Server, smollm2: Engine) -> None:
     """A second chat turn that extends the first takes the slot whose KV cache holds the conversation and
     prefills only its new tokens (usage.prompt_tokens_details.cached_tokens); cache_prompt=false starts afresh."""
@@ -415,6 +434,9 @@ def test_bad_requests_get_openai_errors(smol: Server) -> None:
         ({**chat, "messages": ["hi"]}, 400, "messages[0].role"),
         ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content"),
         ({**chat, "n": 9}, 400, "n"),
+        ({**chat, "lookup": -1}, 400, "lookup"),
+        ({**chat, "lookup": 65}, 400, "lookup"),
+        ({**chat, "lookup": "yes"}, 400, "lookup"),
         ({**chat, "n": 0}, 400, "n"),
         ({**chat, "max_tokens": 0}, 400, "max_tokens"),
         ({**chat, "max_tokens": -5}, 400, "max_tokens"),
@@ -847,7 +869,7 @@ def _scripted(tokens: list[int], n_vocab: int):  # noqa: ANN202
     """A forward pass whose greedy choice is tokens[0], tokens[1], ... on successive calls."""
     calls = iter(tokens)
 
-    def forward(ids) -> np.ndarray:  # noqa: ANN001
+    def forward(ids, rows) -> np.ndarray:  # noqa: ANN001
         logits = np.zeros(n_vocab, np.float32)
         logits[next(calls)] = 1.0
         return logits
