@@ -41,9 +41,9 @@ from kleidipy.target import Target, resolve_target
 #: Why a generation ended: an end-of-generation token or a stop string ("stop"), or the token budget or the
 #: context ("length") — OpenAI's finish reasons.
 FinishReason = Literal["stop", "length"]
-#: One forward pass: (token ids, rows) -> logits of the last position, or with ``rows`` (a drafting step) of every
-#: position [m, n_vocab], each as a decode step computes it
-Forward = Callable[[Sequence[int], bool], np.ndarray]
+#: One forward pass: token ids -> logits of the last position (or, for a drafting step's, of every position
+#: [m, n_vocab], each as a decode step computes it).
+Forward = Callable[[Sequence[int]], np.ndarray]
 
 
 class PromptError(KleidipyError, ValueError):
@@ -153,10 +153,14 @@ class Generation:
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
 
-    def step(self, forward: Forward) -> str:
-        """Advance by one prefill chunk (sampling the first token after the last one) or one decode step."""
+    def step(self, forward: Forward, forward_rows: Forward | None = None) -> str:
+        """Advance by one prefill chunk (sampling the first token after the last one) or one decode step; a step
+        that drafted runs ``forward_rows`` (every row's logits as decoded), which a generation with ``lookup``
+        needs."""
         ids = self.next_ids()
-        return self.advance(len(ids), forward(ids, bool(self.draft)))
+        if self.draft and forward_rows is None:
+            raise ValueError("a generation with lookup needs forward_rows: the logits of every row as decoded")
+        return self.advance(len(ids), forward_rows(ids) if self.draft else forward(ids))
 
     def next_ids(self) -> list[int]:
         """The tokens the next step runs: the next prefill chunk, or the last token (and a draft after it, which
@@ -457,7 +461,7 @@ class Engine:
                 prefill, t0 = gen.prefilling, time.perf_counter()
                 generated = gen.n_generated
                 with _compiling(self.progress) if cold else contextlib.nullcontext():
-                    piece = gen.step(self._forward)  # one forward pass (the whole prompt, or a token) + sampling
+                    piece = gen.step(self.lm.forward, self._forward_rows)  # one forward pass + sampling
                 self.lm.cache.n_past = gen.n_past  # (past a draft's rejected rows)
                 cold = max(cold - 1, 0)
                 if prefill:
@@ -473,9 +477,7 @@ class Engine:
         self.finish_reason, t.n_generated = gen.finish_reason, gen.n_generated
         t.n_drafted, t.n_accepted = gen.n_drafted, gen.n_accepted
 
-    def _forward(self, ids: list[int], rows: bool) -> np.ndarray:
-        """The logits of a step's tokens: the last one's, or (``rows``: after a draft) every row's, each as the
-        decode step computes it (by the GEMM where its rows are exact, else by every matmul's GEMV)."""
-        if rows:
-            return self.lm.forward(ids, all_logits=True, as_decoded=not self.backend.exact_rows)
-        return self.lm.forward(ids)
+    def _forward_rows(self, ids: list[int]) -> np.ndarray:
+        """Every row's logits of a drafting step, each as the decode step computes it (by the GEMM where its rows
+        are exact, else by every matmul's GEMV)."""
+        return self.lm.forward(ids, all_logits=True, as_decoded=not self.backend.exact_rows)

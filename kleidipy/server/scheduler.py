@@ -220,10 +220,13 @@ class Scheduler:
     def _step(self, slot: Slot) -> None:
         """One step of the slot's job in a forward pass of its own."""
 
-        def forward(ids: Sequence[int], rows: bool) -> np.ndarray:
-            return self._forward([(slot.cache, ids, slot.job.generation.n_past)], [rows])[0]
+        def forward(ids: Sequence[int]) -> np.ndarray:
+            return self._forward([(slot.cache, ids, slot.job.generation.n_past)])[0]
 
-        self._advance(slot, lambda gen: gen.step(forward))
+        def forward_rows(ids: Sequence[int]) -> np.ndarray:
+            return self._forward([(slot.cache, ids, slot.job.generation.n_past)], [True])[0]
+
+        self._advance(slot, lambda gen: gen.step(forward, forward_rows))
 
     def _step_all(self) -> None:
         """One step of every busy slot in one forward pass: decoding slots first, then prompt chunks up to
@@ -244,7 +247,8 @@ class Scheduler:
             return
         try:
             parts = [(slot.cache, ids, slot.job.generation.n_past) for slot, ids in batch]
-            logits = self._forward(parts, [bool(slot.job.generation.draft) for slot, _ in batch])
+            rows = [bool(slot.job.generation.draft) for slot, _ in batch]
+            logits = self._forward(parts, rows) if any(rows) else self._forward(parts)
         except Exception:  # run again slot by slot, so that only a job whose own pass fails ends
             for slot, _ in batch:
                 slot.cache.n_past = slot.job.generation.n_past
@@ -281,12 +285,16 @@ class Scheduler:
         if done:
             job.post("done")
 
-    def _forward(self, parts: list[tuple[KVCache, Sequence[int], int]], rows: list[bool]) -> list[np.ndarray]:
+    def _forward(
+        self, parts: list[tuple[KVCache, Sequence[int], int]], rows: list[bool] | None = None
+    ) -> list[np.ndarray]:
         """The logits of each part (cache, ids, first position) in one forward pass: its last token's, or every
         row's for a part that drafted (``rows``), each then as a decode step computes it."""
         t0 = time.perf_counter()
         try:
-            return self.lm.forward_batch(parts, all_logits=rows, as_decoded=any(rows) and not self.exact_rows)
+            if rows is None:
+                return self.lm.forward_batch(parts)
+            return self.lm.forward_batch(parts, all_logits=rows, as_decoded=not self.exact_rows)
         finally:
             self.stats.forward_seconds += time.perf_counter() - t0
             self.stats.forward_passes += 1

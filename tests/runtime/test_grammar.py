@@ -32,7 +32,7 @@ def tokenizer() -> Tokenizer:
 
 def random_forward(n_vocab: int, seed: int):  # noqa: ANN201
     rng = np.random.default_rng(seed)
-    return lambda ids, rows: rng.normal(size=n_vocab).astype(np.float32)
+    return lambda ids: rng.normal(size=n_vocab).astype(np.float32)
 
 
 def run(tokenizer: Tokenizer, grammar: Grammar, params: SamplingParams, seed: int, max_tokens: int = 200):

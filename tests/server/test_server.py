@@ -869,7 +869,7 @@ def _scripted(tokens: list[int], n_vocab: int):  # noqa: ANN202
     """A forward pass whose greedy choice is tokens[0], tokens[1], ... on successive calls."""
     calls = iter(tokens)
 
-    def forward(ids, rows) -> np.ndarray:  # noqa: ANN001
+    def forward(ids) -> np.ndarray:  # noqa: ANN001
         logits = np.zeros(n_vocab, np.float32)
         logits[next(calls)] = 1.0
         return logits
