@@ -41,13 +41,13 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from kernels import read_bandwidth  # (benchmarks/ is on the path when a script here runs)
 
 from kleidipy.graph.execute import compile_model
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import cache_dir, pull
 from kleidipy.target import resolve_target
+from kleidipy.tools.limits import read_bandwidth
 from kleidipy.tools.synthetic import TINYLLAMA_1_1B, write_random_llama
 
 
