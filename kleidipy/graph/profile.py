@@ -143,10 +143,13 @@ class PlanClock:
              self.calls.ctypes.data, len(self.groups)], np.int64,
         )  # fmt: skip
         self.address = self.table.ctypes.data
+        #: the threads of the last run (1: the caller alone)
+        self.threads_used = 0
 
     def add(self, nth: int, m: int, kept: int) -> None:
         """Sum the stamps of the run just made (``nth`` threads, m rows, ``kept`` rows after the KEEP node)."""
         clock_run(self.address, nth, m, kept)
+        self.threads_used = nth
 
     def take(self) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, runs) per group of the runs since the last take, and the sums start again."""

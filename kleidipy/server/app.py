@@ -34,6 +34,7 @@ from kleidipy.errors import KleidipyError
 from kleidipy.runtime.chat_template import ChatTemplateError
 from kleidipy.runtime.generate import Engine, Generation, PromptError
 from kleidipy.runtime.pull import CATALOGUE
+from kleidipy.server.inside import KEPT_REQUESTS, InsideRecorder, LoadRecord
 from kleidipy.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from kleidipy.server.metrics import metrics_text
 from kleidipy.server.scheduler import Job, Scheduler
@@ -168,15 +169,18 @@ def create_app(
     max_queue: int = 1024,
     cors: tuple[str, ...] = (),
     deterministic: bool = False,
+    load: LoadRecord | None = None,
 ) -> Starlette:
     """The ASGI app serving ``engine`` with ``parallel`` slots (the scheduler thread runs during the app's
     lifespan; ``app.state.scheduler`` is the :class:`Scheduler`, which batches the slots' steps unless
-    ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it."""
+    ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it. ``load``: the
+    engine's load as recorded (the Inside view's load stage; None: not recorded)."""
     slot_ctx = slot_context(engine.context_length, parallel)
     scheduler = Scheduler(
         engine.lm, parallel, slot_ctx, max_queue, deterministic=deterministic, poll=engine.poll_compiled
     )
     name = model_id(engine)
+    inside = scheduler.inside = InsideRecorder(engine.lm, name, engine.target.describe(), engine.threads, load)
     aliases = {name, os.fspath(engine.model), engine.path.name}
     created = int(engine.path.stat().st_mtime)
     tokenizer = engine.tokenizer
@@ -249,7 +253,9 @@ def create_app(
             message = f"max_tokens={req.max_tokens} is more than the context ({slot_ctx} tokens)"
             raise invalid("max_tokens", message, "invalid_value")
         loop = asyncio.get_running_loop()
-        jobs = [Job(gen, loop, cache_prompt=req.cache_prompt) for gen in await run_in_threadpool(generations, req)]
+        ident = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        gens = await run_in_threadpool(generations, req)
+        jobs = [Job(gen, loop, cache_prompt=req.cache_prompt, request=ident) for gen in gens]
         try:
             for job in jobs:
                 scheduler.submit(job)
@@ -258,7 +264,6 @@ def create_app(
                 scheduler.withdraw(job)
             raise
         watcher = asyncio.create_task(watch_disconnect(request, jobs))
-        ident = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         stamp = int(time.time())
         if req.stream:
             return StreamingResponse(
@@ -381,6 +386,17 @@ def create_app(
             {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": n, "total_tokens": n}}
         )
 
+    async def inside_report(request: Request) -> Response:
+        """``GET /api/inside[?id=ID]``: the stages of the last request (or of request ID), docs/server.md."""
+        ident = request.query_params.get("id")
+        if ident is not None and not ident:
+            raise invalid("id", "id is empty: give a request id (the 'ids' of GET /api/inside) or leave it out")
+        body = inside.report(ident)
+        if body is None:
+            message = f"no request {ident!r} is kept (the last {KEPT_REQUESTS} are: GET /api/inside lists their ids)"
+            raise APIError(404, message, "not_found_error", param="id", code="request_not_found")
+        return JSONResponse(body)
+
     async def metrics(request: Request) -> Response:
         return Response(metrics_text(scheduler), media_type=METRICS_TYPE)
 
@@ -449,6 +465,7 @@ def create_app(
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/api/inside", inside_report, methods=["GET"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
         middleware=[
