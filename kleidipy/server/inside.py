@@ -218,8 +218,20 @@ class InsideRecorder:
             "threads": self.threads,
             "execution": plan,
             "limits": None if limits is None else vars(limits),
+            "layout": self.model_layout(),
             "stages": stages,
         }
+
+    def model_layout(self) -> dict[str, Any] | None:
+        """The GEMM the model's first weight runs, at one packed group of its rows and its own k (the query of
+        ``GET /api/inside/layout`` and ``/api/inside/emulate`` for the model's kernel), None before the plan."""
+        compiled = self.lm.compiled
+        if compiled is None:
+            return None
+        weight = compiled.plan.weights[0]
+        kern = weight.linear.gemm.kernel
+        m = 1 if kern.kind == "gemv" else min(16, kern.mr)
+        return {"weight": weight.name, "kernel": kern.name, "m": m, "n": kern.nr, "k": weight.k, "svl": kern.svl_bits}
 
     def _load_stage(self, limits: HostLimits | None) -> dict[str, Any]:
         rows = [] if self.load is None else [dict(r) for r in self.load.rows.values()]
