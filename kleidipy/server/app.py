@@ -31,11 +31,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kleidipy.errors import KleidipyError
-from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.runtime.chat_template import ChatTemplateError
 from kleidipy.runtime.generate import Engine, Generation, PromptError
 from kleidipy.runtime.pull import CATALOGUE
-from kleidipy.server.inside import KEPT_REQUESTS, InsideRecorder, LoadRecord
+from kleidipy.server.inside import InsideRecorder, LoadRecord, inside_routes
 from kleidipy.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from kleidipy.server.metrics import metrics_text
 from kleidipy.server.scheduler import Job, Scheduler
@@ -54,8 +53,6 @@ from kleidipy.server.schemas import (
     parse_tokenize,
     usage,
 )
-from kleidipy.tools import layout
-from kleidipy.tools.emulate import emulate_steps
 
 MAX_BODY = 1 << 20  # bytes
 MIN_SLOT_CTX = 16  # tokens
@@ -389,60 +386,6 @@ def create_app(
             {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": n, "total_tokens": n}}
         )
 
-    async def inside_report(request: Request) -> Response:
-        """``GET /api/inside[?id=ID]``: the stages of the last request (or of request ID), docs/server.md."""
-        ident = request.query_params.get("id")
-        if ident is not None and not ident:
-            raise invalid("id", "id is empty: give a request id (the 'ids' of GET /api/inside) or leave it out")
-        body = inside.report(ident)
-        if body is None:
-            message = f"no request {ident!r} is kept (the last {KEPT_REQUESTS} are: GET /api/inside lists their ids)"
-            raise APIError(404, message, "not_found_error", param="id", code="request_not_found")
-        return JSONResponse(body)
-
-    pictures: dict[tuple, bytes] = {}
-    steps: dict[tuple, dict[str, Any]] = {}
-
-    def kernel_query(request: Request) -> tuple[str, int | None, int, int, int]:
-        """(kernel, m, n, k, svl) of a layout or emulation request: the seeds' example unless given."""
-        q = request.query_params
-        kernel = q.get("kernel") or layout.DEFAULT_KERNEL
-        try:
-            m, n, k, svl = (None if q.get(p) is None else int(q[p]) for p in ("m", "n", "k", "svl"))
-        except ValueError:
-            raise invalid(None, "m, n, k and svl must be integers") from None
-        n0, k0 = layout.DEFAULT_SHAPE[1:]
-        return kernel, m, n or n0, k or k0, svl or layout.DEFAULT_SVL
-
-    async def inside_layout(request: Request) -> Response:
-        """``GET /api/inside/layout``: the packing picture ``kleidipy layout`` draws, as SVG (400 for a kernel or a
-        shape it cannot draw)."""
-        key = kernel_query(request)
-        if key not in pictures:
-            try:
-                pictures[key] = await run_in_threadpool(layout.layout_svg, *key)
-            except (KleidipyError, NotImplementedError) as exc:
-                raise invalid(None, str(exc), "invalid_kernel") from None
-            if len(pictures) > 16:
-                pictures.pop(next(iter(pictures)))
-        return Response(pictures[key], media_type="image/svg+xml", headers={"Cache-Control": "max-age=3600"})
-
-    async def inside_emulate(request: Request) -> Response:
-        """``GET /api/inside/emulate``: a kernel call on the instruction emulator, step by step (the seeds' MOPA
-        unless asked; 400 for a kernel or shape it cannot emulate)."""
-        kernel, m, n, k, svl = kernel_query(request)
-        key = (kernel, m, n, k, svl)
-        if key not in steps:
-            try:
-                kern = get_kernel(kernel, svl)
-                m = layout.default_m(kern) if m is None else m
-                steps[key] = await run_in_threadpool(emulate_steps, kernel, m, n, k, svl)
-            except (KleidipyError, NotImplementedError) as exc:
-                raise invalid(None, str(exc), "invalid_kernel") from None
-            if len(steps) > 8:
-                steps.pop(next(iter(steps)))
-        return JSONResponse(steps[key])
-
     async def metrics(request: Request) -> Response:
         return Response(metrics_text(scheduler), media_type=METRICS_TYPE)
 
@@ -511,9 +454,7 @@ def create_app(
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/api/inside", inside_report, methods=["GET"]),
-            Route("/api/inside/layout", inside_layout, methods=["GET"]),
-            Route("/api/inside/emulate", inside_emulate, methods=["GET"]),
+            *inside_routes(inside),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
         middleware=[

@@ -17,10 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
+from kleidipy.errors import KleidipyError
 from kleidipy.graph.profile import PlanClock
+from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.observer import Observer, RepackCall
 from kleidipy.runtime.layers import CausalLM
+from kleidipy.server.schemas import APIError, invalid
+from kleidipy.tools import layout
+from kleidipy.tools.emulate import emulate_steps
 from kleidipy.tools.limits import HostLimits, host_limits
 
 #: requests kept for ``?id=``
@@ -331,3 +340,71 @@ def _run_stage(stage: Stage, limits: HostLimits | None) -> dict[str, Any]:
             for t, r, s, th, sec, timed in stage.steps
         ],
     }
+
+
+# --------------------------------------------------------------------------------------------- routes
+
+
+def inside_routes(inside: InsideRecorder) -> list[Route]:
+    """``GET /api/inside`` (:meth:`InsideRecorder.report`), ``/api/inside/layout`` (a packing picture) and
+    ``/api/inside/emulate`` (a kernel call step by step), docs/server.md."""
+
+    async def inside_report(request: Request) -> Response:
+        """``GET /api/inside[?id=ID]``: the stages of the last request (or of request ID), docs/server.md."""
+        ident = request.query_params.get("id")
+        if ident is not None and not ident:
+            raise invalid("id", "id is empty: give a request id (the 'ids' of GET /api/inside) or leave it out")
+        body = inside.report(ident)
+        if body is None:
+            message = f"no request {ident!r} is kept (the last {KEPT_REQUESTS} are: GET /api/inside lists their ids)"
+            raise APIError(404, message, "not_found_error", param="id", code="request_not_found")
+        return JSONResponse(body)
+
+    pictures: dict[tuple, bytes] = {}
+    steps: dict[tuple, dict[str, Any]] = {}
+
+    def kernel_query(request: Request) -> tuple[str, int | None, int, int, int]:
+        """(kernel, m, n, k, svl) of a layout or emulation request: the seeds' example unless given."""
+        q = request.query_params
+        kernel = q.get("kernel") or layout.DEFAULT_KERNEL
+        try:
+            m, n, k, svl = (None if q.get(p) is None else int(q[p]) for p in ("m", "n", "k", "svl"))
+        except ValueError:
+            raise invalid(None, "m, n, k and svl must be integers") from None
+        n0, k0 = layout.DEFAULT_SHAPE[1:]
+        return kernel, m, n or n0, k or k0, svl or layout.DEFAULT_SVL
+
+    async def inside_layout(request: Request) -> Response:
+        """``GET /api/inside/layout``: the packing picture ``kleidipy layout`` draws, as SVG (400 for a kernel or a
+        shape it cannot draw)."""
+        key = kernel_query(request)
+        if key not in pictures:
+            try:
+                pictures[key] = await run_in_threadpool(layout.layout_svg, *key)
+            except (KleidipyError, NotImplementedError) as exc:
+                raise invalid(None, str(exc), "invalid_kernel") from None
+            if len(pictures) > 16:
+                pictures.pop(next(iter(pictures)))
+        return Response(pictures[key], media_type="image/svg+xml", headers={"Cache-Control": "max-age=3600"})
+
+    async def inside_emulate(request: Request) -> Response:
+        """``GET /api/inside/emulate``: a kernel call on the instruction emulator, step by step (the seeds' MOPA
+        unless asked; 400 for a kernel or shape it cannot emulate)."""
+        kernel, m, n, k, svl = kernel_query(request)
+        key = (kernel, m, n, k, svl)
+        if key not in steps:
+            try:
+                kern = get_kernel(kernel, svl)
+                m = layout.default_m(kern) if m is None else m
+                steps[key] = await run_in_threadpool(emulate_steps, kernel, m, n, k, svl)
+            except (KleidipyError, NotImplementedError) as exc:
+                raise invalid(None, str(exc), "invalid_kernel") from None
+            if len(steps) > 8:
+                steps.pop(next(iter(steps)))
+        return JSONResponse(steps[key])
+
+    return [
+        Route("/api/inside", inside_report, methods=["GET"]),
+        Route("/api/inside/layout", inside_layout, methods=["GET"]),
+        Route("/api/inside/emulate", inside_emulate, methods=["GET"]),
+    ]
