@@ -282,10 +282,10 @@ class CompiledForward:
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls] if self.lm.observers else ()
         nth = 1 if threads == 1 else self.workers.n_threads  # (a run takes the caller alone or every worker)
-        if watchers:
-            prof = np.zeros((nth, len(self.plan.nodes), 3), np.int64)
-        else:  # (the clock's stamps, or none)
-            prof = self._untimed if self.clock is None else self.clock.prof
+        if self.clock is not None:  # (the clock's stamps, which a trace reads too before the clock sums them)
+            prof = self.clock.prof
+        else:
+            prof = np.zeros((nth, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
         logits = np.empty((keep.size, self._n_logits), np.float32)
         args = self._static_args()
         self._run_slots[:] = (
@@ -343,11 +343,13 @@ class CompiledForward:
             self._alone = entry_point(run_alone, (self._sync_at, args, *decode))
         if self._lead is None and threads > 1:
             self._lead = entry_point(lead_plan, (0, 0, 0, args, *decode))
-        if self.clock is not None and not watchers:
-            self.clock.add(1 if threads == 1 else self.workers.n_threads, m, kept)
+        nth = 1 if threads == 1 else self.workers.n_threads
+        nodes = node_runs(self.plan, prof[:nth], m, kept, t0 - mono0 / 1e9) if watchers and not failed else ()
+        if self.clock is not None:  # (after the trace's read: the clock clears its stamps)
+            self.clock.add(nth, m, kept)
         if failed:
             self._raise_failed(ids)
-        for node in node_runs(self.plan, prof, m, kept, t0 - mono0 / 1e9) if watchers else ():
+        for node in nodes:
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:

@@ -7,7 +7,9 @@ plan's clock (:class:`PlanClock`), summed per kernel and op after every run, whi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
 
 import numba
 import numpy as np
@@ -145,18 +147,22 @@ class PlanClock:
         self.address = self.table.ctypes.data
         #: the threads of the last run (1: the caller alone)
         self.threads_used = 0
+        #: runs since the last take per (m rows, kept rows): what :meth:`work` counts bytes and operations of
+        self.shapes: Counter[tuple[int, int]] = Counter()
 
     def add(self, nth: int, m: int, kept: int) -> None:
         """Sum the stamps of the run just made (``nth`` threads, m rows, ``kept`` rows after the KEEP node)."""
         clock_run(self.address, nth, m, kept)
         self.threads_used = nth
+        self.shapes[m, kept] += 1
 
-    def take(self) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, runs) per group of the runs since the last take, and the sums start again."""
-        seconds, calls = self.ns / 1e9, self.calls.copy()
+    def take(self) -> tuple[np.ndarray, np.ndarray, Counter[tuple[int, int]]]:
+        """(seconds, runs) per group and the runs per (m, kept) since the last take, and the sums start again."""
+        seconds, calls, shapes = self.ns / 1e9, self.calls.copy(), self.shapes
         self.ns[:] = 0
         self.calls[:] = 0
-        return seconds, calls
+        self.shapes = Counter()
+        return seconds, calls, shapes
 
     def work(self, m: int, kept: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(bytes read, bytes written, operations) per group of one run of m rows keeping ``kept``: a kernel reads
@@ -180,3 +186,64 @@ class PlanClock:
             if node[0] == OP_KEEP:
                 rows = kept
         return read, written, ops
+
+
+@dataclass
+class ClockSums:
+    """A stage's sums of the plan's clock over its runs (what :meth:`PlanClock.take` gave after each): per group
+    seconds and runs, and the runs per shape. Told by :meth:`rows` as one record for every reader — the server's
+    ``GET /api/inside`` and ``kleidipy trace``'s per-kernel and per-op tables."""
+
+    clock: PlanClock | None = None
+    seconds: np.ndarray | None = None
+    calls: np.ndarray | None = None
+    shapes: Counter[tuple[int, int]] = field(default_factory=Counter)
+
+    def add(self, clock: PlanClock, taken: tuple[np.ndarray, np.ndarray, Counter[tuple[int, int]]]) -> None:
+        """Add one :meth:`PlanClock.take` of ``clock`` (a new plan's clock starts the sums again: its groups
+        differ)."""
+        if self.clock is not clock or self.seconds is None or self.calls is None:
+            self.clock, self.shapes = clock, Counter()
+            self.seconds, self.calls = np.zeros(len(clock.groups)), np.zeros(len(clock.groups), np.int64)
+        self.seconds += taken[0]
+        self.calls += taken[1]
+        self.shapes.update(taken[2])
+
+    def rows(
+        self, wall_seconds: float, read_gbps: float | None = None, int8_gops: float | None = None, matmul: bool = False
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(kernels, ops): per KleidiAI function its role, ``kai_run_…`` name, calls, seconds, share of
+        ``wall_seconds``, bytes read and written, GB/s, for a GEMM int8 GOPS, and the fraction of this machine's
+        limit (the read bandwidth, for a GEMM the int8 peak; None without them); per other op of the plan its calls,
+        seconds and share, slowest first (with ``matmul``, MUL_MAT too: its nodes' packs and kernels)."""
+        clock, kernels, ops = self.clock, [], []
+        if clock is None or self.seconds is None or self.calls is None:
+            return kernels, ops
+        read, written, work = (np.zeros(len(clock.groups), np.int64) for _ in range(3))
+        for (m, kept), count in self.shapes.items():
+            r, w, o = clock.work(m, kept)
+            read, written, work = read + count * r, written + count * w, work + count * o
+        share = (lambda s: s / wall_seconds) if wall_seconds else (lambda s: 0.0)
+        mul_mat = {"op": "MUL_MAT", "calls": 0, "seconds": 0.0}
+        for g, group in enumerate(clock.groups):
+            seconds, calls = float(self.seconds[g]), int(self.calls[g])
+            if not calls:
+                continue
+            if group.role == "op":
+                ops.append({"op": group.name, "calls": calls, "seconds": seconds, "share": share(seconds)})
+                continue
+            mul_mat["calls"] += calls if group.role != "lhs_pack" else 0
+            mul_mat["seconds"] += seconds
+            gbps = (read[g] + written[g]) / seconds / 1e9 if seconds else None
+            gops = work[g] / seconds / 1e9 if seconds and group.role == "gemm" else None
+            limit = int8_gops if gops is not None else read_gbps
+            rate = gops if gops is not None else gbps
+            kernels.append(
+                {"role": group.role, "kernel": group.name, "calls": calls, "seconds": seconds, "share": share(seconds),
+                 "bytes_read": int(read[g]), "bytes_written": int(written[g]), "gbps": gbps, "gops": gops,
+                 "of_limit": rate / limit if limit and rate is not None else None}
+            )  # fmt: skip
+        if matmul and mul_mat["calls"]:
+            ops.append({**mul_mat, "share": share(mul_mat["seconds"])})
+        ops.sort(key=lambda r: -r["seconds"])
+        return kernels, ops

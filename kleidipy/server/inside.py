@@ -11,19 +11,18 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kleidipy.errors import KleidipyError
-from kleidipy.graph.profile import PlanClock
+from kleidipy.graph.profile import ClockSums, PlanClock
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.observer import Observer, RepackCall
 from kleidipy.runtime.layers import CausalLM
@@ -62,6 +61,7 @@ KLEIDIPY_STACKS = {
         "kleidipy.runtime.layers:CausalLM._forward_checked",
         "kleidipy.runtime.layers:CausalLM._run_ubatch",
         "kleidipy.runtime.layers:CausalLM._decode",
+        "kleidipy.graph.execute:CompiledForward.__call__",
         "kleidipy.graph.execute:CompiledForward._run",
         "kleidipy.graph.execute:CompiledForward._launch",
         "kleidipy.graph.walk:run_plan",
@@ -123,19 +123,17 @@ class LoadRecord(Observer):
 
 @dataclass
 class Stage:
-    """A request's prefill or decode: its passes' wall time and tokens, the clock's sums per group, the (rows,
-    kept) of its passes (for the bytes and operations), and one step line per pass."""
+    """A request's prefill or decode: its passes' wall time and tokens, the plan's clock summed over them
+    (:class:`~kleidipy.graph.profile.ClockSums`: the same record ``kleidipy trace``'s tables come from), and one step
+    line per pass."""
 
     name: str
-    clock: PlanClock | None = None
+    sums: ClockSums = field(default_factory=ClockSums)
     seconds: float = 0.0
     tokens: int = 0
     passes: int = 0
     untimed: int = 0  # passes run op by op (no compiled plan yet): no per-kernel times
     threads: int = 0
-    group_seconds: np.ndarray | None = None
-    group_calls: np.ndarray | None = None
-    shapes: Counter = field(default_factory=Counter)
     steps: list[tuple[int, int, int, int, float, float]] = field(default_factory=list)
 
 
@@ -174,8 +172,7 @@ class InsideRecorder:
         the sequences in it, the pass added to that request's prefill or decode."""
         compiled = self.lm.compiled
         clock = compiled.clock if compiled is not None else None
-        sums = clock.take() if clock is not None else None
-        kept = len(jobs)
+        taken = clock.take() if clock is not None else None
         with self._lock:
             for ident, prefilling, tokens in _per_request(jobs):
                 record = self._by_id.get(ident)
@@ -185,7 +182,7 @@ class InsideRecorder:
                     record = self._by_id[ident] = RequestRecord(ident, time.time())
                     self.requests.append(record)
                 stage = record.prefill if prefilling else record.decode
-                _add(stage, clock, sums, rows, kept, tokens, seconds, kept)
+                _add(stage, clock, taken, tokens, rows, seconds, len(jobs))
 
     # --- the report -----------------------------------------------------------------------------
     def limits(self) -> HostLimits | None:
@@ -271,60 +268,26 @@ def _per_request(jobs: Sequence[tuple[str, bool, int]]) -> list[tuple[str, bool,
     return [(ident, p, n) for ident, (p, n) in merged.items()]
 
 
-def _add(stage: Stage, clock: PlanClock | None, sums: tuple | None, rows: int, kept: int, tokens: int,
-         seconds: float, sequences: int) -> None:  # fmt: skip
+def _add(stage: Stage, clock: PlanClock | None, taken: tuple | None, tokens: int, rows: int, seconds: float,
+         sequences: int) -> None:  # fmt: skip
     """One pass into ``stage``."""
     stage.passes += 1
     stage.tokens += tokens
     stage.seconds += seconds
-    if clock is None or sums is None:
+    if clock is None or taken is None:
         stage.untimed += 1
         stage.steps.append((tokens, rows, sequences, 0, seconds, 0.0))
         return
-    if stage.clock is not clock:  # (a new plan: its groups start the sums again)
-        stage.clock, stage.shapes = clock, Counter()
-        stage.group_seconds = np.zeros(len(clock.groups))
-        stage.group_calls = np.zeros(len(clock.groups), np.int64)
-    group_s, calls = sums
-    stage.group_seconds += group_s
-    stage.group_calls += calls
-    stage.shapes[(rows, kept)] += 1
+    stage.sums.add(clock, taken)
     stage.threads = max(stage.threads, clock.threads_used)
-    stage.steps.append((tokens, rows, sequences, clock.threads_used, seconds, float(group_s.sum())))
+    stage.steps.append((tokens, rows, sequences, clock.threads_used, seconds, float(taken[0].sum())))
 
 
 def _run_stage(stage: Stage, limits: HostLimits | None) -> dict[str, Any]:
-    """A prefill or decode stage as JSON: its kernels (role, kai_run_ name, calls, seconds, share of the stage,
-    bytes, GB/s or GOPS and their fraction of the limit), its other ops, its stack and its steps."""
-    kernels, ops = [], []
-    clock = stage.clock
-    if clock is not None and stage.group_seconds is not None:
-        read, written, work = (np.zeros(len(clock.groups), np.int64) for _ in range(3))
-        for (rows, kept), count in stage.shapes.items():
-            r, w, o = clock.work(rows, kept)
-            read, written, work = read + count * r, written + count * w, work + count * o
-        for g, group in enumerate(clock.groups):
-            seconds, calls = float(stage.group_seconds[g]), int(stage.group_calls[g])
-            if not calls:
-                continue
-            share = seconds / stage.seconds if stage.seconds else 0.0
-            if group.role == "op":
-                ops.append({"op": group.name, "calls": calls, "seconds": seconds, "share": share})
-                continue
-            row = {"role": group.role, "kernel": group.name, "calls": calls, "seconds": seconds, "share": share,
-                   "bytes_read": int(read[g]), "bytes_written": int(written[g])}  # fmt: skip
-            gbps = (read[g] + written[g]) / seconds / 1e9 if seconds else None
-            gops = work[g] / seconds / 1e9 if seconds and group.role == "gemm" else None
-            row["gbps"], row["gops"] = gbps, gops
-            if limits is None:
-                row["of_limit"] = None
-            elif gops is not None:
-                row["of_limit"] = gops / limits.int8_gops
-            else:
-                row["of_limit"] = None if gbps is None else gbps / limits.read_gbps
-            kernels.append(row)
-        ops.sort(key=lambda r: -r["seconds"])
-    ggml = GGML_STACKS["run"]
+    """A prefill or decode stage as JSON: its kernels and other ops (:meth:`ClockSums.rows`), its stack and its
+    steps."""
+    peaks = (limits.read_gbps, limits.int8_gops) if limits is not None else (None, None)
+    kernels, ops = stage.sums.rows(stage.seconds, *peaks)
     return {
         "name": stage.name,
         "seconds": stage.seconds,
@@ -332,7 +295,7 @@ def _run_stage(stage: Stage, limits: HostLimits | None) -> dict[str, Any]:
         "tokens": stage.tokens,
         "untimed_passes": stage.untimed,
         "threads": stage.threads,
-        "stack": {"ggml": ggml, "kleidipy": [_short(f) for f in KLEIDIPY_STACKS[stage.name]]},
+        "stack": {"ggml": GGML_STACKS["run"], "kleidipy": [_short(f) for f in KLEIDIPY_STACKS[stage.name]]},
         "kernels": kernels,
         "ops": ops,
         "steps": [
