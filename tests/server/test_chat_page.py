@@ -333,16 +333,15 @@ def test_the_inside_view_shows_the_kernels_the_packing_and_the_mopa_loop(
             page.click("#mopa-step")
             texts.append(page.locator("#mopa-text").text_content())
             counts.append(nonzero())
-        assert (
-            any("SMOPA" in t for t in texts)
-            and counts[-1] > 0
-            and counts == sorted(counts)[: len(counts)]
-            or max(counts) > 0
-        )
+        assert any("SMOPA" in t for t in texts) and max(counts) > 0, (texts, counts)
         at = page.locator("#mopa-pos").text_content()
         page.screenshot(path=tmp_path / "inside-mopa.png")
         page.click("#mopa-back")
         assert page.locator("#mopa-pos").text_content() != at and page.locator("#mopa-text").text_content() == texts[-2]
+        assert nonzero() == counts[-2]
+        page.click("#mopa-step")
+        assert page.locator("#mopa-pos").text_content() == at and page.locator("#mopa-text").text_content() == texts[-1]
+        assert nonzero() == counts[-1]
         assert not [e for e in errors if "Content Security Policy" in e or "Uncaught" in e], errors
     finally:
         context.close()
