@@ -43,7 +43,6 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from kernels import read_bandwidth  # (benchmarks/ is on the path when a script here runs)
 
 from kleidipy.graph.execute import compile_model
 from kleidipy.runtime.backend import KleidiBackend
@@ -51,6 +50,7 @@ from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.pull import cache_dir, pull
 from kleidipy.target import resolve_target
 from kleidipy.tools import synthetic
+from kleidipy.tools.limits import read_bandwidth
 
 #: the llama row, and a row per further architecture (random Q4_0 weights of a real model's shape) that the
 #: architectures table holds against it

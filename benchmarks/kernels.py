@@ -15,7 +15,6 @@ thread, which leaves out the time they hold the cores). ``--quick``: fewer shape
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import time
 from collections.abc import Callable
@@ -31,6 +30,17 @@ from kleidipy.graph.workers import SYNC_FIRST_FREE, Workers, share
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as vk
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_pack as vk_pack
+from kleidipy.tools.limits import (
+    COLD_BYTES,
+    PEAK_ITERS,
+    READ_STREAMS,
+    best_time,
+    dpbusd_peak,
+    on_threads,
+    peak_gops,
+    read_bandwidth,
+    read_reduce,
+)
 
 SVL = 512
 GEMM = "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
@@ -39,97 +49,7 @@ SHAPES = [(2048, 2048), (5632, 2048), (2048, 5632), (8192, 3072)]
 ROWS = [1, 16, 128, 512]
 
 
-def last_level_cache() -> int:
-    """Bytes of this host's largest CPU cache (Linux sysfs; 0 where it cannot be read)."""
-    sizes = [0]
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        with open(path) as f:
-            text = f.read().strip()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        sizes.append(int(text.rstrip("KMG")) * scale)
-    return max(sizes)
-
-
-#: bytes a read must span to come from DRAM: twice the last-level cache, at least 512 MiB (an Intel Xeon VM here reports
-#: a 480 MiB L3: a 160 MB cycle of GEMV weights or a 512 MiB read partly hit it). GEMV weights are cycled through
-#: copies of this size; the read bandwidth reads this many bytes.
-COLD_BYTES = max(512 << 20, 2 * last_level_cache())
-
-
-def best_time(fn: Callable[[], object], repeat: int, min_seconds: float = 0.0) -> float:
-    """Smallest wall time of ``repeat`` calls (more calls until ``min_seconds`` of measuring)."""
-    fn()
-    best, spent, calls = float("inf"), 0.0, 0
-    while calls < repeat or spent < min_seconds:
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        best, spent, calls = min(best, dt), spent + dt, calls + 1
-    return best
-
-
-def on_threads(fn: Callable[[int], object], threads: int, pool: ThreadPoolExecutor) -> None:
-    """fn(0) here and fn(1..threads-1) on the pool, concurrently."""
-    futures = [pool.submit(fn, t) for t in range(1, threads)]
-    fn(0)
-    for f in futures:
-        f.result()
-
-
 # --------------------------------------------------------------------------------------------- machine
-
-
-#: memory streams a read takes at once, up to as many as the Q4_0 GEMV reads (far-apart panels): on some hosts (an
-#: Intel Xeon VM here) a thread reads faster from two streams than from one, which the hardware prefetcher follows
-#: only so far ahead (one thread: ~18 GB/s from one stream, ~22 from two, in one measurement)
-READ_STREAMS = (1, 2, 4)
-#: uint64 words a stream gives per turn: 512 bytes, 8 cache lines (a turn of one line each measured ~half as fast)
-_TURN_WORDS = 64
-
-
-@numba.njit(nogil=True, fastmath=True, cache=True)
-def _read_reduce(a: np.ndarray, streams: int = 1) -> int:
-    """XOR of the 8-byte words of ``a`` (its bytes past a multiple of 8 left out), read as ``streams`` equal parts
-    side by side, 512 bytes of each in turn (the words past ``streams`` whole parts of turns at the end)."""
-    words = a[: a.size // 8 * 8].view(np.uint64)
-    per = words.size // streams // _TURN_WORDS * _TURN_WORDS
-    acc = np.uint64(0)
-    for i in range(0, per, _TURN_WORDS):
-        for s in range(streams):
-            base = s * per + i
-            for j in range(_TURN_WORDS):
-                acc ^= words[base + j]
-    for i in range(streams * per, words.size):
-        acc ^= words[i]
-    return acc
-
-
-def read_bandwidth(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
-    """GB/s of a streaming read of COLD_BYTES split across ``threads`` threads, each reading its part as each count
-    of streams of READ_STREAMS (the fastest: the limit a memory-bound kernel can reach)."""
-    buf = np.ones(COLD_BYTES, np.uint8)
-    parts = np.array_split(buf, threads)
-    seconds = min(
-        best_time(lambda s=s: on_threads(lambda t: _read_reduce(parts[t], s), threads, pool), repeat)
-        for s in READ_STREAMS
-    )
-    return buf.nbytes / seconds / 1e9
-
-
-#: vpdpbusd per chain of a peak measurement (12 chains): ~3 ms at two a cycle — a much shorter run (50,000 took
-#: ~0.1 ms) measures the hand-off to the threads more than the instruction
-PEAK_ITERS = 2_000_000
-
-
-def peak_gops(threads: int, seconds: float) -> float:
-    """int8 GOPS of a peak measurement on ``threads`` threads that took ``seconds`` (2 ops per multiply-add)."""
-    return threads * 12 * PEAK_ITERS * 64 * 2 / seconds / 1e9
-
-
-def dpbusd_peak(threads: int, pool: ThreadPoolExecutor, repeat: int) -> float:
-    """int8 GOPS of independent vpdpbusd chains on ``threads`` threads."""
-    fn = lambda: on_threads(lambda t: vnni.dpbusd_loop(vnni.HOST_ISA, PEAK_ITERS), threads, pool)  # noqa: E731
-    return peak_gops(threads, best_time(fn, repeat))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -137,7 +57,7 @@ def _read_share(ith: int, nth: int, sync: np.ndarray, a: np.ndarray, streams: in
     """Thread ith's share of a read of ``a``'s whole cache lines as ``streams`` streams (a :class:`Workers` run:
     the alternate roofline of a GEMV runs on the threads the node runs on)."""
     lo, hi = share(a.size // 64, ith, nth)
-    sync[SYNC_FIRST_FREE + ith] = np.int64(_read_reduce(a[lo * 64 : hi * 64], streams))
+    sync[SYNC_FIRST_FREE + ith] = np.int64(read_reduce(a[lo * 64 : hi * 64], streams))
 
 
 @numba.njit(nogil=True, cache=True)

@@ -5,12 +5,14 @@ Starts ``kleidipy.server.serve`` in a subprocess (or uses ``--url``), then for e
 after the other, and prints a markdown table: completion tokens per second over the whole level (all clients),
 time to first token (request sent -> first content delta; includes queueing when clients outnumber slots),
 and each stream's own decode rate (tokens after the first / time after the first). Token counts come from the
-server's usage chunk. A warm-up request runs first. The official ``openai`` client is the load generator. While
+server's usage chunk. A warm-up request runs first. ``--inside-poll S`` polls ``/api/inside`` every S seconds
+while a level runs, as the chat page's Inside view does when open (0.5), to compare tokens/s with it open and
+closed. The official ``openai`` client is the load generator. While
 a level runs, ``/health`` is polled every 100 ms (its slowest answer shows whether the event loop stays responsive
 while the compute thread is busy), and the server process's RSS is read before and after each level.
 
     python benchmarks/server.py [-m MODEL] [--parallel 4] [--clients 1,4,16] [--max-tokens 32] [--rounds 1]
-                                [--deterministic]
+                                [--deterministic] [--inside-poll 0.5]
     python benchmarks/server.py --url http://127.0.0.1:8080/v1      # an already running server
 """
 
@@ -101,9 +103,18 @@ def health_seconds(url: str) -> float:
     return time.perf_counter() - t0
 
 
-async def level(url: str, model: str, clients: int, rounds: int, max_tokens: int) -> tuple[list[Sample], float, float]:
-    """Run ``clients`` concurrent clients of ``rounds`` sequential requests; (samples, wall seconds, slowest
-    /health answer in seconds)."""
+def inside_seconds(url: str) -> float:
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/api/inside", timeout=600) as r:
+        r.read()
+    return time.perf_counter() - t0
+
+
+async def level(
+    url: str, model: str, clients: int, rounds: int, max_tokens: int, inside_poll: float = 0.0
+) -> tuple[list[Sample], float, float]:
+    """Run ``clients`` concurrent clients of ``rounds`` sequential requests (``/api/inside`` polled every
+    ``inside_poll`` seconds when > 0); (samples, wall seconds, slowest /health answer in seconds)."""
     client = openai.AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=3600)
     health: list[float] = []
 
@@ -115,11 +126,17 @@ async def level(url: str, model: str, clients: int, rounds: int, max_tokens: int
             health.append(await asyncio.to_thread(health_seconds, url))
             await asyncio.sleep(0.1)
 
-    poller = asyncio.create_task(poll_health())
+    async def poll_inside() -> None:
+        while True:
+            await asyncio.to_thread(inside_seconds, url)
+            await asyncio.sleep(inside_poll)
+
+    pollers = [asyncio.create_task(poll_health())] + ([asyncio.create_task(poll_inside())] if inside_poll else [])
     t0 = time.perf_counter()
     per_client = await asyncio.gather(*(worker(c) for c in range(clients)))
     wall = time.perf_counter() - t0
-    poller.cancel()
+    for poller in pollers:
+        poller.cancel()
     await client.close()
     return [s for samples in per_client for s in samples], wall, max(health, default=0.0)
 
@@ -142,6 +159,9 @@ def main() -> None:
         "--deterministic", action="store_true", help="serve with one forward pass per slot and step (no batching)"
     )
     parser.add_argument("--url", help="benchmark this running server instead of starting one")
+    parser.add_argument(
+        "--inside-poll", type=float, default=0.0, help="poll /api/inside every S seconds (the Inside view open: 0.5)"
+    )
     args = parser.parse_args()
 
     proc, url = (None, args.url) if args.url else start_server(args)
@@ -153,7 +173,9 @@ def main() -> None:
         server = psutil.Process(proc.pid) if proc is not None else None
         for clients in (int(c) for c in args.clients.split(",")):
             rss0 = server.memory_info().rss if server else 0
-            samples, wall, health = asyncio.run(level(url, model, clients, args.rounds, args.max_tokens))
+            samples, wall, health = asyncio.run(
+                level(url, model, clients, args.rounds, args.max_tokens, args.inside_poll)
+            )
             rss = f"{(server.memory_info().rss - rss0) / 2**20:+.1f}" if server else "n/a"
             tokens = sum(s.tokens for s in samples)
             ttft = [s.ttft * 1e3 for s in samples]

@@ -22,13 +22,14 @@ Program = Callable[[Machine, Any, int, int, int, Buffer, Buffer, Buffer], None]
 
 
 def isa_execution(program: Program) -> Callable[..., tuple[np.ndarray, Machine]]:
-    """A kernel's ``isa`` execution from its program: ``(kernel, m, n, k, lhs, rhs, trace=False)`` ->
-    (unclamped float32 [m, n], the machine with its counters and trace log)."""
+    """A kernel's ``isa`` execution from its program: ``(kernel, m, n, k, lhs, rhs, trace=False, record=False)`` ->
+    (unclamped float32 [m, n], the machine with its counters, its trace log and, with ``record``, the registers each
+    traced instruction changed)."""
 
     def run(
-        kernel: Any, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, trace: bool = False
+        kernel: Any, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, trace: bool = False, record: bool = False
     ) -> tuple[np.ndarray, Machine]:
-        machine = Machine(kernel.svl_bits if kernel.is_sme else None, trace=trace)
+        machine = Machine(kernel.svl_bits if kernel.is_sme else None, trace=trace or record, record=record)
         lhs_buf = Buffer("lhs", np.ascontiguousarray(lhs).reshape(-1).view(np.uint8))
         rhs_buf = Buffer("rhs", np.ascontiguousarray(rhs).reshape(-1).view(np.uint8))
         dst = Buffer("dst", np.zeros(m * n * 4, dtype=np.uint8))

@@ -34,7 +34,7 @@ class Machine:
     then 128 bits, i.e. the V registers).
     """
 
-    def __init__(self, svl_bits: int | None = None, trace: bool = False) -> None:
+    def __init__(self, svl_bits: int | None = None, trace: bool = False, record: bool = False) -> None:
         self.svl_bits = svl_bits
         self.vb = (svl_bits or 128) // 8
         self.z = np.zeros((32, self.vb), dtype=np.uint8)
@@ -51,6 +51,9 @@ class Machine:
         self.log: list[str] = []
         self._z_views: dict[str | type, np.ndarray] = {}
         self._v_views: dict[str | type, np.ndarray] = {}
+        #: with ``record``: per trace line, the Z registers and ZA rows it changed ({number: bytes as hex})
+        self.steps: list[dict[str, dict[int, str]]] | None = [] if record else None
+        self._before = (self.z.copy(), self.za.copy())
 
     # --- register views ------------------------------------------------------------------------
     @property
@@ -104,6 +107,15 @@ class Machine:
         """Append a trace line (only while tracing, up to TRACE_LIMIT lines)."""
         if self.tracing and len(self.log) < TRACE_LIMIT:
             self.log.append(text)
+            if self.steps is not None:
+                self.steps.append({"z": self._changed(self.z, 0), "za": self._changed(self.za, 1)})
+
+    def _changed(self, state: np.ndarray, which: int) -> dict[int, str]:
+        """The rows of ``state`` (Z or ZA) changed since the last trace line, as hex bytes (and remembered)."""
+        before = self._before[which]
+        rows = np.flatnonzero((state != before).any(axis=1))
+        before[rows] = state[rows]
+        return {int(r): state[r].tobytes().hex() for r in rows}
 
     def section(self, text: str) -> None:
         """A heading line in the trace (loop boundaries)."""

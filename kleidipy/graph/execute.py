@@ -21,8 +21,16 @@ from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.model import KVCells, PlannedModel, UbatchSegment
 from kleidipy.graph.nodes import routine_addresses
 from kleidipy.graph.plan import NotPlannableError, Plan, build_plan
-from kleidipy.graph.profile import kernel_call, node_runs
-from kleidipy.graph.tables import DECODE_SLOTS, DECODE_TOKENS, RUN_GEMV, RUN_SLOTS, RUN_TOKEN
+from kleidipy.graph.profile import PlanClock, kernel_call, node_runs
+from kleidipy.graph.tables import (
+    DECODE_SLOTS,
+    DECODE_TOKENS,
+    RUN_GEMV,
+    RUN_PROF,
+    RUN_PROF_THREADS,
+    RUN_SLOTS,
+    RUN_TOKEN,
+)
 from kleidipy.graph.views import address_table
 from kleidipy.graph.walk import (
     STATUS_BAD_TOKEN,
@@ -119,12 +127,23 @@ class CompiledForward:
         self._choosing = threads > 1 and adaptive
         self._sync = np.zeros(SYNC_FIRST_FREE, np.int64)  # a run on the calling thread alone (no barrier waits)
         self._sync_at = self._sync.ctypes.data
+        #: the plan's per-node timers kept on (:meth:`start_clock`), or None: runs unobserved are untimed
+        self.clock: PlanClock | None = None
 
     @property
     def run_seconds(self) -> float:
         """Seconds spent inside the compiled runs so far, as thread 0 clocks them (the rest of a forward pass, the
         call into numba included, is host Python)."""
         return int(self._status[STATUS_INSIDE]) / 1e9
+
+    def start_clock(self) -> PlanClock:
+        """Time every run from now on by the plan's own per-node stamps, summed per kernel and op after each run
+        (:class:`~kleidipy.graph.profile.PlanClock`; a decoded token keeps its short way): the clock, made once."""
+        if self.clock is None:
+            self.clock = PlanClock(self.plan, self.workers.n_threads)
+            self._decode_slots[RUN_PROF] = self.clock.prof.ctypes.data
+            self._decode_slots[RUN_PROF_THREADS] = self.clock.prof.shape[0]
+        return self.clock
 
     def close(self) -> None:
         """Stop the worker threads."""
@@ -225,6 +244,8 @@ class CompiledForward:
             )
         if t0:
             self.choice.record(1, threads, perf_counter() - t0)
+        if self.clock is not None:
+            self.clock.add(1 if threads == 1 else self.workers.n_threads, 1, 1)
         if failed:
             self._raise_failed([token])
         return logits
@@ -274,7 +295,10 @@ class CompiledForward:
         threads = self.choice.pick(m)
         watchers = [o for o in self.lm.observers if o.wants_matmuls] if self.lm.observers else ()
         nth = 1 if threads == 1 else self.workers.n_threads  # (a run takes the caller alone or every worker)
-        prof = np.zeros((nth, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
+        if self.clock is not None:  # (the clock's stamps, which a trace reads too before the clock sums them)
+            prof = self.clock.prof
+        else:
+            prof = np.zeros((nth, len(self.plan.nodes), 3), np.int64) if watchers else self._untimed
         logits = np.empty((keep.size, self._n_logits), np.float32)
         args = self._static_args()
         self._run_slots[:] = (
@@ -333,9 +357,13 @@ class CompiledForward:
             self._alone = entry_point(run_alone, (self._sync_at, args, *decode))
         if self._lead is None and threads > 1:
             self._lead = entry_point(lead_plan, (0, 0, 0, args, *decode))
+        nth = 1 if threads == 1 else self.workers.n_threads
+        nodes = node_runs(self.plan, prof[:nth], m, kept, t0 - mono0 / 1e9) if watchers and not failed else ()
+        if self.clock is not None:  # (after the trace's read: the clock clears its stamps)
+            self.clock.add(nth, m, kept)
         if failed:
             self._raise_failed(ids)
-        for node in node_runs(self.plan, prof, m, kept, t0 - mono0 / 1e9) if watchers else ():
+        for node in nodes:
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:

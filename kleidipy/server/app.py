@@ -34,6 +34,7 @@ from kleidipy.errors import KleidipyError
 from kleidipy.runtime.chat_template import ChatTemplateError
 from kleidipy.runtime.generate import Engine, Generation, PromptError
 from kleidipy.runtime.pull import CATALOGUE
+from kleidipy.server.inside import InsideRecorder, LoadRecord, inside_routes
 from kleidipy.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from kleidipy.server.metrics import metrics_text
 from kleidipy.server.scheduler import Job, Scheduler
@@ -75,7 +76,7 @@ def chat_page_csp(page: bytes) -> str:
     styles = hashes(b"style") or " 'none'"
     return (
         f"default-src 'none'; script-src 'self'{hashes(b'script')}; style-src{styles}; connect-src 'self'; "
-        "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        "img-src data: blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
 
 
@@ -168,12 +169,14 @@ def create_app(
     max_queue: int = 1024,
     cors: tuple[str, ...] = (),
     deterministic: bool = False,
+    load: LoadRecord | None = None,
     lookup: int = 0,
 ) -> Starlette:
     """The ASGI app serving ``engine`` with ``parallel`` slots (the scheduler thread runs during the app's
     lifespan; ``app.state.scheduler`` is the :class:`Scheduler`, which batches the slots' steps unless
-    ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it. ``lookup``: the
-    prompt-lookup drafts of a request that does not say (its ``lookup`` field)."""
+    ``deterministic``); browser pages from the ``cors`` origins (and from this machine) may call it. ``load``: the
+    engine's load as recorded (the Inside view's load stage; None: not recorded); ``lookup``: the prompt-lookup
+    drafts of a request that does not say (its ``lookup`` field)."""
     slot_ctx = slot_context(engine.context_length, parallel)
     scheduler = Scheduler(
         engine.lm,
@@ -185,6 +188,7 @@ def create_app(
         exact_rows=engine.backend.exact_rows,
     )
     name = model_id(engine)
+    inside = scheduler.inside = InsideRecorder(engine.lm, name, engine.target.describe(), engine.threads, load)
     aliases = {name, os.fspath(engine.model), engine.path.name}
     created = int(engine.path.stat().st_mtime)
     tokenizer = engine.tokenizer
@@ -258,7 +262,9 @@ def create_app(
             message = f"max_tokens={req.max_tokens} is more than the context ({slot_ctx} tokens)"
             raise invalid("max_tokens", message, "invalid_value")
         loop = asyncio.get_running_loop()
-        jobs = [Job(gen, loop, cache_prompt=req.cache_prompt) for gen in await run_in_threadpool(generations, req)]
+        ident = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        gens = await run_in_threadpool(generations, req)
+        jobs = [Job(gen, loop, cache_prompt=req.cache_prompt, request=ident) for gen in gens]
         try:
             for job in jobs:
                 scheduler.submit(job)
@@ -267,7 +273,6 @@ def create_app(
                 scheduler.withdraw(job)
             raise
         watcher = asyncio.create_task(watch_disconnect(request, jobs))
-        ident = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         stamp = int(time.time())
         if req.stream:
             return StreamingResponse(
@@ -458,6 +463,7 @@ def create_app(
             Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
+            *inside_routes(inside),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
         middleware=[

@@ -22,6 +22,7 @@ from kleidipy.errors import KleidipyError
 from kleidipy.runtime.generate import Generation
 from kleidipy.runtime.kv_cache import KVCache
 from kleidipy.runtime.layers import CausalLM
+from kleidipy.server.inside import InsideRecorder
 from kleidipy.server.schemas import APIError
 
 log = logging.getLogger("kleidipy.server")
@@ -40,6 +41,8 @@ class Job:
     cancelled: bool = False
     #: reuse the longest prefix of the prompt a slot's KV cache holds (llama-server's ``cache_prompt``)
     cache_prompt: bool = True
+    #: the id of the request it answers (a choice of it): the Inside view records its passes under it
+    request: str = ""
 
     def cancel(self) -> None:
         """Stop generating (checked by the worker before each step); the slot is freed."""
@@ -108,6 +111,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: told of every forward pass (:class:`~kleidipy.server.inside.InsideRecorder`), or None
+        self.inside: InsideRecorder | None = None
 
     @property
     def busy(self) -> int:
@@ -289,16 +294,29 @@ class Scheduler:
         self, parts: list[tuple[KVCache, Sequence[int], int]], rows: list[bool] | None = None
     ) -> list[np.ndarray]:
         """The logits of each part (cache, ids, first position) in one forward pass: its last token's, or every
-        row's for a part that drafted (``rows``), each then as a decode step computes it."""
+        row's for a part that drafted (``rows``), each then as a decode step computes it (told to :attr:`inside`
+        when it succeeds)."""
+        inside = self.inside
+        if inside is not None:
+            inside.before_pass()
         t0 = time.perf_counter()
+        logits = None
         try:
             if rows is None:
-                return self.lm.forward_batch(parts)
-            return self.lm.forward_batch(parts, all_logits=rows, as_decoded=not self.exact_rows)
+                logits = self.lm.forward_batch(parts)
+            else:
+                logits = self.lm.forward_batch(parts, all_logits=rows, as_decoded=not self.exact_rows)
+            return logits
         finally:
-            self.stats.forward_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.stats.forward_seconds += seconds
             self.stats.forward_passes += 1
             self.stats.forward_sequences += len(parts)
+            if inside is not None and logits is not None:
+                jobs = {id(slot.cache): slot.job for slot in self.slots}
+                seqs = [(jobs[id(kv)], len(ids)) for kv, ids, _ in parts]
+                record = [(job.request, job.generation.prefilling, n) for job, n in seqs if job is not None]
+                inside.after_pass(record, sum(n for _, n in seqs), seconds)
 
 
 def _shutting_down() -> APIError:

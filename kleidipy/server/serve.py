@@ -11,6 +11,7 @@ import sys
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.pull import default_model
 from kleidipy.server.app import MIN_SLOT_CTX, ServerConfigError, create_app, slot_context
+from kleidipy.server.inside import LoadRecord
 from kleidipy.target import Target
 
 
@@ -55,6 +56,7 @@ def serve(
                 print(f"kleidipy: chat page at {url}/ - OpenAI API at {url}/v1", file=sys.stderr, flush=True)
 
     with sock:
+        load = LoadRecord()  # (the load stage of the Inside view: every repack, timed as kleidipy trace times it)
         engine = Engine(
             model or default_model(),
             target=target,
@@ -66,9 +68,17 @@ def serve(
             repack_cache=repack_cache,
             graph=graph,
             background_compile=True,
+            observers=[load],
         )
+        engine.observers.remove(load)  # (an engine without observers runs its fast path)
         app = create_app(
-            engine, parallel=parallel, api_key=api_key, cors=tuple(cors), deterministic=deterministic, lookup=lookup
+            engine,
+            parallel=parallel,
+            api_key=api_key,
+            cors=tuple(cors),
+            deterministic=deterministic,
+            load=load,
+            lookup=lookup,
         )
         print(
             f"kleidipy: serving {app.state.model_id} on http://{host}:{port}/v1 "

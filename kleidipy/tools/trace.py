@@ -21,6 +21,7 @@ from typing import Any
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.errors import InvalidArgumentError, KleidipyError
+from kleidipy.graph.profile import ClockSums, PlanClock
 from kleidipy.observer import KernelCall, NodeRun, Observer, RepackCall
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.model_file import ModelFile
@@ -92,6 +93,9 @@ class Stage:
     passes: list[Pass] = field(default_factory=list)
     #: the compiled plan's nodes as they ran, timed per thread inside the plan (empty when the model ran op by op)
     nodes: list[NodeRun] = field(default_factory=list)
+    #: the plan's clock summed over the stage's passes, as the server's Inside view sums a request's (None when the
+    #: model ran op by op): the per-kernel and per-op tables come from it
+    sums: ClockSums | None = None
 
     @property
     def end(self) -> float:
@@ -248,6 +252,7 @@ class Tracer(Observer):
         self.stages = {name: Stage(name) for name in STAGES}
         self.current: Stage | None = None
         self.stack = _StackRecorder({self.load.__code__, self.generate.__code__})
+        self.clock: PlanClock | None = None  # the compiled plan's, started by generate()
 
     def now(self) -> float:
         return perf_counter() - self.t0
@@ -329,10 +334,15 @@ class Tracer(Observer):
     def on_forward_start(self, n_tokens: int, n_past: int) -> None:
         stage = self._enter("decode" if self.stages["prefill"].passes else "prefill")
         self._pass = (stage, n_tokens, n_past, self.now())
+        if self.clock is not None:
+            self.clock.take()  # (what ran outside a pass is no stage's)
 
     def on_forward_end(self, n_tokens: int, n_past: int) -> None:
         stage, n_tokens, n_past, start = self._pass
         seconds = self.now() - start
+        if self.clock is not None:
+            stage.sums = stage.sums or ClockSums()
+            stage.sums.add(self.clock, self.clock.take())
         stage.passes.append(Pass(start, seconds, n_tokens, n_past))
         stage.wall_s += seconds
         if len(stage.passes) == 1:
@@ -342,6 +352,8 @@ class Tracer(Observer):
         """Run ``engine.generate`` greedily (prefill, then decode: every MUL_MAT recorded); returns the text."""
         if self not in engine.observers:
             engine.observers.append(self)
+        compiled = engine.lm.compiled
+        self.clock = compiled.start_clock() if compiled is not None else None
         try:
             return "".join(engine.generate(prompt_ids, n_predict))
         finally:

@@ -70,7 +70,11 @@ def call_tree(stage: Stage) -> list[Node]:
 
 
 def kernel_table(stage: Stage) -> list[dict[str, Any]]:
-    """Per KleidiAI function: role, calls, total seconds, bytes read and written."""
+    """Per KleidiAI function: role, calls, total seconds, bytes read and written — from the plan's clock when the
+    plan ran (:meth:`~kleidipy.graph.profile.ClockSums.rows`, the rows ``GET /api/inside`` serves: share of the
+    stage, GB/s and GOPS too), else from the calls the op-by-op path reported."""
+    if stage.sums is not None:
+        return stage.sums.rows(stage.wall_s)[0]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for c in stage.kai_calls():
         row = rows.setdefault(
@@ -146,7 +150,12 @@ def stage_summary(stage: Stage) -> dict[str, Any]:
 
 def node_table(stage: Stage) -> list[dict[str, Any]]:
     """Per op of the compiled plan (MUL_MAT, ATTENTION, RMS_NORM, ...): nodes run and their time (each node from its
-    first thread's start to its last thread's end), slowest first; empty when the model ran op by op."""
+    first thread's start to its last thread's end), slowest first, with its share of the stage; from the plan's
+    clock (:meth:`~kleidipy.graph.profile.ClockSums.rows`, as ``GET /api/inside``'s ops, MUL_MAT included); empty
+    when the model ran op by op."""
+    if stage.sums is not None:
+        ops = stage.sums.rows(stage.wall_s, matmul=True)[1]
+        return [{"op": r["op"], "nodes": r["calls"], "seconds": r["seconds"], "share": r["share"]} for r in ops]
     rows: dict[str, dict[str, Any]] = {}
     for node in stage.nodes:
         row = rows.setdefault(node.op, {"op": node.op, "nodes": 0, "seconds": 0.0})

@@ -21,6 +21,7 @@ from test_server import HANG_TIMEOUT, Server, serving
 
 from kleidipy.runtime.generate import Engine
 from kleidipy.runtime.sampler import SamplingParams
+from kleidipy.server.inside import LoadRecord
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
@@ -46,8 +47,12 @@ def greedy(smollm2: Engine) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2: Engine, greedy: str) -> Iterator[Server]:
-    with serving(smollm2, parallel=1, api_key=KEY) as server:
+def server(greedy: str) -> Iterator[Server]:
+    """SmolLM2 served as ``kleidipy serve`` serves it: its load recorded for the Inside view."""
+    load = LoadRecord()
+    engine = Engine(SMOLLM2, n_ctx=1024, progress=False, observers=[load])
+    engine.observers.remove(load)
+    with serving(engine, parallel=1, api_key=KEY, load=load) as server:
         yield server
 
 
@@ -273,5 +278,70 @@ def test_the_page_fits_a_phone(browser: playwright.Browser, server: Server) -> N
         for selector in ("#input", "#send", "#stop", "#new", "#settings summary"):
             box = page.locator(selector).bounding_box()
             assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], selector
+    finally:
+        context.close()
+
+
+def test_the_inside_view_shows_the_kernels_the_packing_and_the_mopa_loop(
+    browser: playwright.Browser, server: Server, tmp_path: Path
+) -> None:
+    """After one chat message the Inside view shows the repack, prefill and decode kernels with their times, the
+    packing picture zooms to readable labels, and the MOPA inner loop steps forward and back (screenshots of each
+    in ``tmp_path``)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        errors = []
+        page.on("console", lambda m: errors.extend([m.text] if m.type == "error" else []))
+        page.goto(f"http://127.0.0.1:{server.port}/")
+        page.click("#settings summary")
+        page.fill("#key", KEY)
+        page.fill("#max-tokens", "4")
+        page.fill("#temperature", "0")
+        page.fill("#input", "Hi!")
+        page.press("#input", "Enter")
+        wait_turns(page, 2)
+        page.click("#inside-toggle")
+        assert page.locator("#inside").is_visible() and page.locator("#log").is_visible()  # beside the chat
+        for stage, role in (("load", "rhs_pack"), ("prefill", "gemm"), ("decode", "gemv")):
+            rows = page.locator(f'section[data-stage="{stage}"] td:text-is("{role}")')
+            playwright.expect(rows.first).to_be_visible(timeout=WAIT_MS)
+        decode = page.locator('section[data-stage="decode"]')
+        assert "kai_run_matmul_" in decode.text_content() and "kai_run_lhs_quant_pack_" in decode.text_content()
+        times = decode.locator("tbody tr").first.locator("td").nth(3).text_content()
+        assert float(times) > 0
+        page.screenshot(path=tmp_path / "inside-stages.png")
+
+        img = page.locator("#layout-img")
+        page.wait_for_function("() => document.getElementById('layout-img').naturalWidth > 0", timeout=WAIT_MS)
+        fit = float(img.get_attribute("data-scale"))
+        for _ in range(6):
+            page.click("#zoom-in")
+        zoomed = float(img.get_attribute("data-scale"))
+        # labels are 6 pt text (8 px) in the picture's own size: at 1.5x and more they read as 12 px
+        assert zoomed > fit and zoomed >= 1.5
+        assert (
+            img.bounding_box()["width"] >= 1.5 * page.evaluate("document.getElementById('layout-img').naturalWidth") - 2
+        )
+        page.locator("#layout-view").screenshot(path=tmp_path / "inside-layout-zoomed.png")
+
+        playwright.expect(page.locator("#mopa-pos")).to_contain_text("step 1 of", timeout=WAIT_MS)
+        nonzero = lambda: int(page.locator("#mopa-za").get_attribute("data-nonzero"))  # noqa: E731
+        texts, counts = [], []
+        for _ in range(60):
+            page.click("#mopa-step")
+            texts.append(page.locator("#mopa-text").text_content())
+            counts.append(nonzero())
+        assert any("SMOPA" in t for t in texts) and max(counts) > 0, (texts, counts)
+        at = page.locator("#mopa-pos").text_content()
+        page.screenshot(path=tmp_path / "inside-mopa.png")
+        page.click("#mopa-back")
+        assert page.locator("#mopa-pos").text_content() != at and page.locator("#mopa-text").text_content() == texts[-2]
+        assert nonzero() == counts[-2]
+        page.click("#mopa-step")
+        assert page.locator("#mopa-pos").text_content() == at and page.locator("#mopa-text").text_content() == texts[-1]
+        assert nonzero() == counts[-1]
+        assert not [e for e in errors if "Content Security Policy" in e or "Uncaught" in e], errors
     finally:
         context.close()

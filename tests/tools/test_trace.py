@@ -425,3 +425,19 @@ def test_plan_trace_outputs(plan_trace) -> None:
     table = {row["op"]: row for row in data["stages"][2]["nodes"]}
     decode = plan_trace.stage("decode")
     assert table["MUL_MAT"]["nodes"] == len(decode.ops) and table["ATTENTION"]["nodes"] > 0
+    # the tables are the plan's clock summed as the server's Inside view sums it (ClockSums.rows): the same stamps
+    # the per-call records and the plan's nodes come from
+    for stage, row in zip(plan_trace.stages[1:], data["stages"][1:], strict=True):
+        kernels, ops = stage.sums.rows(stage.wall_s, matmul=True)
+        assert row["kernels"] == json.loads(json.dumps(kernels)) and [r["op"] for r in row["nodes"]] == [
+            r["op"] for r in ops
+        ]
+        for r in row["kernels"]:
+            calls = [c for c in stage.kai_calls() if c.name == r["kernel"] and c.role == r["role"]]
+            # (a kernel whose LHS an earlier node packed: the clock counts it from the first thread's start)
+            assert r["calls"] == len(calls) and r["seconds"] >= sum(c.seconds for c in calls) - 1e-6
+            assert r["bytes_read"] == sum(c.bytes_read for c in calls) and 0 < r["share"] <= 1
+        per_op = {}
+        for n in stage.nodes:
+            per_op[n.op] = per_op.get(n.op, 0.0) + max(t[2] for t in n.threads) - min(t[0] for t in n.threads)
+        assert {r["op"]: pytest.approx(r["seconds"], abs=1e-6) for r in row["nodes"]} == per_op

@@ -27,6 +27,7 @@ __all__ = [
     "Region",
     "default_m",
     "layout_maps",
+    "layout_svg",
     "render_layout",
 ]
 
@@ -116,6 +117,19 @@ def _check_out(out: Path) -> Path:
     if not existed:
         out.unlink()
     return out
+
+
+def layout_svg(kernel_name: str = DEFAULT_KERNEL, m: int | None = None, n: int = 64, k: int = 64,
+               svl_bits: int = DEFAULT_SVL) -> bytes:  # fmt: skip
+    """The picture ``kleidipy layout --out FILE.svg`` writes, as bytes (the server's Inside view shows it); raises as
+    :func:`layout_maps`."""
+    import io
+
+    from kleidipy.tools.layout.plot import draw
+
+    out = io.BytesIO()
+    draw(layout_maps(kernel_name, m, n, k, svl_bits), out, "svg")
+    return out.getvalue()
 
 
 def render_layout(

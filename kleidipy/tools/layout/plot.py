@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import colorsys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from kleidipy.tools.layout.probe import PAD, BufferMap, Field
 from kleidipy.tools.layout.text import LEGEND, NO_LHS, label, label_width, region_kinds
@@ -197,10 +197,8 @@ def _draw_panel(ax: Any, title: str, lay: _PanelLayout) -> None:
         )
 
 
-def draw(maps: LayoutMaps, out: Path) -> None:
-    """Write the picture of :class:`~kleidipy.tools.layout.LayoutMaps` to ``out`` (.png or .svg)."""
-    from kleidipy.tools.layout.maps import LayoutError
-
+def _figure(maps: LayoutMaps) -> tuple[Any, Any]:
+    """(matplotlib, the figure of :class:`~kleidipy.tools.layout.LayoutMaps`)."""
     mpl = _matplotlib()
     panels = [(p.title + f"  ({p.detail}; {p.map.size} B)", _PanelLayout(p.map, p.period)) for p in maps.panels]
     head = 0.75
@@ -218,8 +216,17 @@ def draw(maps: LayoutMaps, out: Path) -> None:
         ax = fig.add_axes((LEFT / fig_w, bottom / fig_h, lay.grid_w / fig_w, lay.grid_h / fig_h))
         _draw_panel(ax, title, lay)
         y = bottom - GAP
+    return mpl, fig
+
+
+def draw(maps: LayoutMaps, out: Path | BinaryIO, fmt: str | None = None) -> None:
+    """Write the picture of :class:`~kleidipy.tools.layout.LayoutMaps` to ``out``: a file (.png or .svg, by its
+    extension) or a binary stream in format ``fmt`` ("png" or "svg")."""
+    from kleidipy.tools.layout.maps import LayoutError
+
+    mpl, fig = _figure(maps)
     try:
         with mpl.rc_context({"svg.fonttype": "none"}):  # SVG text stays text (searchable, small)
-            fig.savefig(out, dpi=DPI, format=out.suffix.lower()[1:])
+            fig.savefig(out, dpi=DPI, format=fmt or Path(out).suffix.lower()[1:])
     except OSError as exc:
         raise LayoutError(f"cannot write '{out}': {exc.strerror or exc}") from exc
