@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 for t in counts
             }
             runs = {t: {name: [] for name in ("pp", "tg", "ref_pp", "ref_tg", "bw")} for t in counts}
+            llama_here = llama  # (a file llama.cpp cannot load ends its runs for this model only)
             try:
                 for _ in range(args.reps):  # rounds: each takes every measurement once, so all see the same VM
                     for t in counts:
@@ -304,10 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                         pp, tg = engines[t].rep()
                         r["pp"].append(pp)
                         r["tg"].append(tg)
-                        ref = llama and bench_llama_cpp(
+                        ref = llama_here and bench_llama_cpp(
                             args.llama_cpp_python, path, t, args.n_prompt, args.n_gen, 1, args.n_depth
                         )
-                        llama = bool(ref)
+                        llama_here = bool(ref)
                         if ref:
                             r["ref_pp"] += ref[0]
                             r["ref_tg"] += ref[1]

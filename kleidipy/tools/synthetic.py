@@ -118,7 +118,8 @@ def write_random_model(path: str | os.PathLike[str], shape: ModelShape, seed: in
     a = shape.arch
     tmp = path.with_name(path.name + ".tmp")
     w = gguf.GGUFWriter(str(tmp), a)
-    w.add_name(f"random {a} {shape.n_params / 1e9:.2f}B")
+    # (not the architecture's name: llama.cpp gives a model named "phi3" special-token rules its vocabulary lacks)
+    w.add_name(f"kleidipy random {shape.n_params / 1e9:.2f}B")
     for key, value in {
         "context_length": shape.n_ctx,
         "embedding_length": shape.n_embd,
