@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import importlib.machinery
 import importlib.util
+import io
 import json
 import os
 import re
