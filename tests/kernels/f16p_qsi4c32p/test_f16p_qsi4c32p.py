@@ -69,15 +69,15 @@ def q4_0_weights(rng: np.random.Generator, n: int, k: int, wide: bool) -> np.nda
 
 
 @given(
-    m=st.integers(1, 40),
-    n=st.integers(1, 140),
-    blocks=st.integers(1, 5),
+    shape=st.tuples(st.integers(1, 40), st.integers(1, 140), st.integers(1, 5)),
     svl=st.sampled_from(SVLS),
-    wide=st.booleans(),
-    seed=st.integers(0, 2**31),
+    wide_seed=st.tuples(st.booleans(), st.integers(0, 2**31)),
 )
 @PROPERTY
-def test_jit_equals_reference_on_random_shapes(m: int, n: int, blocks: int, svl: int, wide: bool, seed: int) -> None:
+def test_jit_equals_reference_on_random_shapes(shape: tuple, svl: int, wide_seed: tuple) -> None:
+    """m, n with partial row and column groups, k of 1 .. 5 blocks; normal or wide-range values (F16 rounding of the
+    products and of the scaled weights, subnormals)."""
+    (m, n, blocks), (wide, seed) = shape, wide_seed
     kern = get_kernel(KERNEL, svl)
     k = 32 * blocks
     rng = np.random.default_rng(seed)
