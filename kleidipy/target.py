@@ -9,7 +9,10 @@ a virtual SME2 CPU with SVL 512. Users name a target with ``--target`` or ``KLEI
 
 Selection follows llama.cpp's KleidiAI tables (spec §6.2): per weight type, the first entry whose
 required features the target has, in the order SME2 → I8MM → DotProd; one RHS packing (made with the
-GEMM kernel's nr/kr/sr) serves the GEMM (m > 1) and the GEMV (m == 1) of a pair. :func:`standing` says
+GEMM kernel's nr/kr/sr) serves the GEMM (m > 1) and the GEMV (m == 1) of a pair. Two tables: ``master``
+(the default: llama.cpp's master, whose SME2 Q4_0 pair is the F16-LHS MOPA GEMM with the int8 SDOT GEMV) and
+``seeds`` (the table of the llama.cpp the seeds were traced on: the int8 MOPA GEMM at prefill), chosen by the
+target option ``table=``: ``sme2:svl=512,table=seeds``, ``host:table=seeds``. :func:`standing` says
 where any kernel, packer or folder name (legacy spellings included) stands in that selection.
 """
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import os
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kleidipy.core import hwcaps
 from kleidipy.core.buffers import check_svl
@@ -28,6 +31,10 @@ from kleidipy.kernels.catalogue import all_kernels, family_of, get_kernel, get_p
 
 #: the host features a target records (those the kernel selection and its description name)
 _MATMUL_FEATURES = frozenset({"dotprod", "sve", "sve2", "i8mm", "bf16", "sme", "sme2"})
+
+#: llama.cpp's selection tables (:func:`selection_table`), the default first
+TABLES = ("master", "seeds")
+DEFAULT_TABLE = TABLES[0]
 
 #: features each named target has (a CPU with SME2 has the NEON extensions too).
 _NAMED = {
@@ -47,37 +54,47 @@ class Target:
     svl_bits: int | None = None
     virtual: bool = True  # True unless detected on the host we run on
     source: str = ""  # how it was chosen: "detected", "--target", "KLEIDIPY_TARGET", "default"
+    table: str = "master"  # llama.cpp's selection table the target follows (:data:`TABLES`)
 
     def has(self, *features: str) -> bool:
         return set(features) <= self.features
 
     def spec(self) -> str:
         """The ``--target`` text that names this target again (``host`` for the detected one)."""
-        if not self.virtual:
-            return "host"
-        return f"{self.name}:svl={self.svl_bits}" if self.svl_bits else self.name
+        opts = [f"svl={self.svl_bits}"] if self.svl_bits and self.virtual else []
+        opts += [f"table={self.table}"] if self.table != DEFAULT_TABLE else []
+        base = self.name if self.virtual else "host"
+        return f"{base}:{','.join(opts)}" if opts else base
 
     def describe(self) -> str:
         svl = f", SVL {self.svl_bits}" if self.svl_bits else ""
         kind = "virtual " if self.virtual else ""
         feats = ", ".join(sorted(self.features)) or "no Arm matmul features"
-        return f"{kind}{self.name.upper()} CPU{svl} ({feats})"
+        return f"{kind}{self.name.upper()} CPU{svl} ({feats}), llama.cpp's {self.table} kernel table"
 
 
 def parse_target(spec: str, source: str = "--target") -> Target:
-    """Parse ``sme2[:svl=N]``, ``sme[:svl=N]``, ``i8mm``, ``dotprod`` or ``host``."""
+    """Parse ``sme2[:svl=N]``, ``sme[:svl=N]``, ``i8mm``, ``dotprod`` or ``host``, each with an optional
+    ``table=master|seeds`` (``sme2:svl=512,table=seeds``, ``host:table=seeds``)."""
     text = spec.strip().lower()
-    if text in ("host", "auto", ""):
-        return detect_target()
     name, _, opts = text.partition(":")
-    if name not in _NAMED:
+    if name in ("auto", ""):
+        name = "host"
+    if name != "host" and name not in _NAMED:
         raise TargetError(f"unknown target '{spec}': use sme2[:svl=N], sme[:svl=N], i8mm, dotprod or host")
-    svl = None
+    svl, table = None, DEFAULT_TABLE
     for opt in filter(None, opts.split(",")):
         key, _, value = opt.partition("=")
-        if key != "svl" or not value.isdigit():
-            raise TargetError(f"target '{spec}': unknown option '{opt}' (only svl=BITS)")
-        svl = int(value)
+        if key == "table" and value in TABLES:
+            table = value
+        elif key == "svl" and value.isdigit() and name != "host":
+            svl = int(value)
+        else:
+            raise TargetError(
+                f"target '{spec}': unknown option '{opt}' (svl=BITS for sme/sme2, table={'|'.join(TABLES)})"
+            )
+    if name == "host":
+        return replace(detect_target(), table=table)
     if name in ("sme", "sme2"):
         try:
             svl = check_svl(svl or 512)
@@ -85,7 +102,7 @@ def parse_target(spec: str, source: str = "--target") -> Target:
             raise TargetError(f"target '{spec}': {exc}") from None
     elif svl is not None:
         raise TargetError(f"target '{spec}': svl applies only to sme/sme2 targets")
-    return Target(name, _NAMED[name], svl, virtual=True, source=source)
+    return Target(name, _NAMED[name], svl, virtual=True, source=source, table=table)
 
 
 def detect_target() -> Target:
@@ -132,9 +149,9 @@ class KernelPair:
         return self.gemv is self.gemm or (family is family_of(self.gemv) and family.exact_rows)
 
 
-#: (weight type, required features, GEMM kernel, GEMV kernel) in llama.cpp's order (spec §6.2).
+#: (weight type, required features, GEMM kernel, GEMV kernel) in llama.cpp's order (spec §6.2): the seeds' table.
 #: Q4_1 and the F16 NEON/F32 entries are kleidipy's own (llama.cpp runs them without KleidiAI).
-_TABLE: tuple[tuple[str, frozenset[str], str, str], ...] = (
+_SEEDS: tuple[tuple[str, frozenset[str], str, str], ...] = (
     (
         "q4_0",
         frozenset({"sme2"}),
@@ -209,20 +226,35 @@ _TABLE: tuple[tuple[str, frozenset[str], str, str], ...] = (
     ),
 )
 
+#: llama.cpp master's first Q4_0 entry (kernels.cpp, required SME2 | FP16; every SME CPU has FP16: FEAT_SME requires
+#: FEAT_FP16): the F16-LHS MOPA GEMM at prefill and the int8 SDOT GEMV at decode, on one packing of the weights
+#: (rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon, nr = 4·VL, kr = 4, sr = 2 for both kernels). It takes the
+#: place of the seeds' int8 MOPA pair, which master no longer lists; the other entries are the seeds'.
+_MASTER_Q4_0_SME2 = (
+    "q4_0",
+    frozenset({"sme2"}),
+    "matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa",
+    "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot",
+)
+_TABLES = {"master": (_MASTER_Q4_0_SME2, *_SEEDS[1:]), "seeds": _SEEDS}
+
 WEIGHT_TYPES = ("q4_0", "q8_0", "q4_1", "f16")
 
 
-def selection_table() -> tuple[tuple[str, frozenset[str], str, str], ...]:
-    """The raw table: (weight type, required features, GEMM name, GEMV name), in priority order."""
-    return _TABLE
+def selection_table(table: str = DEFAULT_TABLE) -> tuple[tuple[str, frozenset[str], str, str], ...]:
+    """The raw table ``table`` (:data:`TABLES`): (weight type, required features, GEMM name, GEMV name), in
+    priority order."""
+    if table not in _TABLES:
+        raise TargetError(f"no kernel table '{table}' (tables: {', '.join(TABLES)})")
+    return _TABLES[table]
 
 
 def select_kernels(weight_type: str, target: Target) -> KernelPair:
-    """The first table entry for ``weight_type`` whose required features ``target`` has."""
+    """The first entry for ``weight_type`` of the target's table whose required features ``target`` has."""
     wtype = weight_type.lower()
     if wtype not in WEIGHT_TYPES:
         raise TargetError(f"no KleidiAI kernels for weight type '{weight_type}' (supported: {', '.join(WEIGHT_TYPES)})")
-    for typ, requires, gemm, gemv in _TABLE:
+    for typ, requires, gemm, gemv in selection_table(target.table):
         if typ == wtype and target.has(*requires):
             return KernelPair(wtype, requires, get_kernel(gemm, target.svl_bits), get_kernel(gemv, target.svl_bits))
     raise TargetError(f"target {target.describe()} has no kernel for {weight_type}")

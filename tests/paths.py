@@ -1,5 +1,5 @@
 """Where the tests' data lives: the shared golden and llama.cpp reference data beside the checkout, and the
-tests' own data and snapshots."""
+tests' own data (golden sets of the repository's own) and snapshots."""
 
 from pathlib import Path
 
@@ -8,4 +8,6 @@ SHARED = TESTS.parents[1] / "shared"
 GOLDEN = SHARED / "golden"
 REFERENCE = SHARED / "reference"
 DATA = TESTS / "data"
+#: the golden sets kept in the repository (made by scripts/kleidiai-golden): the F16-LHS Q4_0 family's
+F16P_GOLDEN = DATA / "golden" / "f16p_qsi4c32p"
 SNAPSHOTS = TESTS / "snapshots"

@@ -1,6 +1,7 @@
 """The bits every shipped model gives, recorded: the sha256 of the logits of the prompt's last row and 16 greedy
 steps, per model (the catalogue's, and SmolLM2 requantized to pure Q4_0 and Q8_0), target (i8mm, dotprod, sme2, sme)
-and execution (the compiled plan at 1 and 2 threads, op by op). A change that moves any of them moves a row of
+and execution (the compiled plan at 1 and 2 threads, op by op), and the pure Q4_0 copy on sme2 with the seeds' kernel
+table (``table=seeds``). A change that moves any of them moves a row of
 ``tests/data/logits_snapshot.json``: one made on purpose re-records it in its own commit, saying why
 (``python tests/test_logits_snapshot.py --record``); a refactoring never does."""
 
@@ -24,6 +25,9 @@ STEPS = 16
 TARGETS = ("i8mm", "dotprod", "sme2:svl=512", "sme:svl=512")
 MODELS = (SMOLLM2, QWEN25, GEMMA3, f"{SMOLLM2}.pure-q4_0", f"{SMOLLM2}.pure-q8_0")
 EXECUTIONS = ("plan-t1", "plan-t2", "op-by-op")
+#: the seeds' kernel table (the int8 MOPA GEMM for Q4_0 on SME2), one flag away from sme2's default: its one model
+#: with Q4_0 matrices
+SEEDS_ROWS = ((f"{SMOLLM2}.pure-q4_0", "sme2:svl=512,table=seeds"),)
 
 
 def _path(model: str) -> Path:
@@ -62,18 +66,22 @@ def test_logits_bits_are_the_recorded_ones(model: str, target: str) -> None:
     assert digests(model, target) == dict.fromkeys(EXECUTIONS, recorded)
 
 
+@pytest.mark.parametrize("model,target", SEEDS_ROWS)
+def test_seeds_table_bits_are_the_recorded_ones(model: str, target: str) -> None:
+    test_logits_bits_are_the_recorded_ones(model, target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true", help="write tests/data/logits_snapshot.json afresh")
     if not parser.parse_args().record:
         parser.error("nothing to do: pass --record")
     table = {}
-    for model in MODELS:
-        for target in TARGETS:
-            found = digests(model, target)
-            assert len(set(found.values())) == 1, (model, target, found)
-            table[f"{model} {target}"] = found["plan-t1"]
-            print(model, target, found["plan-t1"], flush=True)
+    for model, target in [(m, t) for m in MODELS for t in TARGETS] + list(SEEDS_ROWS):
+        found = digests(model, target)
+        assert len(set(found.values())) == 1, (model, target, found)
+        table[f"{model} {target}"] = found["plan-t1"]
+        print(model, target, found["plan-t1"], flush=True)
     doc = {"prompt": PROMPT, "steps": STEPS, "digests": table}
     SNAPSHOT.write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         commands.cmd_kernels,
         help="list the micro-kernel catalogue, or decode a KleidiAI kernel name",
         description="List every matmul kernel (family, tier, mr/nr/kr/sr, m_step/n_step at the target's SVL) and "
-        "mark the ones the target selects per weight type (SME2 -> I8MM -> DotProd, as llama.cpp). "
+        "mark the ones the target selects per weight type (SME2 -> I8MM -> DotProd, as llama.cpp; the target's "
+        "table=master|seeds chooses llama.cpp master's table or the seeds'). "
         "With --explain NAME, decode a KleidiAI kernel or packer name token by token; with --asm NAME, show the "
         "hot loop of its machine code.",
     )
@@ -195,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a model and print, per stage (model load, prefill, decode), the call stack from the "
         "runtime operation down to the KleidiAI packers and kernels that ran, with call counts, time and bytes, on "
         f"one screen; --tables adds the tables per kernel, per weight and per plan op. The target is {TRACE_TARGET} "
-        "(the seeds' SME2 CPU) unless --target or KLEIDIPY_TARGET names one; the default model runs as a copy "
+        "(the seeds' SME2 CPU, with llama.cpp master's kernel table: add ,table=seeds for the seeds' int8 MOPA "
+        "GEMM) unless --target or KLEIDIPY_TARGET names one; the default model runs as a copy "
         "requantized to Q4_0 (the seeds' weights). --json for machines, --chrome-trace FILE for Perfetto / "
         "chrome://tracing.",
     )
@@ -434,7 +436,9 @@ def _add_target_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         metavar="T",
-        help="Arm CPU to target: sme2[:svl=128..2048], sme[:svl=N], i8mm, dotprod or host "
+        help="Arm CPU to target: sme2[:svl=128..2048], sme[:svl=N], i8mm, dotprod or host, each with an optional "
+        "table=master|seeds: llama.cpp's kernel table (master, the default: the F16-LHS GEMM for Q4_0 on SME2; "
+        "seeds: the int8 MOPA GEMM), e.g. sme2:svl=512,table=seeds "
         "(default: $KLEIDIPY_TARGET, else the host; on a host without Arm matmul features a virtual CPU, which "
         "`kleidipy kernels` names)",
     )

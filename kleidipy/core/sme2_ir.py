@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -41,10 +42,14 @@ def tuple_type(ty: str, count: int) -> str:
     return "{" + ", ".join([ty] * count) + "}"
 
 
-def lut_definition(name: str, signed: bool = False) -> str:
-    """The global ``name`` holding ZT0's table for ``luti4``, int32: entry u is u − 8 (the offset value of code u)
-    or, ``signed``, the int4 two's-complement value of nibble u (KleidiAI's ``lut`` of signed-nibble layouts)."""
-    values = (u - 16 * (u >> 3) if signed else u - 8 for u in range(16))
+def lut_definition(name: str, table: str = "offset") -> str:
+    """The global ``name`` holding ZT0's table for ``luti4``, 16 entries of 32 bits: ``table`` "offset", entry u is
+    the int32 u − 8 (the offset value of code u); "signed", the int4 two's-complement value of nibble u (KleidiAI's
+    ``lut`` of signed-nibble layouts); "f16", the F16 bits of u − 8 in the low halfword (``luti4`` .H reads it)."""
+    if table == "f16":
+        values = (int(np.array(u - 8, "<f2").view("<u2")) for u in range(16))
+    else:
+        values = (u - 16 * (u >> 3) if table == "signed" else u - 8 for u in range(16))
     return f"{name} = internal constant [16 x i32] [{', '.join(f'i32 {v}' for v in values)}], align 64"
 
 
@@ -207,7 +212,7 @@ class IrText:
         self.do("ret void")
 
 
-def tile_module(symbol: str, body: IrText, lut: str | None = None, signed: bool = False) -> str:
+def tile_module(symbol: str, body: IrText, lut: str | None = None, table: str = "offset") -> str:
     """The module (IR text) of a tile ``void symbol(ARGS)`` whose body ``body`` emitted: the entry point, locally
     streaming (``smstart sm``), turns ZA on (and with it ZT0, which holds ``lut``'s table, :func:`lut_definition`,
     when the tile uses ``luti4``), calls the body — a streaming function sharing ZA (and ZT0) — and turns ZA off."""
@@ -219,7 +224,7 @@ def tile_module(symbol: str, body: IrText, lut: str | None = None, signed: bool 
     entry.do("ret void")
     declarations = {**body.declarations, **entry.declarations}
     functions = [
-        *([lut_definition(lut, signed)] if lut else []),
+        *([lut_definition(lut, table)] if lut else []),
         f'define void @{symbol}({ARGS}) "aarch64_pstate_sm_body" {{',
         *entry.lines,
         "}",
@@ -325,10 +330,10 @@ def sme2_tiles(
     bodies: Mapping[str, Callable],
     new_ir: Callable[[], IrText],
     lut: str | None,
-    signed: bool = False,
+    table: str = "offset",
 ) -> SmeTiles:
     """:func:`sme_tiles` of SME2 tiles: for ``aarch64-sme2``, installed on a host with SME2, each the
-    :func:`tile_module` of its body with ZT0's table ``lut`` (``signed``: :func:`lut_definition`'s; None: no
+    :func:`tile_module` of its body with ZT0's table ``lut`` (``table``: :func:`lut_definition`'s; None: no
     ZT0)."""
     return sme_tiles(
         native.host_isa("aarch64-sme2"),
@@ -337,5 +342,5 @@ def sme2_tiles(
         vl,
         bodies,
         new_ir,
-        lambda symbol, body: tile_module(symbol, body, lut, signed),
+        lambda symbol, body: tile_module(symbol, body, lut, table),
     )

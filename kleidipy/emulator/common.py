@@ -23,6 +23,8 @@ NEON_ACC = 16
 LUT_U4 = np.arange(-8, 8, dtype="<i4").view(np.uint8)
 #: ZT0 table for two's-complement int4 nibbles: entry i = i for i < 8, i − 16 otherwise.
 LUT_S4 = np.concatenate([np.arange(0, 8), np.arange(-8, 0)]).astype("<i4").view(np.uint8)
+#: ZT0 of the F16 4-bit kernels: entry u holds the F16 bits of u − 8 in its low halfword (LUTI4 .H reads those)
+LUT_F16 = np.arange(-8, 8).astype("<f2").view("<u2").astype("<u4").view(np.uint8)
 
 
 def clamp_args() -> Buffer:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kleidipy.emulator.fp import bf16_outer_pairs, fma_lanes
+from kleidipy.emulator.fp import bf16_outer_pairs, f16_outer_pairs, fma_lanes
 from kleidipy.emulator.machine import Buffer, Machine, addr, fmt
 
 _SUFFIX = {1: "b", 2: "h", 4: "s", 8: "d"}
@@ -137,6 +137,17 @@ def ld1_multi(m: Machine, esize: int, first: int, count: int, pn: int, buf: Buff
     _load(m, f"LD1{_MEM[esize]}", first, count, esize, mask, buf, off)
 
 
+def ld2(m: Machine, esize: int, zt: int, pg: int, buf: Buffer, off: int) -> None:
+    """LD2B/LD2H {zt, zt+1}, pg/z, [addr]: 2-element structures de-interleaved (element 0 of each into zt, element
+    1 into zt+1), a structure loaded when its element of pg is active."""
+    mask = np.repeat(m.p[pg][::esize], 2 * esize)
+    data = m.read(buf, off, mask).reshape(-1, 2, esize)
+    m.z[zt : zt + 2] = data.transpose(1, 0, 2).reshape(2, m.vb)
+    m.retire(f"LD2{_MEM[esize]}", loaded=int(mask.sum()))
+    if m.tracing:
+        m.note(f"LD2{_MEM[esize]} {{z{zt}, z{zt + 1}}}, {addr(buf, off)}   z{zt}.b = {fmt(m.z[zt])}")
+
+
 def ld1rq(m: Machine, zt: int, pg: int, buf: Buffer, off: int) -> None:
     """LD1RQB zt.b, pg/z, [addr]: 16 bytes replicated into every 128-bit segment."""
     mask = m.p[pg][:16]
@@ -238,6 +249,18 @@ def luti4_x2(m: Machine, zd: int, zn: int) -> None:
     m.retire("LUTI4")
     if m.tracing:
         m.note(f"LUTI4 {{z{zd}.b-z{zd + 1}.b}}, ZT0, z{zn}[0]   int4 -> int8: z{zd}.b = {fmt(m.zv(zd, '<i1'), 12)}")
+
+
+def luti4_x4_h(m: Machine, zd: int, zn: int) -> None:
+    """LUTI4 {zd.h-zd+3.h}, ZT0, zn[0] (4-register, 16-bit): halfword e of register r is the low halfword of the
+    32-bit ZT0 entry indexed by 4-bit field r·VB/2 + e of zn (field i = bits [4i+3:4i])."""
+    src = m.z[zn]
+    nibbles = np.stack([src & 0x0F, src >> 4], axis=1).reshape(-1)
+    table = m.zt0.view("<u2")[::2]  # low halfword of each 32-bit entry
+    m.z[zd : zd + 4] = table[nibbles].reshape(4, -1).view(np.uint8)
+    m.retire("LUTI4")
+    if m.tracing:
+        m.note(f"LUTI4 {{z{zd}.h-z{zd + 3}.h}}, ZT0, z{zn}[0]   int4 -> f16: z{zd}.h = {fmt(m.zv(zd, '<f2'), 12)}")
 
 
 def mova_tile_rows(m: Machine, zd: int, row: int) -> None:
@@ -384,6 +407,14 @@ def fmul(m: Machine, zd: int, zn: int, zm: int) -> None:
         m.note(f"FMUL z{zd}.s, z{zn}.s, z{zm}.s   z{zd}.s = {fmt(m.zv(zd, '<f4'))}")
 
 
+def fmul_h(m: Machine, zd: int, zn: int, zm: int) -> None:
+    """FMUL zd.h, zn.h, zm.h (unpredicated, F16: the exact product rounded once to F16)."""
+    m.zv(zd, "<f2")[:] = m.zv(zn, "<f2") * m.zv(zm, "<f2")
+    m.retire("FMUL")
+    if m.tracing:
+        m.note(f"FMUL z{zd}.h, z{zn}.h, z{zm}.h   z{zd}.h = {fmt(m.zv(zd, '<f2'), 12)}")
+
+
 def fmla(m: Machine, zda: int, pg: int, zn: int, zm: int) -> None:
     """FMLA zda.s, pg/m, zn.s, zm.s: fused zda + zn·zm on active lanes."""
     acc = m.zv(zda, "<f4")
@@ -473,3 +504,15 @@ def fmopa(m: Machine, tile: int, zn: int, zm: int) -> None:
     m.retire("FMOPA")
     if m.tracing:
         m.note(f"FMOPA ZA{tile}.S, z{zn}.s, z{zm}.s   ZA{tile}.S[0][0:4] = {fmt(view[0, :4])}")
+
+
+def fmopa_wide_h(m: Machine, tile: int, zn: int, zm: int) -> None:
+    """FMOPA ZAt.S, p/m, p/m, zn.H, zm.H (widening, FP16 to FP32): ZAt[i][j] += zn.h[2i]·zm.h[2j] +
+    zn.h[2i+1]·zm.h[2j+1], the pair of products rounded once to float32, then the sum rounded
+    (:func:`~kleidipy.emulator.fp.f16_outer_pairs`)."""
+    vl = m.vl
+    view = m.za_tile_s(tile, "<f4")
+    view[:] = f16_outer_pairs(view.copy(), m.zv(zn, "<u2").reshape(vl, 2), m.zv(zm, "<u2").reshape(vl, 2))
+    m.retire("FMOPA")
+    if m.tracing:
+        m.note(f"FMOPA ZA{tile}.S, z{zn}.h, z{zm}.h   ZA{tile}.S[0][0:4] = {fmt(view[0, :4])}")

@@ -13,10 +13,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-#: int8 dot-product instructions (aarch64 NEON/SME, x86 AVX-512 VNNI)
+#: dot-product instructions: int8 (aarch64 NEON/SME, x86 AVX-512 VNNI) and the widening F16 ``fmopa`` (2-way, FP16
+#: to FP32: an F16 kernel's dot; the non-widening ``fmopa`` of float32 vectors counts no MACs, :func:`dot_macs`)
 DOT_MNEMONICS = frozenset(
     {"sdot", "udot", "usdot", "sudot", "smmla", "ummla", "usmmla", "smopa", "umopa", "usmopa", "sumopa"}
-    | {"vpdpbusd", "vpdpbusds"}
+    | {"vpdpbusd", "vpdpbusds", "fmopa"}
 )
 _FMA = re.compile(r"^(fmla|fmad|fmadd|fmopa|bfmopa|vfmadd\d{3}[ps]s)$")
 _LABEL = re.compile(r"^([.\w$]+):")
@@ -99,10 +100,12 @@ def loops(lines: list[Line]) -> list[tuple[int, int]]:
 
 
 def dot_macs(line: Line, svl_bits: int) -> int:
-    """int8 multiply-accumulates of one dot-product instruction (0 for others)."""
+    """Multiply-accumulates of one dot-product instruction (0 for others): int8, or F16 for the widening ``fmopa``."""
     m, ops = line.mnemonic or "", line.operands
     if m not in DOT_MNEMONICS:
         return 0
+    if m == "fmopa":  # widening FP16 to FP32 (z*.h sources): 2-way outer product into a ZA.S tile
+        return (svl_bits // 32) ** 2 * 2 if re.search(r"z\d+\.h", ops) else 0
     if m.startswith("vpdpbusd"):  # 4 bytes per 32-bit lane of the register width
         return 64 if "%zmm" in ops else 32 if "%ymm" in ops else 16
     lanes = svl_bits // 32

@@ -140,12 +140,17 @@ def jit_assembly(kernel: MatmulKernel) -> list[str]:
     return [d.inspect_asm(sig) for d in dispatchers for sig in d.signatures]
 
 
+def _kind(kernel: MatmulKernel) -> str:
+    """What a kernel's MACs multiply: F16 (the F16-LHS family's widening FMOPA) or int8 (the others)."""
+    return "F16" if kernel.lhs_packer is not None and "f16p" in kernel.lhs_packer.name else "int8"
+
+
 def format_listing(found: Listing) -> str:
     """The listing as ``kleidipy kernels --asm`` prints it."""
     loop, kai = found.loop, found.kleidiai
     out = [
         f"kai_{found.kernel.name} on {found.isa}: {found.how}",
-        f"hot loop: {loop.instructions} instructions, {loop.macs} int8 MACs per iteration "
+        f"hot loop: {loop.instructions} instructions, {loop.macs} {_kind(found.kernel)} MACs per iteration "
         + (f"({loop.dots} dot instructions)" if loop.dots else f"({loop.multiplies} integer multiplies)")
         + f" = {loop.per_1024_macs():.0f} instructions per 1,024 MACs",
     ]
@@ -156,7 +161,7 @@ def format_listing(found: Listing) -> str:
             f"= {per:.0f} per 1,024 MACs; ratio {loop.per_1024_macs() / per:.2f}"
         )
     else:
-        out.append("KleidiAI's kernel: not counted (no hot loop with int8 dot products in its sources' list)")
+        out.append("KleidiAI's kernel: not counted (no hot loop with dot products in its sources' list)")
     if found.kernel.tier in ("sme", "sme2"):
         out.append(
             "(SME: a loop nested in the hot loop counts once as written — KleidiAI's K-group loop runs 8 times per "

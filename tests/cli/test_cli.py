@@ -134,6 +134,21 @@ def test_kernels_lists_selection(capsys):
     assert "qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm" in out and "q4_0 GEMM" in out
 
 
+def test_kernels_names_the_table_and_its_q4_0_pair(capsys):
+    """sme2: llama.cpp master's table (the F16-LHS GEMM, the int8 SDOT GEMV); table=seeds: the int8 MOPA GEMM."""
+    picks = {}
+    for spec in ("sme2:svl=512", "sme2:svl=512,table=seeds"):
+        assert main(["kernels", "--target", spec]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        picks[spec] = lines[0], {line.split()[0] for line in lines[2:] if "q4_0 GEMM" in line}
+    assert picks["sme2:svl=512"][0].endswith("llama.cpp's master kernel table")
+    assert picks["sme2:svl=512"][1] == {"kai_matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa"}
+    assert picks["sme2:svl=512,table=seeds"][0].endswith("llama.cpp's seeds kernel table")
+    assert picks["sme2:svl=512,table=seeds"][1] == {
+        "kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
+    }
+
+
 def test_run_greedy_paris_and_seed_reproducible():
     proc = run_cli("run", "-p", "The capital of France is", "--no-chat", "--temp", "0", "-n", "4", "-q")
     assert proc.returncode == 0, proc.stderr

@@ -5,6 +5,7 @@ import pytest
 from kleidipy.errors import TargetError
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.target import (
+    TABLES,
     WEIGHT_TYPES,
     detect_target,
     parse_target,
@@ -37,7 +38,34 @@ def test_parse_named_targets(spec, name, svl):
     assert (t.name, t.svl_bits) == (name, svl)
 
 
-@pytest.mark.parametrize("spec", ["avx512", "sme2:svl=384", "sme2:svl=4096", "sme2:vl=512", "i8mm:svl=512"])
+@pytest.mark.parametrize(
+    "spec,svl,table,again",
+    [
+        ("sme2", 512, "master", "sme2:svl=512"),
+        ("sme2:svl=256,table=seeds", 256, "seeds", "sme2:svl=256,table=seeds"),
+        ("SME2:table=SEEDS", 512, "seeds", "sme2:svl=512,table=seeds"),
+        ("sme2:table=master,svl=128", 128, "master", "sme2:svl=128"),
+        ("i8mm:table=seeds", None, "seeds", "i8mm:table=seeds"),
+    ],
+)
+def test_target_table_option(spec, svl, table, again):
+    """``table=master|seeds`` chooses llama.cpp's selection table (master by default); spec() names it again."""
+    t = parse_target(spec)
+    assert (t.svl_bits, t.table, t.spec()) == (svl, table, again)
+    assert parse_target(t.spec()) == t
+    assert t.describe().endswith(f"llama.cpp's {table} kernel table")
+
+
+def test_host_table_option(monkeypatch):
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    assert (parse_target("host").table, parse_target("host:table=seeds").table) == ("master", "seeds")
+    assert parse_target("host:table=seeds").spec() == "sme2:svl=512,table=seeds"  # the virtual default
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["avx512", "sme2:svl=384", "sme2:svl=4096", "sme2:vl=512", "i8mm:svl=512", "sme2:table=old", "host:svl=512"],
+)
 def test_bad_targets_raise(spec):
     with pytest.raises(TargetError):
         parse_target(spec)
@@ -51,10 +79,13 @@ def test_env_target(monkeypatch):
 
 def test_selection_follows_llama_cpp_order():
     sme2, i8mm, dot = parse_target("sme2:svl=512"), parse_target("i8mm"), parse_target("dotprod")
-    q4 = select_kernels("q4_0", sme2)
-    assert q4.gemm.name.endswith("qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa")
+    q4 = select_kernels("q4_0", sme2)  # llama.cpp master: the F16-LHS GEMM, the int8 SDOT GEMV
+    assert q4.gemm.name == "matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa"
+    assert q4.gemm.lhs_packer.name == "lhs_pack_f16pmrx2_f32_neon"
     assert q4.gemv.name.endswith("qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot")
     assert (q4.gemm.mr, q4.gemm.nr, q4.gemv.nr) == (16, 64, 64)
+    seeds = select_kernels("q4_0", parse_target("sme2:svl=512,table=seeds"))  # the seeds': the int8 MOPA GEMM
+    assert seeds.gemm.name.endswith("qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa") and seeds.gemv == q4.gemv
     assert select_kernels("q4_0", i8mm).gemm.name.endswith("16x4_neon_i8mm")
     assert select_kernels("q4_0", i8mm).gemv.name.endswith("1x4x32_neon_dotprod")
     assert select_kernels("q4_0", dot).gemm.name.endswith("qsi4c32p4x4_16x4_neon_dotprod")
@@ -63,15 +94,30 @@ def test_selection_follows_llama_cpp_order():
     assert select_kernels("q4_0", parse_target("sme2:svl=128")).gemm.nr == 16
 
 
-def test_every_table_entry_exists_and_pairs_share_rhs_layout():
-    for _wtype, _requires, gemm_name, gemv_name in selection_table():
+@pytest.mark.parametrize("table", TABLES)
+def test_every_table_entry_exists_and_pairs_share_rhs_layout(table):
+    for _wtype, _requires, gemm_name, gemv_name in selection_table(table):
         for svl in (128, 512, 2048):
             gemm, gemv = get_kernel(gemm_name, svl), get_kernel(gemv_name, svl)
             assert gemm.rhs_packer.name == gemv.rhs_packer.name
             assert (gemm.nr, gemm.kr, gemm.sr) == (gemv.nr, gemv.kr, gemv.sr)
+            assert gemm.rhs_packed_size(96, 256) == gemv.rhs_packed_size(96, 256)
     for wtype in WEIGHT_TYPES:
         for spec in ("sme2:svl=1024", "i8mm", "dotprod"):
-            assert select_kernels(wtype, parse_target(spec)).weight_type == wtype
+            assert (
+                select_kernels(wtype, parse_target(f"{spec}{',' if ':' in spec else ':'}table={table}")).weight_type
+                == wtype
+            )
+
+
+def test_tables_differ_only_in_the_sme2_q4_0_gemm():
+    master, seeds = selection_table("master"), selection_table("seeds")
+    changed = [(a, b) for a, b in zip(master, seeds, strict=True) if a != b]
+    assert len(changed) == 1
+    ((new, old),) = changed
+    assert new[:2] == old[:2] == ("q4_0", frozenset({"sme2"})) and new[3] == old[3] and "f16p1vlx2" in new[2]
+    with pytest.raises(TargetError, match="no kernel table"):
+        selection_table("b3000")
 
 
 def test_unknown_weight_type():
@@ -100,7 +146,11 @@ def test_standing_of_kernels_packers_and_folders_legacy_names_too():
     assert "selects kai_matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm for q8_0 GEMM" in lhs
     neon_q4 = " ".join(standing("kai_matmul_clamp_f32_qsi8d32p4x8_qsi4c32p4x8_16x4_neon_i8mm", sme2).split())
     assert "the sme2 target selects none of it; of its family it selects" in neon_q4
-    assert "sme2_mopa for q4_0 GEMM" in neon_q4
+    assert "sme2_sdot for q4_0 GEMV" in neon_q4 and "q4_0 GEMM" not in neon_q4  # master: the GEMM is F16-LHS's
+    f16p = " ".join(standing("matmul_clamp_f32_f16p_qsi4c32p", sme2).split())
+    assert (
+        "the sme2 target selects kai_matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa for q4_0 GEMM" in f16p
+    )
     missing = standing("kai_matmul_clamp_f32_qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", sme2)
     assert missing.startswith("in kleidipy: not in the catalogue") and "did you mean" in missing
     assert all(len(line) <= 110 for line in "\n".join([legacy, folder, missing]).splitlines())

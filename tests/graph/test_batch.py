@@ -94,9 +94,14 @@ def test_a_batch_of_one_is_the_forward_pass(tmp_path: Path, graph: bool) -> None
         lm.compiled.close()
 
 
-@pytest.mark.parametrize(("target", "weights"), [("i8mm", T.F16), ("sme2:svl=512", T.Q4_0)])
-def test_batched_decode_is_close_to_each_sequence_alone(tmp_path: Path, target: str, weights: T) -> None:
-    """m > 1 rows go through the GEMM kernels, one row through the GEMV: close logits, not always the same bits."""
+@pytest.mark.parametrize(
+    ("target", "weights", "rel"),
+    [("i8mm", T.F16, 1e-5), ("sme2:svl=512,table=seeds", T.Q4_0, 1e-5), ("sme2:svl=512", T.Q4_0, 1e-2)],
+)
+def test_batched_decode_is_close_to_each_sequence_alone(tmp_path: Path, target: str, weights: T, rel: float) -> None:
+    """m > 1 rows go through the GEMM kernels, one row through the GEMV: close logits, not always the same bits.
+    On sme2 with llama.cpp master's table the Q4_0 GEMM takes F16 activations and the GEMV int8 ones (the seeds'
+    table: int8 both): as close as two roundings of the activations allow."""
     lm = _build(write_model(tmp_path / "m.gguf", "llama", weights), target=target)
     alone, together = [lm.new_cache() for _ in PROMPTS], [lm.new_cache() for _ in PROMPTS]
     for p, a, t in zip(PROMPTS, alone, together, strict=True):
@@ -106,7 +111,7 @@ def test_batched_decode_is_close_to_each_sequence_alone(tmp_path: Path, target: 
         want = [lm.forward([token], cache=a) for a in alone]
         got = lm.forward_batch([(t, [token], t.n_past) for t in together])
         for g, w in zip(got, want, strict=True):
-            assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+            assert np.abs(g - w).max() <= rel * np.abs(w).max()
 
 
 def test_a_batch_needs_a_cache_per_part(tmp_path: Path) -> None:

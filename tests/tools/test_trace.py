@@ -1,8 +1,8 @@
 """kleidipy.tools.trace: a traced short generation of the default model on the virtual SME2 (SVL 512) target — stages,
 frames, kernel names, counts against the model's hyper-parameters, JSON and Chrome trace outputs, the tracer
-detached and nothing patched afterwards; ``kleidipy trace`` with no arguments tells the seeds' story (the Q4_0 SME2
-kernels, on a Q4_0 copy of the Q4_1 default model) in a summary of one screen, the tables behind ``--tables``, and
-``-n`` counts decode passes."""
+detached and nothing patched afterwards; ``kleidipy trace`` with no arguments tells llama.cpp master's story (the Q4_0
+SME2 kernels, on a Q4_0 copy of the Q4_1 default model) in a summary of one screen, the tables behind ``--tables``,
+``-n`` counts decode passes, and the seeds' table is one target option away."""
 
 from __future__ import annotations
 
@@ -31,12 +31,16 @@ from kleidipy.tools.trace_report import call_tree, chrome_trace, format_text, re
 
 MODEL = SMOLLM2  # Q4_1: traced as its Q4_0 copy (as_q4_0=True), as `kleidipy trace` runs the default model
 TARGET = "sme2:svl=512"
-#: the seeds' path (Arm's Learning Path): Q4_0 weights repacked at load, the LHS quantized and packed, the SME2 MOPA
-#: GEMM at prefill and the SME2 SDOT GEMV at decode
+#: llama.cpp master's path: Q4_0 weights repacked at load (once, for both kernels), the LHS converted to F16 and
+#: packed for the F16-LHS SME2 MOPA GEMM at prefill, quantized to int8 and packed for the SME2 SDOT GEMV at decode
 RHS_PACK = "kai_run_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon"
+LHS_PACK_GEMM = "kai_run_lhs_pack_f16pmrx2_f32_neon"
 LHS_PACK = "kai_run_lhs_quant_pack_qsi8d32p_f32_neon"
-GEMM_Q4_0 = "kai_run_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
+GEMM_Q4_0 = "kai_run_matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa"
 GEMV_Q4_0 = "kai_run_matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"
+#: the seeds' path (Arm's Learning Path, ``table=seeds``): the LHS quantized to int8 for the int8 MOPA GEMM too
+SEEDS_TARGET = "sme2:svl=512,table=seeds"
+SEEDS_GEMM_Q4_0 = "kai_run_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 N_DECODE = 3
 STAGES = ("model load", "prefill", "decode")
 #: lines of one screen
@@ -145,7 +149,8 @@ def test_prefill_gemm_and_counts(trace) -> None:
         if op.weight != weights[-1]:
             assert name == (GEMV_Q4_0 if want_m == 1 else GEMM_Q4_0), op.weight
         assert [c.role for c in op.calls] == ["lhs_pack", "gemv" if want_m == 1 else "gemm"]
-        assert op.calls[0].name == (LHS_PACK if op.weight != weights[-1] else "kai_run_lhs_quant_pack_qai8dxp_f32")
+        lhs = LHS_PACK if want_m == 1 else LHS_PACK_GEMM
+        assert op.calls[0].name == (lhs if op.weight != weights[-1] else "kai_run_lhs_quant_pack_qai8dxp_f32")
     assert kernels.count(GEMM_Q4_0) == len(weights) - len(last_rows)
     s = to_json(trace)["stages"][1]["summary"]
     assert (s["matmuls"], s["gemm"], s["gemv"]) == (len(weights), len(weights) - len(last_rows), len(last_rows))
@@ -255,7 +260,8 @@ def test_text_report(trace) -> None:
     assert "├─ " + RHS_PACK in stage["model load"] and "KleidiBackend.__call__ ×211" in stage["model load"]
     for name, kernel in (("prefill", GEMM_Q4_0), ("decode", GEMV_Q4_0)):
         assert LHS_PACK in stage[name] and kernel in stage[name] and "compute_forward_mul_mat" in stage[name]
-    assert GEMM_Q4_0 not in stage["decode"]
+    assert LHS_PACK_GEMM in stage["prefill"] and LHS_PACK_GEMM not in stage["decode"]
+    assert GEMM_Q4_0 not in stage["decode"] and SEEDS_GEMM_Q4_0 not in text
     assert f"== decode: {N_DECODE} passes of 1 token in " in text
     head = unwrapped(stage["head"])
     assert "210 Q4_1 matrices requantized to Q4_0 as llama-quantize does" in head
@@ -265,22 +271,38 @@ def test_text_report(trace) -> None:
     assert "blk.0.attn_q.weight" not in text  # the tables: --tables
 
 
-def test_default_invocation_tells_the_seeds_story(default_text: str) -> None:
-    """`kleidipy trace`: the seeds' Q4_0 SME2 stacks — the RHS repack at load, the LHS quantize+pack and the MOPA GEMM
-    at prefill, the SDOT GEMV at decode — on the trace's own SME2 target, 8 decode passes, on one screen."""
+def test_default_invocation_tells_master_story(default_text: str) -> None:
+    """`kleidipy trace`: llama.cpp master's Q4_0 SME2 stacks — the RHS repack at load, the F16 LHS pack and the
+    F16-LHS MOPA GEMM at prefill, the LHS quantize+pack and the SDOT GEMV at decode — on the trace's own SME2 target,
+    8 decode passes, on one screen."""
     lines = default_text.rstrip("\n").splitlines()
     assert len(lines) <= SCREEN, default_text
     stage = parts(default_text)
     head = unwrapped(stage["head"])
     assert "target: virtual SME2 CPU, SVL 512" in head and "the trace's default (--target chooses)" in head
+    assert "llama.cpp's master kernel table" in head
     assert ("requantized to Q4_0" in head) == (q4_0_copy(default_model()) is not None)
     assert "kernels q4_0 (" in head and "(-n 8" in head and "compiled plan" in head
     assert RHS_PACK in stage["model load"] and "KleidiBackend.__call__ ×" in stage["model load"]
     for name in ("prefill", "decode"):
         assert "Engine.generate → Generation.step" in stage[name] and "CompiledForward._launch" in stage[name]
         assert LHS_PACK in stage[name]
+    assert LHS_PACK_GEMM in stage["prefill"] and LHS_PACK_GEMM not in stage["decode"]
     assert GEMM_Q4_0 in stage["prefill"] and GEMV_Q4_0 in stage["decode"] and GEMM_Q4_0 not in stage["decode"]
     assert "blk.0.attn_q.weight" not in default_text and "--tables" in lines[-1]
+
+
+def test_seeds_table_one_option_away(originals: dict) -> None:
+    """``--target sme2:svl=512,table=seeds``: the seeds' int8 MOPA GEMM at prefill (its LHS quantized, no F16
+    pack), the same SDOT GEMV at decode on the same packed weights; the head names the table."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["trace", "--target", SEEDS_TARGET, "-n", "1"]) == 0
+    stage = parts(out.getvalue())
+    assert "llama.cpp's seeds kernel table" in unwrapped(stage["head"]) and RHS_PACK in stage["model load"]
+    assert SEEDS_GEMM_Q4_0 in stage["prefill"] and LHS_PACK in stage["prefill"] and GEMV_Q4_0 in stage["decode"]
+    assert GEMM_Q4_0 not in out.getvalue() and LHS_PACK_GEMM not in out.getvalue()
+    assert_restored(originals)
 
 
 def test_tables_behind_the_flag(plan_trace) -> None:

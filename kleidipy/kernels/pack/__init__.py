@@ -1,2 +1,2 @@
-"""Packer inputs and adaptors that serve more than one family (KleidiAI's ``kai/ukernels/matmul/pack/``): not a family
-itself (no ``FAMILY`` record), imported by the families that share it."""
+"""Packers, packer inputs and adaptors that serve more than one family (KleidiAI's ``kai/ukernels/matmul/pack/``):
+not a family itself (no ``FAMILY`` record), imported by the families that share it."""

@@ -61,7 +61,7 @@ KR = 4
 FALLBACK = neon.matmul_qai8dxp if neon.AVAILABLE else qai8dxp_qsi8cxp.MATMUL_COMPUTE
 
 #: the global holding ZT0's table: KleidiAI's ``lut``, entry v the int4 two's-complement value of nibble v (int32,
-#: ``lut_definition(_LUT, signed=True)``)
+#: ``lut_definition(_LUT, "signed")``)
 _LUT = "@kleidipy_qsi4cx_sme2_lut"
 
 
@@ -95,7 +95,7 @@ class _Ir(Ir):
 #: (:data:`VL`), for ``aarch64-sme2``; installed on a host with SME2 (``HOST_ISA``; None: no SME2, or not aarch64 —
 #: the tiles are not available); ``_host_vl`` the vector length the tiles run at (read at each call)
 tile_module, kernel_tile, HOST_ISA, (_MOPA, _SDOT, _host_vl) = sme2_tiles(
-    KERNELS.items(), VL, {MOPA: mopa_body, SDOT: sdot_body}, _Ir, _LUT, signed=True
+    KERNELS.items(), VL, {MOPA: mopa_body, SDOT: sdot_body}, _Ir, _LUT, table="signed"
 )
 AVAILABLE = HOST_ISA is not None
 

@@ -306,12 +306,19 @@ def lhs_bf16(m: int, k: int) -> list[Channel]:
     return [_channel("x", "element", (m, k), lambda c: _pick(c, BF16_A, BF16_B, np.float32), packed=("data (bf16)", 2))]
 
 
+def lhs_f16(m: int, k: int) -> list[Channel]:
+    """f16 packers: float32 values converted to F16 (RNE); the values of F16_A and F16_B are exact in F16."""
+    a, b = np.array([F16_A, F16_B], np.uint16).view(np.float16).astype(np.float32)
+    return [_channel("x", "element", (m, k), lambda c: _pick(c, a, b, np.float32), packed=("data (f16)", 2))]
+
+
 #: LHS packer name fragment -> encoding of the activations (first match wins)
 LHS_FORMATS: tuple[tuple[str, Callable[[int, int], list[Channel]]], ...] = (
     ("qsi8d32pscalef32", lhs_qsi8d32pscalef32),
     ("qsi8d32p", lhs_qsi8d32p),
     ("qai8dxp", lhs_qai8dxp),
     ("bf16", lhs_bf16),
+    ("f16pmrx2", lhs_f16),
 )
 
 

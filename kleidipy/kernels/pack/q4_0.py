@@ -1,4 +1,5 @@
-"""GGML -> packer inputs for the Q4_0 family: the ``block_q4_0`` bytes go to the RHS packers verbatim."""
+"""GGML -> packer inputs for the families of Q4_0 weights (``qsi8d32p_qsi4c32p``, ``f16p_qsi4c32p``): the ``block_q4_0``
+bytes go to the RHS packers (:mod:`.qsi4c32p`) verbatim."""
 
 from __future__ import annotations
 

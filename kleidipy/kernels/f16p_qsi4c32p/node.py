@@ -1,0 +1,30 @@
+"""The family's kernel as the compiled plan runs it (:mod:`kleidipy.core.node`): the F16 LHS pack and the matmul on
+this host's tile (the native SME2 tile on aarch64 with SME2 at the kernel's SVL, else the portable jit)."""
+
+from __future__ import annotations
+
+from kleidipy.core import node as kn
+from kleidipy.core.matmul import MatmulKernel
+from kleidipy.kernels.f16p_qsi4c32p import jit, sme2
+
+N_PARAMS = kn.P_FAMILY
+
+
+def _pack(params, x, rows, dst):  # pragma: no cover - compiled
+    p, src, out = kn.pack_operands(params, N_PARAMS, x, rows, dst)
+    kn.copy(jit.lhs_pack_f16pmrx2(src, p[kn.P_MR]), out)
+
+
+def _matmul(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
+    p, a, b, dst = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
+    kn.store_clamped(jit.matmul(m, n, p[kn.P_K], p[kn.P_MR], p[kn.P_NR], a, b), dst, ld)
+
+
+def _matmul_native(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled (aarch64 with SME2)
+    p, a, b, dst = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
+    kn.store_clamped(sme2._compute(m, n, p[kn.P_K], p[kn.P_MR], p[kn.P_NR], a, b), dst, ld)
+
+
+def node(kern: MatmulKernel, k: int) -> kn.NodeKernel:
+    """The compiled plan's routines and parameters of the family's kernel at depth k."""
+    return kn.node_kernel(kern, k, _pack, _matmul_native if sme2.AVAILABLE else _matmul, {}, ())
