@@ -64,10 +64,9 @@ def q41_operands(kern, m: int, n: int, k: int, seed: int, with_bias: bool = True
 
 
 def q41_functions(kern) -> tuple:  # noqa: ANN001
-    """(VNNI function, portable jit function) of a Q4_1 SME2 kernel."""
-    if kern.flags.get("first_block_fmul"):
-        return q41_vnni.matmul_sme2_mopa, q41_vnni.PORTABLE_MOPA
-    return q41_vnni.matmul_sme2_dot, q41_vnni.PORTABLE_DOT
+    """(VNNI function, portable jit function) of a Q4_1 SME2 kernel, ``(m, n, k, mr, nr, lhs, rhs)``."""
+    fmul = bool(kern.flags.get("first_block_fmul"))
+    return lambda *args: q41_vnni.compute_sme2(*args, fmul), lambda *args: q41_jit.matmul_sme2(*args, fmul)
 
 
 @needs_vnni
@@ -219,8 +218,8 @@ def test_families_run_the_best_compute_for_this_host() -> None:
     """The public kernels' jit execution uses the VNNI functions where the host has AVX-512 VNNI (Q8_0: the native
     aarch64 tiles on an Arm host with DotProd)."""
     sme2 = q41_sme2.AVAILABLE  # (an Arm host with SME2: the native tiles)
-    assert q41_fam.SME2_MOPA_COMPUTE is (q41_sme2.compute_mopa if sme2 else q41_vnni.best_matmul_sme2_mopa())
-    assert q41_fam.SME2_DOT_COMPUTE is (q41_sme2.compute_dot if sme2 else q41_vnni.best_matmul_sme2_dot())
+    best = q41_vnni.compute_sme2 if q41_vnni.HAVE_VNNI else q41_jit.matmul_sme2
+    assert q41_fam.SME2_COMPUTE is (q41_sme2.compute if sme2 else best)
     best = q8_native.matmul_qai8dxp if q8_native.AVAILABLE else q8_vnni.best_matmul_qai8dxp()
     assert q8_fam.MATMUL_COMPUTE is (q8_sme2.matmul_qai8dxp if q8_sme2.AVAILABLE else best)
 
@@ -254,11 +253,6 @@ def test_public_kernels_jit_equals_reference(
 
 def test_selectors(monkeypatch: pytest.MonkeyPatch) -> None:
     have = q41_vnni.HAVE_VNNI
-    assert (q41_vnni.best_matmul_sme2_mopa() is q41_vnni.matmul_sme2_mopa) == have
-    assert (q41_vnni.best_matmul_sme2_dot() is q41_vnni.matmul_sme2_dot) == have
     assert (q8_vnni.best_matmul_qai8dxp() is q8_vnni.matmul_qai8dxp) == have
-    monkeypatch.setattr(q41_vnni, "HAVE_VNNI", False)
     monkeypatch.setattr(q8_vnni, "HAVE_VNNI", False)
-    assert q41_vnni.best_matmul_sme2_mopa() is q41_jit.matmul_sme2_mopa
-    assert q41_vnni.best_matmul_sme2_dot() is q41_jit.matmul_sme2_dot
     assert q8_vnni.best_matmul_qai8dxp() is q8_jit.matmul_qai8dxp
