@@ -1,13 +1,13 @@
 """The Q4_1 SME2 kernels as native SME2 tiles (``kernels/qsi8d32p_qai4c32p/sme2.py``).
 
-On any host: both tiles cross-compile to KleidiAI's instruction sequence (4-way ``smopa`` into ZA.S tiles with
-``luti4`` for the MOPA GEMM, multi-vector ``sdot`` into ZA vector groups with ``luti4`` for the GEMV, ``mova`` out
-of ZA) and its float steps (per row and block: the scale product ``fmul``, the zero term then the scale term fused,
-the first block's zero term an ``fmul`` in the GEMM; the bias ``fadd`` once), without widening NEON code nor calls
-of the SME ABI's routines, and their block loops execute at most 1.25× the instructions of KleidiAI's per int8 MAC.
-Under QEMU (``scripts/qemu-aarch64``, SME2 at SVL 128, 256 and 512): both kernels bound to the host's SVL run on
-the tiles through ``sme2.compute_mopa`` / ``compute_dot`` and ``sme2.matmul``, bit for bit the numpy reference
-(``sme2_tiles_check.py``), and everything else through ``sme2.matmul`` runs elsewhere, with the same bits.
+On any host: both tiles cross-compile to KleidiAI's instruction sequence (4-way ``smopa`` into ZA.S tiles with ``luti4``
+for the MOPA GEMM, multi-vector ``sdot`` into ZA vector groups with ``luti4`` for the GEMV, ``mova`` out of ZA) and its
+float steps (per row and block: the scale product ``fmul``, the zero term then the scale term fused, the first block's
+zero term an ``fmul`` in the GEMM; the bias ``fadd`` once), without widening NEON code nor calls of the SME ABI's
+routines, and their block loops execute at most 1.25× the instructions of KleidiAI's per int8 MAC. Under QEMU
+(``scripts/qemu-aarch64``, SME2 at SVL 128, 256 and 512): both kernels bound to the host's SVL run on the tiles through
+the family's SME2 chain (``ukernels.SME2_COMPUTE``), bit for bit the numpy reference (``sme2_tiles_check.py``), and
+everything else runs elsewhere, with the same bits.
 """
 
 from __future__ import annotations
