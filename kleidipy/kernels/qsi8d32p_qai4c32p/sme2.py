@@ -207,16 +207,22 @@ AVAILABLE = HOST_ISA is not None
 
 
 @numba.njit(cache=True, nogil=True)
+def _tiles(m, n, k, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
+    """float32 [m, n] = unclamped dst of the MOPA (``first_block_fmul``) or DOT kernel on its tile."""
+    out = np.empty((m, n), np.float32)
+    ints = (m, n, k // BL)
+    if first_block_fmul:
+        _MOPA(ints, lhs, rhs, out)
+    else:
+        _DOT(ints, lhs, rhs, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
 def compute(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
     """The SME2 kernels (``jit.matmul_sme2``'s signature and bits): the MOPA (``first_block_fmul``) or DOT tile
     when the kernel is bound to this host's SVL (mr = VL or 1, nr = 4·VL), else the portable loops."""
     vl = _host_vl()
     if nr == 4 * vl and mr == (vl if first_block_fmul else 1):
-        out = np.empty((m, n), np.float32)
-        ints = (m, n, k // BL)
-        if first_block_fmul:
-            _MOPA(ints, lhs, rhs, out)
-        else:
-            _DOT(ints, lhs, rhs, out)
-        return out
+        return _tiles(m, n, k, lhs, rhs, first_block_fmul)
     return _jit.matmul_sme2(m, n, k, mr, nr, lhs, rhs, first_block_fmul)
