@@ -17,7 +17,6 @@ from kleidipy.core.numerics import FLT_MAX
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit as q8_jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as q8_native
-from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as q8_sme2
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as q8_fam
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as q8_vnni
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
@@ -64,10 +63,9 @@ def q41_operands(kern, m: int, n: int, k: int, seed: int, with_bias: bool = True
 
 
 def q41_functions(kern) -> tuple:  # noqa: ANN001
-    """(VNNI function, portable jit function) of a Q4_1 SME2 kernel."""
-    if kern.flags.get("first_block_fmul"):
-        return q41_vnni.matmul_sme2_mopa, q41_vnni.PORTABLE_MOPA
-    return q41_vnni.matmul_sme2_dot, q41_vnni.PORTABLE_DOT
+    """(VNNI function, portable jit function) of a Q4_1 SME2 kernel, ``(m, n, k, mr, nr, lhs, rhs)``."""
+    fmul = bool(kern.flags.get("first_block_fmul"))
+    return lambda *args: q41_vnni.compute_sme2(*args, fmul), lambda *args: q41_jit.matmul_sme2(*args, fmul)
 
 
 @needs_vnni
@@ -166,8 +164,8 @@ def test_q8_0_random_shapes(m: int, n: int, k: int, svl: int, name: str, seed: i
     kern = get_kernel(name, svl)
     m = 1 if kern.kind == "gemv" else m
     lhs, rhs = q8_operands(kern, m, n, k, seed)
-    got = call_matmul(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
-    assert bits_equal(got, call_matmul(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+    got = call_matmul(q8_fam.MATMUL_COMPUTE, kern, m, n, k, lhs, rhs)
+    assert bits_equal(got, call_matmul(q8_jit.matmul_qai8dxp, kern, m, n, k, lhs, rhs))
     assert bits_equal(got, kern._reference(m, n, k, lhs, rhs))
 
 
@@ -186,16 +184,16 @@ def test_q8_0_wrapping_and_large_accumulators(svl: int) -> None:
         x[:, ::7] = 0.5
         lhs = np.asarray(q8_fam.LHS_PACKER.run(m, k, kern.mr, kern.kr, kern.sr, x, execution="jit"))
         rhs = np.asarray(kern.rhs_packer.run(n, k, kern.nr, kern.kr, kern.sr, w, scale=scale)).copy()
-        got = call_matmul(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+        got = call_matmul(q8_fam.MATMUL_COMPUTE, kern, m, n, k, lhs, rhs)
         assert np.abs(got).max() / 1e-6 * 255 > 2**25  # |acc| past 2^24 (S = 1e-6 / 255: the LHS spans [0, 1])
-        assert bits_equal(got, call_matmul(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+        assert bits_equal(got, call_matmul(q8_jit.matmul_qai8dxp, kern, m, n, k, lhs, rhs))
         k_int = q8_fam.k_internal(k)
         stride = kern.rhs_packer.get_rhs_packed_stride(k, kern.nr, kern.kr, kern.sr)
         for g in range(-(-n // kern.nr)):  # random int32 row sums
             sums = rhs[g * stride + kern.nr * k_int :][: 4 * kern.nr].view(np.int32)
             sums[:] = rng.integers(-(2**31), 2**31, kern.nr)
-        got = call_matmul(q8_vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
-        assert bits_equal(got, call_matmul(q8_vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs))
+        got = call_matmul(q8_fam.MATMUL_COMPUTE, kern, m, n, k, lhs, rhs)
+        assert bits_equal(got, call_matmul(q8_jit.matmul_qai8dxp, kern, m, n, k, lhs, rhs))
         assert bits_equal(got, kern._reference(m, n, k, lhs, rhs))
 
 
@@ -209,7 +207,7 @@ def test_q8_0_int4_layout_falls_back() -> None:
     lhs = np.asarray(int4.lhs_packer.run(m, k, int4.mr, int4.kr, int4.sr, lhs_rows(rng, m, k), execution="jit"))
     codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     rhs = np.asarray(int4.rhs_packer.run(n, k, int4.nr, int4.kr, int4.sr, codes, scale=mixed_f32(rng, (n,), 1e-3, 1.0)))
-    assert bits_equal(call_matmul(q8_vnni.matmul_qai8dxp, int4, m, n, k, lhs, rhs), int4._reference(m, n, k, lhs, rhs))
+    assert bits_equal(call_matmul(q8_fam.MATMUL_COMPUTE, int4, m, n, k, lhs, rhs), int4._reference(m, n, k, lhs, rhs))
 
 
 # --------------------------------------------------------------------------------------------- switched in
@@ -219,10 +217,13 @@ def test_families_run_the_best_compute_for_this_host() -> None:
     """The public kernels' jit execution uses the VNNI functions where the host has AVX-512 VNNI (Q8_0: the native
     aarch64 tiles on an Arm host with DotProd)."""
     sme2 = q41_sme2.AVAILABLE  # (an Arm host with SME2: the native tiles)
-    assert q41_fam.SME2_MOPA_COMPUTE is (q41_sme2.compute_mopa if sme2 else q41_vnni.best_matmul_sme2_mopa())
-    assert q41_fam.SME2_DOT_COMPUTE is (q41_sme2.compute_dot if sme2 else q41_vnni.best_matmul_sme2_dot())
-    best = q8_native.matmul_qai8dxp if q8_native.AVAILABLE else q8_vnni.best_matmul_qai8dxp()
-    assert q8_fam.MATMUL_COMPUTE is (q8_sme2.matmul_qai8dxp if q8_sme2.AVAILABLE else best)
+    best = q41_vnni.compute_sme2 if q41_vnni.HAVE_VNNI else q41_jit.matmul_sme2
+    assert q41_fam.SME2_COMPUTE is (q41_sme2.compute if sme2 else best)
+    kern = get_kernel(Q8_KERNELS[0], 512)
+    lay = kern.rhs_packer.layout(64, kern.nr, kern.kr, kern.sr)
+    args = (kern.mr, 64, kern.kr // kern.sr, kern.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
+    if not q8_native.AVAILABLE:  # x86: the Q8_0 chain runs the SME layouts on the VNNI tiles where the host has them
+        assert q8_fam.is_tiled_layout(*args) == q8_vnni.HAVE_VNNI
 
 
 @HYP
@@ -247,18 +248,3 @@ def test_public_kernels_jit_equals_reference(
     want = kern.run(m, n, k, lhs, rhs, None, None, *clamp, execution="reference")
     got = kern.run(m, n, k, lhs, rhs, None, None, *clamp, execution="jit", threads=threads, min_split_macs=0)
     assert bits_equal(got, want)
-
-
-# --------------------------------------------------------------------------------------------- selectors
-
-
-def test_selectors(monkeypatch: pytest.MonkeyPatch) -> None:
-    have = q41_vnni.HAVE_VNNI
-    assert (q41_vnni.best_matmul_sme2_mopa() is q41_vnni.matmul_sme2_mopa) == have
-    assert (q41_vnni.best_matmul_sme2_dot() is q41_vnni.matmul_sme2_dot) == have
-    assert (q8_vnni.best_matmul_qai8dxp() is q8_vnni.matmul_qai8dxp) == have
-    monkeypatch.setattr(q41_vnni, "HAVE_VNNI", False)
-    monkeypatch.setattr(q8_vnni, "HAVE_VNNI", False)
-    assert q41_vnni.best_matmul_sme2_mopa() is q41_jit.matmul_sme2_mopa
-    assert q41_vnni.best_matmul_sme2_dot() is q41_jit.matmul_sme2_dot
-    assert q8_vnni.best_matmul_qai8dxp() is q8_jit.matmul_qai8dxp

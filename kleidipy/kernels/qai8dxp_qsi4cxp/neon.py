@@ -23,7 +23,7 @@ one LHS group with ``sdot``.
 :func:`tile_module` builds a tile's LLVM module for a :class:`~kleidipy.core.native.NativeIsa` (``kleidipy kernels
 --asm`` cross-compiles it on any host, through :func:`kernel_tile`); on an aarch64 host with DotProd the three
 tiles are compiled at import for the host's own features (``smmla`` with I8MM), :func:`matmul` runs a kernel's tile
-and :func:`matmul_qai8dxp` (the jit's signature) runs the family's NEON layouts on them. Hand-written LLVM IR for
+and :func:`tiles` (the jit's signature) the family's NEON layouts. Hand-written LLVM IR for
 the reason of :mod:`kleidipy.core.native`: numba's code never uses these instructions.
 """
 
@@ -37,7 +37,6 @@ from kleidipy.core import native, neon_ir
 from kleidipy.core.neon_ir import I32, I64, SDOT, SMMLA, V2I64, V4I32, V16I8
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon as qai8dxp_qsi8cxp_neon
-from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as qai8dxp_qsi8cxp_ukernels
 
 #: columns of a group of the RHS layout (and of a tile)
 NR = 4
@@ -53,10 +52,8 @@ RHS_PARAMS = NR * 12
 NIBBLE_FACTOR = 16
 #: the (mr, m_step) of the family's NEON kernels: a tile each
 SHAPES = ((1, 1), (4, 4), (4, 8))
-#: the m_step of the tile :func:`matmul_qai8dxp` runs groups of 4 rows on (the 8x4x32 kernel's)
+#: the m_step of the tile :func:`tiles` runs groups of 4 rows on (the 8x4x32 kernel's)
 GEMM_M_STEP = 8
-#: what :func:`matmul_qai8dxp` hands every other call to (the layouts of the Q8_0 family, the SME ones)
-FALLBACK = qai8dxp_qsi8cxp_ukernels.MATMUL_COMPUTE
 
 
 def symbol(mr: int, m_step: int) -> str:
@@ -181,15 +178,11 @@ def matmul(m, n, k_int, mr, m_step, lhs_i8, rhs_u8, out):  # pragma: no cover - 
     _TILES((mr, 1 if mr == 1 else m_step), (m, n, k_int // BLOCK), lhs_i8, rhs_u8, out)  # mr 1: the 1x4x32 tile
 
 
-def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+def tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
     """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (the layouts of the family's
-    NEON kernels with their recipe, FMUL_FADD; groups of 4 rows on the 8x4x32 kernel's tile), else return False."""
+    NEON kernels with their recipe, FMUL_FADD; groups of 4 rows on the 8x4x32 kernel's tile), else return False: the
+    NEON link of the family's tile chain (``ukernels.MATMUL_COMPUTE``). Needs :data:`AVAILABLE`."""
     if recipe == jit.RECIPE_FMUL_FADD and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         matmul(m, n, k_int, mr, GEMM_M_STEP, lhs_i8, rhs_u8, out)
         return True
     return False
-
-
-#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_tiles` takes the call, else on
-#: :data:`FALLBACK`. Needs :data:`AVAILABLE`.
-matmul_qai8dxp = jit.with_tiles(_tiles, FALLBACK)

@@ -19,16 +19,15 @@ scales: the int32 sums of all of K stay in ZA):
   ``mova`` of the 4 ZA vectors, ``mla`` by −zp, ``scvtf`` and out = fma(S, F, bias) (``fmla`` into the bias:
   ``Recipe.FMA_BIAS``).
 
-Both unclamped (the caller clamps). The LHS, the column parameters and the epilogue are those of the Q8_0 family's
-tiles (:mod:`kleidipy.kernels.qai8dxp_qsi8cxp.sme2`, whose MOPA and SDOT bodies this module runs with the RHS
-reading of its own ``Ir`` subclass); the nibble expansion is
-the Q4_0 family's (:mod:`kleidipy.kernels.qsi8d32p_qsi4c32p.sme2`) with KleidiAI's signed table. :func:`tile_module`
-gives the LLVM module (IR text: llvmlite's IR builder has no scalable vectors and no SME attributes, and numba never
-emits ``smopa``, ``luti4`` nor ZA ``sdot``) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64 host
-with SME2 the tiles are compiled at import (:data:`AVAILABLE`) and :func:`matmul_qai8dxp` (the jit's signature) runs
-them whenever the kernel is bound to the host's SVL (the tiles' geometry is the streaming vector length they run
-at), and hands every other call to :data:`FALLBACK`. Each entry point is a locally streaming function that enables
-ZA (and ZT0) itself and calls the body: none of the SME ABI's support routines is needed.
+Both unclamped (the caller clamps). The LHS, the column parameters and the epilogue are those of the Q8_0 family's tiles
+(:mod:`kleidipy.kernels.qai8dxp_qsi8cxp.sme2`, whose MOPA and SDOT bodies this module runs with the RHS reading of its
+own ``Ir`` subclass); the nibble expansion is the Q4_0 family's (:mod:`kleidipy.kernels.qsi8d32p_qsi4c32p.sme2`) with
+KleidiAI's signed table. :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has no scalable
+vectors and no SME attributes, and numba never emits ``smopa``, ``luti4`` nor ZA ``sdot``) for
+:func:`kleidipy.core.native.assembly` on any host; on an aarch64 host with SME2 the tiles are compiled at import
+(:data:`AVAILABLE`) and :func:`tiles` (the jit's signature) runs them whenever the kernel is bound to the host's SVL
+(the tiles' geometry is the streaming vector length they run at). Each entry point is a locally streaming function that
+enables ZA (and ZT0) itself and calls the body: none of the SME ABI's support routines is needed.
 """
 
 from __future__ import annotations
@@ -38,9 +37,7 @@ from collections.abc import Iterator
 import numba
 
 from kleidipy.core.sme2_ir import sme2_tiles
-from kleidipy.kernels.qai8dxp_qsi4cxp import neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
-from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as qai8dxp_qsi8cxp
 from kleidipy.kernels.qai8dxp_qsi8cxp.sme2 import Ir, mopa_body, sdot_body
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes
@@ -56,9 +53,6 @@ KERNELS = {
 BLOCK = 32
 #: kr of the SME layouts (and the LHS chunk kbl of the MOPA one); a column's K group is kr/2 bytes of nibbles
 KR = 4
-#: every call that is not this family's SME2 layouts at the host's SVL with the kernel's recipe (the same arguments):
-#: the family's NEON tiles (every SME2 CPU has DotProd), which hand the rest to the Q8_0 family's code
-FALLBACK = neon.matmul_qai8dxp if neon.AVAILABLE else qai8dxp_qsi8cxp.MATMUL_COMPUTE
 
 #: the global holding ZT0's table: KleidiAI's ``lut``, entry v the int4 two's-complement value of nibble v (int32,
 #: ``lut_definition(_LUT, "signed")``)
@@ -133,15 +127,11 @@ def _tiles(m, n, k_int, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - co
         _MOPA(ints, lhs_i8, rhs_u8, out)
 
 
-def _on_tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+def tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
     """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (this family's SME2 layouts
-    bound to this host's SVL with the kernel's recipe: :func:`is_native_layout`), else return False."""
+    bound to this host's SVL with the kernel's recipe: :func:`is_native_layout`), else return False: the SME2 link
+    of the family's tile chain (``ukernels.MATMUL_COMPUTE``). Needs :data:`AVAILABLE`."""
     if m > 0 and n > 0 and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe):
         _tiles(m, n, k_int, lhs_i8, rhs_u8, recipe == jit.RECIPE_FMA_BIAS, out)
         return True
     return False
-
-
-#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_on_tiles` takes the call, else on
-#: :data:`FALLBACK`. Needs :data:`AVAILABLE`.
-matmul_qai8dxp = jit.with_tiles(_on_tiles, FALLBACK)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kleidipy.kernels.qai8dxp_qsi4cxp import neon, sme2, vnni
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import (
     LHS_PACKER,
     PerChannelRhsPacker,
@@ -82,14 +83,19 @@ class RhsPackNxkQsi4cxps1s0Qsu4cxs1s0Neon(Qsi4cxpRhsPacker):
         return RhsDataLayout(blen, 1, (e // blen) % nr, k_lo, k_lo + 1)
 
 
-class Qsi4cxpMatmulKernel(Qai8dxpMatmulKernel):
-    """A kernel of this family: its jit runs on this family's tiles — SME2 (an SME2 host: its SME2 layouts at the
-    host's SVL, the rest to the NEON tiles), NEON (a host with DotProd), AVX-512 VNNI (an x86 host with it) — and
-    everything else on the Q8_0 family's code (the portable loop for these layouts)."""
+#: the family's tile chain (its jit's; the compiled plan runs none of its kernels), ``jit.matmul_qai8dxp``'s arguments
+#: and bits: the SME2 tiles (its SME2 layouts at the host's SVL), the NEON tiles (a host with DotProd), the AVX-512
+#: VNNI tiles (an x86 host with them), each where the host has them, and the portable loop for everything else
+MATMUL_COMPUTE = jit.with_tiles(
+    [tier.tiles for tier, have in ((sme2, sme2.AVAILABLE), (neon, neon.AVAILABLE), (vnni, vnni.HAVE_VNNI)) if have],
+    jit.matmul_qai8dxp,
+)
 
-    compute = staticmethod(
-        sme2.matmul_qai8dxp if sme2.AVAILABLE else neon.matmul_qai8dxp if neon.AVAILABLE else vnni.matmul_qai8dxp
-    )
+
+class Qsi4cxpMatmulKernel(Qai8dxpMatmulKernel):
+    """A kernel of this family: its jit runs on the family's tile chain (:data:`MATMUL_COMPUTE`)."""
+
+    compute = staticmethod(MATMUL_COMPUTE)
 
 
 RHS_PACKER_NEON = RhsPackNxkQsi4cxpQs4cxs1s0()

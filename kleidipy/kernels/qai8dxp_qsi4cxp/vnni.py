@@ -1,10 +1,11 @@
 """AVX-512 VNNI host execution of the per-channel int4 kernels' layouts (``…qai8dxp…_qsi4cxp…``): the NEON ones
-(``rhs_pack_nxk_qsi4cxp_qs4cxs1s0``, nr = 4, kr = 16, sr = 2: ``…1x4x32_neon_dotprod``, ``…{4,8}x4x32_neon_i8mm``)
-and the SME2 ones (``rhs_pack_nxk_qsi4cxps1s0_qsu4cxs1s0_neon``, nr = 4·VL, kr = 4: ``…1vlx4vl_sme2_mopa``,
-``…1x4vl_sme2_sdot``). :func:`matmul_qai8dxp` is a drop-in for the portable
-:func:`kleidipy.kernels.qai8dxp_qsi8cxp.jit.matmul_qai8dxp` (same arguments, same bits written to ``out``) that
-runs them with ``vpdpbusd`` and hands every other call to :data:`FALLBACK`. Hand-written LLVM IR
-(:mod:`kleidipy.core.vnni`) because numba does not emit ``vpdpbusd`` (nor ``vpmultishiftqb``) from Python loops.
+(``rhs_pack_nxk_qsi4cxp_qs4cxs1s0``, nr = 4, kr = 16, sr = 2: ``…1x4x32_neon_dotprod``, ``…{4,8}x4x32_neon_i8mm``) and
+the SME2 ones (``rhs_pack_nxk_qsi4cxps1s0_qsu4cxs1s0_neon``, nr = 4·VL, kr = 4: ``…1vlx4vl_sme2_mopa``,
+``…1x4vl_sme2_sdot``). :func:`tiles` runs a call of the portable
+:func:`kleidipy.kernels.qai8dxp_qsi8cxp.jit.matmul_qai8dxp` (same arguments, same bits written to ``out``) with
+``vpdpbusd`` when it is one of these layouts: the VNNI link of the family's tile chain (``ukernels.MATMUL_COMPUTE``).
+Hand-written LLVM IR (:mod:`kleidipy.core.vnni`) because numba does not emit ``vpdpbusd`` (nor ``vpmultishiftqb``) from
+Python loops.
 
 The LHS is ``lhs_quant_pack_qai8dxp_f32``'s, as in the Q8_0 family (:mod:`kleidipy.kernels.qai8dxp_qsi8cxp.vnni`,
 whose row tables, lane folds and epilogue these tiles reuse). The arithmetic is that family's int32 trick: the
@@ -36,8 +37,7 @@ from numba.extending import intrinsic
 
 from kleidipy.core import vnni, vnni_columns
 from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, i64
-from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as _q8_0
-from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS, with_tiles
+from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS
 from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
     BLOCK_K,
     GEMM_ROWS,
@@ -55,10 +55,8 @@ from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import (
 
 #: software prefetch distance of the RHS streams of a one-row NEON tile, in 64-byte blocks
 PREFETCH_BLOCKS = 8
-#: the host runs these tiles (else :func:`matmul_qai8dxp` hands every call to FALLBACK).
+#: the host runs these tiles (the family's tile chain takes them then).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
-#: what :func:`matmul_qai8dxp` runs for the layouts and hosts the tiles do not take (bound at import).
-FALLBACK = _q8_0.MATMUL_COMPUTE
 
 #: NEON layout: the kernels' nibble weight (16·w), bytes per column run (kr/sr), K values per 64-byte load
 NEON_NIBBLE_FACTOR = 16
@@ -254,15 +252,10 @@ def _matmul(m, n, k_int, mr, nr, kbl, nibble_factor, lhs_i8, rhs_u8, fma_bias, o
         _matmul_sme(m, n, k_int, mr, nr, lhs_i8, fma_bias, rhs_u8, out)
 
 
-def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+def tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
     """Run a call of ``jit.matmul_qai8dxp`` on the VNNI tiles and return True if they take it (this family's NEON and
-    SME2 layouts, on a host with AVX-512 VNNI), else return False."""
-    if HAVE_VNNI and _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+    SME2 layouts), else return False. Needs AVX-512 VNNI."""
+    if _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         _matmul(m, n, k_int, mr, nr, kbl, nibble_factor, lhs_i8, rhs_u8, recipe == RECIPE_FMA_BIAS, out)
         return True
     return False
-
-
-#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the VNNI tiles where :func:`_tiles` takes the call, else on
-#: :data:`FALLBACK`
-matmul_qai8dxp = with_tiles(_tiles, FALLBACK)

@@ -2,15 +2,15 @@
 
 It owns the jit execution of: the LHS quantize+pack ``lhs_quant_pack_qai8dxp_f32``, the three RHS packers
 (``qsi8cxp_qsi8cx_neon``, ``qsi4cxp_qs4cxs1s0``, ``qsi4cxps1s0_qsu4cxs1s0_neon``), llama.cpp's Q8_0 per-channel
-re-quantization and the matmul kernels of both families, and :func:`with_tiles`, the one way a module of native or
-VNNI tiles (``neon``, ``sme``, ``sme2``, ``vnni`` of both families) serves :func:`matmul_qai8dxp`'s calls. Every
-function is bit-exact with the numpy
-reference of ``kleidipy.kernels.qai8dxp_qsi8cxp.ukernels`` / ``qai8dxp_qsi4cxp`` (same bytes in, same bytes out).
+re-quantization and the matmul kernels of both families, and :func:`with_tiles`, the one way a family's tile chain
+(``neon``, ``sme``, ``sme2``, ``vnni`` of both families, composed in their ``ukernels``) serves :func:`matmul_qai8dxp`'s
+calls. Every function is bit-exact with the numpy reference of ``kleidipy.kernels.qai8dxp_qsi8cxp.ukernels`` /
+``qai8dxp_qsi4cxp`` (same bytes in, same bytes out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
@@ -320,11 +320,12 @@ def matmul_qai8dxp(
                         out[i, g * nr + col] = np.float32(np.float32(acc * sc) + bias)
 
 
-def with_tiles(tiles: Callable[..., bool], fallback: Callable[..., None]) -> Callable[..., None]:
+def with_tiles(tiles: Sequence[Callable[..., bool]], fallback: Callable[..., None]) -> Callable[..., None]:
     """A :func:`matmul_qai8dxp` (same arguments; writes the unclamped float32 [m, n] into ``out``, C-contiguous) that
-    runs a module's tiles on the calls they take and ``fallback`` (a :func:`matmul_qai8dxp` too) on the others:
-    ``tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out)`` computes the
-    call and returns True, or returns False having written nothing (a layout or recipe its tiles do not have)."""
+    runs a family's tile chain: the first of ``tiles`` that takes a call, else ``fallback`` (a :func:`matmul_qai8dxp`
+    too). Each ``tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out)``
+    computes the call and returns True, or returns False having written nothing (a layout or recipe it does not
+    have)."""
 
     def matmul_qai8dxp(
         m: int,
@@ -344,9 +345,11 @@ def with_tiles(tiles: Callable[..., bool], fallback: Callable[..., None]) -> Cal
         recipe: int,
         out: np.ndarray,
     ) -> None:
-        if not tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out):
-            fallback(
-                m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
-            )
+        for tile in tiles:
+            if tile(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out):
+                return
+        fallback(
+            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out
+        )
 
     return matmul_qai8dxp

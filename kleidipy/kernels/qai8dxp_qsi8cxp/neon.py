@@ -18,10 +18,10 @@ F = ``scvtf``, S = f32(scale·recip) and out = f32(f32(F·S) + bias) (``fmul``, 
 unclamped.
 
 :func:`tile_module` builds a tile's LLVM module for a :class:`~kleidipy.core.native.NativeIsa` (``kleidipy kernels
---asm`` cross-compiles it on any host, through :func:`kernel_tile`); on an aarch64 host with DotProd the four tiles
-are compiled at import for the host's own features (``smmla`` with I8MM) and :func:`matmul` runs them (the graph's
-signature; :func:`matmul_qai8dxp` is the jit's). Hand-written LLVM IR for the reason of :mod:`kleidipy.core.native`:
-numba's code never uses these instructions.
+--asm`` cross-compiles it on any host, through :func:`kernel_tile`); on an aarch64 host with DotProd the four tiles are
+compiled at import for the host's own features (``smmla`` with I8MM) and :func:`matmul` runs them (the family's tile
+chain, ``ukernels.matmul_tiled``, takes them on such a host). Hand-written LLVM IR for the reason of
+:mod:`kleidipy.core.native`: numba's code never uses these instructions.
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numba
-import numpy as np
 from llvmlite import ir
 from numba.core import cgutils
 
 from kleidipy.core import native, neon_ir
 from kleidipy.core.neon_ir import F32, I32, I64, SDOT, SMMLA, V2I64, V4F32, V4I32, V16I8
-from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
 #: columns of a group of the RHS layout (and of a tile)
@@ -49,8 +47,6 @@ RHS_BLOCK = NR * BLOCK
 RHS_PARAMS = NR * 12
 #: the (mr, kr) of the family's NEON kernels: a tile each
 SHAPES = ((1, 4), (1, 8), (4, 4), (4, 8))
-#: the portable function, for the layouts the tiles do not have (the int4 per-channel family's)
-PORTABLE_MATMUL = jit.matmul_qai8dxp
 
 
 def symbol(mr: int, kr: int) -> str:
@@ -232,37 +228,16 @@ AVAILABLE = HOST_ISA is not None
 
 @numba.njit(cache=True, nogil=True)
 def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-    """Whether the tiles run a layout (given as to ``vnni._is_vnni_layout``): the int8 layout of
+    """Whether the tiles run a layout (given as to ``vnni.is_vnni_layout``): the int8 layout of
     ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` (probed as that function does) with nr = 4 and the (mr, kr) of a tile
     (:data:`SHAPES`, kr = blen), the LHS in chunks of kbl = kr (any kbl for one row per group: K order)."""
     if nr != NR or not (mr == 1 or (mr == 4 and kbl == blen)) or not (blen == 4 or blen == 8):
         return False
-    return qai8dxp_qsi8cxp_vnni._is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
+    return qai8dxp_qsi8cxp_vnni.is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
 
 
 @numba.njit(cache=True, nogil=True)
-def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (aarch64)
-    """out[m, n] (C-contiguous float32, unclamped) of a layout :func:`is_native_layout` accepts: the signature and
-    the bits of ``vnni._matmul``. On the native tiles: f32(f32(F·S) + bias), the NEON kernels' recipe; ``fma_bias``
-    (fma(S, F, bias), the SME GEMV kernels' recipe, which no NEON kernel has) runs the portable loop."""
-    if fma_bias:
-        k_lo = jit.int8_k_lo(k_int, nr, kr)
-        lhs_i32, lhs_f32 = lhs_i8.view(np.int32), lhs_i8.view(np.float32)
-        recipe = jit.RECIPE_FMA_BIAS
-        PORTABLE_MATMUL(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
-        return
+def matmul(m, n, k_int, mr, kr, lhs_i8, rhs_u8, out):  # pragma: no cover - compiled (aarch64 with DotProd)
+    """out[m, n] (C-contiguous float32, unclamped) of a layout :func:`is_native_layout` accepts on the tile of
+    (mr, kr): f32(f32(F·S) + bias), the NEON kernels' recipe."""
     _TILES((mr, kr), (m, n, k_int // BLOCK), lhs_i8, rhs_u8, out)
-
-
-def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
-    """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (the layouts of the family's
-    NEON kernels with their recipe, FMUL_FADD), else return False."""
-    if recipe == jit.RECIPE_FMUL_FADD and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-        matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, False, out)
-        return True
-    return False
-
-
-#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_tiles` takes the call, else on
-#: the portable jit (the SME layouts, the int4 per-channel family's). Needs :data:`AVAILABLE`.
-matmul_qai8dxp = jit.with_tiles(_tiles, PORTABLE_MATMUL)

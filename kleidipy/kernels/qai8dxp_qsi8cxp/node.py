@@ -1,6 +1,6 @@
 """The family's kernels as the compiled plan runs them (:mod:`kleidipy.core.node`): the LHS quantize+pack and the
-matmul on the tiles this host runs for the kernel's layout — native aarch64 tiles (NEON, SME, SME2 layouts), the
-AVX-512 VNNI tiles — or the portable numba loop. Kernels of another RHS packer (the qsi4cxp family's) have none."""
+matmul on the family's tile chain (``ukernels.matmul_tiled``, its jit's) for the layouts it runs on this host, else
+the portable numba loop. Kernels of another RHS packer (the qsi4cxp family's) have none."""
 
 from __future__ import annotations
 
@@ -9,17 +9,11 @@ import numpy as np
 from kleidipy.core import node as kn
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.pointers import f32_at
-from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon, sme, sme2, ukernels, vnni
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit, ukernels
 
 #: K values per row per LHS chunk (kr / sr), the float epilogue (``Recipe``), K rounded up to a multiple of 32
 P_KBL, P_RECIPE, P_K_INT = kn.P_FAMILY, kn.P_FAMILY + 1, kn.P_FAMILY + 2
 N_PARAMS = kn.P_FAMILY + 3
-
-#: the tiles of the layouts this host runs natively or on VNNI (an SME or SME2 host: those layouts on its tiles,
-#: the rest as the others); None: none
-_TILES = neon.matmul if neon.AVAILABLE else vnni._matmul if vnni.HAVE_VNNI else None
-_TILES = sme2.matmul if sme2.AVAILABLE else _TILES
-_TILES = sme.matmul if sme.AVAILABLE else _TILES
 
 
 def _pack(params, x, rows, dst):  # pragma: no cover - compiled
@@ -35,7 +29,8 @@ def _matmul_tiles(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compil
     p, a, b, dst = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
     res = np.empty((m, n), np.float32)
     fma_bias = p[P_RECIPE] == jit.RECIPE_FMA_BIAS
-    _TILES(m, n, p[P_K_INT], p[kn.P_MR], p[kn.P_NR], p[P_KBL], p[kn.P_KR], a.view(np.int8), b, fma_bias, res)
+    mr, nr, kbl, kr = p[kn.P_MR], p[kn.P_NR], p[P_KBL], p[kn.P_KR]
+    ukernels.matmul_tiled(m, n, p[P_K_INT], mr, nr, kbl, kr, a.view(np.int8), b, fma_bias, res)
     kn.store_clamped(res, dst, ld)
 
 
@@ -60,7 +55,6 @@ def node(kern: MatmulKernel, k: int) -> kn.NodeKernel | None:
     lay = kern.rhs_packer.layout(k, g.nr, g.kr, g.sr)
     k_int = ukernels.k_internal(k)
     args = (g.mr, k_int, g.kr // g.sr, g.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
-    tiled = (neon.AVAILABLE and neon.is_native_layout(*args)) or (sme2.AVAILABLE and sme2.is_native_layout(*args))
-    tiled = tiled or (vnni.HAVE_VNNI and vnni._is_vnni_layout(*args))
+    tiled = ukernels.is_tiled_layout(*args)
     slots = {P_KBL: g.kr // g.sr, P_RECIPE: int(kern.recipe), P_K_INT: k_int}
     return kn.node_kernel(kern, k, _pack, _matmul_tiles if tiled else _matmul_portable, slots, (P_KBL, P_K_INT))

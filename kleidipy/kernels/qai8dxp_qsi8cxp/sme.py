@@ -21,9 +21,8 @@ int32 sums of all of K are kept):
 Both unclamped (the caller clamps). :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has
 no scalable vectors and no SME attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64
 host with SME but not SME2 the tiles are compiled at import (:data:`AVAILABLE`) and run whenever the kernel is
-bound to the host's own SVL, through the SME2 module's dispatchers (:func:`matmul`, the graph's signature, and
-:func:`matmul_qai8dxp`, the jit's, are ``sme2.matmul`` and ``sme2.matmul_qai8dxp``: both sets of tiles have the
-same symbols, the same layouts and the same bits). Each entry point is a locally streaming function (``smstart
+bound to the host's own SVL, through ``sme2.matmul`` (both sets of tiles have the same symbols, the same layouts
+and the same bits). Each entry point is a locally streaming function (``smstart
 sm``) calling the body, a streaming function; the MOPA entry also turns ZA on and off itself (no SME ABI support
 routine is called: Debian bookworm's libgcc has none). Hand-written for the reason of :mod:`kleidipy.core.native`:
 numba never emits SME instructions.
@@ -133,6 +132,3 @@ tile_module, kernel_tile, HOST_ISA, _ = sme_tiles(
     sme1_module(MOPA),
 )
 AVAILABLE = HOST_ISA is not None
-
-#: the dispatchers of the SME layouts' tiles, which call these tiles on this host (installed under the same symbols)
-matmul, matmul_qai8dxp = sme2.matmul, sme2.matmul_qai8dxp

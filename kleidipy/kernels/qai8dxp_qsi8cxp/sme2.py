@@ -19,9 +19,9 @@ How (as KleidiAI's kernels), per group of 4·VL columns (VL = SVL/32) and after 
 Both unclamped (the caller clamps). :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has
 no scalable vectors and no SME attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64
 host with SME2 the tiles are compiled at import (:data:`AVAILABLE`) and run whenever the kernel is bound to the
-host's own SVL (the tiles' geometry is the streaming vector length they run at): :func:`matmul` (the graph's
-signature, that of ``neon.matmul``) and :func:`matmul_qai8dxp` (the jit's), which also run the SME1 tiles of
-:mod:`.sme` on a host with SME but not SME2 (the same symbols). As the Q4_0 family's SME2 tiles, they
+host's own SVL (the tiles' geometry is the streaming vector length they run at): :func:`matmul`, in the family's
+tile chain (``ukernels.matmul_tiled``), which also runs the SME1 tiles of :mod:`.sme` on a host with SME but not
+SME2 (the same symbols). As the Q4_0 family's SME2 tiles, they
 need none of the SME ABI's support routines: each entry point is a locally streaming function that enables ZA
 itself and calls the body, a streaming function sharing ZA.
 """
@@ -31,15 +31,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numba
-import numpy as np
 
 from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme2_tiles, tuple_type
-from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import vnni as qai8dxp_qsi8cxp_vnni
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (SDOT), and the streaming vector length in 32-bit lanes; those of the SME1
-#: tiles (:mod:`.sme`) too, which a host with SME but not SME2 installs instead, so that one dispatcher
-#: (:func:`matmul`, :func:`matmul_qai8dxp`) calls whichever tiles the host has
+#: tiles (:mod:`.sme`) too, which a host with SME but not SME2 installs instead, so that :func:`matmul` calls
+#: whichever tiles the host has
 MOPA = "kleidipy_q8_0_sme_mopa"
 SDOT = "kleidipy_q8_0_sme_dot"
 VL = "kleidipy_q8_0_sme_vl"
@@ -265,28 +263,15 @@ AVAILABLE = HOST_ISA is not None
 
 
 @numba.njit(cache=True, nogil=True)
-def _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
-    """The portable jit loop on an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout (``neon.matmul``'s signature)."""
-    k_lo = jit.int8_k_lo(k_int, nr, kr)
-    lhs_i32, lhs_f32 = lhs_i8.view(np.int32), lhs_i8.view(np.float32)
-    recipe = jit.RECIPE_FMA_BIAS if fma_bias else jit.RECIPE_FMUL_FADD
-    jit.matmul_qai8dxp(m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out)
-
-
-#: the NEON layouts' code: the native NEON tiles (with DotProd), else the portable loop
-_NEON_MATMUL = neon.matmul if neon.AVAILABLE else _portable
-
-
-@numba.njit(cache=True, nogil=True)
 def is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):  # pragma: no cover - compiled (SME)
-    """Whether the tiles run a layout (given as to ``vnni._is_vnni_layout``): the int8 layout of
+    """Whether the tiles run a layout (given as to ``vnni.is_vnni_layout``): the int8 layout of
     ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` (probed as that function does) of the SME kernels bound to this host's SVL:
     nr = 4·VL, kr = kbl = 4 and VL rows (MOPA) or one (SDOT) per LHS group. Needs the tiles installed. The tile also
-    needs the kernel's own recipe (:func:`tile_runs`); :func:`matmul` falls back to the portable loop otherwise."""
+    needs the kernel's own recipe (:func:`tile_runs`)."""
     vl = _host_vl()
     if nr != 4 * vl or kbl != KR or blen != KR or not (mr == vl or mr == 1):
         return False
-    return qai8dxp_qsi8cxp_vnni._is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
+    return qai8dxp_qsi8cxp_vnni.is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -300,35 +285,12 @@ def tile_runs(mr, nr, kbl, kr, fma_bias):  # pragma: no cover - compiled (aarch6
 
 
 @numba.njit(cache=True, nogil=True)
-def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (SME)
-    """out[m, n] (C-contiguous float32, unclamped) of an int8 ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` layout: the
-    signature and the bits of ``neon.matmul`` / ``vnni._matmul``. The SME2 (or SME1) tiles when :func:`tile_runs`
-    (the SME kernels bound to this host's SVL, with their own recipe; m, n ≥ 1); the NEON layouts
-    :func:`neon.is_native_layout` accepts on ``neon.matmul``; anything else on the portable loop. Needs the tiles
+def matmul(m, n, k_int, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled (aarch64 with SME)
+    """out[m, n] (C-contiguous float32, unclamped; m, n ≥ 1, k_int ≥ 32) of a layout :func:`is_native_layout` accepts
+    and :func:`tile_runs` runs: the SDOT tile (``fma_bias``, one row per LHS group) or the MOPA tile. Needs the tiles
     installed (:data:`AVAILABLE` or ``sme.AVAILABLE``)."""
-    if m > 0 and n > 0 and k_int >= BLOCK and tile_runs(mr, nr, kbl, kr, fma_bias):
-        ints = (m, n, k_int // BLOCK)
-        if fma_bias:
-            _SDOT(ints, lhs_i8, rhs_u8, out)
-        else:
-            _MOPA(ints, lhs_i8, rhs_u8, out)
-    elif nr == neon.NR and (kr == 4 or kr == 8) and (mr == 1 or (mr == 4 and kbl == kr)):
-        _NEON_MATMUL(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
+    ints = (m, n, k_int // BLOCK)
+    if fma_bias:
+        _SDOT(ints, lhs_i8, rhs_u8, out)
     else:
-        _portable(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
-
-
-def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
-    """Run a call of ``jit.matmul_qai8dxp`` on the tiles and return True if they take it (the SME layouts bound to
-    this host's SVL with the kernel's recipe: the SME2 and SME kernels, the same layouts and arithmetic), else
-    return False."""
-    fma_bias = recipe == jit.RECIPE_FMA_BIAS
-    if tile_runs(mr, nr, kbl, blen, fma_bias) and is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-        matmul(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, fma_bias, out)
-        return True
-    return False
-
-
-#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the tiles where :func:`_tiles` takes the call, else on
-#: ``neon.matmul_qai8dxp`` (the NEON tiles, else the portable jit). Needs :data:`AVAILABLE`.
-matmul_qai8dxp = jit.with_tiles(_tiles, neon.matmul_qai8dxp if neon.AVAILABLE else neon.PORTABLE_MATMUL)
+        _MOPA(ints, lhs_i8, rhs_u8, out)

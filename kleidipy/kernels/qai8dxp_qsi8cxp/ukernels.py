@@ -21,6 +21,7 @@ from enum import IntEnum
 from functools import cache
 from typing import ClassVar
 
+import numba
 import numpy as np
 
 from kleidipy.core.buffers import check_execution, roundup
@@ -28,11 +29,7 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import F16_BITS_TO_F32, f16_bits_to_f32, fma_f32, round_away
 from kleidipy.core.packers import LhsPacker, RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, NonFiniteInputError
-from kleidipy.kernels.qai8dxp_qsi8cxp import jit
-from kleidipy.kernels.qai8dxp_qsi8cxp import neon as qai8dxp_qsi8cxp_neon
-from kleidipy.kernels.qai8dxp_qsi8cxp import sme as qai8dxp_qsi8cxp_sme
-from kleidipy.kernels.qai8dxp_qsi8cxp import sme2 as qai8dxp_qsi8cxp_sme2
-from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import best_matmul_qai8dxp
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit, neon, sme, sme2, vnni
 
 #: K is padded to a multiple of this in every qai8dxp packed buffer (k_int = roundup(k, 32)).
 K_MULTIPLE = 32
@@ -42,13 +39,57 @@ LHS_PARAM_BYTES = 8
 RHS_PARAM_BYTES = 12
 
 FAMILY_NAME = "qai8dxp_qsi8cxp"
-#: jit matmul of both qai8dxp families on this host: the native aarch64 tiles (sdot / smmla) for the NEON kernels'
-#: int8 layouts on aarch64 with DotProd (and SME2's smopa / ZA sdot for the SME layouts bound to the host's SVL),
-#: AVX-512 VNNI tiles for the int8 layouts (SME/SME2 and NEON) where available, else (and for the int4 layouts) the
-#: portable numba loop; same arguments, bit-identical results.
-MATMUL_COMPUTE = qai8dxp_qsi8cxp_neon.matmul_qai8dxp if qai8dxp_qsi8cxp_neon.AVAILABLE else best_matmul_qai8dxp()
-MATMUL_COMPUTE = qai8dxp_qsi8cxp_sme2.matmul_qai8dxp if qai8dxp_qsi8cxp_sme2.AVAILABLE else MATMUL_COMPUTE
-MATMUL_COMPUTE = qai8dxp_qsi8cxp_sme.matmul_qai8dxp if qai8dxp_qsi8cxp_sme.AVAILABLE else MATMUL_COMPUTE
+#: the tiers of the family's tile chain this host has, constants of :func:`is_tiled_layout` and :func:`matmul_tiled`
+#: (the others are never compiled): the SME tiles (SME2's or SME1's: one set of symbols), the NEON tiles, the VNNI ones
+_SME, _NEON, _VNNI = sme2.AVAILABLE or sme.AVAILABLE, neon.AVAILABLE, vnni.HAVE_VNNI
+
+
+@numba.njit(cache=True, nogil=True)
+def is_tiled_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+    """Whether the family's tile chain on this host runs a layout (``jit.matmul_qai8dxp``'s layout arguments): the SME
+    kernels' int8 layouts bound to the host's SVL, the NEON kernels', or every int8 layout of the VNNI tiles."""
+    if _SME and sme2.is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+        return True
+    if _NEON and neon.is_native_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+        return True
+    if _VNNI:
+        return vnni.is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi)
+    return False
+
+
+@numba.njit(cache=True, nogil=True)
+def matmul_tiled(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):  # pragma: no cover - compiled
+    """The family's tile chain: out[m, n] (C-contiguous float32, unclamped) of a layout :func:`is_tiled_layout`
+    accepts (kr = blen), the bits of ``jit.matmul_qai8dxp`` with the recipe fma(S, F, bias) (``fma_bias``) or
+    f32(f32(F·S) + bias). The SME tiles run the SME kernels bound to the host's SVL with their own recipe, the NEON
+    tiles the NEON layouts with theirs, the VNNI tiles every layout; another recipe runs the portable loop."""
+    if _SME and m > 0 and n > 0 and k_int >= sme2.BLOCK and sme2.tile_runs(mr, nr, kbl, kr, fma_bias):
+        sme2.matmul(m, n, k_int, lhs_i8, rhs_u8, fma_bias, out)
+    elif _NEON and not fma_bias and nr == neon.NR and (kr == 4 or kr == 8) and (mr == 1 or (mr == 4 and kbl == kr)):
+        neon.matmul(m, n, k_int, mr, kr, lhs_i8, rhs_u8, out)
+    elif _VNNI:
+        vnni.matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
+    else:
+        k_lo = jit.int8_k_lo(k_int, nr, kr)
+        lhs_i32, lhs_f32 = lhs_i8.view(np.int32), lhs_i8.view(np.float32)
+        recipe = jit.RECIPE_FMA_BIAS if fma_bias else jit.RECIPE_FMUL_FADD
+        jit.matmul_qai8dxp(
+            m, n, k_int, lhs_i8, lhs_i32, lhs_f32, rhs_u8, mr, kbl, nr, kr, 0, k_lo, k_lo[:0], recipe, out
+        )
+
+
+def _tiled(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
+    """Run a call of ``jit.matmul_qai8dxp`` on :func:`matmul_tiled` and return True if the chain runs its layout,
+    else return False."""
+    if not is_tiled_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+        return False
+    matmul_tiled(m, n, k_int, mr, nr, kbl, blen, lhs_i8, rhs_u8, recipe == jit.RECIPE_FMA_BIAS, out)
+    return True
+
+
+#: the jit's matmul (``jit.matmul_qai8dxp``'s arguments and bits): the family's tile chain on the layouts it runs,
+#: the portable loop on the others (the int4 per-channel family's too)
+MATMUL_COMPUTE = jit.with_tiles((_tiled,), jit.matmul_qai8dxp)
 
 
 def k_internal(k: int) -> int:

@@ -1,10 +1,10 @@
 """AVX-512 VNNI host execution of the Q8_0 kernels' int8 layouts: the SME/SME2 ones
 (``…qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme{,2}_mopa``, ``…qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme{,2}_dot``) and the NEON ones
 (``…qai8dxp{4x4,1x4}_qsi8cxp4x4_{16x4,1x4}_neon_dotprod``, ``…qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod``,
-``…qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm``). :func:`matmul_qai8dxp` is a drop-in for
-:func:`kleidipy.kernels.qai8dxp_qsi8cxp.jit.matmul_qai8dxp` (same arguments, same bits written to ``out``) that
-runs them with ``vpdpbusd`` and hands every other layout (the int4 per-channel family) to that portable function.
-Hand-written LLVM IR (:mod:`kleidipy.core.vnni`) because numba does not emit ``vpdpbusd`` from Python loops.
+``…qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm``): :func:`matmul` runs the layouts :func:`is_vnni_layout` accepts with
+``vpdpbusd``, the bits of :func:`kleidipy.kernels.qai8dxp_qsi8cxp.jit.matmul_qai8dxp` (the family's tile chain,
+``ukernels.matmul_tiled``, takes it on a host with AVX-512 VNNI). Hand-written LLVM IR (:mod:`kleidipy.core.vnni`)
+because numba does not emit ``vpdpbusd`` from Python loops.
 
 Layouts read (k_int = roundup(k, 32)): the LHS group of mr rows holds the int8 of (row r, k) at
 (k//kbl)·mr·kbl + r·kbl + k%kbl, then mr int32 −zp, mr f32 recips; the RHS group of nr columns holds the int8 of
@@ -41,13 +41,9 @@ from numba.extending import intrinsic
 
 from kleidipy.core import vnni, vnni_columns
 from kleidipy.core.vnni import F32, F32X16, I8X64, I32, I32X16, I64, i64
-from kleidipy.kernels.qai8dxp_qsi8cxp import jit as _portable
-from kleidipy.kernels.qai8dxp_qsi8cxp.jit import RECIPE_FMA_BIAS
 
-#: the host runs these kernels (else :func:`best_matmul_qai8dxp` returns the portable jit function).
+#: the host runs these tiles (the family's tile chain takes them then).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
-#: the portable function, held here so that rebinding ``jit.matmul_qai8dxp`` to ours is safe.
-PORTABLE_MATMUL = _portable.matmul_qai8dxp
 
 KR = 4
 VEC_COLS = 16
@@ -426,8 +422,8 @@ def _matmul_neon(m, n, k_int, mr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def _matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
-    """out[m, n] (C-contiguous, unclamped) of an int8 layout :func:`_is_vnni_layout` accepts."""
+def matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
+    """out[m, n] (C-contiguous, unclamped) of an int8 layout :func:`is_vnni_layout` accepts."""
     if nr == NEON_NR:
         _matmul_neon(m, n, k_int, mr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out)
     else:
@@ -435,7 +431,7 @@ def _matmul(m, n, k_int, mr, nr, kbl, kr, lhs_i8, rhs_u8, fma_bias, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
+def is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
     """The RHS data layout of ``rhs_pack_nxk_qsi8cxp_qsi8cx_neon`` (int8 (c, k) at (k//kr)·nr·kr + c·kr + k%kr,
     kr = blen; probed at its first two chunks and last entry) with an LHS the tiles read: the SME layouts
     (kr = kbl = 4, nr % 16 == 0) or the NEON ones (nr = 4, kr 4 or 8; kbl 4, 8 or 16 and mr ≤ 4, so that a K
@@ -451,26 +447,3 @@ def _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
         if k_lo[e] != (e // chunk) * blen + e % blen:
             return False
     return k_lo[k_lo.size - 1] == k_int - 1
-
-
-def _tiles(m, n, k_int, lhs_i8, rhs_u8, mr, kbl, nr, blen, nibble_factor, k_lo, k_hi, recipe, out) -> bool:
-    """Run a call of ``jit.matmul_qai8dxp`` on the VNNI tiles and return True if they take it (the int8 layouts of the
-    SME/SME2 and NEON kernels), else return False."""
-    if not _is_vnni_layout(mr, k_int, kbl, nr, blen, nibble_factor, k_lo, k_hi):
-        return False
-    fma_bias = recipe == RECIPE_FMA_BIAS
-    if nr == NEON_NR:  # (as _matmul, from Python: a first run compiles only the layout its kernels use)
-        _matmul_neon(m, n, k_int, mr, kbl, blen, lhs_i8, rhs_u8, fma_bias, out)
-    else:
-        _matmul_sme(m, n, k_int, mr, nr, lhs_i8, rhs_u8, fma_bias, out)
-    return True
-
-
-#: ``jit.matmul_qai8dxp`` (same arguments and bits) on the VNNI tiles where :func:`_tiles` takes the call, else on
-#: the portable jit. Needs AVX-512 VNNI (see :func:`best_matmul_qai8dxp`).
-matmul_qai8dxp = _portable.with_tiles(_tiles, PORTABLE_MATMUL)
-
-
-def best_matmul_qai8dxp() -> Callable[..., None]:
-    """The fastest ``matmul_qai8dxp`` this host runs (the portable jit one without AVX-512 VNNI)."""
-    return matmul_qai8dxp if HAVE_VNNI else PORTABLE_MATMUL

@@ -236,16 +236,14 @@ def matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
     return out
 
 
-def matmul_neon(m: int, n: int, k: int, mr: int, nr: int, kbl: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+@numba.njit(cache=True, nogil=True)
+def matmul_neon(m, n, k, mr, nr, kbl, lhs, rhs):
     """The four NEON kernels (i8mm / dotprod, GEMM / GEMV): float32 [m, n], unclamped."""
     return matmul(m, n, k, mr, nr, kbl, kbl, lhs, rhs, True, False)
 
 
-def matmul_sme2_mopa(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """``…1vlx4vl_sme2_mopa``: float32 [m, n], unclamped (first block's zero term is an FMUL)."""
-    return matmul(m, n, k, mr, nr, SME_LHS_KBL, SME_CHUNK, lhs, rhs, False, True)
-
-
-def matmul_sme2_dot(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """``…1x4vl_sme2_dot``: float32 [m, n], unclamped (accumulator starts at +0)."""
-    return matmul(m, n, k, mr, nr, SME_LHS_KBL, SME_CHUNK, lhs, rhs, False, False)
+@numba.njit(cache=True, nogil=True)
+def matmul_sme2(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+    """The two SME2 kernels: float32 [m, n], unclamped (``first_block_fmul``, the MOPA kernel's: the first block's
+    zero term is an FMUL)."""
+    return matmul(m, n, k, mr, nr, SME_LHS_KBL, SME_CHUNK, lhs, rhs, False, first_block_fmul)

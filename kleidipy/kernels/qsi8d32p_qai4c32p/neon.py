@@ -13,9 +13,9 @@ by ``fmul(scale, recip)``; at the end the bias is added (``fadd``), unclamped.
 
 :func:`tile_module` builds a tile's LLVM module for a :class:`~kleidipy.core.native.NativeIsa` (``kleidipy
 kernels --asm`` cross-compiles it on any host, through :func:`kernel_tile`); on an aarch64 host with DotProd the
-four tiles are compiled at import for the host's own features (``smmla`` with I8MM) and :func:`compute` /
-:func:`matmul` run them. Hand-written LLVM IR for the reason of :mod:`kleidipy.core.native`: numba's code never
-uses these instructions.
+four tiles are compiled at import for the host's own features (``smmla`` with I8MM) and :func:`compute`
+(``ukernels.NEON_COMPUTE`` there) runs them. Hand-written LLVM IR for the reason of :mod:`kleidipy.core.native`:
+numba's code never uses these instructions.
 """
 
 from __future__ import annotations
@@ -147,29 +147,7 @@ def compute(  # pragma: no cover - compiled (aarch64 with DotProd)
     m: int, n: int, k: int, mr: int, nr: int, kbl: int, lhs: np.ndarray, rhs: np.ndarray
 ) -> np.ndarray:
     """Unclamped float32 [m, n] of the NEON kernels on the native tiles (the signature and bits of
-    ``jit.matmul_neon``: ``ukernels.NEON_COMPUTE``; mr 1 or 4, nr 4, kbl = kr/sr 4 or 8)."""
+    ``jit.matmul_neon``; mr 1 or 4, nr 4, kbl = kr/sr 4 or 8)."""
     out = np.empty((m, n), np.float32)
     _TILES((mr, 2 * kbl), (m, n, k // BL), lhs, rhs, out)  # the tile of (mr, kr): kr = 2·kbl (sr 2)
     return out
-
-
-@numba.njit(cache=True, nogil=True)
-def matmul(  # pragma: no cover - compiled (aarch64 with DotProd)
-    m: int,
-    n: int,
-    k: int,
-    mr: int,
-    nr: int,
-    kbl: int,
-    lhs: np.ndarray,
-    rhs: np.ndarray,
-    neon: bool,
-    first_block_fmul: bool,
-) -> np.ndarray:
-    """Every Q4_1 kernel with the signature and bits of ``vnni._matmul`` (the graph executor's routine): the NEON
-    layout (``neon``) on the native tiles, the SME2 layouts (and a first-block FMUL, which no NEON kernel has) on
-    the portable loops."""
-    if neon and not first_block_fmul:
-        return compute(m, n, k, mr, nr, kbl, lhs, rhs)
-    chunk = kbl if neon else _jit.SME_CHUNK
-    return _jit.matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul)

@@ -1,22 +1,16 @@
-"""The family's kernels as the compiled plan runs them (:mod:`kleidipy.core.node`): the LHS quantize+pack and the
-matmul on the tiles this host runs — the native SME2 tiles (SME2 layouts) or sdot tiles (NEON layout) on aarch64,
-the AVX-512 VNNI tiles on x86 — or, without any of those, the portable numba loops."""
+"""The family's kernels as the compiled plan runs them (:mod:`kleidipy.core.node`): the LHS quantize+pack and a
+matmul routine per RHS layout, each on the family's tile chain (``ukernels.SME2_COMPUTE``, ``ukernels.NEON_COMPUTE``),
+the one its jit runs."""
 
 from __future__ import annotations
 
 from kleidipy.core import node as kn
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.kernels.qsi8d32p_qai4c32p import jit, neon, sme2, vnni
+from kleidipy.kernels.qsi8d32p_qai4c32p import jit, ukernels
 
-#: K values per row per chunk of the LHS (kr / sr), bytes per column per chunk of the RHS layout, whether the RHS
-#: is the NEON layout
-P_KBL, P_CHUNK, P_NEON = kn.P_FAMILY, kn.P_FAMILY + 1, kn.P_FAMILY + 2
-N_PARAMS = kn.P_FAMILY + 3
-
-#: the tiles: the native SME2 ones on a host with SME2 (the SME2 layouts; the rest as below), the VNNI ones, the
-#: native sdot ones on aarch64 with DotProd; None: the portable loops
-_TILES = vnni._matmul if vnni.HAVE_VNNI else neon.matmul if neon.AVAILABLE else None
-_TILES = sme2.matmul if sme2.AVAILABLE else _TILES
+#: K values per row per chunk of the LHS (kr / sr)
+P_KBL = kn.P_FAMILY
+N_PARAMS = kn.P_FAMILY + 1
 
 
 def _pack(params, x, rows, dst):  # pragma: no cover - compiled
@@ -24,23 +18,19 @@ def _pack(params, x, rows, dst):  # pragma: no cover - compiled
     kn.copy(jit.lhs_quant_pack(src, p[kn.P_MR], p[P_KBL], 0), out)
 
 
-def _matmul_tiles(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
+def _matmul_sme2(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
     p, a, b, dst = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
-    fmul, neon_layout = p[kn.P_FIRST_BLOCK_FMUL] != 0, p[P_NEON] != 0
-    res = _TILES(m, n, p[kn.P_K], p[kn.P_MR], p[kn.P_NR], p[P_KBL], a, b, neon_layout, fmul)
-    kn.store_clamped(res, dst, ld)
+    fmul = p[kn.P_FIRST_BLOCK_FMUL] != 0
+    kn.store_clamped(ukernels.SME2_COMPUTE(m, n, p[kn.P_K], p[kn.P_MR], p[kn.P_NR], a, b, fmul), dst, ld)
 
 
-def _matmul_portable(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
+def _matmul_neon(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
     p, a, b, dst = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
-    fmul, neon_layout = p[kn.P_FIRST_BLOCK_FMUL] != 0, p[P_NEON] != 0
-    res = jit.matmul(m, n, p[kn.P_K], p[kn.P_MR], p[kn.P_NR], p[P_KBL], p[P_CHUNK], a, b, neon_layout, fmul)
-    kn.store_clamped(res, dst, ld)
+    kn.store_clamped(ukernels.NEON_COMPUTE(m, n, p[kn.P_K], p[kn.P_MR], p[kn.P_NR], p[P_KBL], a, b), dst, ld)
 
 
 def node(kern: MatmulKernel, k: int) -> kn.NodeKernel:
     """The compiled plan's routines and parameters of one of the family's kernels at depth k."""
-    g, packer = kern._geo(), kern.rhs_packer
-    slots = {P_KBL: g.kr // g.sr, P_CHUNK: packer.chunk(g.kr, g.sr), P_NEON: packer.neon}
-    tiled = vnni.HAVE_VNNI or neon.AVAILABLE or sme2.AVAILABLE
-    return kn.node_kernel(kern, k, _pack, _matmul_tiles if tiled else _matmul_portable, slots, (P_KBL,))
+    g = kern._geo()
+    matmul = _matmul_neon if kern.rhs_packer.neon else _matmul_sme2
+    return kn.node_kernel(kern, k, _pack, matmul, {P_KBL: g.kr // g.sr}, (P_KBL,))

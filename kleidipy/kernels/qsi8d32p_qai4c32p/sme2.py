@@ -24,10 +24,9 @@ f32 recips rc; of an RHS group of nr = 4·VL columns: 8 K groups × 2 vectors of
 
 :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has no scalable vectors and no SME
 attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64 host with SME2 it is compiled at
-import for the host (:data:`AVAILABLE`), and :func:`compute_mopa`, :func:`compute_dot` (``ukernels``'
-``SME2_MOPA_COMPUTE`` / ``SME2_DOT_COMPUTE``) and :func:`matmul` (the graph executor's routine) run the tiles
+import for the host (:data:`AVAILABLE`), and :func:`compute` (``ukernels.SME2_COMPUTE`` there) runs the tiles
 whenever the kernel is bound to the host's own SVL (the tiles' geometry is the streaming vector length they run
-at), else today's routines. Each entry point is a locally streaming function that enables ZA itself and calls the
+at), else the portable loops. Each entry point is a locally streaming function that enables ZA itself and calls the
 body, a streaming function sharing ZA and ZT0: no SME ABI support routine is needed.
 """
 
@@ -38,7 +37,6 @@ import numpy as np
 
 from kleidipy.core.sme2_ir import PN, B, F, IrText, P, W, sme2_tiles, tuple_type
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
-from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
 
 #: the tiles' symbols: GEMM (MOPA), GEMV (DOT), and the streaming vector length in 32-bit lanes
 MOPA = "kleidipy_q4_1_sme2_mopa"
@@ -209,26 +207,6 @@ AVAILABLE = HOST_ISA is not None
 
 
 @numba.njit(cache=True, nogil=True)
-def _portable(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):  # pragma: no cover - compiled
-    """Every Q4_1 kernel on the portable loops (where the host has no native NEON tiles): ``neon.matmul``'s
-    signature and bits."""
-    chunk = kbl if neon else _jit.SME_CHUNK
-    return _jit.matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul)
-
-
-#: what :func:`matmul` chains to (only then is the NEON tiles' code referenced: its symbols exist on such hosts only)
-_CHAIN = _neon.matmul if _neon.AVAILABLE else _portable
-
-
-@numba.njit(cache=True, nogil=True)
-def _bound(mr, nr, kbl, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
-    """Whether the MOPA (``first_block_fmul``) or DOT kernel is bound to this host's SVL (mr = VL or 1,
-    nr = 4·VL, LHS chunks of 4): only then do its tiles run it."""
-    vl = _host_vl()
-    return kbl == _jit.SME_LHS_KBL and nr == 4 * vl and mr == (vl if first_block_fmul else 1)
-
-
-@numba.njit(cache=True, nogil=True)
 def _tiles(m, n, k, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
     """float32 [m, n] = unclamped dst of the MOPA (``first_block_fmul``) or DOT kernel on its tile."""
     out = np.empty((m, n), np.float32)
@@ -241,28 +219,10 @@ def _tiles(m, n, k, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled 
 
 
 @numba.njit(cache=True, nogil=True)
-def compute_mopa(m, n, k, mr, nr, lhs, rhs):  # pragma: no cover - compiled (aarch64 with SME2)
-    """``…1vlx4vl_sme2_mopa`` (``ukernels.SME2_MOPA_COMPUTE``'s signature and bits, ``jit.matmul_sme2_mopa``'s
-    result): the MOPA tile when bound to this host's SVL (mr = VL, nr = 4·VL), else the portable loops."""
-    if _bound(mr, nr, _jit.SME_LHS_KBL, True):
-        return _tiles(m, n, k, lhs, rhs, True)
-    return _jit.matmul(m, n, k, mr, nr, _jit.SME_LHS_KBL, _jit.SME_CHUNK, lhs, rhs, False, True)
-
-
-@numba.njit(cache=True, nogil=True)
-def compute_dot(m, n, k, mr, nr, lhs, rhs):  # pragma: no cover - compiled (aarch64 with SME2)
-    """``…1x4vl_sme2_dot`` (``ukernels.SME2_DOT_COMPUTE``'s signature and bits): the DOT tile when bound to this
-    host's SVL (mr = 1, nr = 4·VL), else the portable loops."""
-    if _bound(mr, nr, _jit.SME_LHS_KBL, False):
-        return _tiles(m, n, k, lhs, rhs, False)
-    return _jit.matmul(m, n, k, mr, nr, _jit.SME_LHS_KBL, _jit.SME_CHUNK, lhs, rhs, False, False)
-
-
-@numba.njit(cache=True, nogil=True)
-def matmul(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):  # pragma: no cover - compiled (SME2 hosts)
-    """Every Q4_1 kernel with the signature and bits of ``neon.matmul`` (the graph executor's routine): the SME2
-    layouts (not ``neon``) on the tiles when the kernel is bound to this host's SVL, everything else as
-    ``neon.matmul`` (the native NEON tiles, or the portable loops on a host without them)."""
-    if not neon and _bound(mr, nr, kbl, first_block_fmul):
+def compute(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
+    """The SME2 kernels (``jit.matmul_sme2``'s signature and bits): the MOPA (``first_block_fmul``) or DOT tile
+    when the kernel is bound to this host's SVL (mr = VL or 1, nr = 4·VL), else the portable loops."""
+    vl = _host_vl()
+    if nr == 4 * vl and mr == (vl if first_block_fmul else 1):
         return _tiles(m, n, k, lhs, rhs, first_block_fmul)
-    return _CHAIN(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul)
+    return _jit.matmul_sme2(m, n, k, mr, nr, lhs, rhs, first_block_fmul)

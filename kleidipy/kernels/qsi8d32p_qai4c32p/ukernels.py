@@ -48,13 +48,12 @@ from kleidipy.kernels.qsi8d32p_qai4c32p import sme2 as _sme2
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as _vnni
 
 FAMILY_NAME = "qsi8d32p_qai4c32p"
-#: jit compute of the kernels on this host: AVX-512 VNNI where available, else the portable numba loops
-#: (same signature ``(m, n, k, mr, nr, lhs_u8, rhs_u8) -> float32 [m, n]``, for NEON with kbl after nr, and
-#: bit-identical results).
-SME2_MOPA_COMPUTE = _sme2.compute_mopa if _sme2.AVAILABLE else _vnni.best_matmul_sme2_mopa()
-SME2_DOT_COMPUTE = _sme2.compute_dot if _sme2.AVAILABLE else _vnni.best_matmul_sme2_dot()
-#: the NEON layout (dotprod / i8mm): the native sdot/smmla tiles on aarch64 with DotProd, else as the SME2 ones
-NEON_COMPUTE = _neon.compute if _neon.AVAILABLE else _vnni.best_matmul_neon()
+#: the family's tile chain, one per RHS layout, for its jit and its compiled-plan routines (unclamped float32
+#: [m, n], the same bits every way): the native SME2 tiles (kernels bound to the host's SVL) or sdot/smmla tiles on
+#: aarch64, else the AVX-512 VNNI tiles, else the portable loops. SME2: ``(m, n, k, mr, nr, lhs, rhs,
+#: first_block_fmul)``; NEON: ``(m, n, k, mr, nr, kbl, lhs, rhs)``.
+SME2_COMPUTE = _sme2.compute if _sme2.AVAILABLE else _vnni.compute_sme2 if _vnni.HAVE_VNNI else _jit.matmul_sme2
+NEON_COMPUTE = _neon.compute if _neon.AVAILABLE else _vnni.compute_neon if _vnni.HAVE_VNNI else _jit.matmul_neon
 
 BL = _jit.BL
 LHS_BLOCK_BYTES = _jit.LHS_BLOCK_BYTES
@@ -379,8 +378,7 @@ class Qsi8d32pQai4c32pKernel(MatmulKernel):
         g, lhs, rhs = self._operands(m, n, k, lhs, rhs)
         if self.rhs_packer.neon:
             return NEON_COMPUTE(m, n, k, g.mr, g.nr, g.kr // g.sr, lhs, rhs)
-        compute = SME2_MOPA_COMPUTE if self.flags.get("first_block_fmul") else SME2_DOT_COMPUTE
-        return compute(m, n, k, g.mr, g.nr, lhs, rhs)
+        return SME2_COMPUTE(m, n, k, g.mr, g.nr, lhs, rhs, self.flags.get("first_block_fmul", False))
 
 
 def get_rows(

@@ -1,6 +1,6 @@
 """AVX-512 VNNI host execution of the Q4_1 kernels: the SME2-layout ``…qsi8d32p1vlx4_qai4c32p4vlx4_1vlx4vl_sme2_mopa``
 and ``…qsi8d32p1x4_qai4c32p4vlx4_1x4vl_sme2_dot`` and the four NEON-layout ``…_neon_dotprod`` / ``…_neon_i8mm``:
-drop-ins for ``matmul_sme2_mopa`` / ``matmul_sme2_dot`` / ``matmul_neon`` of
+:func:`compute_sme2` and :func:`compute_neon`, drop-ins for ``matmul_sme2`` / ``matmul_neon`` of
 :mod:`kleidipy.kernels.qsi8d32p_qai4c32p.jit`, same arguments, same bits (the recipe is in
 :mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels`). Hand-written LLVM IR because numba cannot emit
 ``vpdpbusd`` or keep a register tile of 16 accumulators.
@@ -25,13 +25,10 @@ signed zeros included); finally ``acc + bias``. A register tile of rows × 4 vec
 LLVM IR with :mod:`kleidipy.core.vnni`. With few rows the codes are spread straight from the packed RHS;
 otherwise a panel of 64 columns is spread to bytes once and every row tile reads it. A lone row on the NEON layout
 (the GEMV) takes 16 columns and reads their 4 groups one after the other, one memory stream
-(:func:`_make_neon_gemv_tile`). Without AVX-512 VNNI,
-:func:`best_matmul_sme2_mopa` / :func:`best_matmul_sme2_dot` / :func:`best_matmul_neon` give the portable jit.
+(:func:`_make_neon_gemv_tile`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -45,12 +42,8 @@ from kleidipy.core.vnni import F32, F32X16, I32, I32X16, i64
 from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _portable
 from kleidipy.kernels.qsi8d32p_qai4c32p.jit import BL, LHS_BLOCK_BYTES, RHS_BLOCK_BYTES
 
-#: the host runs these kernels (else the best_* selectors return the portable jit functions).
+#: the host runs these tiles (``ukernels``' chain takes them then).
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
-#: the portable functions, held here so that rebinding the jit module's names to ours is safe.
-PORTABLE_MOPA = _portable.matmul_sme2_mopa
-PORTABLE_DOT = _portable.matmul_sme2_dot
-PORTABLE_NEON = _portable.matmul_neon
 
 K_GROUPS = BL // 4  # K groups of 4 values per block
 #: the order the tiles take a block's K groups: a NEON byte quad s gives K groups s and s + 4
@@ -498,35 +491,13 @@ def _matmul(m, n, k, mr, nr, kbl, lhs, rhs, neon, first_block_fmul):
     return out
 
 
-def matmul_sme2_mopa(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """``…1vlx4vl_sme2_mopa``: float32 [m, n], unclamped (first block's zero term is an FMUL). Needs AVX-512 VNNI."""
-    return _matmul(m, n, k, mr, nr, _portable.SME_LHS_KBL, lhs, rhs, False, True)
+@numba.njit(cache=True, nogil=True)
+def compute_sme2(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
+    """The SME2 kernels: ``jit.matmul_sme2``'s signature and bits. Needs AVX-512 VNNI."""
+    return _matmul(m, n, k, mr, nr, _portable.SME_LHS_KBL, lhs, rhs, False, first_block_fmul)
 
 
-def matmul_sme2_dot(m: int, n: int, k: int, mr: int, nr: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """``…1x4vl_sme2_dot``: float32 [m, n], unclamped (accumulator starts at +0). Needs AVX-512 VNNI."""
-    return _matmul(m, n, k, mr, nr, _portable.SME_LHS_KBL, lhs, rhs, False, False)
-
-
-def matmul_neon(m: int, n: int, k: int, mr: int, nr: int, kbl: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """The four NEON kernels (i8mm / dotprod, GEMM / GEMV): float32 [m, n], unclamped. Needs AVX-512 VNNI."""
+@numba.njit(cache=True, nogil=True)
+def compute_neon(m, n, k, mr, nr, kbl, lhs, rhs):
+    """The four NEON kernels: ``jit.matmul_neon``'s signature and bits. Needs AVX-512 VNNI."""
     return _matmul(m, n, k, mr, nr, kbl, lhs, rhs, True, False)
-
-
-MatmulFn = Callable[[int, int, int, int, int, np.ndarray, np.ndarray], np.ndarray]
-NeonMatmulFn = Callable[[int, int, int, int, int, int, np.ndarray, np.ndarray], np.ndarray]
-
-
-def best_matmul_sme2_mopa() -> MatmulFn:
-    """The fastest ``matmul_sme2_mopa`` this host runs (the portable jit one without AVX-512 VNNI)."""
-    return matmul_sme2_mopa if HAVE_VNNI else PORTABLE_MOPA
-
-
-def best_matmul_sme2_dot() -> MatmulFn:
-    """The fastest ``matmul_sme2_dot`` this host runs (the portable jit one without AVX-512 VNNI)."""
-    return matmul_sme2_dot if HAVE_VNNI else PORTABLE_DOT
-
-
-def best_matmul_neon() -> NeonMatmulFn:
-    """The fastest ``matmul_neon`` this host runs (the portable jit one without AVX-512 VNNI)."""
-    return matmul_neon if HAVE_VNNI else PORTABLE_NEON

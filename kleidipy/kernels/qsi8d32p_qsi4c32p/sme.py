@@ -18,13 +18,13 @@ stored scales are d/16). Per block of 32 K values, 4 packets of 4 vectors (4·VL
   RHS words, 4 ``lsl`` + 4 ``and`` and 8 indexed ``sdot`` into 4 int32 vectors; then ``scvtf``, S as above and
   ``fmla`` into 4 float accumulators (from +0), stored after the last block.
 
-:func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has no scalable vectors and no SME
-attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64 host with SME it is compiled at
-import for the host (:data:`AVAILABLE`) and :func:`compute_s4s0` runs the tiles whenever the kernel is bound to
-the host's own SVL (the tiles' geometry is the streaming vector length they run at), else the portable jit. Each
-entry point is a locally streaming function (``smstart sm``) calling the body, a streaming function; the MOPA
-entry also turns ZA on and off itself (no SME ABI support routine is called: Debian bookworm's libgcc has none).
-Hand-written for the reason of :mod:`kleidipy.core.native`: numba never emits SME instructions.
+:func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has no scalable vectors and no SME attributes)
+for :func:`kleidipy.core.native.assembly` on any host; on an aarch64 host with SME it is compiled at import for the host
+(:data:`AVAILABLE`) and :func:`compute_s4s0` (``ukernels.SME_COMPUTE`` there) runs the tiles whenever the kernel is
+bound to the host's own SVL (the tiles' geometry is the streaming vector length they run at), else the portable jit.
+Each entry point is a locally streaming function (``smstart sm``) calling the body, a streaming function; the MOPA entry
+also turns ZA on and off itself (no SME ABI support routine is called: Debian bookworm's libgcc has none). Hand-written
+for the reason of :mod:`kleidipy.core.native`: numba never emits SME instructions.
 """
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ AVAILABLE = HOST_ISA is not None
 
 
 @numba.njit(cache=True, nogil=True)
-def _compute_tiles(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME)
+def compute_s4s0(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME)
     """``jit.matmul_qsi8d32p_qsi4c32ps4s0sf16`` (same signature, same bits): the MOPA tile for the GEMM
     (first-block FMUL) and the DOT tile for the GEMV when the kernel is bound to this host's SVL (mr = VL or 1,
     nr = 4·VL) and the buffers hold whole groups, else the portable jit."""
@@ -306,9 +306,3 @@ def _compute_tiles(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no c
             _DOT(ints, lhs, rhs, out)
         return out
     return jit.matmul_qsi8d32p_qsi4c32ps4s0sf16(m, n, k, mr, nr, lhs, rhs, first_block_fmul)
-
-
-#: ``compute_s4s0(m, n, k, mr, nr, lhs, rhs, first_block_fmul)``: a numba function with the signature and bits of
-#: ``jit.matmul_qsi8d32p_qsi4c32ps4s0sf16``, running the SME1 tiles when the kernel is bound to this host's SVL
-#: (on a host with SME), else that portable function itself
-compute_s4s0 = _compute_tiles if AVAILABLE else jit.matmul_qsi8d32p_qsi4c32ps4s0sf16

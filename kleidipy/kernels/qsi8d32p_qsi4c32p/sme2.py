@@ -1,7 +1,7 @@
 """The Q4_0 SME2 kernels (``matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa``, the GEMM, and
 ``matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot``, the GEMV: LHS ``lhs_quant_pack_qsi8d32p_f32_neon``,
 RHS ``qsi4c32ps1s0scalef16``) as native SME2 tiles in streaming mode, with the instruction sequence of KleidiAI's
-own kernels (spec §5.3, §5.4) and their arithmetic (§5.2: the bits of ``vnni._compute``).
+own kernels (spec §5.3, §5.4) and their arithmetic (§5.2: the bits of ``vnni.compute``).
 
 How (as KleidiAI's kernels): ZT0 holds the 16 int32 {−8, …, 7}; ``luti4`` turns the packed uint16 of 4 unsigned
 codes per (K group, column) into int8 u − 8, column j at bytes 4j..4j+3 of its vector. Per block of 32 K values
@@ -20,8 +20,9 @@ and after ``zero {za}``:
 
 :func:`tile_module` gives the LLVM module (IR text: llvmlite's IR builder has no scalable vectors and no SME
 attributes) for :func:`kleidipy.core.native.assembly` on any host; on an aarch64 host with SME2 it is compiled
-at import for the host (:data:`AVAILABLE`) and :func:`compute` runs the tiles whenever the kernel is bound to the
-host's own SVL (the tiles' geometry is the streaming vector length they run at), else the VNNI/portable tiles.
+at import for the host (:data:`AVAILABLE`) and :func:`compute_into` (``ukernels.SME2_COMPUTE`` there) runs the
+tiles whenever the kernel is bound to the host's own SVL (the tiles' geometry is the streaming vector length they
+run at), else the VNNI tiles' portable IR.
 The tiles need none of the SME ABI's support routines (Debian bookworm's libgcc has none): each entry point is
 a locally streaming function (``smstart sm``) that enables ZA itself (``smstart za``) and calls the body, a
 streaming function sharing ZA and ZT0. Nothing above it has live ZA state (it is called from numba code), so
@@ -33,9 +34,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from kleidipy.core.node import store_clamped
 from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, W, sme2_tiles, tuple_type
-from kleidipy.core.vnni import HOST_ISA as VNNI_ISA
-from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni
 from kleidipy.kernels.qsi8d32p_qsi4c32p.sme import dot_body, mopa_body
 
@@ -131,10 +131,10 @@ AVAILABLE = HOST_ISA is not None
 
 
 @numba.njit(cache=True, nogil=True)
-def _compute(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover - compiled (aarch64 with SME2)
-    """``vnni._compute`` without its ISA argument (same signature, same bits): the MOPA tile for the GEMM
-    (first-block FMUL) and the SDOT tile for the GEMV when the kernel is bound to this host's SVL (mr = VL or 1,
-    nr = 4·VL), else the VNNI/portable tiles."""
+def compute_into(m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld):  # pragma: no cover - compiled (SME2)
+    """``vnni.compute_into_host``'s signature and bits (the result clamped to ±FLT_MAX into the flat rows dst, row i
+    at dst[i·ld :]): the MOPA tile for the GEMM (first-block FMUL) and the SDOT tile for the GEMV when the kernel is
+    bound to this host's SVL (mr = VL or 1, nr = 4·VL), else the VNNI tiles' portable IR."""
     vl = _host_vl()
     if k >= 32 and nr == 4 * vl and mr == (vl if first_block_fmul else 1):
         out = np.empty((m, n), np.float32)
@@ -143,20 +143,6 @@ def _compute(m, n, k, mr, nr, lhs, rhs, first_block_fmul):  # pragma: no cover -
             _MOPA(ints, lhs, rhs, out)
         else:
             _SDOT(ints, lhs, rhs, out)
-        return out
-    return vnni._compute(VNNI_ISA, m, n, k, mr, nr, lhs, rhs, first_block_fmul)
-
-
-def compute(
-    m: int, n: int, k: int, mr: int, nr: int, lhs_u8: np.ndarray, rhs_u8: np.ndarray, first_block_fmul: bool
-) -> np.ndarray:
-    """Unclamped float32 [m, n] = packed LHS (§4.4, mr rows per group) × packed RHS (§4.1, nr per group): the
-    signature, checks and bits of ``vnni.compute``, on the SME2 tiles when the kernel is bound to this host's SVL.
-    Releases the GIL."""
-    lhs_u8, rhs_u8 = np.asarray(lhs_u8), np.asarray(rhs_u8)  # plain arrays (e.g. from a PackedBuffer)
-    if m < 1 or n < 1 or k < 1 or k % 32:
-        raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
-    if mr < 1 or nr < vnni.VEC_COLS or nr % vnni.VEC_COLS:
-        raise KernelShapeError(f"mr={mr}, nr={nr}: nr must be a multiple of {vnni.VEC_COLS} (4·VL)")
-    vnni._check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
-    return _compute(m, n, k, mr, nr, lhs_u8, rhs_u8, bool(first_block_fmul))
+        store_clamped(out, dst, ld)
+    else:
+        vnni.compute_into_host(m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld)

@@ -30,12 +30,7 @@ from kleidipy.kernels.pack.qsi4c32p import (
     fp16_le_bytes,
     frozen,
 )
-from kleidipy.kernels.qsi8d32p_qsi4c32p import jit, vnni_s4s0
-from kleidipy.kernels.qsi8d32p_qsi4c32p import neon as qsi8d32p_qsi4c32p_neon
-from kleidipy.kernels.qsi8d32p_qsi4c32p import sme as qsi8d32p_qsi4c32p_sme
-from kleidipy.kernels.qsi8d32p_qsi4c32p import sme2 as qsi8d32p_qsi4c32p_sme2
-from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni as qsi8d32p_qsi4c32p_vnni
-from kleidipy.kernels.qsi8d32p_qsi4c32p import vnni_neon as qsi8d32p_qsi4c32p_vnni_neon
+from kleidipy.kernels.qsi8d32p_qsi4c32p import jit, neon, sme, sme2, vnni, vnni_neon, vnni_s4s0
 from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni_pack import lhs_quant_pack_qsi8d32p as vnni_lhs_pack
 
 FAMILY_NAME = "qsi8d32p_qsi4c32p"
@@ -227,16 +222,29 @@ def block_scaled_sum(
     return acc
 
 
-#: jit compute per layout, ``(m, n, k, mr, nr, lhs_u8, rhs_u8, first_block_fmul) -> f32 [m, n]``, the same bits
-#: every way. SME2 layout: native SME2 tiles (bound to the host's SVL), else VNNI tiles (portable IR without)
-SME2_COMPUTE = qsi8d32p_qsi4c32p_sme2.compute if qsi8d32p_qsi4c32p_sme2.AVAILABLE else qsi8d32p_qsi4c32p_vnni.compute
-#: SME1 layout (s4s0 codes): native SME tiles on aarch64 with SME (bound to its SVL), AVX-512 VNNI tiles, the jit
-SME_COMPUTE = vnni_s4s0.compute_s4s0 if vnni_s4s0.HAVE_VNNI else jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
-SME_COMPUTE = qsi8d32p_qsi4c32p_sme.compute_s4s0 if qsi8d32p_qsi4c32p_sme.AVAILABLE else SME_COMPUTE
-#: the NEON layout (dotprod / i8mm): the native sdot/smmla tiles on aarch64 with DotProd, the AVX-512 VNNI tiles
-#: where the host has them, else the portable jit
-_NEON_NUMBA = qsi8d32p_qsi4c32p_vnni_neon.compute_neon if HAS_AVX512_VNNI else jit.matmul_qsi8d32p_qsi4c32pscalef16
-NEON_COMPUTE = qsi8d32p_qsi4c32p_neon.compute if qsi8d32p_qsi4c32p_neon.AVAILABLE else _NEON_NUMBA
+#: the family's tile chain, one per RHS layout, for its jit and its compiled-plan routines (the same bits every
+#: way). SME2 ``(m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld)``, the result clamped to ±FLT_MAX into the
+#: flat rows dst (row i at dst[i·ld :]): the native SME2 tiles (kernels bound to the host's SVL), else the VNNI
+#: tiles (their portable IR without AVX-512 VNNI)
+SME2_COMPUTE = sme2.compute_into if sme2.AVAILABLE else vnni.compute_into_host
+#: SME1 (s4s0 codes) ``(m, n, k, mr, nr, lhs, rhs, first_block_fmul) -> f32 [m, n]``: the native SME tiles (bound to
+#: the host's SVL), the AVX-512 VNNI tiles, else the portable jit
+SME_COMPUTE = (
+    sme.compute_s4s0
+    if sme.AVAILABLE
+    else vnni_s4s0.compute_s4s0
+    if HAS_AVX512_VNNI
+    else jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
+)
+#: NEON (dotprod / i8mm) ``(m, n, k, mr, nr, kr, sr, lhs, rhs) -> f32 [m, n]``: the native sdot/smmla tiles on
+#: aarch64 with DotProd, the AVX-512 VNNI tiles, else the portable jit
+NEON_COMPUTE = (
+    neon.compute
+    if neon.AVAILABLE
+    else vnni_neon.compute_neon_vnni512
+    if HAS_AVX512_VNNI
+    else jit.matmul_qsi8d32p_qsi4c32pscalef16
+)
 
 
 class Qsi8d32pQsi4c32pKernel(MatmulKernel):
@@ -253,9 +261,13 @@ class Qsi8d32pQsi4c32pKernel(MatmulKernel):
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         g = self._geo()
         lhs, rhs = frozen(lhs), frozen(rhs)
+        fmul = self.flags.get("first_block_fmul", False)
+        if self.tier == "sme2":
+            out = np.empty((m, n), np.float32)
+            SME2_COMPUTE(m, n, k, g.mr, g.nr, lhs, rhs, fmul, out.reshape(-1), n)
+            return out
         if self.is_sme:
-            compute = SME2_COMPUTE if self.tier == "sme2" else SME_COMPUTE
-            return compute(m, n, k, g.mr, g.nr, lhs, rhs, self.flags.get("first_block_fmul", False))
+            return SME_COMPUTE(m, n, k, g.mr, g.nr, lhs, rhs, fmul)
         return NEON_COMPUTE(m, n, k, g.mr, g.nr, g.kr, g.sr, lhs, rhs)
 
 

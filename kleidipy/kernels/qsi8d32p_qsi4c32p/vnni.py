@@ -453,6 +453,12 @@ def compute_into(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld):  # 
 
 
 @numba.njit(cache=True, nogil=True)
+def compute_into_host(m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld):  # pragma: no cover - compiled
+    """:func:`compute_into` on this host's tiles (``HOST_ISA``: AVX-512 VNNI, else their portable IR)."""
+    compute_into(HOST_ISA, m, n, k, mr, nr, lhs, rhs, first_block_fmul, dst, ld)
+
+
+@numba.njit(cache=True, nogil=True)
 def _compute_vnni512(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     return _compute(vnni.VNNI512, m, n, k, mr, nr, lhs, rhs, first_block_fmul)
 

@@ -217,16 +217,18 @@ def _compute_neon(isa, m, n, k, mr, nr, kr, kbl, lhs, rhs):
 
 
 @numba.njit(cache=True, nogil=True)
-def _compute_neon_vnni512(m, n, k, mr, nr, kr, kbl, lhs, rhs):
-    return _compute_neon(vnni.VNNI512, m, n, k, mr, nr, kr, kbl, lhs, rhs)
+def compute_neon_vnni512(m, n, k, mr, nr, kr, sr, lhs, rhs):
+    """The NEON kernels on the VNNI tiles: ``jit.matmul_qsi8d32p_qsi4c32pscalef16``'s signature and bits (the
+    family's NEON chain on a host with AVX-512 VNNI)."""
+    return _compute_neon(vnni.VNNI512, m, n, k, mr, nr, kr, kr // sr, lhs, rhs)
 
 
 @numba.njit(cache=True, nogil=True)
-def _compute_neon_portable(m, n, k, mr, nr, kr, kbl, lhs, rhs):
-    return _compute_neon(vnni.PORTABLE, m, n, k, mr, nr, kr, kbl, lhs, rhs)
+def _compute_neon_portable(m, n, k, mr, nr, kr, sr, lhs, rhs):
+    return _compute_neon(vnni.PORTABLE, m, n, k, mr, nr, kr, kr // sr, lhs, rhs)
 
 
-_COMPUTE_NEON = {vnni.VNNI512: _compute_neon_vnni512, vnni.PORTABLE: _compute_neon_portable}
+_COMPUTE_NEON = {vnni.VNNI512: compute_neon_vnni512, vnni.PORTABLE: _compute_neon_portable}
 
 
 def compute_neon(
@@ -251,4 +253,4 @@ def compute_neon(
     if nr != NEON_NR or kr not in (8, 16) or sr < 1 or (kr // sr) % 4 or 32 % (kr // sr):
         raise KernelShapeError(f"nr={nr}, kr={kr}, sr={sr}: not a NEON layout of this family")
     _check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
-    return _COMPUTE_NEON[isa](m, n, k, mr, nr, kr, kr // sr, lhs_u8, rhs_u8)
+    return _COMPUTE_NEON[isa](m, n, k, mr, nr, kr, sr, lhs_u8, rhs_u8)

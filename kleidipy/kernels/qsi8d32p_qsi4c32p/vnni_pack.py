@@ -92,7 +92,7 @@ def _group_at(layout, mr, kbl, nb, g, r, b, t):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no cover - compiled
+def lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no cover - compiled
     if kbl % 4:  # chunks of 1 or 2 values split the 4-value K groups the vectors store: the portable packer
         return jit.lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even != 0)
     m, k = lhs.shape
@@ -133,12 +133,12 @@ def _lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no c
 
 @numba.njit(cache=True, nogil=True)
 def _lhs_pack_vnni512(lhs, mr, kbl, row_offset, layout, ties_even):
-    return _lhs_pack(vnni.VNNI512, lhs, mr, kbl, row_offset, layout, ties_even)
+    return lhs_pack(vnni.VNNI512, lhs, mr, kbl, row_offset, layout, ties_even)
 
 
 @numba.njit(cache=True, nogil=True)
 def _lhs_pack_portable(lhs, mr, kbl, row_offset, layout, ties_even):
-    return _lhs_pack(vnni.PORTABLE, lhs, mr, kbl, row_offset, layout, ties_even)
+    return lhs_pack(vnni.PORTABLE, lhs, mr, kbl, row_offset, layout, ties_even)
 
 
 _LHS_PACK = {vnni.VNNI512: _lhs_pack_vnni512, vnni.PORTABLE: _lhs_pack_portable}

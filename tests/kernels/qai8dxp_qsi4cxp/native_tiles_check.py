@@ -1,10 +1,10 @@
 """Run by path on an aarch64 host (the tests run it under ``scripts/qemu-aarch64 --python``): every NEON kernel of the
-int4 per-channel family on the native tiles against the numpy reference, bit for bit, on random shapes with partial
-row and column groups and K tails, through ``neon.matmul_qai8dxp`` (the jit's signature, called as the kernels'
-``_jit`` calls it) and through ``neon.matmul`` on the kernel's own tile, and ``neon.matmul`` with several rows (the
-GEMV tile too) against the portable jit; then the Q8_0 family's NEON kernels through ``neon.matmul_qai8dxp`` (not
-this family's layouts: ``neon.FALLBACK``). Prints the tiles' ISA, one line per kernel and one for the fallback;
-exits 1 on a difference."""
+int4 per-channel family on the native tiles against the numpy reference, bit for bit, on random shapes with partial row
+and column groups and K tails, through the family's tile chain ``ukernels.MATMUL_COMPUTE`` (the jit's signature, called
+as the kernels' ``_jit`` calls it) and through ``neon.matmul`` on the kernel's own tile, and ``neon.matmul`` with
+several rows (the GEMV tile too) against the portable jit; then the Q8_0 family's NEON kernels through that chain (not
+this family's layouts: its portable loop). Prints the tiles' ISA, one line per kernel and one for the fallback; exits 1
+on a difference."""
 
 from __future__ import annotations
 
@@ -54,13 +54,13 @@ def operands(kern, m: int, n: int, k: int, rng: np.random.Generator) -> tuple[np
 
 
 def jit_call(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
-    """``neon.matmul_qai8dxp`` called as ``Qai8dxpMatmulKernel._jit`` calls the family's matmul."""
+    """The family's tile chain (``ukernels.MATMUL_COMPUTE``) called as ``Qai8dxpMatmulKernel._jit`` calls it."""
     lay = kern.rhs_packer.layout(k, kern.nr, kern.kr, kern.sr)
     lhs = lhs[: kern.lhs_packed_size(m, k)]
     rhs = np.ascontiguousarray(rhs[: kern.rhs_packed_size(n, k)])
     out = np.empty((m, n), np.float32)
     args = (lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs, kern.mr, kern.kr // kern.sr, kern.nr)
-    neon.matmul_qai8dxp(
+    fam.MATMUL_COMPUTE(
         m, n, core.k_internal(k), *args, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi, int(kern.recipe), out
     )
     return out
@@ -111,7 +111,7 @@ def main() -> int:
                 continue
             lhs, rhs = operands(kern, m, n, k, rng)
             want = kern.run(m, n, k, lhs, rhs, execution="reference")
-            for how, call in (("matmul_qai8dxp", jit_call), ("matmul", tile_call)):
+            for how, call in (("MATMUL_COMPUTE", jit_call), ("matmul", tile_call)):
                 if not same_bits(want, call(kern, m, n, k, lhs, rhs)):
                     print(f"DIFFERENT {how} {kern.name} m={m} n={n} k={k}")
                     failed += 1

@@ -1,6 +1,6 @@
 """Run by path on an aarch64 host with SME2 (the tests run it under ``scripts/qemu-aarch64 --python`` at SVL 128,
-256 and 512): both SME2 kernels of the per-channel int4 family, bound to the host's SVL, through
-``sme2.matmul_qai8dxp`` (the jit's signature) against the numpy reference (``kernel.run(..., execution="reference")``)
+256 and 512): both SME2 kernels of the per-channel int4 family, bound to the host's SVL, through the family's tile
+chain ``ukernels.MATMUL_COMPUTE`` (the jit's) against the numpy reference (``kernel.run(..., execution="reference")``)
 and the portable jit, bit for bit, on random shapes with partial row and column groups, K tails and one long K; then
 the fallbacks: the kernels bound to another SVL, the SME2 layouts with the other float epilogue, a NEON layout (no
 tile call, same bits as the portable jit). The tiles' symbols are re-registered to counting wrappers before any jit
@@ -19,6 +19,7 @@ import numpy as np
 from kleidipy.core import hwcaps
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi4cxp import sme2
+from kleidipy.kernels.qai8dxp_qsi4cxp import ukernels as fam
 from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import LHS_PACKER, k_internal
 
@@ -62,7 +63,7 @@ def operands(kern, m: int, n: int, k: int, rng: np.random.Generator) -> tuple[np
 
 
 def jit_call(function, kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, recipe: int) -> np.ndarray:  # noqa: ANN001
-    """``function`` (``sme2.matmul_qai8dxp`` or the portable ``jit.matmul_qai8dxp``) on the kernel's buffers, as the
+    """``function`` (``ukernels.MATMUL_COMPUTE`` or the portable ``jit.matmul_qai8dxp``) on the kernel's buffers, as the
     kernel's jit passes them."""
     lay = kern.rhs_packer.layout(k, kern.nr, kern.kr, kern.sr)
     lhs = lhs[: kern.lhs_packed_size(m, k)]
@@ -93,7 +94,7 @@ def native(kern, k: int) -> bool:  # noqa: ANN001
 
 
 def check(kern, shapes: list, rng: np.random.Generator, fma_bias: bool | None = None) -> tuple[int, int]:  # noqa: ANN001
-    """(calls, differences): ``sme2.matmul_qai8dxp`` with the float epilogue ``fma_bias`` (default: the kernel's
+    """(calls, differences): ``ukernels.MATMUL_COMPUTE`` with the float epilogue ``fma_bias`` (default: the kernel's
     recipe) against the portable jit, and against the reference with the kernel's recipe."""
     calls = failed = 0
     own = int(kern.recipe)
@@ -105,9 +106,9 @@ def check(kern, shapes: list, rng: np.random.Generator, fma_bias: bool | None = 
         if recipe == own and not same_bits(reference(kern, m, n, k, lhs, rhs), portable):
             print(f"DIFFERENT reference {kern.name}{kern._svl_text()} m={m} n={n} k={k}")
             failed += 1
-        got = jit_call(sme2.matmul_qai8dxp, kern, m, n, k, lhs, rhs, recipe)  # several rows for the GEMV layout too
+        got = jit_call(fam.MATMUL_COMPUTE, kern, m, n, k, lhs, rhs, recipe)  # several rows for the GEMV layout too
         if not same_bits(got, portable):
-            print(f"DIFFERENT matmul_qai8dxp {kern.name}{kern._svl_text()} m={m} n={n} k={k} recipe={recipe}")
+            print(f"DIFFERENT MATMUL_COMPUTE {kern.name}{kern._svl_text()} m={m} n={n} k={k} recipe={recipe}")
             failed += 1
         calls += 1
     return calls, failed

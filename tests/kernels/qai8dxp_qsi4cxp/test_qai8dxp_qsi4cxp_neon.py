@@ -2,9 +2,10 @@
 
 On any host: each tile cross-compiles for DotProd and I8MM with the instruction it is written for (the nibble split
 ``shl``/``and`` in its block loop), its block loop does a block's multiply-adds with no more instructions than 1.25×
-KleidiAI's own block loop, the layout probe takes exactly the NEON kernels' layouts and ``matmul_qai8dxp`` hands the
-others to the fallback. Under QEMU (``scripts/qemu-aarch64``, on a DotProd-only CPU and on one with I8MM): every
-NEON kernel of the family on the native tiles is bit for bit the numpy reference (``native_tiles_check.py``).
+KleidiAI's own block loop, the layout probe takes exactly the NEON kernels' layouts and :func:`neon.tiles` leaves the
+others to the rest of the family's tile chain. Under QEMU (``scripts/qemu-aarch64``, on a DotProd-only CPU and on one
+with I8MM): every NEON kernel of the family on the native tiles is bit for bit the numpy reference
+(``native_tiles_check.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kleidipy.core import native
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi4cxp import neon
 from kleidipy.kernels.qai8dxp_qsi4cxp import ukernels as fam
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as core
 from kleidipy.tools import asm
 from kleidipy.tools.kernel_asm import kleidiai_counts
@@ -119,11 +121,10 @@ def test_native_layouts_are_the_neon_kernels(k: int) -> None:
 
 
 def test_no_tiles_without_dotprod() -> None:
-    """On this host (no Arm DotProd) nothing is installed; the fallback is the family's jit matmul."""
+    """On this host (no Arm DotProd) nothing is installed (the family's tile chain has no NEON link)."""
     if neon.AVAILABLE:
         pytest.fail("this test runs on hosts without Arm DotProd (x86 CI)")
     assert native.host_isa(*native.ISAS) is None
-    assert neon.FALLBACK is core.MATMUL_COMPUTE
 
 
 @pytest.mark.parametrize(
@@ -134,7 +135,8 @@ def test_no_tiles_without_dotprod() -> None:
     ],
 )
 def test_other_layouts_go_to_the_fallback(name: str) -> None:
-    """Layouts the tiles do not have (an SME2 one, a Q8_0 one) run on :data:`neon.FALLBACK`, on any host."""
+    """Layouts the tiles do not have (an SME2 one, a Q8_0 one) are left to the chain's next link (here the portable
+    loop), on any host."""
     kern = get_kernel(name, 512)
     m, n, k = (1 if kern.kind == "gemv" else 5), 9, 70
     rng = np.random.default_rng(3)
@@ -151,7 +153,8 @@ def test_other_layouts_go_to_the_fallback(name: str) -> None:
     out = np.empty((m, n), np.float32)
     rhs_u8 = np.ascontiguousarray(rhs[: kern.rhs_packed_size(n, k)])
     views = (lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs_u8)
-    neon.matmul_qai8dxp(m, n, k_int, *views, mr, kbl, nr, blen, nibble, k_lo, k_hi, int(kern.recipe), out)
+    matmul_qai8dxp = jit.with_tiles((neon.tiles,), jit.matmul_qai8dxp)
+    matmul_qai8dxp(m, n, k_int, *views, mr, kbl, nr, blen, nibble, k_lo, k_hi, int(kern.recipe), out)
     want = kern.run(m, n, k, lhs, rhs, execution="reference")
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
 

@@ -2,7 +2,7 @@
 family (NEON layouts; SME2 ones at each SVL), bit for bit equal to the numpy reference (``execution="reference"``)
 and to the portable jit function they replace, under both recipes, on random shapes (m = 1 … 21, n and k off every
 multiple the tiles use), extreme values (int32 wrap, accumulators past 2^24, signed zeros); the layout probe
-accepts exactly this family's layouts and every other call goes to FALLBACK."""
+accepts exactly this family's layouts and every other call goes to the rest of the family's tile chain."""
 
 from __future__ import annotations
 
@@ -59,10 +59,10 @@ def operands(kern, m: int, n: int, k: int, seed: int):  # noqa: ANN001, ANN201
 
 
 def assert_exact(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
-    """The VNNI tiles (not FALLBACK: the probe takes the layout) give the bits of the numpy reference and of the
-    portable jit function; returns them."""
+    """The VNNI tiles (the probe takes the layout: not the portable loop) through the family's tile chain give the
+    bits of the numpy reference and of the portable jit function; returns them."""
     assert probe(kern, k), (kern.name, kern.svl_bits, k)
-    got = call_matmul(vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
+    got = call_matmul(fam.MATMUL_COMPUTE, kern, m, n, k, lhs, rhs)
     assert bits_equal(got, kern.run(m, n, k, lhs, rhs, execution="reference")), (kern.name, kern.svl_bits, m, n, k)
     assert bits_equal(got, call_matmul(jit.matmul_qai8dxp, kern, m, n, k, lhs, rhs)), (kern.name, m, n, k)
     return got
@@ -208,10 +208,10 @@ def test_layout_probe_accepts_exactly_this_family() -> None:
 
 
 def test_other_calls_go_to_fallback() -> None:
-    """A layout the probe refuses (here the Q8_0 family's) is the fallback's, with the same arguments (the module's
-    ``matmul_qai8dxp`` is ``jit.with_tiles(vnni._tiles, FALLBACK)``: here with a recording fallback)."""
+    """A layout the probe refuses (here the Q8_0 family's) is the next link's, with the same arguments (the tiles'
+    link in a chain, ``jit.with_tiles((vnni.tiles,), …)``: here with a recording fallback)."""
     calls = []
-    matmul_qai8dxp = jit.with_tiles(vnni._tiles, lambda *args: calls.append(args))
+    matmul_qai8dxp = jit.with_tiles((vnni.tiles,), lambda *args: calls.append(args))
     q8 = get_kernel(core.KERNELS[-1].name, None)
     rng = np.random.default_rng(3)
     x = rng.normal(size=(1, 40)).astype(np.float32)

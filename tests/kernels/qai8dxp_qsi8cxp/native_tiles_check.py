@@ -1,8 +1,9 @@
 """Run by path on an aarch64 host (the tests run it under ``scripts/qemu-aarch64 --python``): every NEON kernel of the
 Q8_0 family on the native tiles (the jit execution) against the numpy reference, bit for bit, on random shapes with
-partial row and column groups and K tails; then the graph's entry point ``neon.matmul`` on the same layouts with
-both float epilogues (fma_bias on and off) against the portable jit, and with several rows for the one-row layouts.
-Prints the tiles' ISA, one line per kernel and one for ``neon.matmul``; exits 1 on a difference."""
+partial row and column groups and K tails; then the family's tile chain ``ukernels.matmul_tiled`` (the compiled
+plan's) on the same layouts with both float epilogues (fma_bias on and off) against the portable jit, and with several
+rows for the one-row layouts. Prints the tiles' ISA, one line per kernel and one for the chain; exits 1 on a
+difference."""
 
 from __future__ import annotations
 
@@ -48,11 +49,12 @@ def operands(kern, m: int, n: int, k: int, rng: np.random.Generator) -> tuple[np
 
 
 def graph_call(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, fma_bias: bool) -> np.ndarray:  # noqa: ANN001
-    """``neon.matmul`` called as the graph calls the VNNI ``_matmul``."""
+    """``ukernels.matmul_tiled`` called as the compiled plan calls it."""
     out = np.empty((m, n), np.float32)
     lhs_i8 = lhs[: kern.lhs_packed_size(m, k)].view(np.int8)
     rhs_u8 = np.ascontiguousarray(rhs[: kern.rhs_packed_size(n, k)])
-    neon.matmul(m, n, fam.k_internal(k), kern.mr, kern.nr, kern.kr // kern.sr, kern.kr, lhs_i8, rhs_u8, fma_bias, out)
+    k_int, kbl = fam.k_internal(k), kern.kr // kern.sr
+    fam.matmul_tiled(m, n, k_int, kern.mr, kern.nr, kbl, kern.kr, lhs_i8, rhs_u8, fma_bias, out)
     return out
 
 
@@ -72,7 +74,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def main() -> int:
-    if not neon.AVAILABLE or fam.MATMUL_COMPUTE is not neon.matmul_qai8dxp:
+    if not neon.AVAILABLE:
         print("no native tiles on this host")
         return 1
     print(f"native tiles: {neon.HOST_ISA.name}")
@@ -104,10 +106,10 @@ def main() -> int:
             for fma_bias, recipe in ((False, jit.RECIPE_FMUL_FADD), (True, jit.RECIPE_FMA_BIAS)):
                 got = graph_call(kern, m, n, k, lhs, rhs, fma_bias)
                 if not same_bits(got, portable_call(kern, m, n, k, lhs, rhs, recipe)):
-                    print(f"DIFFERENT neon.matmul {kern.name} m={m} n={n} k={k} fma_bias={fma_bias}")
+                    print(f"DIFFERENT matmul_tiled {kern.name} m={m} n={n} k={k} fma_bias={fma_bias}")
                     failed += 1
                 checked += 1
-    print(f"neon.matmul: {checked} calls")
+    print(f"matmul_tiled: {checked} calls")
     return 1 if failed else 0
 
 

@@ -1,11 +1,11 @@
 """Run by path on an aarch64 host with SME2 (the tests run it under ``scripts/qemu-aarch64 --python`` at SVL 128,
-256 and 512): both SME2 kernels of the Q8_0 family, bound to the host's SVL, through ``sme2.matmul_qai8dxp`` (the
-jit's signature) and ``sme2.matmul`` (the graph's), against the numpy reference and the portable jit, bit for bit,
-on random shapes with partial row and column groups, K tails and one long K; then the fallbacks: the kernels bound
-to another SVL, the SME layouts with the other float epilogue, a NEON layout (no tile call, same bits as the
-portable jit). The tiles' symbols are re-registered to counting wrappers before any jit call, so that the lines
-say which tile ran how many times. Prints the tiles' ISA and SVL and one line per check; exits 1 on a difference
-or when a tile did not run (or ran) as it should."""
+256 and 512): both SME2 kernels of the Q8_0 family, bound to the host's SVL, through the family's tile chain
+(``ukernels.MATMUL_COMPUTE``, the jit's, and ``ukernels.matmul_tiled``, the compiled plan's), against the numpy
+reference and the portable jit, bit for bit, on random shapes with partial row and column groups, K tails and one long
+K; then the fallbacks: the kernels bound to another SVL, the SME layouts with the other float epilogue, a NEON layout
+(no tile call, same bits as the portable jit). The tiles' symbols are re-registered to counting wrappers before any jit
+call, so that the lines say which tile ran how many times. Prints the tiles' ISA and SVL and one line per check; exits 1
+on a difference or when a tile did not run (or ran) as it should."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def buffers(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> t
 
 
 def jit_call(function, kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, recipe: int) -> np.ndarray:  # noqa: ANN001
-    """``function`` (``sme2.matmul_qai8dxp`` or the portable ``jit.matmul_qai8dxp``) on the kernel's layout."""
+    """``function`` (``ukernels.MATMUL_COMPUTE`` or the portable ``jit.matmul_qai8dxp``) on the kernel's layout."""
     lay = kern.rhs_packer.layout(k, kern.nr, kern.kr, kern.sr)
     out = np.empty((m, n), np.float32)
     args = (*buffers(kern, m, n, k, lhs, rhs), kern.mr, kern.kr // kern.sr, kern.nr, lay.blen, 0, lay.k_lo, lay.k_hi)
@@ -76,10 +76,12 @@ def jit_call(function, kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.nd
 
 
 def graph_call(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray, fma_bias: bool) -> np.ndarray:  # noqa: ANN001
-    """``sme2.matmul`` called as the graph calls the native tiles."""
+    """``ukernels.matmul_tiled`` called as the compiled plan calls it."""
     lhs_i8, _, _, rhs_u8 = buffers(kern, m, n, k, lhs, rhs)
     out = np.empty((m, n), np.float32)
-    sme2.matmul(m, n, fam.k_internal(k), kern.mr, kern.nr, kern.kr // kern.sr, kern.kr, lhs_i8, rhs_u8, fma_bias, out)
+    fam.matmul_tiled(
+        m, n, fam.k_internal(k), kern.mr, kern.nr, kern.kr // kern.sr, kern.kr, lhs_i8, rhs_u8, fma_bias, out
+    )
     return out
 
 
@@ -94,7 +96,7 @@ def native(kern, k: int) -> bool:  # noqa: ANN001
 
 
 def check(kern, shapes: list, rng: np.random.Generator, fma_bias: bool | None = None) -> tuple[int, int]:  # noqa: ANN001
-    """(calls, differences): ``sme2.matmul_qai8dxp`` and ``sme2.matmul`` with the float epilogue ``fma_bias``
+    """(calls, differences): ``MATMUL_COMPUTE`` and ``matmul_tiled`` with the float epilogue ``fma_bias``
     (default: the kernel's recipe) against the portable jit, and against the reference with the kernel's recipe."""
     calls = failed = 0
     own = int(kern.recipe)
@@ -107,13 +109,13 @@ def check(kern, shapes: list, rng: np.random.Generator, fma_bias: bool | None = 
         if reference and not same_bits(kern.run(m, n, k, lhs, rhs, execution="reference"), portable):
             print(f"DIFFERENT reference {kern.name}{kern._svl_text()} m={m} n={n} k={k}")
             failed += 1
-        got = jit_call(sme2.matmul_qai8dxp, kern, m, n, k, lhs, rhs, recipe)  # several rows for the GEMV layout too
+        got = jit_call(fam.MATMUL_COMPUTE, kern, m, n, k, lhs, rhs, recipe)  # several rows for the GEMV layout too
         if not same_bits(got, portable):
-            print(f"DIFFERENT matmul_qai8dxp {kern.name}{kern._svl_text()} m={m} n={n} k={k} recipe={recipe}")
+            print(f"DIFFERENT MATMUL_COMPUTE {kern.name}{kern._svl_text()} m={m} n={n} k={k} recipe={recipe}")
             failed += 1
         got = graph_call(kern, m, n, k, lhs, rhs, fma_bias)
         if not same_bits(got, portable):
-            print(f"DIFFERENT matmul {kern.name}{kern._svl_text()} m={m} n={n} k={k} fma_bias={fma_bias}")
+            print(f"DIFFERENT matmul_tiled {kern.name}{kern._svl_text()} m={m} n={n} k={k} fma_bias={fma_bias}")
             failed += 1
         calls += 2
     return calls, failed

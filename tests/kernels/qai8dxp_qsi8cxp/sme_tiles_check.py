@@ -1,7 +1,8 @@
 """Run by path on an aarch64 host with SME (the tests run it under ``scripts/qemu-aarch64 --python``): both SME1
-kernels of the Q8_0 family, bound to the host's SVL, through ``sme.matmul_qai8dxp`` (the jit's signature) and
-``sme.matmul`` (the graph's), against the numpy reference and the portable jit, bit for bit, on random shapes with
-partial row and column groups and K tails; then a fallback (the kernels bound to another SVL: no tile call).
+kernels of the Q8_0 family, bound to the host's SVL, through the family's tile chain (``ukernels.MATMUL_COMPUTE``, the
+jit's, and ``ukernels.matmul_tiled``, the compiled plan's), against the numpy reference and the portable jit, bit for
+bit, on random shapes with partial row and column groups and K tails; then a fallback (the kernels bound to another SVL:
+no tile call).
 
 On a host with SME but not SME2 the module installs its tiles at import. QEMU has no such CPU (``max`` has SME2,
 and no ``sme2=off`` property), so on an SME2 host this script installs the SME1 tiles itself, compiled for
@@ -60,7 +61,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def check(kern, m: int, n: int, k: int, rng: np.random.Generator) -> int:  # noqa: ANN001
-    """Differences of ``sme.matmul_qai8dxp`` and ``sme.matmul`` from the portable jit and (GEMM, or one row)
+    """Differences of ``MATMUL_COMPUTE`` and ``matmul_tiled`` from the portable jit and (GEMM, or one row)
     the reference, with the kernel's recipe."""
     lhs, rhs = operands(kern, m, n, k, rng)
     lhs = lhs[: kern.lhs_packed_size(m, k)]
@@ -70,12 +71,12 @@ def check(kern, m: int, n: int, k: int, rng: np.random.Generator) -> int:  # noq
     views = (lhs.view(np.int8), lhs.view(np.int32), lhs.view(np.float32), rhs)
     args = (*views, kern.mr, kern.kr // kern.sr, kern.nr, lay.blen, 0, lay.k_lo, lay.k_hi, recipe)
     results = {}
-    for name, function in (("portable", jit.matmul_qai8dxp), ("matmul_qai8dxp", sme.matmul_qai8dxp)):
+    for name, function in (("portable", jit.matmul_qai8dxp), ("MATMUL_COMPUTE", fam.MATMUL_COMPUTE)):
         results[name] = np.empty((m, n), np.float32)
         function(m, n, k_int, *args, results[name])
-    results["matmul"] = np.empty((m, n), np.float32)
-    fma_bias = recipe == jit.RECIPE_FMA_BIAS
-    sme.matmul(m, n, k_int, kern.mr, kern.nr, kern.kr // kern.sr, kern.kr, views[0], rhs, fma_bias, results["matmul"])
+    results["matmul_tiled"] = np.empty((m, n), np.float32)
+    fma_bias, kbl = recipe == jit.RECIPE_FMA_BIAS, kern.kr // kern.sr
+    fam.matmul_tiled(m, n, k_int, kern.mr, kern.nr, kbl, kern.kr, views[0], rhs, fma_bias, results["matmul_tiled"])
     if m == 1 or kern.kind == "gemm":
         results["reference"] = kern.run(m, n, k, lhs, rhs, execution="reference")
     failed = 0

@@ -1,10 +1,10 @@
 """The Q8_0 NEON kernels as native aarch64 tiles (``kernels/qai8dxp_qsi8cxp/neon.py``).
 
-On any host: each tile cross-compiles for DotProd and I8MM with the instruction it is written for, its block loop
-does a block's multiply-adds with no more instructions than 1.25× KleidiAI's own block loop, and the layout probe
-takes exactly the NEON kernels' layouts. Under QEMU (``scripts/qemu-aarch64``, on a DotProd-only CPU and on one with
-I8MM): every NEON kernel of the family on the native tiles is bit for bit the numpy reference, and the graph's entry
-point ``neon.matmul`` the portable jit with either float epilogue (``native_tiles_check.py``).
+On any host: each tile cross-compiles for DotProd and I8MM with the instruction it is written for, its block loop does a
+block's multiply-adds with no more instructions than 1.25× KleidiAI's own block loop, and the layout probe takes exactly
+the NEON kernels' layouts. Under QEMU (``scripts/qemu-aarch64``, on a DotProd-only CPU and on one with I8MM): every NEON
+kernel of the family on the native tiles is bit for bit the numpy reference, and the family's tile chain
+``ukernels.matmul_tiled`` the portable jit with either float epilogue (``native_tiles_check.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kleidipy.core import native
 from kleidipy.kernels.catalogue import get_kernel
 from kleidipy.kernels.qai8dxp_qsi8cxp import neon
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
-from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import best_matmul_qai8dxp
+from kleidipy.kernels.qai8dxp_qsi8cxp.vnni import HAVE_VNNI
 from kleidipy.tools import asm
 from kleidipy.tools.kernel_asm import kleidiai_counts
 
@@ -115,11 +115,12 @@ def test_native_layouts_are_the_neon_kernels(k: int) -> None:
 
 
 def test_no_tiles_without_dotprod() -> None:
-    """On this host (no Arm DotProd) nothing is installed and the jit runs what it ran before."""
+    """On this host (no Arm DotProd) nothing is installed and the family's tile chain takes the NEON layouts only
+    with AVX-512 VNNI."""
     if neon.AVAILABLE:
         pytest.fail("this test runs on hosts without Arm DotProd (x86 CI)")
     assert native.host_isa(*native.ISAS) is None
-    assert fam.MATMUL_COMPUTE is best_matmul_qai8dxp()
+    assert fam.is_tiled_layout(*layout_args("matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod", 64)) == HAVE_VNNI
 
 
 @pytest.mark.parametrize("cpu", ["cortex-a76", "max,sme=off"], ids=["dotprod", "i8mm"])

@@ -1,12 +1,12 @@
 """The Q8_0 SME2 kernels as native SME2 tiles (``kernels/qai8dxp_qsi8cxp/sme2.py``).
 
-On any host: both tiles cross-compile to KleidiAI's instruction sequence (4-way ``smopa`` into ZA.S tiles for the
-MOPA GEMM, multi-vector indexed ``sdot`` into ZA vector groups for the GEMV, ``mova`` out of ZA, the integer
-zero-point ``mla`` and each kernel's float epilogue), without widening NEON code nor calls of the SME ABI's
-routines; their block loops and their epilogues execute at most 1.25× the instructions of KleidiAI's per int8 MAC
-(per row, per tile). Under QEMU (``scripts/qemu-aarch64``, SME2 at SVL 128, 256 and 512): both kernels bound to the
-host's SVL run on the tiles through ``sme2.matmul_qai8dxp`` and ``sme2.matmul``, bit for bit the numpy reference
-and the portable jit, and the other layouts fall back without a tile call (``sme2_tiles_check.py``).
+On any host: both tiles cross-compile to KleidiAI's instruction sequence (4-way ``smopa`` into ZA.S tiles for the MOPA
+GEMM, multi-vector indexed ``sdot`` into ZA vector groups for the GEMV, ``mova`` out of ZA, the integer zero-point
+``mla`` and each kernel's float epilogue), without widening NEON code nor calls of the SME ABI's routines; their block
+loops and their epilogues execute at most 1.25× the instructions of KleidiAI's per int8 MAC (per row, per tile). Under
+QEMU (``scripts/qemu-aarch64``, SME2 at SVL 128, 256 and 512): both kernels bound to the host's SVL run on the tiles
+through the family's tile chain (``ukernels.MATMUL_COMPUTE``, ``matmul_tiled``), bit for bit the numpy reference and the
+portable jit, and the other layouts fall back without a tile call (``sme2_tiles_check.py``).
 """
 
 from __future__ import annotations

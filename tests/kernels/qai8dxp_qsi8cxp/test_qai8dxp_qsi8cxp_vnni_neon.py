@@ -16,8 +16,8 @@ from qai8dxp_models import call_matmul
 from kleidipy.core import vnni_columns
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.kernels.qai8dxp_qsi8cxp import jit, vnni
 from kleidipy.kernels.qai8dxp_qsi8cxp import ukernels as fam
-from kleidipy.kernels.qai8dxp_qsi8cxp import vnni
 
 needs_vnni = pytest.mark.skipif(not vnni.HAVE_VNNI, reason="host lacks AVX-512 VNNI")
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -46,8 +46,8 @@ def operands(kern, m: int, n: int, k: int, seed: int):  # noqa: ANN001, ANN201
 
 def assert_exact(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
     """The VNNI tiles give the bits of the portable jit function and of the numpy reference; returns them."""
-    got = call_matmul(vnni.matmul_qai8dxp, kern, m, n, k, lhs, rhs)
-    assert bits_equal(got, call_matmul(vnni.PORTABLE_MATMUL, kern, m, n, k, lhs, rhs)), (kern.name, m, n, k)
+    got = call_matmul(fam.MATMUL_COMPUTE, kern, m, n, k, lhs, rhs)
+    assert bits_equal(got, call_matmul(jit.matmul_qai8dxp, kern, m, n, k, lhs, rhs)), (kern.name, m, n, k)
     assert bits_equal(got, kern._reference(m, n, k, lhs, rhs)), (kern.name, m, n, k)
     return got
 
@@ -197,15 +197,15 @@ def test_layout_probe() -> None:
         kern = get_kernel(name, svl)
         lay = kern.rhs_packer.layout(70, kern.nr, kern.kr, kern.sr)
         args = (fam.k_internal(70), kern.kr // kern.sr, kern.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
-        assert vnni._is_vnni_layout(kern.mr, *args), name
+        assert vnni.is_vnni_layout(kern.mr, *args), name
     int4 = get_kernel("matmul_clamp_f32_qai8dxp1x8_qsi4cxp4x8_1x4x32_neon_dotprod", None)
     lay = int4.rhs_packer.layout(64, int4.nr, int4.kr, int4.sr)
     args = (64, int4.kr // int4.sr, int4.nr, lay.blen, lay.nibble_factor, lay.k_lo, lay.k_hi)
-    assert not vnni._is_vnni_layout(int4.mr, *args)
+    assert not vnni.is_vnni_layout(int4.mr, *args)
     kern = get_kernel(NEON[0], None)
     lay = kern.rhs_packer.layout(64, kern.nr, kern.kr, kern.sr)
-    assert not vnni._is_vnni_layout(kern.mr, 64, kern.kr, kern.nr, lay.blen, 0, np.roll(lay.k_lo, 1), lay.k_hi)
-    assert not vnni._is_vnni_layout(8, 64, kern.kr, kern.nr, lay.blen, 0, lay.k_lo, lay.k_hi)  # blocks past 64 B
+    assert not vnni.is_vnni_layout(kern.mr, 64, kern.kr, kern.nr, lay.blen, 0, np.roll(lay.k_lo, 1), lay.k_hi)
+    assert not vnni.is_vnni_layout(8, 64, kern.kr, kern.nr, lay.blen, 0, lay.k_lo, lay.k_hi)  # blocks past 64 B
 
 
 # --------------------------------------------------------------------------------------------- public kernels

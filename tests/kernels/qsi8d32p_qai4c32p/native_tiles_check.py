@@ -1,8 +1,8 @@
 """Run by path on an aarch64 host (the tests run it under ``scripts/qemu-aarch64 --python``): every NEON kernel of the
-Q4_1 family on the native tiles (the jit execution, and ``neon.matmul``, the graph executor's routine) against the
-numpy reference, bit for bit, on random shapes with partial row and column groups, mixed magnitudes, signed zeros
-and subnormal scales; the SME2 kernels through ``neon.matmul`` (the portable loops) likewise. Prints the tiles' ISA
-and one line per kernel; exits 1 on a difference."""
+Q4_1 family on the native tiles (the family's chain ``ukernels.NEON_COMPUTE``, which its jit and compiled plan run)
+against the numpy reference, bit for bit, on random shapes with partial row and column groups, mixed magnitudes,
+signed zeros and subnormal scales; the SME2 kernels through ``ukernels.SME2_COMPUTE`` (the portable loops)
+likewise. Prints the tiles' ISA and one line per kernel; exits 1 on a difference."""
 
 from __future__ import annotations
 
@@ -61,10 +61,13 @@ def main() -> int:
             lhs, rhs = operands(kern, m, n, k, rng, checked % 2 == 0)
             lhs_c = np.asarray(lhs)[: kern.lhs_packed_size(m, k)].copy()
             rhs_c = np.asarray(rhs)[: kern.rhs_packed_size(n, k)].copy()
-            neon_layout, fmul = kern.rhs_packer.neon, kern.flags.get("first_block_fmul", False)
-            graph = neon.matmul(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, lhs_c, rhs_c, neon_layout, fmul)
-            same = bits_equal(kern._reference(m, n, k, lhs_c, rhs_c), graph)
-            if neon_layout:  # the jit execution (ukernels.NEON_COMPUTE), clamped
+            if kern.rhs_packer.neon:
+                got = ukernels.NEON_COMPUTE(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, lhs_c, rhs_c)
+            else:
+                fmul = kern.flags.get("first_block_fmul", False)
+                got = ukernels.SME2_COMPUTE(m, n, k, kern.mr, kern.nr, lhs_c, rhs_c, fmul)
+            same = bits_equal(kern._reference(m, n, k, lhs_c, rhs_c), got)
+            if kern.rhs_packer.neon:  # the jit execution, clamped
                 want = kern.run(m, n, k, lhs, rhs, execution="reference")
                 same = same and bits_equal(want, kern.run(m, n, k, lhs, rhs, execution="jit"))
             if not same:

@@ -1,13 +1,13 @@
 """Run by path on an aarch64 host with SME2 (the tests run it under ``scripts/qemu-aarch64 --python`` at SVL 128,
 256 and 512): both SME2 kernels of the Q4_1 family, bound to the host's SVL, on the native tiles through
-``sme2.compute_mopa`` / ``sme2.compute_dot`` (what ``ukernels.SME2_MOPA_COMPUTE`` / ``SME2_DOT_COMPUTE`` become)
-and ``sme2.matmul`` (the graph executor's routine), against the numpy reference (``kern.run(...,
+``sme2.compute`` (the family's chain ``ukernels.SME2_COMPUTE`` on this host, its jit's and its compiled plan's),
+against the numpy reference (``kern.run(...,
 execution="reference")`` and the unclamped ``kern._reference``), bit for bit, on random shapes with partial row and
 column groups, mixed magnitudes, ±0 and subnormal scales and zeros, −0 biases and all-zero LHS blocks (the sign of
 zero of the MOPA kernel's first-block FMUL). Then the same kernels bound to another SVL and the NEON kernels
-through ``sme2.matmul`` (not the tiles). The tiles' symbols are re-registered to counting wrappers before any jit
-call, so that the lines say which tile ran how many times. Prints the tiles' ISA and SVL and one line per check;
-exits 1 on a difference or when the wrong code ran."""
+through ``ukernels.NEON_COMPUTE`` (not these tiles). The tiles' symbols are re-registered to counting wrappers
+before any jit call, so that the lines say which tile ran how many times. Prints the tiles' ISA and SVL and one line
+per check; exits 1 on a difference or when the wrong code ran."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kleidipy.core import hwcaps
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.numerics import FLT_MAX, clamp_f32
 from kleidipy.kernels.catalogue import all_kernels
-from kleidipy.kernels.qsi8d32p_qai4c32p import sme2
+from kleidipy.kernels.qsi8d32p_qai4c32p import sme2, ukernels
 
 #: calls of each tile by the jit
 CALLS: collections.Counter = collections.Counter()
@@ -73,8 +73,8 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def check(kern: MatmulKernel, shapes: list, rng: np.random.Generator) -> tuple[int, int]:
-    """(shapes checked, differences) of a kernel: the reference vs :mod:`sme2`'s routines (the SME2 layouts through
-    ``compute_mopa`` / ``compute_dot`` and ``matmul``, the NEON layout through ``matmul``)."""
+    """(shapes checked, differences) of a kernel: the reference vs the family's chain (``ukernels.SME2_COMPUTE``,
+    ``ukernels.NEON_COMPUTE``)."""
     checked = failed = 0
     for m, n, k in shapes:
         lhs, rhs = operands(kern, m, n, k, rng, checked % 2 == 0)
@@ -83,12 +83,12 @@ def check(kern: MatmulKernel, shapes: list, rng: np.random.Generator) -> tuple[i
             want = kern.run(m, n, k, lhs, rhs, execution="reference")
         else:  # a GEMV kernel over several rows (as the graph executor may run it): kai_run takes m == 1
             want = clamp_f32(unclamped, -FLT_MAX, FLT_MAX)
-        neon, fmul = kern.rhs_packer.neon, kern.flags.get("first_block_fmul", False)
-        got = [sme2.matmul(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, lhs, rhs, neon, fmul)]
-        if not neon:
-            compute = sme2.compute_mopa if fmul else sme2.compute_dot
-            got.append(compute(m, n, k, kern.mr, kern.nr, lhs, rhs))
-        if not all(same(unclamped, g) and same(want, clamp_f32(g, -FLT_MAX, FLT_MAX)) for g in got):
+        if kern.rhs_packer.neon:
+            got = ukernels.NEON_COMPUTE(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, lhs, rhs)
+        else:
+            fmul = kern.flags.get("first_block_fmul", False)
+            got = ukernels.SME2_COMPUTE(m, n, k, kern.mr, kern.nr, lhs, rhs, fmul)
+        if not (same(unclamped, got) and same(want, clamp_f32(got, -FLT_MAX, FLT_MAX))):
             print(f"DIFFERENT {kern.name} SVL {kern.svl_bits} m={m} n={n} k={k}")
             failed += 1
         checked += 1
@@ -96,7 +96,7 @@ def check(kern: MatmulKernel, shapes: list, rng: np.random.Generator) -> tuple[i
 
 
 def main() -> int:
-    if not sme2.AVAILABLE:
+    if not sme2.AVAILABLE or ukernels.SME2_COMPUTE is not sme2.compute:
         print("no SME2 tiles on this host")
         return 1
     svl = hwcaps.arm_features()[1]
@@ -109,7 +109,7 @@ def main() -> int:
     for symbol, name in sme2.KERNELS.items():
         kern = next(k for k in family if k.name == name).bind(svl)
         checked, bad = check(kern, [s for s in SHAPES if kern.kind == "gemm" or s[0] <= 3], rng)
-        failed += bad + (CALLS[symbol] != 2 * checked)
+        failed += bad + (CALLS[symbol] != checked)
         print(f"{name}: {checked} shapes at SVL {svl}, mr={kern.mr} nr={kern.nr}, {CALLS[symbol]} calls of {symbol}")
     other = 256 if svl != 256 else 512
     before = sum(CALLS.values())
@@ -125,7 +125,7 @@ def main() -> int:
         done, bad = check(kern, [s for s in SHAPES[:5] if kern.kind == "gemm" or s[0] == 1], rng)
         checked, failed = checked + done, failed + bad
     failed += sum(CALLS.values()) != before
-    print(f"NEON kernels through matmul: {checked} shapes, {sum(CALLS.values()) - before} tile calls")
+    print(f"NEON kernels through NEON_COMPUTE: {checked} shapes, {sum(CALLS.values()) - before} tile calls")
     return 1 if failed else 0
 
 

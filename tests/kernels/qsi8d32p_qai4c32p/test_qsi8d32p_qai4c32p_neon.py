@@ -61,5 +61,5 @@ def test_tiles_bit_exact_under_qemu(cpu: str) -> None:
     lines = out.strip().splitlines()
     assert lines[0] == f"native tiles: {'aarch64-dotprod' if cpu == 'cortex-a76' else 'aarch64-i8mm'}"
     assert len(lines) == 7 and "DIFFERENT" not in out
-    assert sum(line.endswith("portable") for line in lines) == 2  # the SME2 kernels through neon.matmul
+    assert sum(line.endswith("portable") for line in lines) == 2  # the SME2 kernels through ukernels.SME2_COMPUTE
     assert sum(line.endswith("smmla") for line in lines) == (cpu != "cortex-a76")  # the I8MM GEMM

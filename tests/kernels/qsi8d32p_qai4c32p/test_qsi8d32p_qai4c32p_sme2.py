@@ -1,13 +1,13 @@
 """The Q4_1 SME2 kernels as native SME2 tiles (``kernels/qsi8d32p_qai4c32p/sme2.py``).
 
-On any host: both tiles cross-compile to KleidiAI's instruction sequence (4-way ``smopa`` into ZA.S tiles with
-``luti4`` for the MOPA GEMM, multi-vector ``sdot`` into ZA vector groups with ``luti4`` for the GEMV, ``mova`` out
-of ZA) and its float steps (per row and block: the scale product ``fmul``, the zero term then the scale term fused,
-the first block's zero term an ``fmul`` in the GEMM; the bias ``fadd`` once), without widening NEON code nor calls
-of the SME ABI's routines, and their block loops execute at most 1.25× the instructions of KleidiAI's per int8 MAC.
-Under QEMU (``scripts/qemu-aarch64``, SME2 at SVL 128, 256 and 512): both kernels bound to the host's SVL run on
-the tiles through ``sme2.compute_mopa`` / ``compute_dot`` and ``sme2.matmul``, bit for bit the numpy reference
-(``sme2_tiles_check.py``), and everything else through ``sme2.matmul`` runs elsewhere, with the same bits.
+On any host: both tiles cross-compile to KleidiAI's instruction sequence (4-way ``smopa`` into ZA.S tiles with ``luti4``
+for the MOPA GEMM, multi-vector ``sdot`` into ZA vector groups with ``luti4`` for the GEMV, ``mova`` out of ZA) and its
+float steps (per row and block: the scale product ``fmul``, the zero term then the scale term fused, the first block's
+zero term an ``fmul`` in the GEMM; the bias ``fadd`` once), without widening NEON code nor calls of the SME ABI's
+routines, and their block loops execute at most 1.25× the instructions of KleidiAI's per int8 MAC. Under QEMU
+(``scripts/qemu-aarch64``, SME2 at SVL 128, 256 and 512): both kernels bound to the host's SVL run on the tiles through
+the family's SME2 chain (``ukernels.SME2_COMPUTE``), bit for bit the numpy reference (``sme2_tiles_check.py``), and
+everything else runs elsewhere, with the same bits.
 """
 
 from __future__ import annotations
@@ -140,6 +140,6 @@ def test_tiles_bit_exact_under_qemu(svl: int) -> None:
     lines = out.strip().splitlines()
     assert lines[0] == f"native tiles: aarch64-sme2, SVL {svl}"
     assert len(lines) == 5 and "DIFFERENT" not in out
-    # each shape through compute_mopa / compute_dot and through matmul: 8 GEMM shapes, 4 GEMV ones
-    assert lines[1].endswith(f"16 calls of {sme2.MOPA}") and lines[2].endswith(f"8 calls of {sme2.DOT}")
+    # each shape through the family's SME2 chain (the jit's and the plan's routine's): 8 GEMM shapes, 4 GEMV ones
+    assert lines[1].endswith(f"8 calls of {sme2.MOPA}") and lines[2].endswith(f"4 calls of {sme2.DOT}")
     assert lines[3].endswith(" 0 tile calls") and lines[4].endswith(" 0 tile calls")  # another SVL; NEON kernels

@@ -1,8 +1,8 @@
-"""AVX-512 VNNI tiles of the Q4_1 NEON-layout kernels (kleidipy.kernels.qsi8d32p_qai4c32p.vnni.matmul_neon):
+"""AVX-512 VNNI tiles of the Q4_1 NEON-layout kernels (kleidipy.kernels.qsi8d32p_qai4c32p.vnni.compute_neon):
 bit for bit equal to the portable jit loop they replace and to the family's numpy reference, for every NEON
 kernel, on random shapes (m across the direct/panel switch, n with tails of the 4-column groups, 16-column
 vectors and 64-column tiles), on SmolLM2-like K, with signed zeros and large magnitudes; and the selection of
-the compute function (eager and compiled plan) on hosts with and without AVX-512 VNNI."""
+the compute function (eager and compiled plan, one chain)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def operands(kern, m: int, n: int, k: int, seed: int, big: bool = False) -> tupl
 def check(kern, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:  # noqa: ANN001
     """The VNNI tiles == the portable jit loop == the numpy reference, bit for bit; returns the result."""
     kbl = kern.kr // kern.sr
-    got = q41_vnni.matmul_neon(m, n, k, kern.mr, kern.nr, kbl, lhs, rhs)
-    assert bits_equal(got, q41_vnni.PORTABLE_NEON(m, n, k, kern.mr, kern.nr, kbl, lhs, rhs)), (kern.name, m, n, k)
+    got = q41_vnni.compute_neon(m, n, k, kern.mr, kern.nr, kbl, lhs, rhs)
+    assert bits_equal(got, q41_jit.matmul_neon(m, n, k, kern.mr, kern.nr, kbl, lhs, rhs)), (kern.name, m, n, k)
     assert bits_equal(got, kern._reference(m, n, k, lhs, rhs)), (kern.name, m, n, k)
     return got
 
@@ -163,7 +163,7 @@ def test_padding_columns_are_ignored() -> None:
                 block[((j // chunk) * 4 + c) * chunk + j % chunk] = 0xA5
         block[64 + 8 : 64 + 16] = 0xFF  # zeros of columns 2, 3: NaN
         block[80 + 8 : 80 + 16] = 0xFF
-    got = q41_vnni.matmul_neon(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, lhs, dirty)
+    got = q41_vnni.compute_neon(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, lhs, dirty)
     assert bits_equal(got, want)
 
 
@@ -172,7 +172,7 @@ def test_kernel_runs_the_best_compute(name: str) -> None:
     """The jit execution of a NEON kernel runs the native aarch64 tiles where the host has them, else the VNNI tiles
     where it has those, else the portable loop; the public run (clamped or not) gives the reference's bits either
     way."""
-    best = q41_vnni.matmul_neon if q41_vnni.HAVE_VNNI else q41_jit.matmul_neon
+    best = q41_vnni.compute_neon if q41_vnni.HAVE_VNNI else q41_jit.matmul_neon
     assert fam.NEON_COMPUTE is (q41_native.compute if q41_native.AVAILABLE else best)
     kern = get_kernel(name)
     m, n, k = 1 if kern.kind == "gemv" else 6, 37, 160
@@ -184,21 +184,21 @@ def test_kernel_runs_the_best_compute(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NEON_KERNELS)
-def test_compiled_plan_code_with_and_without_vnni(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan runs a NEON kernel on the VNNI tiles where the host has them, else on the portable loop (a host
-    without AVX-512 VNNI is simulated): the same bits as the prepared matmul either way, at 1 and 2 threads."""
+def test_compiled_plan_runs_the_jit_chain(name: str) -> None:
+    """The plan runs a NEON kernel on the family's NEON chain (``ukernels.NEON_COMPUTE``, the jit's): the same bits
+    as the prepared matmul, at 1 and 2 threads; the chain's portable link (a host without AVX-512 VNNI) has them
+    too."""
     kern = get_kernel(name)
     m, n, k = 1 if kern.kind == "gemv" else 5, 70, 96
     lhs, rhs = operands(kern, m, n, k, 12)
     prepared = kern.prepare(n, k, rhs)
     want = kern.run(m, n, k, lhs, rhs, None, None, -FLT_MAX, FLT_MAX, execution="reference")
-    for have in (q41_vnni.HAVE_VNNI, False):
-        monkeypatch.setattr(q41_vnni, "HAVE_VNNI", have)
-        assert q41_vnni.best_matmul_neon() is (q41_vnni.matmul_neon if have else q41_vnni.PORTABLE_NEON)
-        nk = mm.node_kernel(prepared)
-        assert nk.routine.endswith("_matmul_tiles" if have else "_matmul_portable")
-        for nth in (1, 2):
-            out = np.empty((m, n), np.float32)
-            for ith in range(nth):
-                mm.matmul(nk.params, m, n, lhs, prepared.rhs, out, ith, nth)
-            assert bits_equal(out, want), (have, nth)
+    nk = mm.node_kernel(prepared)
+    assert nk.routine.endswith("_matmul_neon")
+    for nth in (1, 2):
+        out = np.empty((m, n), np.float32)
+        for ith in range(nth):
+            mm.matmul(nk.params, m, n, lhs, prepared.rhs, out, ith, nth)
+        assert bits_equal(out, want), nth
+    portable = q41_jit.matmul_neon(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, np.asarray(lhs), prepared.rhs)
+    assert bits_equal(np.maximum(np.minimum(portable, FLT_MAX), -FLT_MAX), want)

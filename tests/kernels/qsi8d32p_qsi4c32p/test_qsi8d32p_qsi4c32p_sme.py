@@ -20,7 +20,7 @@ import pytest
 from emulator import SME_GROUP, ensure_emulator, run_emulated
 
 from kleidipy.core import native
-from kleidipy.kernels.qsi8d32p_qsi4c32p import jit, sme, ukernels
+from kleidipy.kernels.qsi8d32p_qsi4c32p import jit, sme, ukernels, vnni_s4s0
 from kleidipy.tools import asm
 
 pytestmark = SME_GROUP
@@ -112,11 +112,11 @@ def test_kernel_tiles_are_the_sme1_kernels() -> None:
 
 
 def test_no_tiles_without_sme() -> None:
-    """On this host (no Arm SME) nothing is installed and compute_s4s0 is the portable jit."""
+    """On this host (no Arm SME) nothing is installed and the SME1 chain runs the VNNI tiles or the portable jit."""
     if sme.AVAILABLE:
         pytest.fail("this test runs on hosts without Arm SME (x86 CI)")
     assert native.host_isa("aarch64-sme") is None and sme.HOST_ISA is None
-    assert sme.compute_s4s0 is jit.matmul_qsi8d32p_qsi4c32ps4s0sf16
+    assert ukernels.SME_COMPUTE in (vnni_s4s0.compute_s4s0, jit.matmul_qsi8d32p_qsi4c32ps4s0sf16)
 
 
 @pytest.mark.parametrize("svl", [128, 512])
