@@ -82,7 +82,7 @@ def parse_target(spec: str, source: str = "--target") -> Target:
         name = "host"
     if name != "host" and name not in _NAMED:
         raise TargetError(f"unknown target '{spec}': use sme2[:svl=N], sme[:svl=N], i8mm, dotprod or host")
-    svl, table = None, DEFAULT_TABLE
+    svl, table = None, None
     for opt in filter(None, opts.split(",")):
         key, _, value = opt.partition("=")
         if key == "table" and value in TABLES:
@@ -94,7 +94,8 @@ def parse_target(spec: str, source: str = "--target") -> Target:
                 f"target '{spec}': unknown option '{opt}' (svl=BITS for sme/sme2, table={'|'.join(TABLES)})"
             )
     if name == "host":
-        return replace(detect_target(), table=table)
+        host = detect_target()
+        return host if table is None else replace(host, table=table)
     if name in ("sme", "sme2"):
         try:
             svl = check_svl(svl or 512)
@@ -102,18 +103,20 @@ def parse_target(spec: str, source: str = "--target") -> Target:
             raise TargetError(f"target '{spec}': {exc}") from None
     elif svl is not None:
         raise TargetError(f"target '{spec}': svl applies only to sme/sme2 targets")
-    return Target(name, _NAMED[name], svl, virtual=True, source=source, table=table)
+    return Target(name, _NAMED[name], svl, virtual=True, source=source, table=table or DEFAULT_TABLE)
 
 
 def detect_target() -> Target:
-    """The host as a target; a virtual SME2 CPU with SVL 512 when the host has no Arm matmul features."""
+    """The host as a target; a virtual SME2 CPU with SVL 512 when the host has no Arm matmul features, following the
+    seeds' table there: master's F16-LHS GEMM has no x86 tiles (portable loops, ~9x slower prefill on an AVX-512
+    VNNI core), the seeds' int8 MOPA GEMM has (``--target sme2`` takes master's)."""
     if hwcaps.is_arm64_host():
         feats, svl = hwcaps.arm_features()
         feats &= _MATMUL_FEATURES
         for name in ("sme2", "sme", "i8mm", "dotprod"):
             if name in feats and (name not in ("sme", "sme2") or svl):
                 return Target(name, feats, svl if name in ("sme", "sme2") else None, virtual=False, source="detected")
-    return Target("sme2", _NAMED["sme2"], 512, virtual=True, source="default")
+    return Target("sme2", _NAMED["sme2"], 512, virtual=True, source="default", table="seeds")
 
 
 def resolve_target(spec: str | None = None) -> Target:

@@ -21,6 +21,8 @@ def test_default_on_non_arm_host_is_virtual_sme2_512(monkeypatch):
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
     t = detect_target()
     assert (t.name, t.svl_bits, t.virtual, t.source) == ("sme2", 512, True, "default")
+    assert t.table == "seeds" and parse_target("host").table == "seeds"  # (master's F16-LHS GEMM: no x86 tiles)
+    assert parse_target("sme2").table == "master" and parse_target("host:table=master").table == "master"
 
 
 @pytest.mark.parametrize(
