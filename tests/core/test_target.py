@@ -60,8 +60,8 @@ def test_target_table_option(spec, svl, table, again):
 
 def test_host_table_option(monkeypatch):
     monkeypatch.setattr("platform.machine", lambda: "x86_64")
-    assert (parse_target("host").table, parse_target("host:table=seeds").table) == ("master", "seeds")
-    assert parse_target("host:table=seeds").spec() == "sme2:svl=512,table=seeds"  # the virtual default
+    assert (parse_target("host").table, parse_target("host:table=master").table) == ("seeds", "master")
+    assert parse_target("host").spec() == "sme2:svl=512,table=seeds"  # the virtual default (no x86 F16-LHS tiles)
 
 
 @pytest.mark.parametrize(

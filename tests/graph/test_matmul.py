@@ -132,7 +132,7 @@ def test_row_split_matches_prepared_bit_for_bit(target: str, ggml_type: T) -> No
     assert rows_split
 
 
-@pytest.mark.parametrize("target", ["sme2:svl=512", "sme2:svl=2048"])
+@pytest.mark.parametrize("target", ["sme2:svl=512,table=seeds", "sme2:svl=2048,table=seeds"])
 def test_outputs_past_flt_max_are_clamped_where_they_are_stored(target: str) -> None:
     """Finite activations so large that outputs pass ±FLT_MAX: the matmuls that store into out themselves (the Q4_0
     SME2 layout on the host's tiles, the GEMV as the GEMMs) clamp there, whole panels and a last partial one (n =

@@ -67,7 +67,9 @@ def arch_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(scope="module")
 def engine(arch_model: tuple[str, Path, dict]) -> Engine:
-    return Engine(arch_model[1], target=parse_target("sme2:svl=512"), execution="jit", progress=False, notice=print)
+    return Engine(
+        arch_model[1], target=parse_target("sme2:svl=512,table=seeds"), execution="jit", progress=False, notice=print
+    )
 
 
 def spread(ref: dict, prompt: str) -> float:

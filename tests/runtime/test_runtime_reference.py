@@ -57,7 +57,7 @@ def logits_dir(key: str) -> Path:
     return OWN_LOGITS if (OWN_LOGITS / f"{key}__default.run.json").is_file() else LOGITS
 
 
-TARGET = parse_target("sme2:svl=512")
+TARGET = parse_target("sme2:svl=512,table=seeds")  # (int8 activations as x86 llama.cpp's Q8_0 ones; issue 46: master)
 PROMPTS = ("short_fact", "single_word", "code_python", "chat_capital", "mixed_unicode", "long_prose")
 GEMMA3_PROMPTS = tuple(p for p in PROMPTS if p != "chat_capital")  # a base model: no chat template
 MIN_POSITIONS = 16
