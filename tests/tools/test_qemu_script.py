@@ -139,7 +139,7 @@ def test_kernels_under_cortex_a76():
     proc = qemu_script("--cpu", "cortex-a76", "--", "kernels", timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "target: DOTPROD CPU (dotprod)"
+    assert lines[0] == "target: DOTPROD CPU (dotprod), llama.cpp's master kernel table"
     selected = {line.split()[0]: line.split()[2] for line in lines[2:] if line.rstrip().endswith(("GEMM", "GEMV"))}
     quantized = [line.split()[0] for line in lines[2:] if any(f" {q} GEM" in line for q in ("q8_0", "q4_0", "q4_1"))]
     assert len(quantized) == 6 and all(name.endswith("_neon_dotprod") for name in quantized), quantized
