@@ -360,7 +360,7 @@ class CompiledForward:
         nth = 1 if threads == 1 else self.workers.n_threads
         nodes = node_runs(self.plan, prof[:nth], m, kept, t0 - mono0 / 1e9) if watchers and not failed else ()
         if self.clock is not None:  # (after the trace's read: the clock clears its stamps)
-            self.clock.add(nth, m, kept)
+            self.clock.add(nth, m, kept, bool(self._run_slots[RUN_GEMV]))
         if failed:
             self._raise_failed(ids)
         for node in nodes:

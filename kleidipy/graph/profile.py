@@ -68,11 +68,11 @@ CLOCK_SLOTS = 8
 
 
 @numba.njit(cache=True, nogil=True)
-def clock_run(table, nth, m, kept):  # pragma: no cover - compiled
-    """Add the stamps of the run just made on ``nth`` threads (m rows, ``kept`` after the KEEP node) to the clock's
-    sums per group and clear them: a node from its first thread's start to its last thread's end, a MUL_MAT split at
-    its last thread's end of the LHS pack (as :func:`kernel_call`); a node never ended (no rows) is left out. Every
-    argument an int: a decoded token pays no array unboxing for it."""
+def clock_run(table, nth, m, kept, gemv):  # pragma: no cover - compiled
+    """Add the stamps of the run just made on ``nth`` threads (m rows, ``kept`` after the KEEP node; ``gemv`` 1: every
+    matmul ran its GEMV, row by row) to the clock's sums per group and clear them: a node from its first thread's
+    start to its last thread's end, a MUL_MAT split at its last thread's end of the LHS pack (as :func:`kernel_call`);
+    a node never ended (no rows) is left out. Every argument an int: a decoded token pays no array unboxing for it."""
     t = i64_at(table, CLOCK_SLOTS)
     n_nodes = t[CLOCK_NODES]
     prof = i64_at(t[CLOCK_PROF], (t[CLOCK_THREADS], n_nodes, 3))
@@ -84,7 +84,7 @@ def clock_run(table, nth, m, kept):  # pragma: no cover - compiled
         for th in range(1, nth):
             start, packed, end = min(start, prof[th, i, 0]), max(packed, prof[th, i, 1]), max(end, prof[th, i, 2])
         if end != 0:
-            col = 0 if rows == 1 else 2
+            col = 0 if rows == 1 or gemv else 2
             lhs, kern = groups[i, col], groups[i, col + 1]
             split = packed if lhs >= 0 and packed != 0 else start
             if lhs >= 0:
@@ -148,16 +148,18 @@ class PlanClock:
         self.address = self.table.ctypes.data
         #: the threads of the last run (1: the caller alone)
         self.threads_used = 0
-        #: runs since the last take per (m rows, kept rows): what :meth:`work` counts bytes and operations of
-        self.shapes: Counter[tuple[int, int]] = Counter()
+        #: runs since the last take per (m rows, kept rows, GEMV row by row): what :meth:`work` counts bytes and
+        #: operations of
+        self.shapes: Counter[tuple[int, int, bool]] = Counter()
 
-    def add(self, nth: int, m: int, kept: int) -> None:
-        """Sum the stamps of the run just made (``nth`` threads, m rows, ``kept`` rows after the KEEP node)."""
-        clock_run(self.address, nth, m, kept)
+    def add(self, nth: int, m: int, kept: int, gemv: bool = False) -> None:
+        """Sum the stamps of the run just made (``nth`` threads, m rows, ``kept`` rows after the KEEP node; ``gemv``:
+        every matmul ran its GEMV row by row, as a lookup draft's verification does)."""
+        clock_run(self.address, nth, m, kept, int(gemv))
         self.threads_used = nth
-        self.shapes[m, kept] += 1
+        self.shapes[m, kept, gemv] += 1
 
-    def take(self) -> tuple[np.ndarray, np.ndarray, Counter[tuple[int, int]]]:
+    def take(self) -> tuple[np.ndarray, np.ndarray, Counter[tuple[int, int, bool]]]:
         """(seconds, runs) per group and the runs per (m, kept) since the last take, and the sums start again."""
         seconds, calls, shapes = self.ns / 1e9, self.calls.copy(), self.shapes
         self.ns[:] = 0
@@ -165,23 +167,24 @@ class PlanClock:
         self.shapes = Counter()
         return seconds, calls, shapes
 
-    def work(self, m: int, kept: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(bytes read, bytes written, operations) per group of one run of m rows keeping ``kept``: a kernel reads
-        the packed LHS and the packed weights and writes f32 rows (2 operations a multiply-add), an LHS pack reads
-        the f32 rows and writes the packed LHS; the plan's other ops count none."""
+    def work(self, m: int, kept: int, gemv: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bytes read, bytes written, operations) per group of one run of m rows keeping ``kept`` (``gemv``: the
+        GEMVs row by row, each reading the packed weights): a kernel reads the packed LHS and the packed weights and
+        writes f32 rows (2 operations a multiply-add), an LHS pack reads the f32 rows and writes the packed LHS; the
+        plan's other ops count none."""
         read, written, ops = (np.zeros(len(self.groups), np.int64) for _ in range(3))
         rows = m
         for i, node in enumerate(self.plan.nodes.tolist()):
-            col = 0 if rows == 1 else 2
-            lhs, kern = self.node_groups[i, col], self.node_groups[i, col + 1]
+            one = rows == 1 or gemv
+            lhs, kern = self.node_groups[i, 0 if one else 2], self.node_groups[i, 1 if one else 3]
             if node[0] == OP_MATMUL and rows:
                 w = self.plan.weights[node[3]]
-                code = w.gemv if rows == 1 else w.gemm
+                code = w.gemv if one else w.gemm
                 packed = code.lhs_bytes(rows)
                 if lhs >= 0:
                     read[lhs] += rows * w.k * 4
                     written[lhs] += packed
-                read[kern] += packed + int(w.rhs.nbytes)
+                read[kern] += packed + int(w.rhs.nbytes) * (rows if one else 1)
                 written[kern] += rows * w.n * 4
                 ops[kern] += 2 * rows * w.n * w.k
             if node[0] == OP_KEEP:
@@ -198,9 +201,9 @@ class ClockSums:
     clock: PlanClock | None = None
     seconds: np.ndarray | None = None
     calls: np.ndarray | None = None
-    shapes: Counter[tuple[int, int]] = field(default_factory=Counter)
+    shapes: Counter[tuple[int, int, bool]] = field(default_factory=Counter)
 
-    def add(self, clock: PlanClock, taken: tuple[np.ndarray, np.ndarray, Counter[tuple[int, int]]]) -> None:
+    def add(self, clock: PlanClock, taken: tuple[np.ndarray, np.ndarray, Counter[tuple[int, int, bool]]]) -> None:
         """Add one :meth:`PlanClock.take` of ``clock`` (a new plan's clock starts the sums again: its groups
         differ)."""
         if self.clock is not clock or self.seconds is None or self.calls is None:
@@ -221,8 +224,8 @@ class ClockSums:
         if clock is None or self.seconds is None or self.calls is None:
             return kernels, ops
         read, written, work = (np.zeros(len(clock.groups), np.int64) for _ in range(3))
-        for (m, kept), count in self.shapes.items():
-            r, w, o = clock.work(m, kept)
+        for (m, kept, gemv), count in self.shapes.items():
+            r, w, o = clock.work(m, kept, gemv)
             read, written, work = read + count * r, written + count * w, work + count * o
         share = (lambda s: s / wall_seconds) if wall_seconds else (lambda s: 0.0)
         mul_mat = {"op": "MUL_MAT", "calls": 0, "seconds": 0.0}

@@ -78,7 +78,13 @@ def test_f16_weights_verify_with_the_gemv(tmp_path: Path, weights: T, graph: boo
     engine = Engine(write_model(tmp_path / "m.gguf", "llama", weights), graph=graph, threads=2, progress=False)
     assert engine.backend.exact_rows == (weights == T.Q4_0)
     ids = [1, *[260, 258, 259, 5, 9, 40, 7] * 3]
+    clock = engine.lm.compiled.start_clock() if graph else None
     rows_as_decoded = engine.lm.forward(ids, all_logits=True, as_decoded=True)
+    if clock is not None:  # the plan's clock (the Inside view's) books the rows to the GEMVs that ran
+        _, calls, shapes = clock.take()
+        ran = {g.name for g, c in zip(clock.groups, calls.tolist(), strict=True) if c and g.role in ("gemm", "gemv")}
+        assert ran == {"kai_run_" + w.linear.gemv.kernel.name for w in engine.lm.compiled.plan.weights}
+        assert shapes == {(len(ids), len(ids), True): 1}
     engine.lm.reset()
     one_by_one = np.stack([engine.lm.forward([t]) for t in ids])
     assert np.array_equal(rows_as_decoded, one_by_one)
