@@ -119,10 +119,11 @@ def scale(table, i, rows, ith, nth):  # pragma: no cover - compiled
 
 
 def softcap(table, i, rows, ith, nth):  # pragma: no cover - compiled
-    """SOFTCAP (in place; on the caller's logits array when the node's buffer is the logits'): a share of the rows."""
+    """SOFTCAP (in place; on the caller's logits array when the node's buffer is the logits'): a share of the
+    elements of the rows."""
     arrays, node, buffers = _node(table, i)
     x = logits_2d(arrays) if node[2] else f32_2d(buffers, node[1])
-    lo, hi = share(rows, ith, nth)
+    lo, hi = share(rows * x.shape[1], ith, nth)
     elementwise.softcap(x, _fparam(arrays, i), lo, hi)
 
 

@@ -168,14 +168,15 @@ def softcap_value(x, inv, cap):
 
 
 @numba.njit(cache=True, nogil=True)
-def softcap(x, cap, r0, r1):
-    """Rows r0..r1-1 of x [m, n] soft-capped in place (Gemma 2's final logits): :func:`softcap_value` with the
-    f32 ``cap``."""
+def softcap(x, cap, e0, e1):
+    """Elements e0..e1-1 of x [m, n] (C-contiguous, in memory order) soft-capped in place (Gemma 2's final logits,
+    split by elements: a decoded token's one row of 256k shares out too): :func:`softcap_value` with the f32
+    ``cap``."""
     c = np.float32(cap)
     inv = np.float32(1.0) / c
-    for r in range(r0, r1):
-        for i in range(x.shape[1]):
-            x[r, i] = softcap_value(x[r, i], inv, c)
+    flat = x.reshape(-1)
+    for i in range(e0, e1):
+        flat[i] = softcap_value(flat[i], inv, c)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")  # no ZeroDivisionError branch: the loop vectorizes

@@ -271,7 +271,7 @@ class EagerOps:
         return out
 
     def softcap(self, buf: np.ndarray, cap: float) -> np.ndarray:
-        elementwise.softcap(buf, cap, 0, buf.shape[0])
+        elementwise.softcap(buf, cap, 0, buf.size)
         return buf
 
     def glu(self, gelu: bool, gate: np.ndarray, up: np.ndarray, name: str) -> np.ndarray:
