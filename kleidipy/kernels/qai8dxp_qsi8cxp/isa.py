@@ -41,7 +41,7 @@ def _rhs_data_bytes(kern: MatmulKernel, k_int: int, nr: int) -> int:
 # --------------------------------------------------------------------------------------------- SME
 
 
-def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
+def sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
     """``qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme{,2}_mopa`` and ``qai8dxp1vlx8_qsi4cxp4vlx8_1vlx4vl_sme2_mopa``:
     per 4-value K chunk, one LHS vector (VL rows × 4) and four RHS vectors (4VL columns × 4) → 4 SMOPA."""
     sme2, int4 = kern.tier == "sme2", _int4(kern)
@@ -124,7 +124,7 @@ def _sme_mopa(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buff
     sme.smstop(m)
 
 
-def _sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
+def sme_dot(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
     """``qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme{,2}_dot`` and ``qai8dxp1x4_qsi4cxp4vlx4_1x4vl_sme2_sdot`` (m = 1):
     per 16 K, the LHS bytes replicated per 128 bits (LD1RQB) and four K chunks of 4VL columns; SME2: SDOT into
     the ZA vector group, SME1: SVE SDOT (indexed) into z16–z19. Epilogue: MLA, SCVTF, FMUL, FMLA into the bias."""
@@ -238,7 +238,7 @@ def _neon_rhs_chunk(m: Machine, rhs: Buffer, rhs_group: int, k0: int, int4: bool
     return [(5, k0)]
 
 
-def _neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
+def neon_i8mm(m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer) -> None:
     """``qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm`` and ``qai8dxp4x8_qsi4cxp4x8_{4x4,8x4}x32_neon_i8mm``: SMMLA of
     [row r 8 K | row r+1 8 K] × [col c 8 K | col c+1 8 K] into 4 tiles per group of 4 rows, the whole K, then
     UZP1/UZP2 .2d to rows and the per-channel epilogue."""
@@ -322,7 +322,7 @@ def _neon_dotprod(
     m.trace_when(False)
 
 
-def _neon_dotprod_1x8(
+def neon_dotprod_1x8(
     m: Machine, kern: MatmulKernel, mm: int, n: int, k: int, lhs: Buffer, rhs: Buffer, dst: Buffer
 ) -> None:
     """``qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod`` (kr = 8) and ``qai8dxp1x8_qsi4cxp4x8_1x4x32_neon_dotprod``
@@ -355,12 +355,12 @@ def _neon_dotprod_1x8(
 
 
 PROGRAMS = {
-    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa": _sme_mopa,
-    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot": _sme_dot,
-    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa": _sme_mopa,
-    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot": _sme_dot,
-    "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm": _neon_i8mm,
-    "matmul_clamp_f32_qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod": _neon_dotprod_1x8,
+    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme2_mopa": sme_mopa,
+    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme2_dot": sme_dot,
+    "matmul_clamp_f32_qai8dxp1vlx4_qsi8cxp4vlx4_1vlx4vl_sme_mopa": sme_mopa,
+    "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4vlx4_1x4vl_sme_dot": sme_dot,
+    "matmul_clamp_f32_qai8dxp4x8_qsi8cxp4x8_16x4_neon_i8mm": neon_i8mm,
+    "matmul_clamp_f32_qai8dxp1x8_qsi8cxp4x8_1x4_neon_dotprod": neon_dotprod_1x8,
     "matmul_clamp_f32_qai8dxp4x4_qsi8cxp4x4_16x4_neon_dotprod": _neon_dotprod,
     "matmul_clamp_f32_qai8dxp1x4_qsi8cxp4x4_1x4_neon_dotprod": _neon_dotprod,
 }

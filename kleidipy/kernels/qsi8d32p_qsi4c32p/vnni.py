@@ -330,7 +330,7 @@ def _make_fp16_vectors(widen: bool):
 
 
 _f16_to_f32_vectors = _make_fp16_vectors(True)
-_f32_to_f16_vectors = _make_fp16_vectors(False)
+f32_to_f16_vectors = _make_fp16_vectors(False)
 
 
 # --------------------------------------------------------------------------------------------- drivers
@@ -471,7 +471,7 @@ def _compute_portable(m, n, k, mr, nr, lhs, rhs, first_block_fmul):
 _COMPUTE = {vnni.VNNI512: _compute_vnni512, vnni.PORTABLE: _compute_portable}
 
 
-def _check_buffers(m: int, n: int, k: int, mr: int, nr: int, lhs_u8: np.ndarray, rhs_u8: np.ndarray) -> None:
+def check_buffers(m: int, n: int, k: int, mr: int, nr: int, lhs_u8: np.ndarray, rhs_u8: np.ndarray) -> None:
     """The packed LHS (mr rows per group) and RHS (nr columns per group) are contiguous uint8 and large enough: the
     tiles read without bounds checks."""
     for what, buf, need in (
@@ -505,5 +505,5 @@ def compute(
         raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
     if mr < 1 or nr < VEC_COLS or nr % VEC_COLS:
         raise KernelShapeError(f"mr={mr}, nr={nr}: nr must be a multiple of {VEC_COLS} (4·VL)")
-    _check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
+    check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
     return _COMPUTE[isa](m, n, k, mr, nr, lhs_u8, rhs_u8, bool(first_block_fmul))

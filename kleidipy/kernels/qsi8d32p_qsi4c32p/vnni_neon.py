@@ -28,7 +28,7 @@ from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import (
     TILE_ROWS,
     VEC_COLS,
     Tile,
-    _check_buffers,
+    check_buffers,
     lhs_terms,
     make_tile,
 )
@@ -252,5 +252,5 @@ def compute_neon(
         raise KernelShapeError(f"m={m}, n={n}, k={k}: need positive sizes and k a multiple of 32")
     if nr != NEON_NR or kr not in (8, 16) or sr < 1 or (kr // sr) % 4 or 32 % (kr // sr):
         raise KernelShapeError(f"nr={nr}, kr={kr}, sr={sr}: not a NEON layout of this family")
-    _check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
+    check_buffers(m, n, k, mr, nr, lhs_u8, rhs_u8)
     return _COMPUTE_NEON[isa](m, n, k, mr, nr, kr, sr, lhs_u8, rhs_u8)
