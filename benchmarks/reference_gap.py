@@ -2,7 +2,8 @@
 
     python benchmarks/reference_gap.py [MODEL ...] [--target sme2:svl=512] [--reference ../shared/reference]
 
-MODEL keys: smollm2-q4_1, smollm2-q4_0, smollm2-q8_0, qwen25-q4_0, qwen25-q4_k_m, gemma3-q4_k_m (default: all).
+MODEL keys: smollm2-q4_1, smollm2-q4_0, smollm2-q8_0, qwen25-q4_0, qwen25-q4_k_m, gemma3-q4_k_m, gemma3-q4_0 (default:
+all; a model without reference files in the folder is reported as such).
 Shipped files come from the catalogue (``kleidipy pull``); the Q4_0/Q8_0 ones are made by ``kleidipy quantize
 --pure`` (byte-identical to llama-quantize's) into the model cache's ``bench/`` folder. Per model it prints the mean
 and 90th percentile over prompt positions of the largest |Δ| among llama.cpp's top-10 logits after removing the
@@ -10,7 +11,9 @@ mean shift (robust to the rounding noise one last logit row shows), top-1 agreem
 the last-position max |Δ| that ``tests/runtime/test_runtime_reference.py`` bounds, how many prompts are llama.cpp's
 bit for bit (every top-10 and the last row) and, for the others, the first position whose top-10 differs. The
 reference's Qwen2.5 Q4_K_M files are in ``tests/data/llama_cpp``; ``--reference tests/data/llama_cpp_arm --target
-i8mm smollm2-q4_0`` measures against llama.cpp on Arm (with KleidiAI, under QEMU: that folder's README).
+i8mm smollm2-q4_0`` measures against llama.cpp on Arm (with KleidiAI, under QEMU: that folder's README), ``--reference
+tests/data/llama_cpp_arm/sme2_svl512 --target sme2:svl=512`` against it on SME2 (smollm2-q4_0, smollm2-q8_0,
+gemma3-q4_0). ``--threads`` sets kleidipy's thread count (default 1).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ REQUANTIZED = {
     "smollm2-q4_0": ("smollm2-135m-instruct", "q4_0"),
     "smollm2-q8_0": ("smollm2-135m-instruct", "q8_0"),
     "qwen25-q4_0": ("qwen2.5-coder-0.5b-instruct", "q4_0"),
+    "gemma3-q4_0": ("gemma3-270m", "q4_0"),
 }
 
 
@@ -59,7 +63,10 @@ def logits_dir(key: str, reference: Path) -> Path:
 
 def measure(engine: Engine, folder: Path, key: str) -> str:
     gaps, agree, lasts, firsts = [], 0, [], []
-    for f in sorted(folder.glob(f"{key}__*__default.json")):
+    files = sorted(folder.glob(f"{key}__*__default.json"))
+    if not files:
+        return f"| {key} | no reference files in {folder} | | | | | |"
+    for f in files:
         ref = json.loads(f.read_text())
         chat = ref["prompt_kind"] == "chat"
         ids = engine.chat_prompt(ref["messages"]) if chat else engine.prompt(ref["prompt_text"])
@@ -89,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", choices=[*SHIPPED, *REQUANTIZED], help="default: all")
     parser.add_argument("--target", default="sme2:svl=512")
     parser.add_argument("--reference", type=Path, default=HERE.parent.parent / "shared" / "reference")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     print("| model | mean top-10 gap | p90 | top-1 | last-logit max \\|Δ\\| | bit for bit | first differing position |")
     print("|---|---|---|---|---|---|---|")
     for key in args.models or [*SHIPPED, *REQUANTIZED]:
-        engine = Engine(model_path(key), target=parse_target(args.target), progress=False, notice=lambda _: None)
+        target = parse_target(args.target)
+        engine = Engine(model_path(key), target=target, threads=args.threads, progress=False, notice=lambda _: None)
         print(measure(engine, logits_dir(key, args.reference), key), flush=True)
     return 0
 

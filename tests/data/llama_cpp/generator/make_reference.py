@@ -22,7 +22,12 @@ existing reference set's files so that they are byte-identical.
 
 Usage:
   make_reference.py --model-key KEY --model-path PATH --model-file NAME --variant default|norepack \
-      --prompts-from ../shared/reference/logits --prompts-model qwen25-q4_0 --out DIR [--prompt NAME ...]
+      --prompts-from ../shared/reference/logits --prompts-model qwen25-q4_0 --out DIR [--prompt NAME ...] \
+      [--threads N] [--python-path DIR ...]
+
+--threads sets n_threads and n_threads_batch (default 1); --python-path puts a folder first on sys.path (where
+llama_cpp is found under an emulator whose PYTHONPATH is set for it: ../../llama_cpp_arm/make_arm_reference.py).
+run.json also keeps the load log's KleidiAI lines and buffer-type moves, and the GGML_* environment of the run.
 """
 
 import argparse
@@ -78,7 +83,10 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--log-dir", default=None, help="where to keep the raw stderr load/run log")
     ap.add_argument("--prompt", action="append", default=None, help="subset of prompts (default: all six)")
+    ap.add_argument("--threads", type=int, default=1, help="n_threads and n_threads_batch")
+    ap.add_argument("--python-path", action="append", default=[], help="folder put first on sys.path")
     args = ap.parse_args()
+    sys.path[:0] = args.python_path
 
     os.makedirs(args.out, exist_ok=True)
     prompts = args.prompt or PROMPT_ORDER
@@ -113,7 +121,9 @@ def main():
 
         C.llama_model_default_params = _patched
 
-    llama_kwargs = dict(n_ctx=2048, n_threads=1, n_threads_batch=1, logits_all=True, verbose=True, seed=0)
+    llama_kwargs = dict(
+        n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads, logits_all=True, verbose=True, seed=0
+    )
     t_load = time.time()
     llm = llama_cpp.Llama(model_path=args.model_path, **llama_kwargs)
     t_load = time.time() - t_load
@@ -305,6 +315,9 @@ def main():
     # buffer lines printed after the load (context creation) are in the full log
     full_lines = [l.strip() for l in log_text().splitlines()]
     run["load_log_buffer_lines"] = [l for l in full_lines if "buffer size" in l]
+    run["load_log_kleidiai_lines"] = [l for l in full_lines if "kleidiai" in l.lower()]
+    run["load_log_buffer_type_moves"] = [l for l in full_lines if "cannot be used with preferred buffer type" in l]
+    run["environment"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("GGML_")}
     with open(os.path.join(args.out, f"{args.model_key}__{args.variant}.run.json"), "w", encoding="utf-8") as f:
         f.write(json.dumps(run, ensure_ascii=False, indent=1))
     print(
