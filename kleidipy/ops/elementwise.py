@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from kleidipy.core.numerics import F16_BITS_TO_F32, f32_bits, f32_to_f16_bits_scalar, fma32
+from kleidipy.core.numerics import F16_BITS_TO_F32, f32_bits, f32_to_f16_bits_scalar, fma32, fma_f32
 from kleidipy.core.vnni import HAS_F16C
 
 # ggml_v_expf's constants (NEON variant)
@@ -202,10 +202,13 @@ def libm_f32(fn: Callable[..., np.ndarray], *args: np.ndarray | np.float32) -> n
 
 @cache
 def gelu_f16_table() -> np.ndarray:
-    """ggml's GELU table: for every F16 bit pattern, the tanh-approximated GELU in f32 rounded to F16 (as f32)."""
+    """ggml's GELU table: for every F16 bit pattern, the tanh-approximated GELU in f32 rounded to F16 (as f32), with
+    ``1.0f + GELU_COEF_A*x*x`` one fma as GCC contracts it in ``ggml_gelu_f32`` (``fmadd`` in llama.cpp's aarch64
+    build: the entry of x = −1.9990234375 moves by one F16 step, every other is the same)."""
     x = F16_BITS_TO_F32  # (from the bits: no float conversion, so no warning and the same NaNs on every host)
     with np.errstate(invalid="ignore", over="ignore"):
-        inner = np.float32(0.7978845608028654) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
+        coef_x_x = fma_f32(np.float32(0.044715) * x, x, np.float32(1.0))
+        inner = np.float32(0.7978845608028654) * x * coef_x_x
         gelu = np.float32(0.5) * x * (np.float32(1.0) + libm_f32(np.tanh, inner))
         return gelu.astype(np.float16).astype(np.float32)  # (NaN entries, from NaN bit patterns, stay NaN)
 

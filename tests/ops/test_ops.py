@@ -181,6 +181,16 @@ def test_geglu(rng: np.random.Generator) -> None:
         assert _same(out, want)
 
 
+def test_gelu_table_entry_as_llama_cpp_arm_has_it() -> None:
+    """llama.cpp's table on aarch64 (GCC's ``fmadd`` for ``1.0f + GELU_COEF_A*x*x``, read from the 0c1e570 build's
+    disassembly and its table computed under QEMU, tests/data/llama_cpp_arm/README.md): at x = −1.9990234375 it holds
+    −0.045501708984375, one F16 step from the unfused value."""
+    table = gelu_f16_table()
+    assert np.float16(-1.9990234375).view(np.uint16) == 0xBFFF
+    assert table[0xBFFF] == F32(-0.045501708984375)
+    assert table[0x3C00] == F32(np.float16(0.8411920070648193))  # (gelu(1.0), unchanged)
+
+
 @pytest.mark.parametrize("neox", [False, True])
 def test_rope(rng: np.random.Generator, neox: bool) -> None:
     m, n_heads, d, n_rot, start = 4, 6, 16, 12, 5
