@@ -10,6 +10,8 @@ The order of each op: docs/elementwise-ops.md."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import platform
 from collections.abc import Callable
 from functools import cache
@@ -193,11 +195,44 @@ def swiglu(gate, up, out, r0, r1):
 
 
 def libm_f32(fn: Callable[..., np.ndarray], *args: np.ndarray | np.float32) -> np.ndarray:
-    """glibc's float function (powf, cosf, sinf, tanhf) of f32 arguments, approximated as ``fn`` in float64 rounded
-    once to f32: the same bits on every host (:mod:`kleidipy.runtime.layers`'s docstring says how close to glibc)."""
+    """glibc's float function (powf, tanhf) of f32 arguments, approximated as ``fn`` in float64 rounded once to f32:
+    the same bits on every host (README's Exactness section says how close to glibc)."""
     wide = [np.asarray(a, np.float64) for a in args]
     with np.errstate(invalid="ignore", over="ignore"):
         return np.asarray(fn(*wide), np.float64).astype(np.float32)
+
+
+#: the C library's float functions of one float that :func:`c_libm_f32` calls
+C_LIBM_FUNCTIONS = ("cosf", "sinf")
+
+
+@cache
+def _c_libm_loop(name: str) -> Callable[[np.ndarray, np.ndarray], None]:
+    """A compiled loop calling the C library's ``name`` (float -> float) on every element (not cached on disk: it
+    holds the function's address in this process)."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    fn = getattr(libm, name)
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+
+    @numba.njit(nogil=True)
+    def loop(x, out):  # pragma: no cover - compiled
+        for i in range(x.size):
+            out[i] = fn(x[i])
+
+    return loop
+
+
+def c_libm_f32(name: str, x: np.ndarray) -> np.ndarray:
+    """The C library's own ``cosf``/``sinf`` (:data:`C_LIBM_FUNCTIONS`) of every f32 of x, as llama.cpp calls them
+    for RoPE's cache: glibc's are not correctly rounded everywhere (about 1 % of RoPE's entries are an ulp from
+    float64 rounded once), and an ulp can flip an F16 rounding of K or Q downstream. glibc gives the same bits on
+    x86-64 and aarch64 (README, Exactness)."""
+    if name not in C_LIBM_FUNCTIONS:
+        raise ValueError(f"c_libm_f32 calls {', '.join(C_LIBM_FUNCTIONS)}, not {name!r}")
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.empty_like(flat)
+    _c_libm_loop(name)(flat, out)
+    return out.reshape(np.shape(x))
 
 
 @cache

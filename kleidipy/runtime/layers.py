@@ -16,7 +16,7 @@ import numpy as np
 from kleidipy.errors import InvalidTokenError
 from kleidipy.ops import attention as ops_attention
 from kleidipy.ops import elementwise
-from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
+from kleidipy.ops.elementwise import c_libm_f32, gelu_f16_table, libm_f32
 from kleidipy.runtime.architecture import Architecture, TensorTable, ValidatedFile, context_size, read_tensors
 from kleidipy.runtime.gguf_file import UnsupportedArchitectureError
 from kleidipy.runtime.hparams import HyperParameters, RopeType
@@ -62,8 +62,9 @@ class RMSNorm:
 
 
 class RoPE:
-    """Rotary position embedding with cos/sin tables precomputed for positions 0..n_ctx-1; ``attn_factor``
-    multiplies both tables in f32 (ggml's rope ``mscale`` without YaRN ramp: ``cosf(theta) * mscale``)."""
+    """Rotary position embedding with cos/sin tables precomputed for positions 0..n_ctx-1 by the C library's
+    ``cosf``/``sinf``, as ggml's rope cache; ``attn_factor`` multiplies both tables in f32 (ggml's rope ``mscale``
+    without YaRN ramp: ``cosf(theta) * mscale``)."""
 
     def __init__(
         self,
@@ -84,8 +85,8 @@ class RoPE:
         for i in range(n_rot // 2):
             angles[:, i] = np.float32(freq_scale) * (theta / ff[i])
             theta = theta * theta_scale
-        self.cos = libm_f32(np.cos, angles) * np.float32(attn_factor)
-        self.sin = libm_f32(np.sin, angles) * np.float32(attn_factor)
+        self.cos = c_libm_f32("cosf", angles) * np.float32(attn_factor)
+        self.sin = c_libm_f32("sinf", angles) * np.float32(attn_factor)
 
     def __call__(self, x: np.ndarray, start: int) -> None:
         """Rotate x [m, n_heads, head_dim] (C-contiguous float32) in place for positions start..start+m-1."""

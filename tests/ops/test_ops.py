@@ -181,6 +181,42 @@ def test_geglu(rng: np.random.Generator) -> None:
         assert _same(out, want)
 
 
+def test_rope_tables_are_the_c_librarys_cosf_sinf() -> None:
+    """RoPE's cos/sin tables call the C library's cosf/sinf, as ggml's rope cache does (glibc's differ from float64
+    rounded once by an ulp in about 1 % of the entries, and such an ulp can flip an F16 rounding downstream)."""
+    import ctypes
+    import ctypes.util
+
+    from kleidipy.ops.elementwise import c_libm_f32
+    from kleidipy.runtime.hparams import RopeType
+    from kleidipy.runtime.layers import RoPE
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    for name in ("cosf", "sinf"):
+        getattr(libm, name).restype, getattr(libm, name).argtypes = ctypes.c_float, [ctypes.c_float]
+    rope = RoPE(64, RopeType.NORM, 10000.0, 1.0, 300)
+    theta = np.float32(10000.0) ** (np.float32(-2.0) / np.float32(64))  # (any angles: the call is what is checked)
+    angles = np.arange(300, dtype=np.float32)[:, None] * theta ** np.arange(32, dtype=np.float32)
+    want = np.vectorize(lambda t: np.float32(libm.cosf(float(t))), otypes=[np.float32])(angles)
+    assert _same(c_libm_f32("cosf", angles), want)
+    assert (c_libm_f32("cosf", angles) != libm_f32(np.cos, angles)).any()  # (glibc's: not float64 rounded once)
+    for p in (0, 17, 299):
+        for i in (0, 5, 31):
+            assert rope.cos[p, i] == np.float32(libm.cosf(_rope_angle(10000.0, 64, p, i)))
+            assert rope.sin[p, i] == np.float32(libm.sinf(_rope_angle(10000.0, 64, p, i)))
+    with pytest.raises(ValueError, match="cosf, sinf"):
+        c_libm_f32("tanhf", angles)
+
+
+def _rope_angle(base: float, n_rot: int, p: int, i: int) -> float:
+    """ggml's angle of pair i at position p: p times theta_scale i times, each product rounded to f32
+    (theta_scale = powf(base, -2/n_rot))."""
+    scale, theta = libm_f32(np.power, np.float32(base), np.float32(-2.0) / np.float32(n_rot)), np.float32(p)
+    for _ in range(i):
+        theta = np.float32(theta * scale)
+    return float(theta)
+
+
 def test_gelu_table_entry_as_llama_cpp_arm_has_it() -> None:
     """llama.cpp's table on aarch64 (GCC's ``fmadd`` for ``1.0f + GELU_COEF_A*x*x``, read from the 0c1e570 build's
     disassembly and its table computed under QEMU, tests/data/llama_cpp_arm/README.md): at x = −1.9990234375 it holds
