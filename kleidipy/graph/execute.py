@@ -85,6 +85,7 @@ class CompiledForward:
         self._arrays: list[np.ndarray] = []
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, attention.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
+        self._kv_gemm = np.zeros(0, np.int64) if plan.kv_gemm is None else plan.kv_gemm.params
         self._status = np.zeros(STATUS_INSIDE + 1, np.int64)
         #: the embedding as the run does it (GET_ROWS of its bytes, code >= 0), or -1: the caller embeds in Python
         embd = getattr(lm.embedding, "compiled_rows", lambda: None)()
@@ -203,6 +204,7 @@ class CompiledForward:
                 rows,
                 self._run_slots,
                 self._decode_slots,
+                self._kv_gemm,
             ]
             self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
             table = self._arrays_table.ctypes.data

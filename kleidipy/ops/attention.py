@@ -19,6 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
+from kleidipy.core.node import P_GEMM_KXN, call_gemm_kxn
 from kleidipy.core.numerics import fma32, round_f16_scalar
 from kleidipy.core.vnni import F32, F32X16
 from kleidipy.ops.elementwise import _load_cell, _store_cell, expf_ir, softcap_value
@@ -538,3 +539,45 @@ def attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, 
             _softcap(s[0], jlo, jhi, cp)
             _softmax(jlo, jhi, sc, f16, s[0])
             _kqv(vc[kvh], jlo, jhi, s[0], acc[0], out[i, h * d : (h + 1) * d])
+
+
+@numba.njit(cache=True, nogil=True)
+def attention_kv_gemm(q, kc, vc, start, m, n_kv, scale, window, out, h0, h1, params, cap=0.0):
+    """Heads h0..h1-1 of :func:`attention` over an F16 cache (kc, vc uint16 bits) as llama.cpp master computes a batch
+    (m > 1) where its kernel table has a GEMM for the F16 KV cache (kleidiai.cpp takes the KQV MUL_MAT): KQ, the
+    soft-cap and the softmax as :func:`attention` does them (q rounded to F16, the same lanes), the weights kept in
+    f32 (ggml no longer converts the KQV's src1 to F16), then per head the table's GEMM, ``params`` a
+    :class:`~kleidipy.core.node.NodeKernel` record with its :data:`~kleidipy.core.node.GEMM_KXN` routine, of the
+    weights [m, n_kv] (0 at each row's masked cells) by V of its KV head as K x N float32 (the exact F16 values:
+    ``transpose_f32kxn_f16nxk``), into out [m, n_head·d] (C-contiguous rows). Cells from n_kv on, which llama.cpp's
+    padded n_kv adds with weight 0, change no sum of the GEMM (a zero product leaves a sum of pairs as it is)."""
+    d = q.shape[2]
+    group = q.shape[1] // kc.shape[0]
+    sc, cp = np.float32(scale), np.float32(cap)
+    w = np.zeros((m, n_kv), np.float32)
+    s = np.empty(-(-n_kv // LANES) * LANES, np.float32)
+    kq = np.empty((LANES, n_kv), np.float32)
+    qv = np.empty(d, np.float32)
+    vt = np.empty((n_kv, d), np.float32)
+    loaded = -1
+    for h in range(h0, h1):
+        kvh = h // group
+        if kvh != loaded:
+            for j in range(n_kv):
+                row = _v_row(vc[kvh], j, d)
+                for c in range(d):
+                    vt[j, c] = _load_cell(row[c])
+            loaded = kvh
+        for i in range(m):
+            p = start + i
+            for c in range(d):
+                qv[c] = round_f16_scalar(q[i, h, c])
+            jlo = max(0, p - window + 1) if window > 0 else 0
+            jhi = min(p + 1, n_kv)
+            _kq_cells(qv, kc[kvh], jlo, jhi, kq, s)
+            _softcap(s, jlo, jhi, cp)
+            _softmax(jlo, jhi, sc, False, s)
+            w[i, :] = np.float32(0.0)
+            w[i, jlo:jhi] = s[jlo:jhi]
+        at, ld = out.ctypes.data + h * d * 4, out.shape[1]
+        call_gemm_kxn(params[P_GEMM_KXN], params.ctypes.data, m, d, n_kv, w.ctypes.data, vt.ctypes.data, at, ld)

@@ -32,6 +32,7 @@ from kleidipy.runtime.weights import (
 )
 
 if TYPE_CHECKING:
+    from kleidipy.core.node import NodeKernel
     from kleidipy.graph.model import Ops
 
 T = TypeVar("T")
@@ -97,19 +98,32 @@ class RoPE:
 
 
 def attention(
-    q: np.ndarray, kv: KVCache, layer: int, start: int, scale: np.float32, window: int | None = None, cap: float = 0.0
+    q: np.ndarray,
+    kv: KVCache,
+    layer: int,
+    start: int,
+    scale: np.float32,
+    window: int | None = None,
+    cap: float = 0.0,
+    kv_gemm: NodeKernel | None = None,
 ) -> np.ndarray:
     """Causal attention of q [m, n_head, d] (positions start..start+m-1) over the cells 0..start+m-1 of layer
     ``layer`` of the cache ``kv`` (float16, which also rounds Q and the softmax weights to F16, or float32), over
     the last ``window`` positions of each query when given, scores soft-capped at ``cap`` when > 0; returns
     [m, n_head, d]
-    (:func:`kleidipy.ops.attention.attention`)."""
+    (:func:`kleidipy.ops.attention.attention`). ``kv_gemm``: the KV-cache GEMM of the target's table, which takes the
+    KQV over a float16 cache (:func:`kleidipy.ops.attention.attention_kv_gemm`)."""
     m, n_head, d = q.shape
     n_kv = start + m
     keys, values = kv.layer(layer)
     out = np.empty((m, n_head * d), np.float32)
-    scratch = np.empty(ops_attention.attention_scratch_size(n_kv, d), np.float32)
     q = np.ascontiguousarray(q, np.float32)
+    if kv_gemm is not None and kv.f16:
+        ops_attention.attention_kv_gemm(
+            q, keys, values, start, m, n_kv, scale, window or 0, out, 0, n_head, kv_gemm.params, np.float32(cap)
+        )
+        return out.reshape(m, n_head, d)
+    scratch = np.empty(ops_attention.attention_scratch_size(n_kv, d), np.float32)
     attend = ops_attention.attention_for(d)  # (its path alone: a first run compiles only that)
     attend(q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1, np.float32(cap))
     return out.reshape(m, n_head, d)
@@ -224,10 +238,13 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 class EagerOps:
     """The op-by-op execution of a block's description (:class:`~kleidipy.graph.model.Ops` over arrays): each op
     runs at once, on the ubatch's rows, with the same op functions the compiled plan calls. ``rows``: the rows the
-    last block keeps (llama.cpp's out_ids)."""
+    last block keeps (llama.cpp's out_ids); ``kv_gemm``: the KV-cache GEMM that takes attention's KQV (a batch of
+    more than one token on a target whose table has one), or None."""
 
-    def __init__(self, ubatch: Sequence[Segment], rows: np.ndarray | slice | None = None) -> None:
-        self.ubatch, self.rows = ubatch, rows
+    def __init__(
+        self, ubatch: Sequence[Segment], rows: np.ndarray | slice | None = None, kv_gemm: NodeKernel | None = None
+    ) -> None:
+        self.ubatch, self.rows, self.kv_gemm = ubatch, rows, kv_gemm
 
     def _heads(self, x: np.ndarray, n_heads: int) -> Iterator[tuple[Segment, np.ndarray]]:
         """Per segment: its rows of x as [rows, n_heads, head_dim] (views: writes land in x)."""
@@ -267,7 +284,7 @@ class EagerOps:
         out = np.empty_like(q)
         heads = out.reshape(out.shape[0], n_head, -1)
         for seg, rows in self._heads(q, n_head):
-            heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window, cap)
+            heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window, cap, self.kv_gemm)
         return out
 
     def softcap(self, buf: np.ndarray, cap: float) -> np.ndarray:
@@ -336,6 +353,10 @@ class CausalLM:
         self.lm_head = read_tensors(model, {"head": head}, linear)["head"]
         self.n_ubatch = n_ubatch
         self.kv_dtype = check_cache_dtype(kv_dtype)
+        #: the GEMM of the matmul backend's kernel table that takes attention's KQV over the F16 cache for a batch
+        #: (llama.cpp master's KleidiAI F16 route: :attr:`~kleidipy.runtime.backend.KleidiBackend.kv_gemm`), or None
+        kv_gemm: NodeKernel | None = getattr(linear, "kv_gemm", None)
+        self.kv_gemm = kv_gemm if self.kv_dtype == np.float16 else None
         self._cache: KVCache | None = None
         #: told of every forward pass (:class:`~kleidipy.observer.Observer`); an engine shares its list
         self.observers: list = []
@@ -538,7 +559,7 @@ class CausalLM:
     def _hidden(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice) -> np.ndarray:
         """One ubatch through the blocks; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""
         x = self.embedding(ids)
-        ops = EagerOps(ubatch, keep)
+        ops = EagerOps(ubatch, keep, self.kv_gemm if ids.size > 1 and not GEMV_ROWS.get() else None)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             x = block.forward(ops, x, i == last)
