@@ -98,32 +98,19 @@ class RoPE:
 
 
 def attention(
-    q: np.ndarray,
-    kv: KVCache,
-    layer: int,
-    start: int,
-    scale: np.float32,
-    window: int | None = None,
-    cap: float = 0.0,
-    kv_gemm: NodeKernel | None = None,
+    q: np.ndarray, kv: KVCache, layer: int, start: int, scale: np.float32, window: int | None = None, cap: float = 0.0
 ) -> np.ndarray:
     """Causal attention of q [m, n_head, d] (positions start..start+m-1) over the cells 0..start+m-1 of layer
     ``layer`` of the cache ``kv`` (float16, which also rounds Q and the softmax weights to F16, or float32), over
     the last ``window`` positions of each query when given, scores soft-capped at ``cap`` when > 0; returns
     [m, n_head, d]
-    (:func:`kleidipy.ops.attention.attention`). ``kv_gemm``: the KV-cache GEMM of the target's table, which takes the
-    KQV over a float16 cache (:func:`kleidipy.ops.attention.attention_kv_gemm`)."""
+    (:func:`kleidipy.ops.attention.attention`)."""
     m, n_head, d = q.shape
     n_kv = start + m
     keys, values = kv.layer(layer)
     out = np.empty((m, n_head * d), np.float32)
-    q = np.ascontiguousarray(q, np.float32)
-    if kv_gemm is not None and kv.f16:
-        ops_attention.attention_kv_gemm(
-            q, keys, values, start, m, n_kv, scale, window or 0, out, 0, n_head, kv_gemm.params, np.float32(cap)
-        )
-        return out.reshape(m, n_head, d)
     scratch = np.empty(ops_attention.attention_scratch_size(n_kv, d), np.float32)
+    q = np.ascontiguousarray(q, np.float32)
     attend = ops_attention.attention_for(d)  # (its path alone: a first run compiles only that)
     attend(q, keys, values, start, m, n_kv, scale, window or 0, kv.f16, out, scratch, 0, n_head, 0, 1, np.float32(cap))
     return out.reshape(m, n_head, d)
@@ -284,7 +271,12 @@ class EagerOps:
         out = np.empty_like(q)
         heads = out.reshape(out.shape[0], n_head, -1)
         for seg, rows in self._heads(q, n_head):
-            heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window, cap, self.kv_gemm)
+            if self.kv_gemm is None or not seg.cache.f16:
+                heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window, cap)
+                continue
+            n_kv = seg.start + seg.hi - seg.lo  # (the KQV through the KV-cache GEMM: ops.attention.attention_kv_gemm)
+            args = (seg.start, seg.hi - seg.lo, n_kv, scale, window or 0, out[seg.lo : seg.hi], 0, n_head)
+            ops_attention.attention_kv_gemm(rows, *seg.cache.layer(layer), *args, self.kv_gemm.params, np.float32(cap))
         return out
 
     def softcap(self, buf: np.ndarray, cap: float) -> np.ndarray:

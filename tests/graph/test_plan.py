@@ -128,27 +128,28 @@ def test_seeds_table_bit_for_bit(tmp_path: Path, arch: str, weights: T) -> None:
     _assert_same(lm, prompt, [17, 200, 256])
 
 
+def _batch_token_decoded(lm: CausalLM, kv_gemm: object, threads: int | None) -> list[np.ndarray]:
+    """With ``kv_gemm`` as the model's KV-cache GEMM, op by op (``threads`` None) or compiled: a batch's last logits,
+    a token's alone, and the batch's rows as decoded tokens'."""
+    lm.kv_gemm = kv_gemm
+    if threads:
+        assert compile_model(lm, threads, adaptive=False)
+    prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)
+    out = [lm.forward(prompt, cache=lm.new_cache()), lm.forward([260], cache=lm.new_cache())]
+    out.append(lm.forward(prompt, all_logits=True, cache=lm.new_cache(), as_decoded=True))
+    if threads:
+        lm.compiled.close()
+    lm.compiled = None
+    return out
+
+
 def test_the_kv_gemm_takes_batches_only(tmp_path: Path) -> None:
     """The KV-cache GEMM changes a batch's logits, not a token's alone (llama.cpp: src1->ne[1] > 1), nor the rows of
     a batch computed as decoded tokens (``as_decoded``: each row as a decoded token's), op by op and compiled."""
     lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q8_0), "sme2:svl=512")
     kv_gemm = lm.kv_gemm
-    prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)
     for threads in (None, 2):
-        if threads:
-            assert compile_model(lm, threads, adaptive=False)
-        got = [lm.forward(prompt, cache=lm.new_cache()), lm.forward([260], cache=lm.new_cache())]
-        got.append(lm.forward(prompt, all_logits=True, cache=lm.new_cache(), as_decoded=True))
-        if threads:
-            lm.compiled.close()
-        lm.compiled, lm.kv_gemm = None, None
-        if threads:
-            assert compile_model(lm, threads, adaptive=False)
-        ggml = [lm.forward(prompt, cache=lm.new_cache()), lm.forward([260], cache=lm.new_cache())]
-        ggml.append(lm.forward(prompt, all_logits=True, cache=lm.new_cache(), as_decoded=True))
-        if threads:
-            lm.compiled.close()
-        lm.compiled, lm.kv_gemm = None, kv_gemm
+        got, ggml = _batch_token_decoded(lm, kv_gemm, threads), _batch_token_decoded(lm, None, threads)
         assert not np.array_equal(got[0], ggml[0])
         np.testing.assert_array_equal(got[1].view(np.uint32), ggml[1].view(np.uint32))
         np.testing.assert_array_equal(got[2].view(np.uint32), ggml[2].view(np.uint32))

@@ -260,6 +260,15 @@ def test_softcap(rng: np.random.Generator) -> None:
     assert np.abs(out[1:5]).max() <= cap
 
 
+def _cells_read(m: int, start: int, n_kv: int, window: int) -> list[tuple[int, int, int]]:
+    """(row, first cell, last cell + 1) that each query row i (at position start + i) reads."""
+    rows = []
+    for i in range(m):
+        p = start + i
+        rows.append((i, max(0, p - window + 1) if window else 0, min(p + 1, n_kv)))
+    return rows
+
+
 def attention_weights_numpy(q, kc, start, n_kv, scale, window, f16, cap=0.0):
     """The softmax weights of attention.attention in numpy, before any rounding to F16: q [m, n_head, d], kc
     [n_head_kv, n_ctx, d] float32 holding the cache's values (q rounded to F16 with ``f16``; scores soft-capped when
@@ -268,10 +277,7 @@ def attention_weights_numpy(q, kc, start, n_kv, scale, window, f16, cap=0.0):
     group = n_head // kc.shape[0]
     d16 = d - d % 16
     out = np.zeros((m, n_head, n_kv), np.float32)
-    for i in range(m):
-        p = start + i
-        jlo = max(0, p - window + 1) if window else 0
-        jhi = min(p + 1, n_kv)
+    for i, jlo, jhi in _cells_read(m, start, n_kv, window):
         for h in range(n_head):
             qv = _f16(q[i, h]) if f16 else q[i, h]
             k = kc[h // group, jlo:jhi]
@@ -301,10 +307,7 @@ def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16, cap=0.0):
     group = n_head // kc.shape[0]
     weights = attention_weights_numpy(q, kc, start, n_kv, scale, window, f16, cap)
     out = np.zeros((m, n_head * d), np.float32)
-    for i in range(m):
-        p = start + i
-        jlo = max(0, p - window + 1) if window else 0
-        jhi = min(p + 1, n_kv)
+    for i, jlo, jhi in _cells_read(m, start, n_kv, window):
         for h in range(n_head):
             w = _f16(weights[i, h]) if f16 else weights[i, h]
             acc = np.zeros((16, d), np.float32)

@@ -183,3 +183,42 @@ def test_production_split_rule(monkeypatch):
         two = lins[2](x[:m])
         assert splits == ([2] if split else []), (m, splits)
         assert one.tobytes() == two.tobytes()
+
+
+def dequantize_row_qsi8cxp_numpy(packed: np.ndarray, row: int, k: int, nr: int, kr: int, stride: int) -> np.ndarray:
+    """llama.cpp's ``dequantize_row_qsi8cxp`` (kernels.cpp): row ``row`` of a weight packed by
+    rhs_pack_nxk_qsi8cxp_qsi8cx_neon (groups of nr rows ``stride`` bytes apart: nr rows x k_internal int8 in chunks of
+    kr, nr int32 sums, nr f32 scales), as f32(q) then times the row's scale in f32."""
+    k_internal = -(-k // 32) * 32
+    group, r = packed[row // nr * stride : (row // nr + 1) * stride], row % nr
+    data = group[: nr * k_internal].view(np.int8).reshape(k_internal // kr, nr, kr)[:, r].reshape(-1)[:k]
+    scale = group[nr * k_internal + nr * 4 : nr * k_internal + nr * 8].view(np.float32)[r]
+    return data.astype(np.float32) * scale
+
+
+def test_q8_0_embedding_rows_from_the_packed_weight(tmp_path):
+    """On sme2 (llama.cpp master's table) a Q8_0 token embedding's rows are the ones llama.cpp's GET_ROWS reads back
+    from the packed weight (#14676): per-channel requantized, not the GGUF rows; with the seeds' table (and on i8mm)
+    the GGUF rows; a Q4_0 embedding's rows are the GGUF rows everywhere (what dequantize_row_qsi4c32ps1s0scalef16
+    reads back: test_get_rows_is_ggml_dequantization)."""
+    g = ModelFile(tiny_model(tmp_path, types={"*": T.Q8_0}))
+    t = g.tensor("token_embd.weight")
+    k, n = t.shape
+    ids = np.array([0, 3, n - 1, 7, 3], np.int64)
+    gguf_rows = formats.dequantize(t.data, T.Q8_0, n, k)[ids]
+    be = KleidiBackend(parse_target("sme2:svl=512"), notice=lambda _: None)
+    rows = be.embedding(t.name, t.ggml_type, t.shape, t.data)(ids)
+    lin = be(t.name, t.ggml_type, t.shape, t.data)
+    gemm = lin.pair.gemm
+    assert gemm.rhs_packer.name == "rhs_pack_nxk_qsi8cxp_qsi8cx_neon"
+    stride = gemm.rhs_packer.get_rhs_packed_stride(k, gemm.nr, gemm.kr, gemm.sr)
+    want = np.stack([dequantize_row_qsi8cxp_numpy(np.asarray(lin.packed), i, k, gemm.nr, gemm.kr, stride) for i in ids])
+    np.testing.assert_array_equal(rows.view(np.uint32), want.view(np.uint32))
+    assert not np.array_equal(rows, gguf_rows)
+    np.testing.assert_allclose(rows, gguf_rows, atol=np.abs(gguf_rows).max() / 127)
+    for spec in ("sme2:svl=512,table=seeds", "i8mm"):
+        seeds = KleidiBackend(parse_target(spec), notice=lambda _: None).embedding(t.name, t.ggml_type, t.shape, t.data)
+        np.testing.assert_array_equal(seeds(ids).view(np.uint32), gguf_rows.view(np.uint32))
+    q4 = ModelFile(tiny_model(tmp_path, name="q4.gguf", types={"*": T.Q4_0})).tensor("token_embd.weight")
+    rows = be.embedding(q4.name, q4.ggml_type, q4.shape, q4.data)(ids)
+    np.testing.assert_array_equal(rows, formats.dequantize(q4.data, T.Q4_0, n, k)[ids])
