@@ -97,10 +97,14 @@ class KleidiBackend:
     observers: list[Observer] = field(default_factory=list)
     #: packed weights of earlier loads (:mod:`kleidipy.runtime.repack_cache`), read instead of repacking
     cache: RepackCache | None = None
-    #: whether every weight made so far has exact rows (:attr:`~kleidipy.target.KernelPair.exact_rows`): a batch
-    #: of rows computes each as a decoded token does, so the GEMM may verify a draft
+    #: whether every weight made so far has exact rows (:attr:`~kleidipy.target.KernelPair.exact_rows`) and the
+    #: target's table has no KV-cache GEMM (a batch's attention is not a decoded token's then): a batch of rows
+    #: computes each as a decoded token does, so the GEMM may verify a draft
     exact_rows: bool = True
     _noticed: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.exact_rows = self.exact_rows and select_kv_gemm(self.target) is None
 
     def __call__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RepackedLinear:
         t0 = perf_counter()
