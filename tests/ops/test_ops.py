@@ -452,6 +452,8 @@ def attention_kv_gemm_numpy(q, kc, vc, start, n_kv, scale, window, cap=0.0):
         (9, 140, 4, 2, 64, 37, 0.0, 512),  # a sliding window (Gemma 3's local layers)
         (6, 20, 4, 2, 32, 5, 5.0, 512),  # soft-capped scores (Gemma 2)
         (33, 0, 2, 1, 64, 0, 0.0, 512),
+        (70, 0, 2, 1, 32, 0, 0.0, 512),  # blocks of KV_GEMM_ROWS rows, each over the cells its rows read
+        (75, 11, 2, 1, 32, 21, 0.0, 256),  # ... from a pair before a window's start
     ],
 )
 def test_attention_kv_gemm(
