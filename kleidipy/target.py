@@ -271,23 +271,6 @@ def select_kernels(weight_type: str, target: Target) -> KernelPair:
     raise TargetError(f"target {target.describe()} has no kernel for {weight_type}")
 
 
-#: the features with which llama.cpp master's GET_ROWS reads a Q4_0 or Q8_0 token embedding from its repacked weight,
-#: per table (None: the GGUF rows). llama-model-loader.cpp puts token_embd (op GET_ROWS) in the first buffer type whose
-#: supports_op takes it, KleidiAI's before the CPU's, and kleidiai.cpp's takes a GET_ROWS of Q4_0 or Q8_0 whenever it
-#: has kernels for the type (#14676: ``compute_forward_get_rows``, ``dequantize_row_qsi4c32ps1s0scalef16`` /
-#: ``dequantize_row_qsi8cxp``); a tied LM head (``TENSOR_DUPLICATED``) is the same tensor. Q4_0's rows are GGML's own
-#: values; Q8_0's are the per-channel requantized ones. kleidipy follows master on SME2 (the other targets keep the
-#: GGUF rows, as the seeds' llama.cpp read them).
-_ROWS_FROM_PACKED = {"master": frozenset({"sme2"}), "seeds": None}
-
-
-def embeds_from_packed(target: Target) -> bool:
-    """Whether the target's table reads a Q4_0 / Q8_0 token embedding from its repacked weight (GET_ROWS)."""
-    selection_table(target.table)  # (an unknown table raises)
-    requires = _ROWS_FROM_PACKED[target.table]
-    return requires is not None and target.has(*requires)
-
-
 def select_kv_gemm(target: Target) -> MatmulKernel | None:
     """The GEMM of the target's table for the KQV of a batch over an F16 KV cache (attention without flash
     attention, more than one token), or None: ggml's own F16 matmul."""

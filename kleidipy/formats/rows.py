@@ -1,7 +1,6 @@
 """Compiled GET_ROWS: float32 rows of a GGUF tensor's bytes for the types a token embedding usually has (F32, F16,
 Q4_0, Q4_1, Q5_0, Q8_0), with the arithmetic of gguf's numpy dequantizers (ggml's ``dequantize_row_*``:
-``d·(q − 8)``, ``d·q + m`` rounded twice, ``d·(q − 16)``, ``d·q``); and rows of int8 per output channel with an f32
-scale (:data:`PER_CHANNEL_I8`: ``f32(q)·scale``, llama.cpp's ``dequantize_row_qsi8cxp`` of a requantized Q8_0).
+``d·(q − 8)``, ``d·q + m`` rounded twice, ``d·(q − 16)``, ``d·q``).
 
 Hand-written because the embedding lookup runs once per decoded token: gguf's dequantizer spends 20–40 µs of
 numpy calls on one row, this takes about a microsecond. Types not in :data:`CODES` go to gguf.
@@ -18,15 +17,6 @@ from kleidipy.core.numerics import F16_BITS_TO_F32
 _T = GGMLQuantizationType
 #: the types with a compiled row dequantizer, and the code :func:`get_rows` takes for each
 CODES = {_T.F32: 0, _T.F16: 1, _T.Q4_0: 2, _T.Q4_1: 3, _T.Q5_0: 4, _T.Q8_0: 5}
-#: the code of rows of an f32 scale (4 bytes) then k int8 values (:func:`per_channel_rows`)
-PER_CHANNEL_I8 = 6
-
-
-def per_channel_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """The bytes :data:`PER_CHANNEL_I8` reads: int8 q [n, k] and f32 scale [n] as rows [n, 4 + k] (scale first)."""
-    n = q.shape[0]
-    head = np.ascontiguousarray(scale, np.float32).view(np.uint8).reshape(n, 4)
-    return np.concatenate([head, np.ascontiguousarray(q, np.int8).view(np.uint8)], axis=1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -48,11 +38,6 @@ def get_rows(code, raw, ids, out):  # pragma: no cover - compiled
         elif code == 1:
             for j in range(k):
                 dst[j] = _f16(row, 2 * j)
-        elif code == 6:
-            scale = row[:4].view(np.float32)[0]
-            q = row[4:].view(np.int8)
-            for j in range(k):
-                dst[j] = np.float32(q[j]) * scale
         elif code == 5:
             q = row.view(np.int8)
             for b in range(k // 32):

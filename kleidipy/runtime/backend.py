@@ -20,12 +20,11 @@ from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.node import NodeKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
 from kleidipy.errors import TargetError
-from kleidipy.formats import rows
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
-from kleidipy.runtime.weights import GEMV_ROWS, RowEmbedding
-from kleidipy.target import KernelPair, Target, embeds_from_packed, select_kernels, select_kv_gemm
+from kleidipy.runtime.weights import GEMV_ROWS
+from kleidipy.target import KernelPair, Target, select_kernels, select_kv_gemm
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
 _DIRECT = {
@@ -131,18 +130,6 @@ class KleidiBackend:
                 observer.on_repack(call)
         self.exact_rows = self.exact_rows and pair.exact_rows
         return RepackedLinear(name, pair, n, k, packed, self)
-
-    def embedding(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RowEmbedding:
-        """EmbeddingFactory: the token rows llama.cpp's GET_ROWS gives on the target. Where its table reads them from
-        the repacked weight (:func:`~kleidipy.target.embeds_from_packed`), a Q8_0 embedding's rows are the Q8_0
-        family's per-channel requantized values, ``f32(q)·scale`` (``dequantize_row_qsi8cxp``); a Q4_0 one's are
-        GGML's own (``dequantize_row_qsi4c32ps1s0scalef16`` reads them back exactly): the GGUF rows."""
-        k, n = int(shape[0]), int(shape[1])
-        if GGMLType(ggml_type) != GGMLType.Q8_0 or not embeds_from_packed(self.target):
-            return RowEmbedding.from_gguf(name, ggml_type, shape, raw)
-        gemm = select_kernels("q8_0", self.target).gemm
-        q, kwargs = packer_inputs(GGMLType.Q8_0, n, k, raw, gemm, self.execution)
-        return RowEmbedding(GGMLType.Q8_0, rows.per_channel_rows(q, kwargs["scale"]), k, rows.PER_CHANNEL_I8)
 
     @cached_property
     def kv_gemm(self) -> NodeKernel | None:

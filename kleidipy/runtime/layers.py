@@ -310,8 +310,7 @@ class CausalLM:
 
     Built from a validated model file: a subclass (one per architecture module) names its ``rows`` and builds one
     block from that block's tensors (:meth:`block`, after :meth:`prepare`); this class reads the tables, the
-    embedding, the final norm and the LM head. Weights go through ``linear`` (the matmul backend), token rows through
-    ``embedding`` (default: the backend's ``embedding`` when it has one, else :meth:`RowEmbedding.from_gguf`).
+    embedding, the final norm and the LM head. Weights go through ``linear`` (the matmul backend).
     """
 
     #: the architectures (registry rows) the subclass builds
@@ -323,7 +322,7 @@ class CausalLM:
         self,
         model: ValidatedFile,
         linear: LinearFactory = FloatLinear.from_gguf,
-        embedding: EmbeddingFactory | None = None,
+        embedding: EmbeddingFactory = RowEmbedding.from_gguf,
         n_ctx: int | None = None,
         kv_dtype: type = np.float16,
         n_ubatch: int = 512,
@@ -340,8 +339,6 @@ class CausalLM:
         for i in range(hp.n_layer):  # (a loop: one frame in a trace's call stack, as for the LM head)
             self.blocks.append(self.block(i, self.read_block(model, block, linear, i)))
         embd = model.tensor(top["token_embd"][0])
-        # (by default the matmul backend's GET_ROWS, as llama.cpp's extra buffer may take it, else the GGUF rows)
-        embedding = embedding or getattr(linear, "embedding", RowEmbedding.from_gguf)
         self.embedding = self.token_embedding(embedding(top["token_embd"][0], embd.ggml_type, embd.shape, embd.data))
         self.output_norm = RMSNorm(model.vector(top["output_norm"][0]), hp.rms_eps)
         head = top["token_embd" if hp.tied_embeddings else "output"]

@@ -93,14 +93,12 @@ class FloatLinear:
 class RowEmbedding:
     """Embedding rows dequantized on demand from the raw GGUF bytes (no full copy of the table)."""
 
-    def __init__(self, ggml_type: GGMLType, raw: np.ndarray, n_embd: int, code: int | None = None) -> None:
+    def __init__(self, ggml_type: GGMLType, raw: np.ndarray, n_embd: int) -> None:
         self.ggml_type = ggml_type
         self.raw = raw
         self.n_embd = n_embd
         self.n_vocab = raw.shape[0]
-        # the compiled GET_ROWS's type (``code`` when the rows are not the GGUF type's: rows.PER_CHANNEL_I8), or -1:
-        # gguf's dequantizer
-        self._rows_code = rows.CODES.get(ggml_type, -1) if code is None else code
+        self._rows_code = rows.CODES.get(ggml_type, -1)  # the compiled GET_ROWS's type, or -1: gguf's dequantizer
 
     @classmethod
     def from_gguf(cls, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RowEmbedding:
