@@ -8,7 +8,6 @@ from kleidipy.target import (
     TABLES,
     WEIGHT_TYPES,
     detect_target,
-    embeds_from_packed,
     parse_target,
     resolve_target,
     select_kernels,
@@ -160,15 +159,14 @@ def test_standing_of_kernels_packers_and_folders_legacy_names_too():
     assert all(len(line) <= 110 for line in "\n".join([legacy, folder, missing]).splitlines())
 
 
-def test_master_tables_other_routes_on_sme2():
-    """llama.cpp master's table on SME2 also takes the F16 KV cache's GEMM (a batch's KQV) and reads a Q4_0/Q8_0
-    token embedding from its packed weight; the seeds' table, SME without SME2 and the NEON targets do neither."""
+def test_master_tables_kv_cache_gemm_on_sme2():
+    """llama.cpp master's table on SME2 also takes the F16 KV cache's GEMM (a batch's KQV); the seeds' table, SME
+    without SME2 and the NEON targets do not."""
     sme2 = parse_target("sme2:svl=256")
     kv = select_kv_gemm(sme2)
     assert kv is not None and kv.name == "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa" and kv.nr == 16
-    assert embeds_from_packed(sme2)
     assert selected_uses(sme2)[kv.name] == ["f16 GEMM", "f16 GEMV", "F16 KV cache GEMM"]
     for spec in ("sme2:svl=512,table=seeds", "sme:svl=512", "i8mm", "dotprod", "i8mm:table=seeds"):
         target = parse_target(spec)
-        assert select_kv_gemm(target) is None and not embeds_from_packed(target)
+        assert select_kv_gemm(target) is None
         assert not any("KV cache" in u for uses in selected_uses(target).values() for u in uses)
