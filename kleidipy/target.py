@@ -241,6 +241,14 @@ _MASTER_Q4_0_SME2 = (
 )
 _TABLES = {"master": (_MASTER_Q4_0_SME2, *_SEEDS[1:]), "seeds": _SEEDS}
 
+#: llama.cpp master's GEMM of the F16 KV cache, per table: (required features, GEMM name), first match. kleidiai.cpp's
+#: extra buffer takes a MUL_MAT whose src0 is F16 and not a repacked weight when src1 has more than one row and both
+#: operands' batches are contiguous (``get_tensor_traits``), and packs both operands at each call
+#: (``compute_forward_fp16``: src0 F16 -> f32 K x N -> rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme, src1 through
+#: lhs_pack_bf16p2vlx2_f32_sme) for kernels.cpp's SME2 F16 entry. Of attention without flash attention only the KQV
+#: (V's transposed view) passes the contiguity test, at prefill; decode and KQ stay ggml's. The seeds have none.
+_KV_GEMM = {"master": ((frozenset({"sme2"}), "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa"),), "seeds": ()}
+
 WEIGHT_TYPES = ("q4_0", "q8_0", "q4_1", "f16")
 
 
@@ -263,8 +271,19 @@ def select_kernels(weight_type: str, target: Target) -> KernelPair:
     raise TargetError(f"target {target.describe()} has no kernel for {weight_type}")
 
 
+def select_kv_gemm(target: Target) -> MatmulKernel | None:
+    """The GEMM of the target's table for the KQV of a batch over an F16 KV cache (attention without flash
+    attention, more than one token), or None: ggml's own F16 matmul."""
+    selection_table(target.table)  # (an unknown table raises)
+    for requires, gemm in _KV_GEMM[target.table]:
+        if target.has(*requires):
+            return get_kernel(gemm, target.svl_bits)
+    return None
+
+
 def selected_uses(target: Target) -> dict[str, list[str]]:
-    """What ``target`` runs each kernel it selects for: kernel name -> ["q4_0 GEMM", "q4_0 GEMV", ...]."""
+    """What ``target`` runs each kernel it selects for: kernel name -> ["q4_0 GEMM", "q4_0 GEMV", ...,
+    "F16 KV cache GEMM"]."""
     uses: dict[str, list[str]] = {}
     for wtype in WEIGHT_TYPES:
         try:
@@ -273,6 +292,9 @@ def selected_uses(target: Target) -> dict[str, list[str]]:
             continue
         uses.setdefault(pair.gemm.name, []).append(f"{wtype} GEMM")
         uses.setdefault(pair.gemv.name, []).append(f"{wtype} GEMV")
+    kv = select_kv_gemm(target)
+    if kv is not None:
+        uses.setdefault(kv.name, []).append("F16 KV cache GEMM")
     return uses
 
 

@@ -32,10 +32,11 @@ P_MR, P_NR, P_KR, P_SR, P_N_STEP, P_K = 0, 1, 2, 3, 4, 5
 P_LHS_STRIDE, P_RHS_STRIDE = 6, 7
 #: the MOPA kernels' first block is an FMUL (accumulators from −0)
 P_FIRST_BLOCK_FMUL = 8
-#: the addresses of the routines (:data:`PACK` and :data:`MATMUL` signatures)
-P_PACK, P_MATMUL = 9, 10
+#: the addresses of the routines (:data:`PACK` and :data:`MATMUL` signatures), and of the run-time packed GEMM
+#: (:data:`GEMM_KXN`; 0 when the family has none)
+P_PACK, P_MATMUL, P_GEMM_KXN = 9, 10, 11
 #: the first of a family's own slots
-P_FAMILY = 11
+P_FAMILY = 12
 
 #: ``pack(params, x, rows, dst)``: quantize+pack ``rows`` float32 rows of K values at address x (C-contiguous) into
 #: the bytes at dst (whole mr-row groups: ceil(rows / mr) · P_LHS_STRIDE bytes, padding rows as the packer pads)
@@ -43,6 +44,11 @@ PACK = types.void(types.int64, types.int64, types.int64, types.int64)
 #: ``matmul(params, m, n, lhs, rhs, out, ld)``: the packed LHS of m rows (its first group at lhs) × n packed columns
 #: (their first group at rhs) into the float32 rows at out (row i at out + 4·i·ld), clamped to ±FLT_MAX
 MATMUL = types.void(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64)
+#: ``gemm_kxn(params, m, n, k, lhs, rhs, out, ld)``: m float32 rows of k values at lhs (C-contiguous) × the K x N
+#: float32 matrix at rhs (C-contiguous), both packed at the call by the kernel's packers (zero bias) at depth k (not
+#: the record's), into the float32 rows at out (row i at out + 4·i·ld), clamped to ±FLT_MAX: llama.cpp's GEMM of an
+#: operand packed at run time (kleidiai.cpp ``compute_forward_fp16``: the F16 KV cache's KQV)
+GEMM_KXN = types.void(*([types.int64] * 8))
 
 
 @dataclass(eq=False)
@@ -58,6 +64,7 @@ class NodeKernel:
     pack: Callable
     matmul: Callable
     lhs_key: tuple
+    gemm_kxn: Callable | None = None
     _params: np.ndarray | None = None
 
     @property
@@ -71,6 +78,7 @@ class NodeKernel:
         if self._params is None:
             p = self.record.copy()
             p[P_PACK], p[P_MATMUL] = cfunc_address(self.pack, PACK), cfunc_address(self.matmul, MATMUL)
+            p[P_GEMM_KXN] = 0 if self.gemm_kxn is None else cfunc_address(self.gemm_kxn, GEMM_KXN)
             self._params = p
         return self._params
 
@@ -94,10 +102,12 @@ def node_kernel(
     family: dict[int, int],
     lhs_slots: tuple[int, ...],
     lhs_rows: int | None = None,
+    gemm_kxn: Callable | None = None,
 ) -> NodeKernel:
-    """The :class:`NodeKernel` of ``kern`` at depth k running the cfunc bodies ``pack`` and ``matmul``, with the
-    family's slots ``family`` (slot -> value); ``lhs_slots`` are the slots the pack routine reads. ``lhs_rows``:
-    rows per packed LHS group when the LHS is not packed in groups of mr (a kernel without LHS packer: 1)."""
+    """The :class:`NodeKernel` of ``kern`` at depth k running the cfunc bodies ``pack`` and ``matmul`` (and
+    ``gemm_kxn``, when the family packs both operands at run time), with the family's slots ``family`` (slot ->
+    value); ``lhs_slots`` are the slots the pack routine reads. ``lhs_rows``: rows per packed LHS group when the LHS
+    is not packed in groups of mr (a kernel without LHS packer: 1)."""
     g = kern._geo()
     mr = g.mr if lhs_rows is None else lhs_rows
     p = np.zeros(P_FAMILY + len(family), np.int64)
@@ -108,7 +118,7 @@ def node_kernel(
     for slot, value in family.items():
         p[slot] = value
     key = (pack, *(int(p[s]) for s in (P_MR, P_KR, P_SR, P_K, P_LHS_STRIDE, *lhs_slots)))
-    return NodeKernel(kern.name, p, pack, matmul, key)
+    return NodeKernel(kern.name, p, pack, matmul, key, gemm_kxn)
 
 
 # --- compiled side ----------------------------------------------------------------------------------------------
@@ -130,6 +140,13 @@ def call_matmul(typingctx, fn, params, m, n, lhs, rhs, out, ld):
     """``call_matmul(params[P_MATMUL], params address, m, n, lhs address, rhs address, out address, ld)``: the
     :data:`MATMUL` routine."""
     return types.void(*([types.int64] * 8)), indirect_call
+
+
+@intrinsic
+def call_gemm_kxn(typingctx, fn, params, m, n, k, lhs, rhs, out, ld):
+    """``call_gemm_kxn(params[P_GEMM_KXN], params address, m, n, k, lhs address, rhs address, out address, ld)``: the
+    :data:`GEMM_KXN` routine."""
+    return types.void(*([types.int64] * 9)), indirect_call
 
 
 _LO, _HI = np.float32(-FLT_MAX), np.float32(FLT_MAX)

@@ -85,6 +85,7 @@ class CompiledForward:
         self._arrays: list[np.ndarray] = []
         self._lhs = np.zeros(0, np.uint8)
         self._scratch = np.zeros((threads, attention.attention_scratch_size(lm.n_ctx, lm.hparams.head_dim)), np.float32)
+        self._kv_gemm = np.zeros(0, np.int64) if plan.kv_gemm is None else plan.kv_gemm.params
         self._status = np.zeros(STATUS_INSIDE + 1, np.int64)
         #: the embedding as the run does it (GET_ROWS of its bytes, code >= 0), or -1: the caller embeds in Python
         embd = getattr(lm.embedding, "compiled_rows", lambda: None)()
@@ -203,6 +204,7 @@ class CompiledForward:
                 rows,
                 self._run_slots,
                 self._decode_slots,
+                self._kv_gemm,
             ]
             self._arrays_table = address_table(arrays, None)  # (the arrays stay alive as attributes of self)
             table = self._arrays_table.ctypes.data
@@ -357,17 +359,17 @@ class CompiledForward:
             self._alone = entry_point(run_alone, (self._sync_at, args, *decode))
         if self._lead is None and threads > 1:
             self._lead = entry_point(lead_plan, (0, 0, 0, args, *decode))
-        nth = 1 if threads == 1 else self.workers.n_threads
-        nodes = node_runs(self.plan, prof[:nth], m, kept, t0 - mono0 / 1e9) if watchers and not failed else ()
+        nth, gemv = 1 if threads == 1 else self.workers.n_threads, bool(self._run_slots[RUN_GEMV])
+        nodes = node_runs(self.plan, prof[:nth], m, kept, t0 - mono0 / 1e9, gemv) if watchers and not failed else ()
         if self.clock is not None:  # (after the trace's read: the clock clears its stamps)
-            self.clock.add(nth, m, kept, bool(self._run_slots[RUN_GEMV]))
+            self.clock.add(nth, m, kept, gemv)
         if failed:
             self._raise_failed(ids)
         for node in nodes:
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:
-                    observer.on_matmul(kernel_call(self.plan, node, bool(self._run_slots[RUN_GEMV])))
+                    observer.on_matmul(kernel_call(self.plan, node, gemv))
 
     def _raise_failed(self, ids: Sequence[int] | np.ndarray) -> None:
         """Raise what stopped the run of tokens ``ids`` (its status says)."""

@@ -13,6 +13,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from kleidipy.core.matmul import PreparedMatmul
+from kleidipy.core.node import NodeKernel
 from kleidipy.observer import Observer
 
 
@@ -94,9 +95,9 @@ class Ops(Protocol[T]):
 
 class PlannedModel(Protocol):
     """A causal LM the plan runs: the embedding (optionally with a compiled GET_ROWS, ``compiled_rows()``), the
-    blocks (each describing itself once, ``forward(ops, x, keep)``: :class:`Ops`), the final norm and the LM head;
-    its observers, and the compiled forward pass it then runs (:func:`~kleidipy.graph.execute.compile_model` sets
-    it)."""
+    blocks (each describing itself once, ``forward(ops, x, keep)``: :class:`Ops`), the final norm and the LM head,
+    the KV-cache GEMM of its kernel table; its observers, and the compiled forward pass it then runs
+    (:func:`~kleidipy.graph.execute.compile_model` sets it)."""
 
     hparams: ModelSizes
     n_ctx: int
@@ -107,5 +108,6 @@ class PlannedModel(Protocol):
     lm_head: object
     observers: list[Observer]
     compiled: Any
+    kv_gemm: NodeKernel | None  #: the GEMM of attention's KQV over an F16 cache for more than one token, or None
 
     def new_cache(self, n_ctx: int | None = None) -> KVCells: ...

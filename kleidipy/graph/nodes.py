@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 
 from kleidipy.core.node import cfunc_address, indirect_call
 from kleidipy.core.numerics import bits_f32
-from kleidipy.core.pointers import bool_at, f32_at, f64_at
+from kleidipy.core.pointers import bool_at, f32_at, f64_at, i64_at
 from kleidipy.graph.plan import (
     OP_ADD,
     OP_ADD_ROW,
@@ -39,15 +39,19 @@ from kleidipy.graph.tables import (
     A_FPARAMS,
     A_GELU,
     A_KCACHES,
+    A_KV_GEMM,
     A_NEOX,
     A_NODES,
     A_SCRATCH,
     A_SIN,
     A_VCACHES,
     A_VECTORS,
+    RUN_GEMV,
+    RUN_M,
     arrays_at,
     i64_2d,
     logits_2d,
+    run_table,
     segments,
 )
 from kleidipy.graph.views import f32_1d, f32_2d, like_4d
@@ -218,6 +222,25 @@ def _attention_rows(table, i, ith, nth, cell, f16):  # pragma: no cover - compil
         attention.attention_rows(*_attention_args(table, i, s, ith, nth, cell, f16))
 
 
+@numba.njit(cache=True, nogil=True)
+def _attention_kv_gemm(table, i, ith, nth):  # pragma: no cover - compiled
+    """ATTENTION over an F16 cache where the plan has a KV-cache GEMM: for a run of more than one token (each row not
+    as a decoded token's) the KQV through it (:func:`~kleidipy.ops.attention.attention_kv_gemm`, a share of the
+    heads), else :func:`~kleidipy.ops.attention.attention`."""
+    arrays = arrays_at(table)
+    run = run_table(arrays)
+    gemm = run[RUN_M] > 1 and run[RUN_GEMV] == 0
+    params = i64_at(arrays[A_KV_GEMM, 0], arrays[A_KV_GEMM, 1])
+    for s in range(segments(arrays).shape[0]):
+        args = _attention_args(table, i, s, ith, nth, np.uint16(0), True)
+        if gemm:
+            q, kc, vc, start, m, n_kv, scale, window, _, out = args[:10]
+            lo, hi = share(q.shape[1], ith, nth)
+            attention.attention_kv_gemm(q, kc, vc, start, m, n_kv, scale, window, out, lo, hi, params, args[15])
+        else:
+            attention.attention(*args)
+
+
 # the routines of the ops that read or write the KV cache, one per cell type: F16 as uint16 bits, or float32
 def store_kv_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
     _store_kv(table, i, ith, nth, np.uint16(0))
@@ -241,6 +264,10 @@ def attention_rows_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
 
 def attention_rows_f32(table, i, rows, ith, nth):  # pragma: no cover - compiled
     _attention_rows(table, i, ith, nth, np.float32(0), False)
+
+
+def attention_kv_gemm_f16(table, i, rows, ith, nth):  # pragma: no cover - compiled
+    _attention_kv_gemm(table, i, ith, nth)
 
 
 #: each op's routine (the walk runs MUL_MAT and KEEP itself), those that touch the KV cache by whether its
@@ -267,11 +294,14 @@ ATTENTION: dict[tuple[bool, bool], Callable] = {
 
 def routine_addresses(plan: Plan, f16: bool) -> np.ndarray:
     """int64 [n_nodes]: the address of each node's routine for a KV cache of F16 cells (``f16``) or F32, 0 for the
-    nodes the walk runs itself; compiles (or loads from numba's cache) each routine the plan uses at its first use."""
+    nodes the walk runs itself (attention over F16 cells through the plan's KV-cache GEMM when it has one); compiles
+    (or loads from numba's cache) each routine the plan uses at its first use."""
     out = np.zeros(len(plan.nodes), np.int64)
     for i, (op, a, _, _, n_head, *_) in enumerate(plan.nodes.tolist()):
         if op == OP_STORE_KV:
             fn = STORE_KV[f16]
+        elif op == OP_ATTENTION and f16 and plan.kv_gemm is not None:
+            fn = attention_kv_gemm_f16
         elif op == OP_ATTENTION:
             fn = ATTENTION[f16, plan.widths[a] // n_head % attention.LANES == 0]
         else:

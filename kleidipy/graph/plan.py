@@ -218,6 +218,9 @@ class Plan:
     ropes: list[RopeTables]
     logits: int  #: the buffer of the logits of the kept rows: the LM head's MUL_MAT (the last node but a final
     #: SOFTCAP) writes it (the executor has it write into the caller's array instead)
+    #: the GEMM that takes attention's KQV over an F16 cache when a run has more than one token (the model's
+    #: ``kv_gemm``: llama.cpp master's KleidiAI F16 route), or None
+    kv_gemm: NodeKernel | None = None
 
 
 def build_plan(lm: PlannedModel) -> Plan:
@@ -245,4 +248,5 @@ def build_plan(lm: PlannedModel) -> Plan:
         b.vectors,
         b.ropes,
         logits,
+        lm.kv_gemm,
     )

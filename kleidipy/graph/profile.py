@@ -19,9 +19,17 @@ from kleidipy.graph.plan import OP_ATTENTION, OP_KEEP, OP_MATMUL, OP_NAMES, OP_S
 from kleidipy.observer import KernelCall, NodeRun
 
 
-def node_runs(plan: Plan, prof: np.ndarray, m: int, kept: int, offset: float) -> list[NodeRun]:
-    """The nodes of a timed run of m tokens keeping ``kept`` rows (``prof`` [threads, nodes, 3]), their monotonic ns
-    stamps turned into perf_counter seconds (``offset`` apart)."""
+def batch_op_name(plan: Plan, op: int) -> str:
+    """The name of an op of the plan when it runs more than one row, each not as a decoded token's: an ATTENTION whose
+    KQV the plan's KV-cache GEMM takes names it (``ATTENTION (KQV: kai_run_…)``)."""
+    if op == OP_ATTENTION and plan.kv_gemm is not None:
+        return f"{OP_NAMES[op]} (KQV: kai_run_{plan.kv_gemm.name})"
+    return OP_NAMES[op]
+
+
+def node_runs(plan: Plan, prof: np.ndarray, m: int, kept: int, offset: float, gemv: bool = False) -> list[NodeRun]:
+    """The nodes of a timed run of m tokens keeping ``kept`` rows (``prof`` [threads, nodes, 3]; ``gemv``: each row as
+    a decoded token's), their monotonic ns stamps turned into perf_counter seconds (``offset`` apart)."""
     out, rows = [], m
     for i, node in enumerate(plan.nodes):
         op = int(node[0])
@@ -35,7 +43,7 @@ def node_runs(plan: Plan, prof: np.ndarray, m: int, kept: int, offset: float) ->
             (t0 / 1e9 + offset, t1 / 1e9 + offset if t1 else None, t2 / 1e9 + offset)
             for t0, t1, t2 in prof[:, i].tolist()
         ]
-        out.append(NodeRun(i, OP_NAMES[op], label, rows, threads))
+        out.append(NodeRun(i, OP_NAMES[op] if rows == 1 or gemv else batch_op_name(plan, op), label, rows, threads))
         if op == OP_KEEP:
             rows = kept
     return out
@@ -102,7 +110,8 @@ def clock_run(table, nth, m, kept, gemv):  # pragma: no cover - compiled
 @dataclass(frozen=True)
 class ClockGroup:
     """What a clock sums apart: the LHS packs (``role`` "lhs_pack") or the kernels ("gemm", "gemv") of one KleidiAI
-    function, or one op of the plan ("op": ATTENTION, RMS_NORM, ...); ``name`` the ``kai_run_…`` name or the op's."""
+    function, or one op of the plan ("op": ATTENTION, RMS_NORM, ...); ``name`` the ``kai_run_…`` name or the op's
+    (a batch's ATTENTION whose KQV the plan's KV-cache GEMM takes names it: ``ATTENTION (KQV: kai_run_…)``)."""
 
     role: str
     name: str
@@ -135,7 +144,8 @@ class PlanClock:
                         self.node_groups[i, 2 * col] = group("lhs_pack", kern.lhs_packer.kai_name)
                     self.node_groups[i, 2 * col + 1] = group(kern.kind, "kai_run_" + kern.name)
             else:
-                self.node_groups[i, 1] = self.node_groups[i, 3] = group("op", OP_NAMES[op])
+                self.node_groups[i, 1] = group("op", OP_NAMES[op])
+                self.node_groups[i, 3] = group("op", batch_op_name(plan, op))
                 keep = i if op == OP_KEEP else keep
         self.groups = list(index)
         self.prof = np.zeros((threads, n_nodes, 3), np.int64)

@@ -15,11 +15,13 @@ from kleidipy.core.pointers import f32_at, i64_at
 #: routine (:mod:`kleidipy.graph.nodes`; 0 for the nodes the walk runs itself); the address tables of the activation
 #: buffers, the packed weights, their sizes, their kernels' parameter records (:mod:`kleidipy.core.node`), the norm
 #: vectors, the RoPE cos/sin tables, whether each RoPE is NeoX; the GELU table; the address tables of the K and V
-#: caches; the packed-LHS scratch, attention's scratch [threads, n], the status, the embedding's bytes, the run table
-#: and a decoded token's run table
+#: caches; the packed-LHS scratch, attention's scratch [threads, n], the status, the embedding's bytes, the run table,
+#: a decoded token's run table and the parameter record of the KV-cache GEMM (:attr:`~kleidipy.graph.plan.Plan.kv_gemm`;
+#: empty without one)
 A_NODES, A_FPARAMS, A_ROUTINES, A_BUFFERS, A_RHS, A_SIZES, A_PARAMS, A_VECTORS, A_COS, A_SIN = range(10)
 A_NEOX, A_GELU, A_KCACHES, A_VCACHES, A_LHS, A_SCRATCH, A_STATUS, A_EMBD_ROWS, A_RUN, A_DECODE = range(10, 20)
-A_SLOTS = A_DECODE + 1
+A_KV_GEMM = 20
+A_SLOTS = A_KV_GEMM + 1
 
 #: slots of a run's table: the ubatch's token count, and the address (and size) of each array that changes from run
 #: to run: the profile [threads (0: untimed), nodes, 3], the segments [n, 4], the rows kept, the logits
@@ -53,6 +55,12 @@ def segments(arrays):  # pragma: no cover - compiled
     """The run's segments [n, 4] (cache index, first position, first row, last row + 1)."""
     run = i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
     return i64_at(run[RUN_SEGS], (run[RUN_N_SEGS], 4))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def run_table(arrays):  # pragma: no cover - compiled
+    """The run's table (slots ``RUN_*``)."""
+    return i64_at(arrays[A_RUN, 0], arrays[A_RUN, 1])
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

@@ -19,6 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
+from kleidipy.core.node import P_GEMM_KXN, call_gemm_kxn
 from kleidipy.core.numerics import fma32, round_f16_scalar
 from kleidipy.core.vnni import F32, F32X16
 from kleidipy.ops.elementwise import _load_cell, _store_cell, expf_ir, softcap_value
@@ -538,3 +539,62 @@ def attention_rows(q, kc, vc, start, m, n_kv, scale, window, f16, out, scratch, 
             _softcap(s[0], jlo, jhi, cp)
             _softmax(jlo, jhi, sc, f16, s[0])
             _kqv(vc[kvh], jlo, jhi, s[0], acc[0], out[i, h * d : (h + 1) * d])
+
+
+#: query rows whose KQV one call of the KV-cache GEMM takes (:func:`attention_kv_gemm`): a causal batch's later rows
+#: read more cells, so blocks of rows skip the cells no row of theirs reads
+KV_GEMM_ROWS = 32
+
+
+@numba.njit(cache=True, nogil=True)
+def attention_kv_gemm(q, kc, vc, start, m, n_kv, scale, window, out, h0, h1, params, cap=0.0):
+    """Heads h0..h1-1 of :func:`attention` over an F16 cache (kc, vc uint16 bits) as llama.cpp master computes a batch
+    (m > 1) where its kernel table has a GEMM for the F16 KV cache (kleidiai.cpp takes the KQV MUL_MAT): KQ, the
+    soft-cap and the softmax as :func:`attention` does them (q rounded to F16, the same lanes), the weights kept in
+    f32 (ggml no longer converts the KQV's src1 to F16), then per head the table's GEMM, ``params`` a
+    :class:`~kleidipy.core.node.NodeKernel` record with its :data:`~kleidipy.core.node.GEMM_KXN` routine, of the
+    weights (0 at each row's masked cells) by V of its KV head as K x N float32 (the exact F16 values:
+    ``transpose_f32kxn_f16nxk``), into out [m, n_head·d] (C-contiguous rows).
+
+    llama.cpp multiplies over all of its n_kv cells (padded to 256) from cell 0; the kernel sums K pairs (2p, 2p+1)
+    into an accumulator that starts at the zero bias, and a pair of zero weights leaves it as it is (+0 stays +0, any
+    other sum unchanged). So each block of :data:`KV_GEMM_ROWS` rows multiplies only from the pair of the first cell
+    any of its rows reads to the last such cell: the same bits."""
+    d = q.shape[2]
+    group = q.shape[1] // kc.shape[0]
+    sc, cp = np.float32(scale), np.float32(cap)
+    w = np.empty(KV_GEMM_ROWS * n_kv, np.float32)
+    s = np.empty(-(-n_kv // LANES) * LANES, np.float32)
+    kq = np.empty((LANES, n_kv), np.float32)
+    qv = np.empty(d, np.float32)
+    vt = np.empty((n_kv, d), np.float32)
+    ld = out.shape[1]
+    loaded = -1
+    for h in range(h0, h1):
+        kvh = h // group
+        if kvh != loaded:
+            for j in range(n_kv):
+                row = _v_row(vc[kvh], j, d)
+                for c in range(d):
+                    vt[j, c] = _load_cell(row[c])
+            loaded = kvh
+        for i0 in range(0, m, KV_GEMM_ROWS):
+            i1 = min(m, i0 + KV_GEMM_ROWS)
+            lo = max(0, start + i0 - window + 1) if window > 0 else 0
+            lo -= lo % 2  # (from a whole K pair)
+            hi = min(start + i1, n_kv)
+            wb = w[: (i1 - i0) * (hi - lo)].reshape(i1 - i0, hi - lo)
+            wb[:] = np.float32(0.0)
+            for i in range(i0, i1):
+                p = start + i
+                for c in range(d):
+                    qv[c] = round_f16_scalar(q[i, h, c])
+                jlo = max(0, p - window + 1) if window > 0 else 0
+                jhi = min(p + 1, n_kv)
+                _kq_cells(qv, kc[kvh], jlo, jhi, kq, s)
+                _softcap(s, jlo, jhi, cp)
+                _softmax(jlo, jhi, sc, False, s)
+                wb[i - i0, jlo - lo : jhi - lo] = s[jlo:jhi]
+            at = out.ctypes.data + (i0 * ld + h * d) * 4
+            v_at = vt.ctypes.data + lo * d * 4
+            call_gemm_kxn(params[P_GEMM_KXN], params.ctypes.data, i1 - i0, d, hi - lo, wb.ctypes.data, v_at, at, ld)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from time import perf_counter
 
 import numpy as np
@@ -16,12 +17,14 @@ from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
 from kleidipy.core.matmul import MatmulKernel
+from kleidipy.core.node import NodeKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
+from kleidipy.errors import TargetError
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.runtime.weights import GEMV_ROWS
-from kleidipy.target import KernelPair, Target, select_kernels
+from kleidipy.target import KernelPair, Target, select_kernels, select_kv_gemm
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
 _DIRECT = {
@@ -93,10 +96,14 @@ class KleidiBackend:
     observers: list[Observer] = field(default_factory=list)
     #: packed weights of earlier loads (:mod:`kleidipy.runtime.repack_cache`), read instead of repacking
     cache: RepackCache | None = None
-    #: whether every weight made so far has exact rows (:attr:`~kleidipy.target.KernelPair.exact_rows`): a batch
-    #: of rows computes each as a decoded token does, so the GEMM may verify a draft
+    #: whether every weight made so far has exact rows (:attr:`~kleidipy.target.KernelPair.exact_rows`) and the
+    #: target's table has no KV-cache GEMM (a batch's attention is not a decoded token's then): a batch of rows
+    #: computes each as a decoded token does, so the GEMM may verify a draft
     exact_rows: bool = True
     _noticed: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.exact_rows = self.exact_rows and select_kv_gemm(self.target) is None
 
     def __call__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], raw: np.ndarray) -> RepackedLinear:
         t0 = perf_counter()
@@ -123,6 +130,18 @@ class KleidiBackend:
                 observer.on_repack(call)
         self.exact_rows = self.exact_rows and pair.exact_rows
         return RepackedLinear(name, pair, n, k, packed, self)
+
+    @cached_property
+    def kv_gemm(self) -> NodeKernel | None:
+        """The GEMM the target's table names for the KQV of a batch over the F16 KV cache, as the ops call it (its
+        family's routine packing both operands at the call), or None (:func:`~kleidipy.target.select_kv_gemm`)."""
+        kern = select_kv_gemm(self.target)
+        if kern is None:
+            return None
+        node = family_of(kern).node(kern, kern.kr)
+        if node.gemm_kxn is None:
+            raise TargetError(f"{kern.name}: its family has no GEMM of operands packed at the call")
+        return node
 
     def _cached(self, name: str, source_type: GGMLType, n: int, k: int) -> tuple[KernelPair, np.ndarray] | None:
         """(pair, packed bytes) from the cache, if it holds the weight packed for this target's kernel (its

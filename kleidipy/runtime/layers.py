@@ -32,6 +32,7 @@ from kleidipy.runtime.weights import (
 )
 
 if TYPE_CHECKING:
+    from kleidipy.core.node import NodeKernel
     from kleidipy.graph.model import Ops
 
 T = TypeVar("T")
@@ -225,10 +226,13 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 class EagerOps:
     """The op-by-op execution of a block's description (:class:`~kleidipy.graph.model.Ops` over arrays): each op
     runs at once, on the ubatch's rows, with the same op functions the compiled plan calls. ``rows``: the rows the
-    last block keeps (llama.cpp's out_ids)."""
+    last block keeps (llama.cpp's out_ids); ``kv_gemm``: the KV-cache GEMM that takes attention's KQV (a batch of
+    more than one token on a target whose table has one), or None."""
 
-    def __init__(self, ubatch: Sequence[Segment], rows: np.ndarray | slice | None = None) -> None:
-        self.ubatch, self.rows = ubatch, rows
+    def __init__(
+        self, ubatch: Sequence[Segment], rows: np.ndarray | slice | None = None, kv_gemm: NodeKernel | None = None
+    ) -> None:
+        self.ubatch, self.rows, self.kv_gemm = ubatch, rows, kv_gemm
 
     def _heads(self, x: np.ndarray, n_heads: int) -> Iterator[tuple[Segment, np.ndarray]]:
         """Per segment: its rows of x as [rows, n_heads, head_dim] (views: writes land in x)."""
@@ -268,7 +272,12 @@ class EagerOps:
         out = np.empty_like(q)
         heads = out.reshape(out.shape[0], n_head, -1)
         for seg, rows in self._heads(q, n_head):
-            heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window, cap)
+            if self.kv_gemm is None or not seg.cache.f16:
+                heads[seg.lo : seg.hi] = attention(rows, seg.cache, layer, seg.start, scale, window, cap)
+                continue
+            n_kv = seg.start + seg.hi - seg.lo  # (the KQV through the KV-cache GEMM: ops.attention.attention_kv_gemm)
+            args = (seg.start, seg.hi - seg.lo, n_kv, scale, window or 0, out[seg.lo : seg.hi], 0, n_head)
+            ops_attention.attention_kv_gemm(rows, *seg.cache.layer(layer), *args, self.kv_gemm.params, np.float32(cap))
         return out
 
     def softcap(self, buf: np.ndarray, cap: float) -> np.ndarray:
@@ -337,6 +346,10 @@ class CausalLM:
         self.lm_head = read_tensors(model, {"head": head}, linear)["head"]
         self.n_ubatch = n_ubatch
         self.kv_dtype = check_cache_dtype(kv_dtype)
+        #: the GEMM of the matmul backend's kernel table that takes attention's KQV over the F16 cache for a batch
+        #: (llama.cpp master's KleidiAI F16 route: :attr:`~kleidipy.runtime.backend.KleidiBackend.kv_gemm`), or None
+        kv_gemm: NodeKernel | None = getattr(linear, "kv_gemm", None)
+        self.kv_gemm = kv_gemm if self.kv_dtype == np.float16 else None
         self._cache: KVCache | None = None
         #: told of every forward pass (:class:`~kleidipy.observer.Observer`); an engine shares its list
         self.observers: list = []
@@ -539,7 +552,7 @@ class CausalLM:
     def _hidden(self, ids: np.ndarray, ubatch: Sequence[Segment], keep: np.ndarray | slice) -> np.ndarray:
         """One ubatch through the blocks; the last block keeps only the rows ``keep`` (llama.cpp's out_ids)."""
         x = self.embedding(ids)
-        ops = EagerOps(ubatch, keep)
+        ops = EagerOps(ubatch, keep, self.kv_gemm if ids.size > 1 and not GEMV_ROWS.get() else None)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             x = block.forward(ops, x, i == last)

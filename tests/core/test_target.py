@@ -11,6 +11,7 @@ from kleidipy.target import (
     parse_target,
     resolve_target,
     select_kernels,
+    select_kv_gemm,
     selected_uses,
     selection_table,
     standing,
@@ -156,3 +157,16 @@ def test_standing_of_kernels_packers_and_folders_legacy_names_too():
     missing = standing("kai_matmul_clamp_f32_qsi8d32p4x8_qsi4c32p8x8_16x8_sve_i8mm", sme2)
     assert missing.startswith("in kleidipy: not in the catalogue") and "did you mean" in missing
     assert all(len(line) <= 110 for line in "\n".join([legacy, folder, missing]).splitlines())
+
+
+def test_master_tables_kv_cache_gemm_on_sme2():
+    """llama.cpp master's table on SME2 also takes the F16 KV cache's GEMM (a batch's KQV); the seeds' table, SME
+    without SME2 and the NEON targets do not."""
+    sme2 = parse_target("sme2:svl=256")
+    kv = select_kv_gemm(sme2)
+    assert kv is not None and kv.name == "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa" and kv.nr == 16
+    assert selected_uses(sme2)[kv.name] == ["f16 GEMM", "f16 GEMV", "F16 KV cache GEMM"]
+    for spec in ("sme2:svl=512,table=seeds", "sme:svl=512", "i8mm", "dotprod", "i8mm:table=seeds"):
+        target = parse_target(spec)
+        assert select_kv_gemm(target) is None
+        assert not any("KV cache" in u for uses in selected_uses(target).values() for u in uses)

@@ -97,6 +97,64 @@ def test_a_plan_compiles_the_routines_of_its_nodes_only(tmp_path: Path, monkeypa
     assert ((addresses == 0) == np.isin(ops, (OP_MATMUL, OP_KEEP))).all()  # (the walk runs those itself)
 
 
+def test_a_master_sme2_plan_runs_attention_through_the_kv_gemm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On sme2 (llama.cpp master's table) the plan carries the table's KV-cache GEMM and attention over the F16 cache
+    takes its routine (which runs ggml's path for one token); with the seeds' table, the attention path of its
+    head_dim; over an F32 cache, that path whatever the table."""
+    compiled: list[object] = []
+    monkeypatch.setattr(nodes, "cfunc_address", lambda fn, signature: compiled.append(fn) or 1)
+    gemm = "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa"
+    for spec, kv_gemm in (("sme2:svl=512", gemm), ("sme2:svl=512,table=seeds", None)):
+        lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), spec)
+        plan = build_plan(lm)
+        assert (plan.kv_gemm and plan.kv_gemm.name) == kv_gemm
+        attend = nodes.attention_tiled_f16 if lm.hparams.head_dim % 16 == 0 else nodes.attention_rows_f16
+        compiled.clear()
+        nodes.routine_addresses(plan, f16=True)
+        assert (nodes.attention_kv_gemm_f16 in compiled, attend in compiled) == (bool(kv_gemm), not kv_gemm)
+        compiled.clear()
+        nodes.routine_addresses(plan, f16=False)
+        assert nodes.attention_kv_gemm_f16 not in compiled
+
+
+@pytest.mark.parametrize("weights", [T.Q4_0, T.Q8_0])
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_seeds_table_bit_for_bit(tmp_path: Path, arch: str, weights: T) -> None:
+    """The seeds' table (no KV-cache GEMM, the GGUF's token rows) compiled as op by op, as master's is in
+    test_tiny_models_bit_for_bit."""
+    lm = _build(write_model(tmp_path / "m.gguf", arch, weights), "sme2:svl=512,table=seeds", n_ubatch=4)
+    assert lm.kv_gemm is None
+    prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)
+    _assert_same(lm, prompt, [17, 200, 256])
+
+
+def _batch_token_decoded(lm: CausalLM, kv_gemm: object, threads: int | None) -> list[np.ndarray]:
+    """With ``kv_gemm`` as the model's KV-cache GEMM, op by op (``threads`` None) or compiled: a batch's last logits,
+    a token's alone, and the batch's rows as decoded tokens'."""
+    lm.kv_gemm = kv_gemm
+    if threads:
+        assert compile_model(lm, threads, adaptive=False)
+    prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)
+    out = [lm.forward(prompt, cache=lm.new_cache()), lm.forward([260], cache=lm.new_cache())]
+    out.append(lm.forward(prompt, all_logits=True, cache=lm.new_cache(), as_decoded=True))
+    if threads:
+        lm.compiled.close()
+    lm.compiled = None
+    return out
+
+
+def test_the_kv_gemm_takes_batches_only(tmp_path: Path) -> None:
+    """The KV-cache GEMM changes a batch's logits, not a token's alone (llama.cpp: src1->ne[1] > 1), nor the rows of
+    a batch computed as decoded tokens (``as_decoded``: each row as a decoded token's), op by op and compiled."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q8_0), "sme2:svl=512")
+    kv_gemm = lm.kv_gemm
+    for threads in (None, 2):
+        got, ggml = _batch_token_decoded(lm, kv_gemm, threads), _batch_token_decoded(lm, None, threads)
+        assert not np.array_equal(got[0], ggml[0])
+        np.testing.assert_array_equal(got[1].view(np.uint32), ggml[1].view(np.uint32))
+        np.testing.assert_array_equal(got[2].view(np.uint32), ggml[2].view(np.uint32))
+
+
 def test_matmuls_of_one_input_share_its_packed_lhs(tmp_path: Path) -> None:
     """K and V take Q's packed LHS and up takes gate's (same input, same packing): no pack and no barrier of their
     own; a weight whose kernel packs another way (block 0's V from a Q8_0 model) packs again — bit for bit."""

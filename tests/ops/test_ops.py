@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 from kleidipy.core.numerics import fma_f32
+from kleidipy.kernels.bf16p_bf16p.ukernels import bf16_matmul_reference
 from kleidipy.ops import attention, elementwise
 from kleidipy.ops.attention import cells
 from kleidipy.ops.elementwise import gelu_f16_table, libm_f32
+from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.kv_cache import KVCache
+from kleidipy.target import parse_target
 
 F32 = np.float32
 
@@ -305,20 +308,27 @@ def test_softcap(rng: np.random.Generator) -> None:
     assert np.abs(flat[40:190]).max() <= cap
 
 
-def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16, cap=0.0):
-    """The fixed-order formula of attention.attention in numpy: q [m, n_head, d], kc/vc [n_head_kv, n_ctx, d] float32
-    holding the cache's values (scores soft-capped when ``cap`` > 0); returns [m, n_head * d]."""
+def _cells_read(m: int, start: int, n_kv: int, window: int) -> list[tuple[int, int, int]]:
+    """(row, first cell, last cell + 1) that each query row i (at position start + i) reads."""
+    rows = []
+    for i in range(m):
+        p = start + i
+        rows.append((i, max(0, p - window + 1) if window else 0, min(p + 1, n_kv)))
+    return rows
+
+
+def attention_weights_numpy(q, kc, start, n_kv, scale, window, f16, cap=0.0):
+    """The softmax weights of attention.attention in numpy, before any rounding to F16: q [m, n_head, d], kc
+    [n_head_kv, n_ctx, d] float32 holding the cache's values (q rounded to F16 with ``f16``; scores soft-capped when
+    ``cap`` > 0); returns [m, n_head, n_kv], 0 at each row's masked cells."""
     m, n_head, d = q.shape
     group = n_head // kc.shape[0]
     d16 = d - d % 16
-    out = np.zeros((m, n_head * d), np.float32)
-    for i in range(m):
-        p = start + i
-        jlo = max(0, p - window + 1) if window else 0
-        jhi = min(p + 1, n_kv)
+    out = np.zeros((m, n_head, n_kv), np.float32)
+    for i, jlo, jhi in _cells_read(m, start, n_kv, window):
         for h in range(n_head):
             qv = _f16(q[i, h]) if f16 else q[i, h]
-            k, v = kc[h // group, jlo:jhi], vc[h // group, jlo:jhi]
+            k = kc[h // group, jlo:jhi]
             lanes = np.zeros((jhi - jlo, 16), np.float32)
             for t in range(0, d16, 16):
                 lanes = fma_f32(qv[None, t : t + 16], k[:, t : t + 16], lanes)
@@ -334,12 +344,23 @@ def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16, cap=0.0):
             cells[jlo:jhi] = e
             quads = cells.reshape(-1, 4)
             total = np.cumsum(((quads[:, 0] + quads[:, 1]) + (quads[:, 2] + quads[:, 3])).astype(np.float64))[-1]
-            w = e * F32(1.0 / total)
-            if f16:
-                w = _f16(w)
+            out[i, h, jlo:jhi] = e * F32(1.0 / total)
+    return out
+
+
+def attention_numpy(q, kc, vc, start, n_kv, scale, window, f16, cap=0.0):
+    """The fixed-order formula of attention.attention in numpy: q [m, n_head, d], kc/vc [n_head_kv, n_ctx, d] float32
+    holding the cache's values (scores soft-capped when ``cap`` > 0); returns [m, n_head * d]."""
+    m, n_head, d = q.shape
+    group = n_head // kc.shape[0]
+    weights = attention_weights_numpy(q, kc, start, n_kv, scale, window, f16, cap)
+    out = np.zeros((m, n_head * d), np.float32)
+    for i, jlo, jhi in _cells_read(m, start, n_kv, window):
+        for h in range(n_head):
+            w = _f16(weights[i, h]) if f16 else weights[i, h]
             acc = np.zeros((16, d), np.float32)
             for j in range(jlo, jhi):
-                acc[j % 16] = fma_f32(w[j - jlo], v[j - jlo], acc[j % 16])
+                acc[j % 16] = fma_f32(w[j], vc[h // group, j], acc[j % 16])
             out[i, h * d : (h + 1) * d] = _reduce16(acc.T)
     return out
 
@@ -433,3 +454,93 @@ def test_attention_close_to_float64(rng: np.random.Generator) -> None:
         w /= w.sum(axis=0)
         want = (w.T @ vc[0, : start + i + 1].astype(np.float64)).reshape(-1)
         np.testing.assert_allclose(out[i], want, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# attention with the KV-cache GEMM (llama.cpp master on SME2: kleidiai.cpp takes the KQV of a batch)
+
+
+def _bf16_rne(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 rounded to nearest even (BFCVT: the lhs_pack_bf16p2vlx2_f32_sme and
+    rhs_pack_kxn_bf16p2vlx2b_f32_x32_sme conversions), as float64 values (finite inputs)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def attention_kv_gemm_numpy(q, kc, vc, start, n_kv, scale, window, cap=0.0):
+    """llama.cpp master's attention over an F16 cache for a batch, in numpy: KQ and the softmax as ggml computes them
+    (q rounded to F16), the weights left in f32 (the KQV's src1 is not converted to F16: KleidiAI takes the MUL_MAT);
+    then kleidiai.cpp ``compute_forward_fp16`` per head (its KV head h // (n_head / n_head_kv)): the weights over
+    llama.cpp's n_kv (padded to 256 cells: 0 weights and the cleared cells' 0 values) rounded to BF16, V (F16 ->
+    exact f32 K x N, ``transpose_f32kxn_f16nxk``) rounded to BF16, zero bias, then the SME2 BFMOPA kernel's sum of
+    pairs (the family's reference, checked against KleidiAI's golden data)."""
+    m, n_head, d = q.shape
+    group = n_head // kc.shape[0]
+    weights = attention_weights_numpy(q, kc, start, n_kv, scale, window, True, cap)
+    padded = -(-n_kv // 256) * 256
+    out = np.zeros((m, n_head * d), np.float32)
+    for h in range(n_head):
+        lhs = np.zeros((m, padded), np.float32)
+        lhs[:, :n_kv] = weights[:, h]
+        rhs = np.zeros((padded, d), np.float32)
+        rhs[:n_kv] = vc[h // group, :n_kv]
+        res = bf16_matmul_reference(_bf16_rne(lhs), _bf16_rne(rhs), np.zeros(d, np.float32), False)
+        out[:, h * d : (h + 1) * d] = np.clip(res, -np.finfo(F32).max, np.finfo(F32).max)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("m", "start", "n_head", "n_head_kv", "d", "window", "cap", "svl"),
+    [
+        (2, 0, 2, 1, 32, 0, 0.0, 512),
+        (5, 0, 4, 2, 32, 0, 0.0, 128),
+        (7, 13, 6, 3, 48, 0, 0.0, 512),  # SmolLM2's GQA 9/3 in small
+        (4, 3, 3, 1, 40, 0, 0.0, 256),  # d % 16 != 0
+        (9, 140, 4, 2, 64, 37, 0.0, 512),  # a sliding window (Gemma 3's local layers)
+        (6, 20, 4, 2, 32, 5, 5.0, 512),  # soft-capped scores (Gemma 2)
+        (33, 0, 2, 1, 64, 0, 0.0, 512),
+        (70, 0, 2, 1, 32, 0, 0.0, 512),  # blocks of KV_GEMM_ROWS rows, each over the cells its rows read
+        (75, 11, 2, 1, 32, 21, 0.0, 256),  # ... from a pair before a window's start
+    ],
+)
+def test_attention_kv_gemm(
+    rng: np.random.Generator,
+    m: int,
+    start: int,
+    n_head: int,
+    n_head_kv: int,
+    d: int,
+    window: int,
+    cap: float,
+    svl: int,
+) -> None:
+    """The KQV through the table's GEMM, bit for bit llama.cpp's computation (the numpy oracle above), for any split
+    of the heads and any SVL; the padding of n_kv to llama.cpp's 256 cells changes no bit; not the ggml path's bits
+    (its weights are rounded to F16, its V is not rounded to BF16)."""
+    kv_gemm = KleidiBackend(parse_target(f"sme2:svl={svl}"), notice=lambda _: None).kv_gemm
+    assert kv_gemm is not None and kv_gemm.name == "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa"
+    n_ctx, n_kv = start + m + 3, start + m
+    q = (rng.standard_normal((m, n_head, d)) * 2).astype(np.float32)
+    kc, vc = rng.standard_normal((2, n_head_kv, n_ctx, d)).astype(np.float16)
+    scale = 1 / np.sqrt(d)
+    want = attention_kv_gemm_numpy(q, kc.astype(np.float32), vc.astype(np.float32), start, n_kv, scale, window, cap)
+    cache = KVCache(1, n_head_kv, d, n_ctx, np.float16)
+    cache.store(0, 0, kc.transpose(1, 0, 2).astype(np.float32), vc.transpose(1, 0, 2).astype(np.float32))
+    ops_k, ops_v = cache.layer(0)
+    for pieces in _splits(n_head):
+        out = np.full((m, n_head * d), np.nan, np.float32)
+        for h0, h1 in pieces:
+            attention.attention_kv_gemm(
+                q, ops_k, ops_v, start, m, n_kv, scale, window, out, h0, h1, kv_gemm.params, cap
+            )
+        assert _same(out, want)
+    ggml = attention_numpy(q, kc.astype(np.float32), vc.astype(np.float32), start, n_kv, scale, window, True, cap)
+    assert not _same(want, ggml)
+    np.testing.assert_allclose(want, ggml, rtol=0.05, atol=0.02)  # (BF16 V: 8 bits of mantissa)
+
+
+def test_kv_gemm_is_the_master_tables_on_sme2_only() -> None:
+    """The seeds' table, SME without SME2 and the NEON targets keep ggml's F16 matmul for the KQV."""
+    for spec in ("sme2:svl=512,table=seeds", "sme:svl=512", "i8mm", "dotprod"):
+        assert KleidiBackend(parse_target(spec), notice=lambda _: None).kv_gemm is None

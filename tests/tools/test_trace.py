@@ -38,13 +38,16 @@ LHS_PACK_GEMM = "kai_run_lhs_pack_f16pmrx2_f32_neon"
 LHS_PACK = "kai_run_lhs_quant_pack_qsi8d32p_f32_neon"
 GEMM_Q4_0 = "kai_run_matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa"
 GEMV_Q4_0 = "kai_run_matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"
+#: master's GEMM of the F16 KV cache: a batch's KQV (ggml's F16 matmul for one token)
+KV_GEMM = "kai_run_matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa"
 #: the seeds' path (Arm's Learning Path, ``table=seeds``): the LHS quantized to int8 for the int8 MOPA GEMM too
 SEEDS_TARGET = "sme2:svl=512,table=seeds"
 SEEDS_GEMM_Q4_0 = "kai_run_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 N_DECODE = 3
 STAGES = ("model load", "prefill", "decode")
-#: lines of one screen
-SCREEN = 40
+#: lines of one screen (42: master's prefill names the KV-cache GEMM of its attention in the plan's op line, which
+#: takes three lines then)
+SCREEN = 42
 #: matmul weights of a llama block: q, k, v, output, gate, up, down
 PER_LAYER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -289,6 +292,7 @@ def test_default_invocation_tells_master_story(default_text: str) -> None:
         assert LHS_PACK in stage[name]
     assert LHS_PACK_GEMM in stage["prefill"] and LHS_PACK_GEMM not in stage["decode"]
     assert GEMM_Q4_0 in stage["prefill"] and GEMV_Q4_0 in stage["decode"] and GEMM_Q4_0 not in stage["decode"]
+    assert f"ATTENTION (KQV: {KV_GEMM})" in unwrapped(stage["prefill"]) and KV_GEMM not in unwrapped(stage["decode"])
     assert "blk.0.attn_q.weight" not in default_text and "--tables" in lines[-1]
 
 
@@ -302,6 +306,7 @@ def test_seeds_table_one_option_away(originals: dict) -> None:
     assert "llama.cpp's seeds kernel table" in unwrapped(stage["head"]) and RHS_PACK in stage["model load"]
     assert SEEDS_GEMM_Q4_0 in stage["prefill"] and LHS_PACK in stage["prefill"] and GEMV_Q4_0 in stage["decode"]
     assert GEMM_Q4_0 not in out.getvalue() and LHS_PACK_GEMM not in out.getvalue()
+    assert KV_GEMM not in unwrapped(out.getvalue())
     assert_restored(originals)
 
 
@@ -428,7 +433,9 @@ def test_plan_trace_shows_the_plan_that_ran(trace, plan_trace) -> None:
             inside = [n for n in plan.nodes if p.start <= min(t[0] for t in n.threads) <= p.start + p.seconds]
             assert inside
     ops = {n.op for n in plan_trace.stage("prefill").nodes}
-    assert {"MUL_MAT", "RMS_NORM", "ROPE", "STORE_KV", "ATTENTION", "SWIGLU", "ADD", "KEEP"} <= ops
+    attention = f"ATTENTION (KQV: {KV_GEMM})"  # (master's table: a batch's KQV through the KV-cache GEMM)
+    assert {"MUL_MAT", "RMS_NORM", "ROPE", "STORE_KV", attention, "SWIGLU", "ADD", "KEEP"} <= ops
+    assert "ATTENTION" in {n.op for n in plan_trace.stage("decode").nodes} and "ATTENTION" not in ops
 
 
 def test_plan_trace_outputs(plan_trace) -> None:
