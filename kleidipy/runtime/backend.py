@@ -147,12 +147,19 @@ class KleidiBackend:
         """(pair, packed bytes) from the cache, if it holds the weight packed for this target's kernel (its
         packer and size)."""
         hit = self.cache.get(name, source_type, n, k) if self.cache is not None else None
-        if hit is None:
+        if hit is None or hit.weight_type != self.weight_type(source_type):  # (another version's choice: a miss)
             return None
         pair = select_kernels(hit.weight_type, self.target)
         if hit.packed.layout.packer != pair.gemm.rhs_packer.name or hit.packed.size != pair.gemm.rhs_packed_size(n, k):
             return None
         return pair, hit.packed
+
+    @staticmethod
+    def weight_type(ggml_type: GGMLType) -> str:
+        """The kernel weight type a GGML type's weights are packed as (:meth:`supported`'s choice)."""
+        if ggml_type in _DIRECT:
+            return _DIRECT[ggml_type]
+        return "q8_0" if ggml_type in _REQUANT_TO_Q8_0 else "q4_0"
 
     def supported(
         self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
@@ -160,13 +167,14 @@ class KleidiBackend:
         """(kernel weight type, GGML type, data) the family's adaptor takes: the weight as stored, or for a type
         without a kernel (one-line notice) its dequantized values (the Q8_0 family quantizes them per channel) or
         their Q4_0 blocks."""
+        weight_type = self.weight_type(ggml_type)
         if ggml_type in _DIRECT:
-            return _DIRECT[ggml_type], ggml_type, raw
+            return weight_type, ggml_type, raw
         self._notice_requantized(name, ggml_type)
         values = formats.dequantize(raw, ggml_type, n, k)
-        if ggml_type in _REQUANT_TO_Q8_0:
-            return "q8_0", GGMLType.F32, values
-        return "q4_0", GGMLType.Q4_0, formats.quantize(values, GGMLType.Q4_0)
+        if weight_type == "q8_0":
+            return weight_type, GGMLType.F32, values
+        return weight_type, GGMLType.Q4_0, formats.quantize(values, GGMLType.Q4_0)
 
     def _notice_requantized(self, name: str, ggml_type: GGMLType) -> None:
         """Once per type without a kernel: its weights are requantized (also when read back from the cache)."""

@@ -129,6 +129,19 @@ def test_stale_cache_is_noticed_and_rebuilt(model, monkeypatch):
     assert len(list(repack_dir().iterdir())) == 1  # rewritten in place, nothing left behind
 
 
+def test_a_weight_cached_as_another_kernel_type_is_a_miss(model, monkeypatch):
+    """A cache written by a version that packed a GGML type as another kernel weight type (here Q6_K: per-channel
+    int8, then as Q4_0 blocks) is not read for that type: its weights are packed afresh, the others read back."""
+    from kleidipy.runtime import backend
+
+    load(model)
+    monkeypatch.setattr(backend, "_REQUANT_TO_Q8_0", backend._REQUANT_TO_Q8_0 - {T.Q6_K})
+    logits, _, calls = load(model)
+    assert {c.ggml_type for c in calls if not c.cached} == {T.Q6_K}
+    assert all(c.pair.weight_type == "q4_0" for c in calls if c.ggml_type == T.Q6_K)
+    assert np.array_equal(logits, load(model, repack_cache=False)[0])
+
+
 def test_one_cache_file_per_target(model):
     targets = ["sme2:svl=512", "sme2:svl=256", "i8mm"]
     paths = {cache_path(model, parse_target(t), "jit") for t in targets}
