@@ -68,10 +68,53 @@ def get_rows(rhs, rows, k, nr, chunk):
 
 
 @numba.njit(cache=True, nogil=True)
+def gemv(n, k, nr, kbl, lhs, rhs):
+    """One row (m == 1) straight from the packed columns: per group and 16-block the row's 16 values spread to the
+    block's byte order once (:func:`matmul`'s float steps, the same bits), no transposed tile."""
+    nb = k // BL
+    stride = nr * (nb * RHS_BLOCK_BYTES + 4)
+    block_bytes = nr * RHS_BLOCK_BYTES
+    rhs_i8 = rhs.view(np.int8)
+    rhs_f32 = rhs.view(np.float32)
+    q, _, recip = _unpack_lhs(1, k, 1, kbl, lhs)
+    spread = np.empty((nb, BL * nr), np.int32)  # spread[b, j]: the row's value multiplied by the block's byte j
+    qsum = np.zeros(nb, np.int32)
+    for b in range(nb):
+        for j in range(BL * nr):
+            spread[b, j] = q[0, b * BL + (j // (kbl * nr)) * kbl + j % kbl]
+        for t in range(BL):
+            qsum[b] += q[0, b * BL + t]
+    out = np.empty((1, n), np.float32)
+    dots = np.empty(nr, np.int32)
+    for g in range((n + nr - 1) // nr):
+        acc = np.zeros(nr, np.float32)
+        for b in range(nb):
+            base = g * stride + b * block_bytes
+            for c in range(nr):
+                d = 0
+                for h in range(BL // kbl):
+                    o = h * kbl * nr + c * kbl
+                    for t in range(kbl):
+                        d += spread[b, o + t] * np.int32(rhs_i8[base + o + t])
+                dots[c] = d
+            rc, s = recip[0, b // 2], np.float32(qsum[b])
+            for c in range(nr):
+                zero = rhs_f32[(base + BL * nr) // 4 + c]
+                a = fma_f32_scalar(rhs_f32[(base + (BL + 4) * nr) // 4 + c] * rc, np.float32(dots[c]), acc[c])
+                acc[c] = fma_f32_scalar(zero * rc, s, a) if zero != 0 else a
+        for c in range(min(nr, n - g * nr)):
+            out[0, g * nr + c] = acc[c] + rhs_f32[(g * stride + nb * block_bytes) // 4 + c]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
 def matmul(m, n, k, mr, nr, kbl, lhs, rhs):
     """Both kernels: float32 [m, n], unclamped (lhs/rhs: writable C-contiguous uint8). Columns go in tiles of
     TILE_N, decoded once and transposed so that the integer dots and the float steps run across the tile; LHS rows
-    go 4 at a time (zero rows pad m). A block whose offset is ±0 skips its offset step (the same bits)."""
+    go 4 at a time (zero rows pad m); one row takes :func:`gemv`. A block whose offset is ±0 skips its offset step
+    (the same bits)."""
+    if m == 1 and mr == 1:
+        return gemv(n, k, nr, kbl, lhs, rhs)
     nb = k // BL
     stride = nr * (nb * RHS_BLOCK_BYTES + 4)
     rhs_i8 = rhs.view(np.int8)

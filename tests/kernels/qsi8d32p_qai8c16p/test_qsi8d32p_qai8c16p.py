@@ -19,6 +19,7 @@ from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError, Unsup
 from kleidipy.formats import codes16
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.kernels.qsi8d32p_qai4c32p.ukernels import unpack_lhs
+from kleidipy.kernels.qsi8d32p_qai8c16p import jit, vnni
 from kleidipy.kernels.qsi8d32p_qai8c16p import ukernels as fam
 
 GEMM, GEMV = fam.KERNELS
@@ -192,3 +193,13 @@ def test_bad_inputs():
         GEMM.pack_rhs(n, 48, codes, scale=scale, zero=offset)
     with pytest.raises(UnsupportedTensorTypeError):
         codes16.codes16(np.zeros(18 * 2, np.uint8), T.Q4_0, 1, 64)
+
+
+@pytest.mark.skipif(not vnni.HAVE_VNNI, reason="the host has no AVX-512 VNNI")
+@settings(max_examples=15, deadline=None)
+@given(m=st.integers(1, 9), n=st.integers(1, 70), nb=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
+def test_vnni_tile_equals_portable_loops(m, n, nb, seed):
+    k = 32 * nb
+    (ref, _), (lhs, rhs, *_) = _run(GEMM, m, n, k, np.random.default_rng(seed), True)
+    args = (m, n, k, GEMM.mr, GEMM.nr, GEMM.kr // GEMM.sr, np.asarray(lhs), np.asarray(rhs))
+    assert bits_equal(vnni.compute(*args), jit.matmul(*args)) and bits_equal(vnni.compute(*args), ref)
