@@ -1,7 +1,7 @@
-"""AVX-512 VNNI tile of the exact-weight family: 16 columns (four packed groups of nr = 4) of one LHS row, every
+"""AVX-512 VNNI tile of the exact-weight family: 16 columns (four packed groups of nr = 4) of up to four LHS rows, every
 16-block with one vpdpbusd per group, the float steps of :mod:`~kleidipy.kernels.qsi8d32p_qai8c16p.ukernels`'s
-recipe on the 16 columns at once (the same bits as the portable loops). A GEMM runs it row by row (a GEMM row is
-its GEMV).
+recipe on the 16 columns at once (the same bits as the portable loops), for up to four LHS rows sharing each load
+of the weights.
 
 vpdpbusd multiplies unsigned by signed bytes: the codes w are read as w + 128 (XOR 0x80) against the row's signed
 values q, so the block's Σ(w + 128)·q less 128·Σq is its integer dot. The row's 16 values of a block are spread
@@ -45,40 +45,44 @@ def _fields(b: ir.IRBuilder, bases: list[ir.Value], offset: ir.Value) -> ir.Valu
 
 
 @intrinsic
-def _tile(typingctx, isa, rhs, j0, n, stride, nb, spread, qsum128, rc, s, out, out_off):
-    """out[out_off + c] for the columns c < min(16, n − j0) from j0 (a multiple of 16) of one row: the recipe over nb
-    blocks (``spread`` [nb, 64] int8, ``qsum128`` int32, ``rc`` and ``s`` f32 per block), plus the bias."""
+def _tile(typingctx, isa, rhs, j0, n, stride, nb, i0, rows, spread, qsum128, rc, s, out):
+    """out[(i0 + r)·n + j0 + c] for the rows r < min(4, rows) from i0 and the columns c < min(16, n − j0) from j0 (a
+    multiple of 16): the recipe over nb blocks (per row and block: ``spread`` 64 int8, ``qsum128`` int32, ``rc`` and
+    ``s`` f32, rows padded to a multiple of 4), plus the bias. The four rows share each load of the weights."""
     int64 = types.int64
-    sig = types.void(isa, rhs, int64, int64, int64, int64, spread, qsum128, rc, s, out, int64)
+    sig = types.void(isa, rhs, int64, int64, int64, int64, int64, int64, spread, qsum128, rc, s, out)
 
     def codegen(context, builder, signature, args):
         native = vnni.isa_native(signature.args[0])
-        _, rhs_p, j0_v, n_v, stride_v, nb_v, spread_p, qsum_p, rc_p, s_p, out_p, off_v = vnni.intrinsic_args(
+        _, rhs_p, j0_v, n_v, stride_v, nb_v, i0_v, rows_v, spread_p, qsum_p, rc_p, s_p, out_p = vnni.intrinsic_args(
             context, builder, signature, args
         )
         b = builder
         bases = vnni.group_bases(b, rhs_p, j0_v, n_v, stride_v, 1, NR)[0]
-        acc = cgutils.alloca_once_value(b, vnni.const_splat(F32X16, 0.0))
+        accs = [cgutils.alloca_once_value(b, vnni.const_splat(F32X16, 0.0)) for _ in range(4)]
         flip = vnni.const_splat(I32X16, -0x7F7F7F80)  # 0x80808080: w + 128 as unsigned bytes
+        zero = vnni.const_splat(I32X16, 0)
         with cgutils.for_range(b, nb_v) as blk:
             block = b.mul(blk.index, i64(_BLOCK))
-            q = load(b, byte_ptr(b, spread_p, b.mul(blk.index, i64(64))), I32X16)
-            zero = vnni.const_splat(I32X16, 0)
-            dots = [
-                vnni.dpbusd(b, zero, b.xor(load(b, byte_ptr(b, base, block), I32X16), flip), q, native)
-                for base in bases
-            ]
-            qsum = splat(b, load(b, byte_ptr(b, qsum_p, b.mul(blk.index, i64(4))), vnni.I32), I32X16)
-            a = b.sitofp(b.sub(_columns(b, dots), qsum), F32X16)
-            rcv = splat(b, load(b, byte_ptr(b, rc_p, b.mul(blk.index, i64(4))), vnni.F32), F32X16)
-            sv = splat(b, load(b, byte_ptr(b, s_p, b.mul(blk.index, i64(4))), vnni.F32), F32X16)
+            codes = [b.xor(load(b, byte_ptr(b, base, block), I32X16), flip) for base in bases]
             offset = _fields(b, bases, b.add(block, i64(BL * NR)))
             scale = _fields(b, bases, b.add(block, i64((BL + 4) * NR)))
-            step = fma(b, b.fmul(scale, rcv), a, b.load(acc))
-            b.store(fma(b, b.fmul(offset, rcv), sv, step), acc)  # (a ±0 offset adds ±0: the same bits as a skip)
+            for r, acc in enumerate(accs):
+                idx = b.add(b.mul(b.add(i0_v, i64(r)), nb_v), blk.index)  # (row, block)
+                q = load(b, byte_ptr(b, spread_p, b.mul(idx, i64(64))), I32X16)
+                dots = [vnni.dpbusd(b, zero, c, q, native) for c in codes]
+                qsum = splat(b, load(b, byte_ptr(b, qsum_p, b.mul(idx, i64(4))), vnni.I32), I32X16)
+                a = b.sitofp(b.sub(_columns(b, dots), qsum), F32X16)
+                rcv = splat(b, load(b, byte_ptr(b, rc_p, b.mul(idx, i64(4))), vnni.F32), F32X16)
+                sv = splat(b, load(b, byte_ptr(b, s_p, b.mul(idx, i64(4))), vnni.F32), F32X16)
+                step = fma(b, b.fmul(scale, rcv), a, b.load(acc))
+                b.store(fma(b, b.fmul(offset, rcv), sv, step), acc)  # (a ±0 offset adds ±0: the same bits as a skip)
         bias = _fields(b, bases, b.mul(nb_v, i64(_BLOCK)))
         count = b.sub(n_v, j0_v)
-        vnni.masked_store(b, b.fadd(b.load(acc), bias), byte_ptr(b, out_p, b.mul(off_v, i64(4))), count)
+        for r, acc in enumerate(accs):
+            with cgutils.if_likely(b, b.icmp_signed("<", i64(r), rows_v)):
+                at = b.add(b.mul(b.add(i0_v, i64(r)), n_v), j0_v)
+                vnni.masked_store(b, b.fadd(b.load(acc), bias), byte_ptr(b, out_p, b.mul(at, i64(4))), count)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -91,19 +95,21 @@ def compute(m, n, k, mr, nr, kbl, lhs, rhs):  # pragma: no cover - compiled
     stride = nr * (nb * RHS_BLOCK_BYTES + 4)
     q, _, recip = _unpack_lhs(m, k, mr, kbl, lhs)
     out = np.empty((m, n), np.float32)
-    spread = np.empty((nb, BL * NR), np.int8)
-    qsum128 = np.empty(nb, np.int32)
-    rc = np.empty(nb, np.float32)
-    s = np.empty(nb, np.float32)
-    flat = out.reshape(-1)
+    padded = (m + 3) // 4 * 4
+    spread = np.zeros((padded, nb, BL * NR), np.int8)
+    qsum128 = np.zeros((padded, nb), np.int32)
+    rc = np.zeros((padded, nb), np.float32)
+    s = np.zeros((padded, nb), np.float32)
     for i in range(m):
         for blk in range(nb):
             total = 0
             for t in range(BL):
                 total += q[i, blk * BL + t]
             for j in range(BL * NR):
-                spread[blk, j] = q[i, blk * BL + (j // (KBL * NR)) * KBL + j % KBL]
-            qsum128[blk], rc[blk], s[blk] = 128 * total, recip[i, blk // 2], np.float32(total)
+                spread[i, blk, j] = q[i, blk * BL + (j // (KBL * NR)) * KBL + j % KBL]
+            qsum128[i, blk], rc[i, blk], s[i, blk] = 128 * total, recip[i, blk // 2], np.float32(total)
+    flat = out.reshape(-1)
+    for i0 in range(0, m, 4):
         for j0 in range(0, n, 16):
-            _tile(ISA, rhs, j0, n, stride, nb, spread, qsum128, rc, s, flat, i * n + j0)
+            _tile(ISA, rhs, j0, n, stride, nb, i0, m - i0, spread, qsum128, rc, s, flat)
     return out
