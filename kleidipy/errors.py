@@ -48,5 +48,9 @@ class UnsupportedTensorTypeError(KleidipyError, ValueError):
     """A GGML tensor type kleidipy cannot quantize or dequantize."""
 
 
+class WeightsNotExactError(KleidipyError, ValueError):
+    """Packed weights that do not read back as the model file's values (the load-time exactness check)."""
+
+
 class GoldenDataError(KleidipyError):
     """A golden manifest or file that cannot be read or run."""

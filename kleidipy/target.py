@@ -153,7 +153,10 @@ class KernelPair:
 
 
 #: (weight type, required features, GEMM kernel, GEMV kernel) in llama.cpp's order (spec §6.2): the seeds' table.
-#: Q4_1 and the F16 NEON/F32 entries are kleidipy's own (llama.cpp runs them without KleidiAI).
+#: Q4_1, the F16 NEON/F32 entries and the exact-weight ones are kleidipy's own (llama.cpp runs them without
+#: KleidiAI): ``qai8c16`` the GGML types whose values are int8 codes with an f32 scale and offset per 16 values
+#: (Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL, Q8_0 with exact weights; :mod:`kleidipy.formats.codes16`), ``f32`` float weights
+#: kept exactly (F16, BF16 and F32 with exact weights).
 _SEEDS: tuple[tuple[str, frozenset[str], str, str], ...] = (
     (
         "q4_0",
@@ -227,6 +230,18 @@ _SEEDS: tuple[tuple[str, frozenset[str], str, str], ...] = (
         "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
         "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
     ),
+    (
+        "qai8c16",
+        frozenset({"dotprod"}),
+        "matmul_clamp_f32_qsi8d32p4x8_qai8c16p4x8_8x4_neon_dotprod",
+        "matmul_clamp_f32_qsi8d32p1x8_qai8c16p4x8_1x4_neon_dotprod",
+    ),
+    (
+        "f32",
+        frozenset(),
+        "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
+        "matmul_clamp_f32_f32_f32p16x1b_6x16_neon_mla",
+    ),
 )
 
 #: llama.cpp master's first Q4_0 entry (kernels.cpp, required SME2 | FP16; every SME CPU has FP16: FEAT_SME requires
@@ -249,7 +264,7 @@ _TABLES = {"master": (_MASTER_Q4_0_SME2, *_SEEDS[1:]), "seeds": _SEEDS}
 #: (V's transposed view) passes the contiguity test, at prefill; decode and KQ stay ggml's. The seeds have none.
 _KV_GEMM = {"master": ((frozenset({"sme2"}), "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa"),), "seeds": ()}
 
-WEIGHT_TYPES = ("q4_0", "q8_0", "q4_1", "f16")
+WEIGHT_TYPES = ("q4_0", "q8_0", "q4_1", "f16", "qai8c16", "f32")
 
 
 def selection_table(table: str = DEFAULT_TABLE) -> tuple[tuple[str, frozenset[str], str, str], ...]:

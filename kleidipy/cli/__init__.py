@@ -15,10 +15,9 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from kleidipy.cli import commands
+from kleidipy.cli import commands, options
 from kleidipy.core import buffers
 from kleidipy.errors import KleidipyError
-from kleidipy.runtime.pull import MODEL_ENV, default_model
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a CPU with none of them runs (numba's, compiled for a generic CPU of this host's architecture) (default: "
         "this host's)",
     )
-    _add_target_arg(p)
+    options.add_target_arg(p)
 
     p = _command(
         sub,
@@ -123,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         p = _command(sub, name, func, help=help_text, description=desc)
-        _add_runtime_args(p, quiet="no progress bars or timing line")
+        options.add_runtime_args(p, quiet="no progress bars or timing line")
         if name == "run":
             p.add_argument(
                 "prompt_text", nargs="?", metavar="PROMPT", help='the prompt text: kleidipy run "question" (as -p)'
@@ -155,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--seed", type=int, default=-1, help="random seed: same seed, same text (default -1: a random seed)"
         )
-        _add_lookup(p)
+        options.add_lookup(p)
         constraint = p.add_mutually_exclusive_group()
         constraint.add_argument(
             "-j", "--json-schema", metavar="SCHEMA", help="reply with JSON matching this JSON schema ('{}': any JSON)"
@@ -180,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         "prefill batches (GEMM kernels) and scores its second half. Prints the running estimate after every chunk "
         "([1]x,[2]y,...) and 'Final estimate: PPL = x +/- y', as llama-perplexity does.",
     )
-    _add_runtime_args(p, ctx=False)
+    options.add_runtime_args(p, ctx=False)
     p.add_argument("-f", "--file", required=True, help="UTF-8 text file (one trailing newline is dropped)")
     p.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
     p.add_argument("-b", "--batch-size", type=int, default=2048, help="tokens per prefill batch (default 2048)")
@@ -201,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         "requantized to Q4_0 (the seeds' weights). --json for machines, --chrome-trace FILE for Perfetto / "
         "chrome://tracing.",
     )
-    _add_runtime_args(p, quiet=None, repack_cache=False)
+    options.add_runtime_args(p, quiet=None, repack_cache=False, exact_weights=False)
     p.add_argument("-p", "--prompt", default=DEFAULT_PROMPT, help=f"prompt (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument(
@@ -233,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quantized+packed LHS, each byte or nibble labelled 'row,k'. The map comes from running the real packers "
         "on label-encoding inputs. Default: the seeds' example (LHS [16,64], RHS [64,64] Q4_0, SVL 512, SME2 MOPA).",
     )
-    _add_kernel_args(p, shape=None, shape_help="problem shape (default 16,64,64; m=1 for GEMV kernels)")
+    options.add_kernel_args(p, shape=None, shape_help="problem shape (default 16,64,64; m=1 for GEMV kernels)")
     p.add_argument("--out", metavar="FILE", help="write a picture (.png or .svg)")
     p.add_argument("--text", action="store_true", help="print the full byte-by-byte table")
 
@@ -246,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on packed random inputs, check the result against the jit execution bit for bit, and print the "
         "instruction counts and bytes moved; --trace adds a readable log of the first K block.",
     )
-    _add_kernel_args(p, shape="16,64,64", shape_help="problem shape (default 16,64,64)")
+    options.add_kernel_args(p, shape="16,64,64", shape_help="problem shape (default 16,64,64)")
     p.add_argument("--trace", action="store_true", help="print the step-by-step log of the first block")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
 
@@ -264,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         "in a FIFO queue; -c is the total context, split between the slots. Binds to loopback unless --host says "
         "otherwise.",
     )
-    _add_runtime_args(p)
+    options.add_runtime_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--parallel", type=int, default=4, help="concurrent generation slots (default 4)")
@@ -276,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on the other requests being served (the matmul kernels may round a batch of rows and a single row "
         "differently: the F16 ones do)",
     )
-    _add_lookup(p, " (a request's 'lookup' field overrides it)")
+    options.add_lookup(p, " (a request's 'lookup' field overrides it)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument(
         "--cors",
@@ -310,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure prompt processing (pp, one batch: GEMM kernels) and text generation (tg, one token "
         "at a time: GEMV kernels) in tokens/s, mean ± stdev over repetitions, for each thread count.",
     )
-    _add_runtime_args(p, thread_list=True, ctx=False, quiet="no progress bar")
+    options.add_runtime_args(p, thread_list=True, ctx=False, quiet="no progress bar")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test, default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test, default 128)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per test (default 3)")
@@ -352,96 +351,6 @@ def _command(
     p = sub.add_parser(name, help=help, description=description)
     p.set_defaults(func=func)
     return p
-
-
-def _add_lookup(p: argparse.ArgumentParser, more: str = "") -> None:
-    p.add_argument(
-        "--lookup",
-        type=int,
-        default=0,
-        metavar="N",
-        help="prompt-lookup decoding (llama.cpp's llama-lookup): draft up to N tokens a step from n-grams of the "
-        "context and verify them in one forward pass, keeping the longest accepted prefix - the same text, sooner "
-        f"when the reply repeats the prompt (code edits, quotes); default 0 = off{more}",
-    )
-
-
-def _add_runtime_args(
-    p: argparse.ArgumentParser,
-    *,
-    thread_list: bool = False,
-    ctx: bool = True,
-    quiet: str | None = "no progress bars",
-    repack_cache: bool = True,
-) -> None:
-    """The options every command that runs a model shares: model, threads, context, execution, load checks and
-    the repack cache, target, quiet."""
-    p.add_argument(
-        "-m",
-        "--model",
-        default=default_model(),
-        help=f"GGUF file or catalogue name (default: {default_model()}, pulled on first use; ${MODEL_ENV} sets it)",
-    )
-    if thread_list:
-        p.add_argument("-t", "--threads", default="1", help="comma-separated thread counts (default 1)")
-    else:
-        p.add_argument("-t", "--threads", type=int, default=1, help="threads for the kernels (default 1)")
-    if ctx:
-        p.add_argument("-c", "--ctx-size", "--ctx", type=int, default=None, help="context size (default: the model's)")
-    p.add_argument(
-        "--execution",
-        default="jit",
-        choices=list(buffers.EXECUTIONS),
-        help="how kernels run on this host: jit (default), reference (numpy) or isa (emulator, slow)",
-    )
-    p.add_argument(
-        "--graph",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the forward pass as one compiled plan on persistent threads, as ggml runs a graph (default: on, "
-        "with --execution jit; --no-graph runs it op by op from Python, the reference execution: same bits)",
-    )
-    p.add_argument(
-        "--check-tensors",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="check at load that every weight is finite, as llama.cpp's --check-tensors (default: on, it adds "
-        "about 3%% to the load time; --no-check-tensors skips it)",
-    )
-    if repack_cache:
-        p.add_argument(
-            "--repack-cache",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="keep the weights repacked for the target in a cache file beside the model cache and read them back "
-            "at the next load (default: on; --no-repack-cache repacks at every load and writes nothing)",
-        )
-    if quiet:
-        p.add_argument("-q", "--quiet", action="store_true", help=quiet)
-    _add_target_arg(p)
-
-
-def _add_kernel_args(p: argparse.ArgumentParser, shape: str | None, shape_help: str) -> None:
-    """--kernel, --shape and --svl: one kernel at one problem shape (the seeds' example by default)."""
-    p.add_argument(
-        "--kernel",
-        default="kai_matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa",
-        help="catalogue kernel name (default: the SME2 Q4_0 MOPA GEMM)",
-    )
-    p.add_argument("--shape", default=shape, metavar="M,N,K", help=shape_help)
-    p.add_argument("--svl", type=int, default=512, help="SME streaming vector length in bits (default 512)")
-
-
-def _add_target_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target",
-        metavar="T",
-        help="Arm CPU to target: sme2[:svl=128..2048], sme[:svl=N], i8mm, dotprod or host, each with an optional "
-        "table=master|seeds: llama.cpp's kernel table (master, the default: the F16-LHS GEMM for Q4_0 on SME2; "
-        "seeds: the int8 MOPA GEMM), e.g. sme2:svl=512,table=seeds "
-        "(default: $KLEIDIPY_TARGET, else the host; on a host without Arm matmul features a virtual CPU, which "
-        "`kleidipy kernels` names)",
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,6 +200,7 @@ def _engine(args: argparse.Namespace, background: bool = False) -> Engine:
         repack_cache=args.repack_cache,
         graph=args.graph,
         background_compile=background,
+        exact_weights=args.exact_weights or None,
     )
 
 
@@ -474,6 +475,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check_tensors=args.check_tensors,
         repack_cache=args.repack_cache,
         graph=args.graph,
+        exact_weights=args.exact_weights or None,
     )
     print(format_bench_table(rows))
     return 0
@@ -501,5 +503,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         graph=args.graph,
         deterministic=args.deterministic,
         lookup=_lookup(args),
+        exact_weights=args.exact_weights or None,
     )
     return 0

@@ -26,6 +26,8 @@ from kleidipy.core.packers import Packer, RhsPacker
 FromGGML = Callable[[GGMLType, np.ndarray, int, int, RhsPacker, str], tuple[np.ndarray, dict]]
 #: (float weights [n, k], RHS packer) -> (rhs, packer keywords): the family's weight format made from floats
 FromFloat = Callable[[np.ndarray, RhsPacker], tuple[np.ndarray, dict]]
+#: (kernel, packed RHS, row ids, n, k, execution=) -> float32 [len(rows), k]: GET_ROWS from packed weights
+GetRows = Callable[..., np.ndarray]
 #: (kernel, k) -> the kernel's routines in the compiled plan (None: it has none)
 Node = Callable[[MatmulKernel, int], NodeKernel | None]
 
@@ -52,6 +54,8 @@ class Family:
     #: a GEMM's output row is bit for bit the family's GEMV of that row alone (integer dot products of rows
     #: quantized one by one, one float epilogue per output): a draft may be verified by the GEMM
     exact_rows: bool = False
+    #: the weight values of a packed RHS (``get_rows(kernel, packed, rows, n, k, execution=...)``; None: not read back)
+    get_rows: GetRows | None = None
 
     def native_tile(self, kernel: MatmulKernel, isa: NativeIsa) -> ir.Module | str | None:
         """The LLVM module (or IR text) of a kernel's native tile for ``isa`` (None: the family has none)."""

@@ -83,6 +83,10 @@ _AXES = {
         "per-channel, per-32-block",
         "one scale per output channel for each block of 32 K values (bl a multiple of 32)",
     ),
+    "c16": (
+        "per-channel, per-16-block",
+        "one scale (and offset) per output channel for each block of 16 K values (kleidipy's own exact-weight format)",
+    ),
 }
 _ORDERS = {
     "s1s0": "nibble order sequential: byte j holds element 2j (low nibble) and 2j+1 (high nibble)",
@@ -95,11 +99,11 @@ _ORDERS = {
 #: KleidiAI's early spelling of a whole ``_``-separated piece
 _LEGACY_WORDS = {"clip": "clamp"}
 #: early packed quantized buffers have no signedness letter: packed data is signed (``qa8dxp`` is ``qai8dxp``)
-_LEGACY_PACKED_WIDTH = re.compile(r"^(q[as])(\d+)(?=(?:cx|dx|d32|c32)?p)")
+_LEGACY_PACKED_WIDTH = re.compile(r"^(q[as])(\d+)(?=(?:cx|dx|d32|c32|c16)?p)")
 
 _SIZE = r"(?:\d+vl|\d+vs|\d+|mr|nr)"
 _TILE_RE = re.compile(rf"^({_SIZE})x({_SIZE})(?:x(\d+))?$")
-_DESCRIPTOR_RE = re.compile(r"^(?P<quant>q[as])?(?P<type>bf16|[fiux]\d+|\d+)(?P<axis>cx|dx|d32|c32)?")
+_DESCRIPTOR_RE = re.compile(r"^(?P<quant>q[as])?(?P<type>bf16|[fiux]\d+|\d+)(?P<axis>cx|dx|d32|c32|c16)?")
 _OP_RE = re.compile(
     r"^(?:(?P<mm>i?matmul)(?P<clamp>_clamp)?"
     r"|(?P<lhs>lhs)_(?P<lq>quant_)?pack"

@@ -6,6 +6,7 @@ How each GGUF type reaches a packer: docs/weights-and-repacking.md."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,24 +20,71 @@ from kleidipy import formats
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.node import NodeKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS
-from kleidipy.errors import TargetError
+from kleidipy.errors import TargetError, WeightsNotExactError
+from kleidipy.formats import codes16
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.runtime.weights import GEMV_ROWS
 from kleidipy.target import KernelPair, Target, select_kernels, select_kv_gemm
 
-#: GGML types the kernels take directly, and the kernel weight type each maps to.
+#: GGML types the kernels take as stored, and the kernel weight type each maps to (Q4_K: sub-blocks of 32 with an f32
+#: scale and minimum, the Q4_1 family; checked exact at load like every type of a family that reads its weights back)
 _DIRECT = {
     GGMLType.Q4_0: "q4_0",
     GGMLType.Q8_0: "q8_0",
     GGMLType.Q4_1: "q4_1",
-    GGMLType.Q4_K: "q4_1",  # sub-blocks of 32 with an f32 scale and minimum: the Q4_1 family, exactly
+    GGMLType.Q4_K: "q4_1",
     GGMLType.F16: "f16",
     GGMLType.F32: "f16",
 }
-#: Other types of 5 bits or more: requantized per channel to int8 (the Q8_0 family); narrower ones go to Q4_0.
-_REQUANT_TO_Q8_0 = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K, GGMLType.BF16}
+#: kleidipy's exact-weight family: int8 codes with the file's f32 scale and offset per 16 values
+EXACT = "qai8c16"
+#: types of 5 bits or more without a KleidiAI kernel: multiplied exactly by the exact-weight family
+_TO_EXACT = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K, GGMLType.IQ4_NL}
+#: with exact weights (``--exact-weights``): Q8_0 through the exact-weight family instead of llama.cpp-on-Arm's
+#: per-channel int8, float weights kept as f32 (the bf16 kernels of the f16 route round F16 and F32 to bf16)
+_EXACT_WEIGHTS = {GGMLType.Q8_0: EXACT, GGMLType.F16: "f32", GGMLType.F32: "f32", GGMLType.BF16: "f32"}
+#: rows of a weight compared at a time by the load-time exactness check (bounds its float32 copies)
+_CHECK_ELEMENTS = 1 << 22
+
+
+def exact_weights_default() -> bool:
+    """Whether ``KLEIDIPY_EXACT_WEIGHTS`` asks for exact weights (``1``, ``true``, ``yes``, ``on``)."""
+    return os.environ.get("KLEIDIPY_EXACT_WEIGHTS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def route(ggml_type: GGMLType, exact_weights: bool = False) -> str:
+    """The kernel weight type a GGML weight type is multiplied as (:data:`kleidipy.target.WEIGHT_TYPES`); "q4_0"
+    for the narrow types without a kernel, requantized."""
+    if exact_weights and ggml_type in _EXACT_WEIGHTS:
+        return _EXACT_WEIGHTS[ggml_type]
+    if ggml_type in _TO_EXACT:
+        return EXACT
+    if ggml_type == GGMLType.BF16:
+        return "f16"  # (bf16 values: exact through the bf16 kernels and the f32 one)
+    return _DIRECT.get(ggml_type, "q4_0")
+
+
+def packed_weights_exact(
+    pair: KernelPair, packed: np.ndarray, ggml_type: GGMLType, raw: np.ndarray, n: int, k: int, execution: str
+) -> bool | None:
+    """Whether the weights of a packed RHS read back (the family's GET_ROWS) are the GGUF tensor's dequantized values
+    bit for bit (:func:`kleidipy.formats.dequantize`, gguf's and ggml's values); None when the family does not read
+    its weights back or the tensor holds floats."""
+    get_rows = family_of(pair.gemm).get_rows
+    if get_rows is None or ggml_type in (GGMLType.F16, GGMLType.F32, GGMLType.BF16):
+        return None
+    row_bytes = formats.get_format(ggml_type).row_bytes(k)
+    data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    step = max(1, _CHECK_ELEMENTS // k)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        got = get_rows(pair.gemm, packed, np.arange(lo, hi), n, k, execution=execution)
+        want = formats.dequantize(data[lo * row_bytes : hi * row_bytes], ggml_type, hi - lo, k)
+        if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+            return False
+    return True
 
 
 class RepackedLinear:
@@ -100,6 +148,9 @@ class KleidiBackend:
     #: target's table has no KV-cache GEMM (a batch's attention is not a decoded token's then): a batch of rows
     #: computes each as a decoded token does, so the GEMM may verify a draft
     exact_rows: bool = True
+    #: multiply every weight as the file holds it: Q8_0 through the exact-weight family, floats as f32 (default:
+    #: ``KLEIDIPY_EXACT_WEIGHTS``; else Q8_0 takes llama.cpp-on-Arm's per-channel int8)
+    exact_weights: bool = field(default_factory=exact_weights_default)
     _noticed: set = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -115,12 +166,7 @@ class KleidiBackend:
             pair, packed = hit
             t1 = t2 = perf_counter()
         else:
-            weight_type, ggml_type, raw = self.supported(name, source_type, n, k, raw)
-            pair = select_kernels(weight_type, self.target)
-            rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
-            t1 = perf_counter()
-            packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
-            t2 = perf_counter()
+            pair, packed, t1, t2 = self._repack(name, source_type, n, k, raw, route(source_type, self.exact_weights))
         if self.cache is not None:
             self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
         if self.observers:
@@ -143,47 +189,65 @@ class KleidiBackend:
             raise TargetError(f"{kern.name}: its family has no GEMM of operands packed at the call")
         return node
 
+    def _repack(
+        self, name: str, source_type: GGMLType, n: int, k: int, raw: np.ndarray, weight_type: str
+    ) -> tuple[KernelPair, np.ndarray, float, float]:
+        """(pair, packed, conversion end, packing end) of a weight packed as ``weight_type``, its weights checked
+        against the file's: a Q4_1/Q4_K weight the Q4_1 family would not hold exactly goes to the exact-weight family
+        (one-line notice), any other difference is a :class:`~kleidipy.errors.WeightsNotExactError`."""
+        weight_type_in, ggml_type, data = self.supported(name, source_type, n, k, raw, weight_type)
+        pair = select_kernels(weight_type_in, self.target)
+        rhs, kwargs = packer_inputs(ggml_type, n, k, data, pair.gemm, self.execution)
+        t1 = perf_counter()
+        packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
+        t2 = perf_counter()
+        if (
+            ggml_type == source_type
+            and packed_weights_exact(pair, packed, source_type, raw, n, k, self.execution) is False
+        ):
+            if weight_type != EXACT and source_type in codes16.TYPES:
+                self.notice(f"{name}: {source_type.name} weights not exact as {weight_type}: packed as {EXACT}")
+                return self._repack(name, source_type, n, k, raw, EXACT)
+            raise WeightsNotExactError(
+                f"{name}: the {source_type.name} weights packed as {weight_type} differ from the file's"
+            )
+        return pair, packed, t1, t2
+
     def _cached(self, name: str, source_type: GGMLType, n: int, k: int) -> tuple[KernelPair, np.ndarray] | None:
         """(pair, packed bytes) from the cache, if it holds the weight packed for this target's kernel (its
-        packer and size)."""
+        packer and size) as this load routes it (a Q4_1/Q4_K weight packed exactly after its check, also)."""
         hit = self.cache.get(name, source_type, n, k) if self.cache is not None else None
-        if hit is None or hit.weight_type != self.weight_type(source_type):  # (another version's choice: a miss)
+        if hit is None:
+            return None
+        wanted = route(source_type, self.exact_weights)
+        if hit.weight_type != wanted and not (wanted == "q4_1" and hit.weight_type == EXACT):
             return None
         pair = select_kernels(hit.weight_type, self.target)
         if hit.packed.layout.packer != pair.gemm.rhs_packer.name or hit.packed.size != pair.gemm.rhs_packed_size(n, k):
             return None
         return pair, hit.packed
 
-    @staticmethod
-    def weight_type(ggml_type: GGMLType) -> str:
-        """The kernel weight type a GGML type's weights are packed as (:meth:`supported`'s choice)."""
-        if ggml_type in _DIRECT:
-            return _DIRECT[ggml_type]
-        return "q8_0" if ggml_type in _REQUANT_TO_Q8_0 else "q4_0"
-
     def supported(
-        self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
+        self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray, weight_type: str | None = None
     ) -> tuple[str, GGMLType, np.ndarray]:
-        """(kernel weight type, GGML type, data) the family's adaptor takes: the weight as stored, or for a type
-        without a kernel (one-line notice) its dequantized values (the Q8_0 family quantizes them per channel) or
-        their Q4_0 blocks."""
-        weight_type = self.weight_type(ggml_type)
-        if ggml_type in _DIRECT:
+        """(kernel weight type, GGML type, data) the family's adaptor takes for a weight routed as ``weight_type``
+        (default: :func:`route`'s): the weight as stored, BF16 as its (exact) f32 values, or for a narrow type
+        without a kernel (one-line notice) its dequantized values requantized to Q4_0."""
+        weight_type = weight_type or route(ggml_type, self.exact_weights)
+        if ggml_type == GGMLType.BF16:
+            return weight_type, GGMLType.F32, formats.dequantize(raw, ggml_type, n, k)
+        if weight_type != "q4_0" or ggml_type == GGMLType.Q4_0:
             return weight_type, ggml_type, raw
         self._notice_requantized(name, ggml_type)
-        values = formats.dequantize(raw, ggml_type, n, k)
-        if weight_type == "q8_0":
-            return weight_type, GGMLType.F32, values
-        return weight_type, GGMLType.Q4_0, formats.quantize(values, GGMLType.Q4_0)
+        return "q4_0", GGMLType.Q4_0, formats.quantize(formats.dequantize(raw, ggml_type, n, k), GGMLType.Q4_0)
 
     def _notice_requantized(self, name: str, ggml_type: GGMLType) -> None:
         """Once per type without a kernel: its weights are requantized (also when read back from the cache)."""
-        if ggml_type in _DIRECT or ggml_type in self._noticed:
+        if route(ggml_type) != "q4_0" or ggml_type == GGMLType.Q4_0 or ggml_type in self._noticed:
             return
         self._noticed.add(ggml_type)
         self.notice(
-            f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to "
-            f"{'int8 per channel' if ggml_type in _REQUANT_TO_Q8_0 else 'Q4_0'} (first: {name})"
+            f"{ggml_type.name} weights have no kernel: dequantized at load and requantized to Q4_0 (first: {name})"
         )
 
 

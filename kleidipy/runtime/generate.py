@@ -28,7 +28,7 @@ from kleidipy.graph.execute import compile_model, plannable
 from kleidipy.observer import Observer, RepackCall
 from kleidipy.runtime import lookup as prompt_lookup
 from kleidipy.runtime import plan_build, tensor_check
-from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.backend import KleidiBackend, exact_weights_default
 from kleidipy.runtime.chat_template import ChatTemplate
 from kleidipy.runtime.grammar import Grammar
 from kleidipy.runtime.model_file import ModelFile
@@ -289,6 +289,9 @@ class Engine:
     check_tensors: bool = True
     #: read the weights packed at an earlier load for this target (:mod:`kleidipy.runtime.repack_cache`)
     repack_cache: bool = True
+    #: multiply every weight exactly as the file holds it, Q8_0 included (:attr:`KleidiBackend.exact_weights`; None:
+    #: ``KLEIDIPY_EXACT_WEIGHTS``)
+    exact_weights: bool | None = None
     #: watch the load and every generation (:mod:`kleidipy.observer`): shared by the backend and the model
     observers: list[Observer] = field(default_factory=list)
     #: run the forward pass as one compiled plan on persistent threads (:mod:`kleidipy.graph`; jit execution only);
@@ -318,8 +321,16 @@ class Engine:
         )
         progress = _RepackProgress(bar)
         self.observers.append(progress)
+        if self.exact_weights is None:
+            self.exact_weights = exact_weights_default()
         self.backend = KleidiBackend(
-            self.target, self.execution, self.threads, notice=self.notice, observers=self.observers, cache=cache
+            self.target,
+            self.execution,
+            self.threads,
+            notice=self.notice,
+            observers=self.observers,
+            cache=cache,
+            exact_weights=self.exact_weights,
         )
         try:
             self.lm = self.gguf.arch.build(self.gguf, linear=self.backend, n_ctx=self.n_ctx, kv_dtype=self.kv_dtype)
@@ -346,7 +357,7 @@ class Engine:
         if not plan_build.ready(self.kv_dtype) and self.background_compile and plan_build.enabled():
             if not plannable(self.lm):
                 return
-            self.build = plan_build.PlanBuild(self.path, self.target.spec(), self.kv_dtype)
+            self.build = plan_build.PlanBuild(self.path, self.target.spec(), self.kv_dtype, self.exact_weights)
             self.notice(
                 "first run on this CPU: the model runs op by op, its kernels compiling now (~20 s); after the first "
                 "answer the compiled forward pass builds in the background (once, about a minute; then cached)"

@@ -101,9 +101,10 @@ class PlanBuild:
     :meth:`start` is called (after this process's first answer: the two would share the CPU); this process writes
     nothing to numba's cache from then on until the build is over (:func:`~kleidipy.core.jit_cache.pause_saving`)."""
 
-    def __init__(self, model: Path, target: str, kv_dtype: type) -> None:
+    def __init__(self, model: Path, target: str, kv_dtype: type, exact_weights: bool = False) -> None:
         kv = np.dtype(kv_dtype).name
         self.command = [sys.executable, "-m", "kleidipy.runtime.plan_child", str(model), "--target", target, "--kv", kv]
+        self.command += ["--exact-weights"] if exact_weights else []
         self.process: subprocess.Popen | None = None
 
     @property

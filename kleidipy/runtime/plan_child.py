@@ -17,7 +17,7 @@ from kleidipy.runtime.generate import Engine
 from kleidipy.target import parse_target
 
 
-def _build(model: str, target: str, kv: str) -> int:
+def _build(model: str, target: str, kv: str, exact_weights: bool = False) -> int:
     """The child: load ``model`` for ``target`` op by op, compile its plan for one and two threads, run a token
     through it (which compiles and saves every entry point), then mark it ready. Another build in progress: exit."""
     with plan_build.exclusive() as mine:
@@ -26,7 +26,13 @@ def _build(model: str, target: str, kv: str) -> int:
             return 0
         kv_dtype = np.dtype(kv).type
         engine = Engine(
-            model, target=parse_target(target), progress=False, check_tensors=False, graph=False, kv_dtype=kv_dtype
+            model,
+            target=parse_target(target),
+            progress=False,
+            check_tensors=False,
+            graph=False,
+            kv_dtype=kv_dtype,
+            exact_weights=exact_weights,
         )
         t0 = time.perf_counter()
         if not compile_model(engine.lm, 2):
@@ -44,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model")
     parser.add_argument("--target", required=True)
     parser.add_argument("--kv", default="float16")
+    parser.add_argument("--exact-weights", action="store_true")
     args = parser.parse_args(argv)
-    return _build(args.model, args.target, args.kv)
+    return _build(args.model, args.target, args.kv, args.exact_weights)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def serve(
     graph: bool = True,
     deterministic: bool = False,
     lookup: int = 0,
+    exact_weights: bool | None = None,
 ) -> None:
     """Load ``model`` (None: :func:`~kleidipy.runtime.pull.default_model`) and serve it until interrupted
     (``kleidipy serve``). ``ctx`` is the total context, split
@@ -69,6 +70,7 @@ def serve(
             graph=graph,
             background_compile=True,
             observers=[load],
+            exact_weights=exact_weights,
         )
         engine.observers.remove(load)  # (an engine without observers runs its fast path)
         app = create_app(

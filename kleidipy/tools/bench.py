@@ -76,6 +76,7 @@ def run_bench(
     check_tensors: bool = True,
     repack_cache: bool = True,
     graph: bool = True,
+    exact_weights: bool | None = None,
 ) -> list[BenchRow]:
     """Load ``model`` (a path or catalogue name, None: the default model; an :class:`Engine` is used as it is,
     ``target`` and ``execution`` then being its own) once and time ``pp{n_prompt}`` and ``tg{n_gen}`` (a count of
@@ -99,6 +100,7 @@ def run_bench(
             check_tensors=check_tensors,
             repack_cache=repack_cache,
             graph=graph,
+            exact_weights=exact_weights,
         )
     longest = max(n_prompt, n_gen)
     if longest > engine.context_length:

@@ -653,3 +653,21 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path):
         proc = run_cli("serve", "-m", str(tmp_path / "never-loaded.gguf"), "--port", str(port))
     one_line_error(proc, f"port {port} on 127.0.0.1 is in use (choose another with --port)")
     assert proc.returncode == 2 and "uvicorn" not in proc.stderr.lower() and "Errno" not in proc.stderr
+
+
+def test_exact_weights_flag_reaches_the_engine(tmp_path, monkeypatch, capsys):
+    """--exact-weights on the commands that load a model (not trace); without it the engine reads
+    KLEIDIPY_EXACT_WEIGHTS: a tiny Q8_0 model runs its weights through the exact-weight family."""
+    for command in ("run", "chat", "serve", "perplexity", "bench"):
+        required = ["-f", "text.txt"] if command == "perplexity" else []
+        assert build_parser().parse_args([command, "--exact-weights", *required]).exact_weights
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["trace", "--exact-weights"])
+    capsys.readouterr()
+    seen = []
+    monkeypatch.setattr(Engine, "__post_init__", lambda engine: seen.append(engine.exact_weights) or 1 / 0)
+    model = str(write_model(tmp_path / "m.gguf", "qwen2", T.Q8_0))
+    for flag in (["--exact-weights"], []):
+        with pytest.raises(ZeroDivisionError):
+            main(["run", "-m", model, "-p", "hi", "-q", *flag])
+    assert seen == [True, None]  # (None: the engine reads KLEIDIPY_EXACT_WEIGHTS)

@@ -20,7 +20,7 @@ from kleidipy.graph import contention, nodes, workers
 from kleidipy.graph.contention import ThreadChoice
 from kleidipy.graph.execute import compile_model
 from kleidipy.graph.plan import OP_KEEP, OP_MATMUL, build_plan
-from kleidipy.observer import NodeRun, Observer
+from kleidipy.observer import NodeRun, Observer, RepackCall
 from kleidipy.runtime.backend import KleidiBackend
 from kleidipy.runtime.kv_cache import ContextOverflowError
 from kleidipy.runtime.layers import CausalLM, Segment
@@ -28,10 +28,20 @@ from kleidipy.runtime.model_file import ModelFile
 from kleidipy.target import parse_target
 
 
-def _build(path: Path, target: str, n_ubatch: int = 512, n_ctx: int = 64) -> CausalLM:
+def _build(path: Path, target: str, n_ubatch: int = 512, n_ctx: int = 64, **backend_options) -> CausalLM:
     model = ModelFile(path)
-    backend = KleidiBackend(parse_target(target), notice=lambda msg: None)
+    backend = KleidiBackend(parse_target(target), notice=lambda msg: None, **backend_options)
     return model.arch.build(model, linear=backend, n_ctx=n_ctx, n_ubatch=n_ubatch)
+
+
+class RepackRecorder(Observer):
+    """Keeps every repack event."""
+
+    def __init__(self) -> None:
+        self.calls: list[RepackCall] = []
+
+    def on_repack(self, call: RepackCall) -> None:
+        self.calls.append(call)
 
 
 def _run(lm: CausalLM, prompt: np.ndarray, steps: list[int]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
@@ -63,6 +73,18 @@ def _assert_same(lm: CausalLM, prompt: np.ndarray, steps: list[int]) -> None:
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma2"])
 def test_tiny_models_bit_for_bit(tmp_path: Path, arch: str, weights: T, target: str) -> None:
     lm = _build(write_model(tmp_path / "m.gguf", arch, weights), target, n_ubatch=4)  # 3 ubatches for the prompt
+    prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)
+    _assert_same(lm, prompt, [17, 200, 256])
+
+
+@pytest.mark.parametrize("target", ["sme2:svl=512", "dotprod"])
+@pytest.mark.parametrize("weights", [T.Q5_0, T.Q5_1, T.Q8_0])
+def test_exact_weight_family_bit_for_bit(tmp_path: Path, weights: T, target: str) -> None:
+    """The exact-weight family's routines (Q5_0, Q5_1, and Q8_0 with exact weights) in the plan."""
+    repacks = RepackRecorder()
+    path = write_model(tmp_path / "m.gguf", "qwen2", weights)
+    lm = _build(path, target, n_ubatch=4, exact_weights=True, observers=[repacks])
+    assert {call.pair.weight_type for call in repacks.calls} == {"qai8c16"}
     prompt = np.array([1, 260, 258, 259, 5, 9, 40, 7, 257, 3], np.int64)
     _assert_same(lm, prompt, [17, 200, 256])
 

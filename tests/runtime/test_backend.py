@@ -1,5 +1,7 @@
 """The backend: weights of every GGUF type repacked once for the target, MUL_MAT = GEMV at m == 1 else GEMM."""
 
+from dataclasses import replace
+
 import gguf
 import numpy as np
 import pytest
@@ -8,10 +10,11 @@ from gguf_writer import tiny_model
 from kernel_helpers import MatmulRecorder
 
 from kleidipy import formats
-from kleidipy.errors import DTypeError, NonFiniteInputError
-from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import quantize_per_channel
+from kleidipy.errors import DTypeError, NonFiniteInputError, WeightsNotExactError
+from kleidipy.kernels.catalogue import family_of
+from kleidipy.runtime import backend
 from kleidipy.runtime.architectures.llama import Llama
-from kleidipy.runtime.backend import KleidiBackend
+from kleidipy.runtime.backend import KleidiBackend, route
 from kleidipy.runtime.model_file import ModelFile
 from kleidipy.runtime.weights import FloatLinear
 from kleidipy.target import parse_target
@@ -38,31 +41,94 @@ def test_repacked_linear_matches_float_weights(tmp_path, spec, ggml_type):
     ref = FloatLinear.from_gguf(t.name, t.ggml_type, t.shape, t.data)
     x = np.random.default_rng(1).standard_normal((5, lin.k)).astype(np.float32)
     y = lin(x)
-    tol = {T.F16: 2e-2, T.F32: 2e-2}.get(ggml_type, 6e-2)  # bf16 operands / 8-bit activations (+ Q5_0 -> int8)
+    tol = {T.F16: 2e-2, T.F32: 2e-2}.get(ggml_type, 6e-2)  # bf16 operands / 8-bit activations
     assert np.abs(y - ref(x)).max() <= tol * np.abs(ref(x)).max()
     assert np.array_equal(lin(x[2:3]), y[2:3]) or ggml_type in (T.F16, T.F32)  # GEMV == GEMM row for int kernels
-    assert bool(notices) == (ggml_type == T.Q5_0) and (not notices or "Q5_0" in notices[0] and "int8" in notices[0])
+    assert not notices  # (every type here has a kernel; Q5_0 the exact-weight family's)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q5_0, T.Q6_K])
-def test_wider_types_quantized_per_channel_in_one_rounding(tmp_path, ggml_type):
-    """A type without a kernel of 5 bits or more reaches the Q8_0 family as its exact values, quantized per channel
-    once: every int8 code is the nearest to value / scale (no Q8_0 blocks in between), so the weight error is at
-    most half a step of the channel's scale — less than rounding through Q8_0 blocks first."""
+@pytest.mark.parametrize("spec", ["i8mm", "sme2:svl=512"])
+def test_wider_types_multiply_the_files_weights(tmp_path, ggml_type, spec):
+    """A type of 5 bits or more without a KleidiAI kernel goes to the exact-weight family: its packed weights read
+    back as the file's values bit for bit, and no notice is given."""
     rng = np.random.default_rng(3)
     n, k = 64, 256
     raw = _random_blocks(rng, ggml_type, n, k)
-    exact = formats.dequantize(raw, ggml_type, n, k)
-    lin = KleidiBackend(parse_target("i8mm"), notice=lambda _: None)("w", ggml_type, (k, n), raw)
-    assert lin.pair.weight_type == "q8_0"
-    q, scale = quantize_per_channel(exact)
-    err = np.abs(q * scale[:, None] - exact)
-    assert (err <= scale[:, None] * 0.5001).all()
-    two_step_q, two_step_scale = quantize_per_channel(formats.dequantize(formats.quantize(exact, T.Q8_0), T.Q8_0, n, k))
-    assert err.mean() < np.abs(two_step_q * two_step_scale[:, None] - exact).mean()
+    notices = []
+    lin = KleidiBackend(parse_target(spec), notice=notices.append)("w", ggml_type, (k, n), raw)
+    assert lin.pair.weight_type == "qai8c16" and not notices
+    got = family_of(lin.pair.gemm).get_rows(lin.pair.gemm, lin.packed, np.arange(n), n, k)
+    assert np.array_equal(got.view(np.uint32), formats.dequantize(raw, ggml_type, n, k).view(np.uint32))
     x = rng.standard_normal((3, k)).astype(np.float32)
     ref = FloatLinear.from_gguf("w", ggml_type, (k, n), raw)(x)
     assert np.abs(lin(x) - ref).max() <= 3e-2 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize(
+    ("ggml_type", "default", "exact"),
+    [(T.Q8_0, "q8_0", "qai8c16"), (T.F16, "f16", "f32"), (T.F32, "f16", "f32"), (T.BF16, "f16", "f32")],
+)
+def test_exact_weights_routes(ggml_type, default, exact, monkeypatch):
+    """Q8_0 takes llama.cpp-on-Arm's per-channel int8 unless exact weights are asked for (the backend's field,
+    defaulting to KLEIDIPY_EXACT_WEIGHTS); floats then stay f32; BF16 is exact either way."""
+    assert route(ggml_type) == default and route(ggml_type, exact_weights=True) == exact
+    monkeypatch.setenv("KLEIDIPY_EXACT_WEIGHTS", "1")
+    assert KleidiBackend(parse_target("i8mm")).exact_weights
+    monkeypatch.setenv("KLEIDIPY_EXACT_WEIGHTS", "0")
+    assert not KleidiBackend(parse_target("i8mm")).exact_weights
+
+
+@pytest.mark.parametrize("exact_weights", [False, True])
+def test_q8_0_and_bf16_weights_with_exact_weights(exact_weights):
+    rng = np.random.default_rng(4)
+    n, k = 24, 64
+    values = rng.standard_normal((n, k)).astype(np.float32)
+    be = KleidiBackend(parse_target("sme2:svl=512"), exact_weights=exact_weights)
+    q8 = be("q", T.Q8_0, (k, n), formats.quantize(values, T.Q8_0))
+    assert q8.pair.weight_type == ("qai8c16" if exact_weights else "q8_0")
+    bf16 = gguf.quants.quantize(values, T.BF16)
+    lin = be("b", T.BF16, (k, n), bf16)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    want = x @ formats.dequantize(bf16, T.BF16, n, k).T
+    assert np.abs(lin(x) - want).max() <= 2e-2 * np.abs(want).max()
+
+
+def test_narrow_types_requantized_with_a_notice():
+    rng = np.random.default_rng(6)
+    n, k = 8, 256
+    raw = rng.integers(0, 256, (n, k // 256, 110), dtype=np.uint8)  # Q3_K, d (fp16 at the end) kept sane
+    raw[..., 108:] = np.full((n, 1), 0.01, np.float16).view(np.uint8).reshape(n, 1, 2)
+    notices = []
+    lin = KleidiBackend(parse_target("i8mm"), notice=notices.append)("w", T.Q3_K, (k, n), raw)
+    assert lin.pair.weight_type == "q4_0" and len(notices) == 1 and "Q3_K" in notices[0] and "Q4_0" in notices[0]
+
+
+def test_load_check_reroutes_or_refuses_weights_that_are_not_the_files(monkeypatch):
+    """The load-time check: a Q4_K weight the Q4_1 family would not hold exactly is packed by the exact-weight family
+    (one notice); an exact-family weight that does not read back as the file's is a WeightsNotExactError."""
+    rng = np.random.default_rng(7)
+    n, k = 8, 256
+    raw = _random_blocks(rng, T.Q6_K, n, k)
+    q4_k = rng.integers(0, 256, (n, 1, 144), dtype=np.uint8)
+    q4_k[..., :4] = np.full((n, 1, 2), 0.01, np.float16).view(np.uint8)
+    spoil: dict[str, float] = {}  # family name -> the value its spoiled GET_ROWS reads back
+
+    def family_spoiled(kernel):
+        family = family_of(kernel)
+        if kernel.family not in spoil:
+            return family
+        return replace(family, get_rows=lambda *a, **kw: np.full((a[2].size, k), spoil[kernel.family], np.float32))
+
+    monkeypatch.setattr(backend, "family_of", family_spoiled)
+    spoil["qsi8d32p_qai4c32p"] = np.nan
+    notices = []
+    lin = KleidiBackend(parse_target("i8mm"), notice=notices.append)("w", T.Q4_K, (k, n), q4_k)
+    assert lin.pair.weight_type == "qai8c16" and len(notices) == 1 and "not exact" in notices[0]
+    spoil.clear()
+    spoil[lin.pair.gemm.family] = 0.0
+    with pytest.raises(WeightsNotExactError):
+        KleidiBackend(parse_target("i8mm"))("w", T.Q6_K, (k, n), raw)
 
 
 def _random_blocks(rng: np.random.Generator, ggml_type: T, n: int, k: int) -> np.ndarray:

@@ -30,7 +30,7 @@ from kleidipy.runtime.repack_cache import (
 from kleidipy.target import parse_target
 
 SHAPE = dict(n_layer=1, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_ctx=64)
-#: one weight of every kind of load path: K-quant taken exactly (Q4_K), requantized (Q6_K, Q5_0), direct (Q4_0)
+#: one weight of every kind of load path: Q4_K by the Q4_1 family, Q6_K and Q5_0 by the exact-weight one, Q4_0 direct
 TYPES = {"blk.0.attn_q.weight": T.Q4_K, "blk.0.ffn_down.weight": T.Q6_K, "blk.0.ffn_up.weight": T.Q5_0, "*": T.Q4_0}
 IDS = [3, 70, 101, 5, 44]
 
@@ -86,7 +86,7 @@ def test_second_load_reads_the_cache_and_gives_identical_logits(model):
     assert calls_again and all(c.cached and c.pack_seconds == 0 for c in calls_again)
     assert {c.ggml_type for c in calls_again} == {T.Q4_K, T.Q6_K, T.Q5_0, T.Q4_0}
     assert np.array_equal(cached, fresh)
-    assert notices_again == notices  # the requantized types are still announced
+    assert notices_again == notices  # (a requantized type is announced again, read back or not)
     uncached, _, calls_off = load(model, repack_cache=False)
     assert np.array_equal(uncached, fresh) and not any(c.cached for c in calls_off)
 

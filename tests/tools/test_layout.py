@@ -202,7 +202,7 @@ def test_map_is_a_bijection(kernel: str, shape: tuple[int, int, int], svl: int) 
         for key in {f.key for f in bmap.fields}:
             fields = [f for f in bmap.fields if f.key == key]
             originals = [(f.row, f.col) for f in fields if not f.copy]
-            cols = {"element": k, "block": k // 32, "row": 1}[fields[0].kind]
+            cols = {"element": k, "block": k // 32, "block16": k // 16, "row": 1}[fields[0].kind]
             assert sorted(originals) == [(r, c) for r in range(rows) for c in range(cols)], (panel.title, key)
             copies = {(f.row, f.col) for f in fields if f.copy}
             assert all(r in (0, rows - 1) or c == cols - 1 for r, c in copies), (panel.title, key, copies)

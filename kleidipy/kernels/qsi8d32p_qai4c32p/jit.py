@@ -179,6 +179,36 @@ def get_rows(rhs, rows, k, nr, chunk, neon):
 
 
 @numba.njit(cache=True, nogil=True)
+def tile_buffers(m, k, nb, q_m):
+    """The portable loops' work arrays: the LHS codes q_m [m, k] padded with zero rows to whole groups of 4 (int32),
+    and for a tile of TILE_N columns its transposed weights, per-block zero points (or offsets) and scales, its
+    bias, the integer dots and the accumulators of 4 rows."""
+    q = np.zeros(((m + 3) // 4 * 4, k), np.int32)
+    q[:m] = q_m
+    cols = np.empty((nb, TILE_N), np.float32), np.empty((nb, TILE_N), np.float32), np.empty(TILE_N, np.float32)
+    return q, np.empty((k, TILE_N), np.int32), *cols, np.empty((4, TILE_N), np.int32), np.empty((4, TILE_N), np.float32)
+
+
+@numba.njit(inline="always", cache=True)
+def block_dots(q, i0, rows, w_t, t0, t1, cols, dot):
+    """dot[r, c] = Σ q[i0 + r, t]·w_t[t, c] over t0 ≤ t < t1 for the 4 rows at i0 (row 0 only when rows == 1) and the
+    first ``cols`` columns: the integer dots of the portable loops, 4 rows sharing each weight load."""
+    dot[:, :cols] = 0
+    for t in range(t0, t1):
+        q0, q1, q2, q3 = q[i0, t], q[i0 + 1, t], q[i0 + 2, t], q[i0 + 3, t]
+        if rows == 1:  # GEMV
+            for c in range(cols):
+                dot[0, c] += q0 * w_t[t, c]
+            continue
+        for c in range(cols):
+            wv = w_t[t, c]
+            dot[0, c] += q0 * wv
+            dot[1, c] += q1 * wv
+            dot[2, c] += q2 * wv
+            dot[3, c] += q3 * wv
+
+
+@numba.njit(cache=True, nogil=True)
 def matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
     """The compute loop of every kernel (lhs/rhs: writable C-contiguous uint8; ``chunk`` as in :func:`_byte_offsets`).
 
@@ -188,16 +218,9 @@ def matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
     stride = nr * (nb * RHS_BLOCK_BYTES + 4)
     rhs_f32 = rhs.view(np.float32)
     q_m, row_sum, recip = _unpack_lhs(m, k, mr, kbl, lhs)
-    q = np.zeros(((m + 3) // 4 * 4, k), np.int32)
-    q[:m] = q_m
+    q, w_t, zero, scale, bias, dot, acc = tile_buffers(m, k, nb, q_m)
     out = np.empty((m, n), np.float32)
     offsets = _byte_offsets(nr, chunk)
-    w_t = np.empty((k, TILE_N), np.int32)
-    zero = np.empty((nb, TILE_N), np.float32)
-    scale = np.empty((nb, TILE_N), np.float32)
-    bias = np.empty(TILE_N, np.float32)
-    dot = np.empty((4, TILE_N), np.int32)
-    acc = np.empty((4, TILE_N), np.float32)
     for j0 in range(0, n, TILE_N):
         cols = min(TILE_N, n - j0)
         for c in range(cols):
@@ -208,19 +231,7 @@ def matmul(m, n, k, mr, nr, kbl, chunk, lhs, rhs, neon, first_block_fmul):
             rows = min(4, m - i0)
             acc[:, :cols] = 0
             for b in range(nb):
-                dot[:, :cols] = 0
-                for t in range(b * BL, (b + 1) * BL):  # integer dots of 4 rows, sharing each weight load
-                    q0, q1, q2, q3 = q[i0, t], q[i0 + 1, t], q[i0 + 2, t], q[i0 + 3, t]
-                    if rows == 1:  # GEMV
-                        for c in range(cols):
-                            dot[0, c] += q0 * w_t[t, c]
-                        continue
-                    for c in range(cols):
-                        wv = w_t[t, c]
-                        dot[0, c] += q0 * wv
-                        dot[1, c] += q1 * wv
-                        dot[2, c] += q2 * wv
-                        dot[3, c] += q3 * wv
+                block_dots(q, i0, rows, w_t, b * BL, (b + 1) * BL, cols, dot)
                 for r in range(rows):
                     rs, rc = row_sum[i0 + r, b], recip[i0 + r, b]
                     if first_block_fmul and b == 0:

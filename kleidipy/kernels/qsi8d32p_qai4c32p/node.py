@@ -13,7 +13,7 @@ P_KBL = kn.P_FAMILY
 N_PARAMS = kn.P_FAMILY + 1
 
 
-def _pack(params, x, rows, dst):  # pragma: no cover - compiled
+def pack_lhs(params, x, rows, dst):  # pragma: no cover - compiled
     p, src, out = kn.pack_operands(params, N_PARAMS, x, rows, dst)
     kn.copy(jit.lhs_quant_pack(src, p[kn.P_MR], p[P_KBL], 0), out)
 
@@ -33,4 +33,4 @@ def node(kern: MatmulKernel, k: int) -> kn.NodeKernel:
     """The compiled plan's routines and parameters of one of the family's kernels at depth k."""
     g = kern._geo()
     matmul = _matmul_neon if kern.rhs_packer.neon else _matmul_sme2
-    return kn.node_kernel(kern, k, _pack, matmul, {P_KBL: g.kr // g.sr}, (P_KBL,))
+    return kn.node_kernel(kern, k, pack_lhs, matmul, {P_KBL: g.kr // g.sr}, (P_KBL,))

@@ -67,7 +67,7 @@ def _f32_fields(raw: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(raw).view("<f4")
 
 
-def _writable(arr: np.ndarray) -> np.ndarray:
+def writable(arr: np.ndarray) -> np.ndarray:
     """A writable C-contiguous array for the numba code (one compiled signature; read-only input is copied)."""
     flags = arr.flags
     return arr if flags.c_contiguous and flags.writeable else np.require(arr, requirements=["C", "W"])
@@ -137,13 +137,14 @@ class LhsQuantPackQsi8d32pscalef32F32Neon(LhsPacker):
         return np.concatenate([data.view(np.uint8), _bytes(params)], axis=-1).reshape(-1)
 
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        return _jit.lhs_quant_pack(_writable(lhs), mr, kr // sr, row_offset)
+        return _jit.lhs_quant_pack(writable(lhs), mr, kr // sr, row_offset)
 
 
 # --------------------------------------------------------------------------------------------- RHS
 
 
-def _inputs_f32(arr: np.ndarray | None, size: int, what: str, who: str) -> np.ndarray | None:
+def inputs_f32(arr: np.ndarray | None, size: int, what: str, who: str) -> np.ndarray | None:
+    """A packer's float32 input ``what`` of at least ``size`` values, flat and writable (None stays None)."""
     if arr is None:
         return None
     a = np.asarray(arr)
@@ -151,7 +152,7 @@ def _inputs_f32(arr: np.ndarray | None, size: int, what: str, who: str) -> np.nd
         raise DTypeError(f"{who}: {what} must be float32, got {a.dtype}")
     if a.size < size:
         raise BufferSizeError(f"{who}: {what} holds {a.size} values, {size} needed")
-    return _writable(a.reshape(-1)[:size])
+    return writable(a.reshape(-1)[:size])
 
 
 def codes_to_u(codes: np.ndarray, order: CodeOrder) -> np.ndarray:
@@ -189,10 +190,10 @@ class Qai4c32pRhsPacker(RhsPacker):
         if codes.size < n * k // 2:
             raise BufferSizeError(f"{self.name}: rhs holds {codes.size} bytes, n={n}, k={k} needs {n * k // 2}")
         nb = k // BL
-        codes = _writable(codes.reshape(-1)[: n * k // 2]).reshape(n, k // 2)
-        scale = _inputs_f32(scale, n * nb, "scale", self.name).reshape(n, nb)
-        zero = _inputs_f32(zero, n * nb, "zero", self.name).reshape(n, nb)
-        return codes, scale, zero, _inputs_f32(bias, n, "bias", self.name)
+        codes = writable(codes.reshape(-1)[: n * k // 2]).reshape(n, k // 2)
+        scale = inputs_f32(scale, n * nb, "scale", self.name).reshape(n, nb)
+        zero = inputs_f32(zero, n * nb, "zero", self.name).reshape(n, nb)
+        return codes, scale, zero, inputs_f32(bias, n, "bias", self.name)
 
     def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         codes, scale, zero, bias = self._inputs(n, k, rhs, scale, zero, bias)
@@ -259,7 +260,7 @@ class Qai4c32pRhsPacker(RhsPacker):
         (exact for Q4_1 data: an fp16 d times a 4-bit integer), which equals GGML's u·d + m."""
         execution = check_execution(execution)
         buf, idx = self.get_rows_operands(rhs_packed, rows, n, k, nr, kr, sr)
-        buf = _writable(buf)
+        buf = writable(buf)
         if execution == "jit":
             return _jit.get_rows(buf, idx, k, nr, self.chunk(kr, sr), self.neon)
         w, zero, scale, _ = self.unpack(buf, n, k, nr, kr, sr)
@@ -366,7 +367,7 @@ class Qsi8d32pQai4c32pKernel(MatmulKernel):
         g = self._geo()
         lhs = lhs[: self.lhs_packed_size(m, k)]
         rhs = rhs[: self.rhs_packer.get_rhs_packed_size(n, k, g.nr, g.kr, g.sr)]
-        return g, _writable(lhs), _writable(rhs)
+        return g, writable(lhs), writable(rhs)
 
     def _reference(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         g, lhs, rhs = self._operands(m, n, k, lhs, rhs)

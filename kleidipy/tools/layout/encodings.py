@@ -168,6 +168,38 @@ def rhs_q8_0(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
     ]
 
 
+def rhs_qai8c16(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
+    """The exact-weight packer's own input: int8 codes [n, k], f32 scale and offset per 16 values, f32 bias per row."""
+    nb = k // 16
+    codes, ones, zeros = np.zeros((n, k), np.int8), np.ones((n, nb), np.float32), np.zeros((n, nb), np.float32)
+
+    def inputs(q=codes, scale=ones, zero=zeros, bias=None) -> RhsInputs:
+        bias = np.zeros(n, np.float32) if bias is None else bias
+        return q.view(np.uint8).reshape(-1), {"rhs": q, "scale": scale, "zero": zero, "bias": bias}
+
+    return "int8 codes [n][k] (the packer's rhs input)", [
+        _channel(
+            "codes",
+            "element",
+            (n, k),
+            lambda c: inputs(q=_pick(c, 85, -86, np.int8)),
+            source=("codes (int8)", 1),
+            packed=("data", 1),
+        ),
+        *(
+            _channel(
+                key,
+                "block16",
+                (n, nb),
+                lambda c, key=key: inputs(**{key: _pick(c, F32_A, F32_B, np.float32)}),
+                packed=(title, 4),
+            )
+            for key, title in (("zero", "offsets (f32)"), ("scale", "scales (f32)"))
+        ),
+        _channel("bias", "row", (n, 1), lambda c: inputs(bias=_f32_rows(c, n)), packed=("bias (f32)", 4)),
+    ]
+
+
 def rhs_per_channel(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
     """The per-channel packers' own input: int8 values [n, k], or 4-bit codes u (weight u − 8) with element k in
     nibble k%2 of byte k//2 (s1s0); plus f32 scale and bias per row."""
@@ -235,6 +267,7 @@ def rhs_f16(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
 RHS_FORMATS: tuple[tuple[str, Callable[[int, int, RhsPacker], tuple[str, list[Channel]]]], ...] = (
     ("qsi4c32p", rhs_q4_0),
     ("qai4c32p", rhs_q4_1),
+    ("qai8c16p", rhs_qai8c16),
     ("qsi8cxp", rhs_q8_0),
     ("qsi4cxp", rhs_per_channel),
     ("_kxn_", rhs_f16),

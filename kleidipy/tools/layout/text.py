@@ -37,7 +37,7 @@ def label(f: Field | None, widths: tuple[int, int]) -> str:
     text = f"{f.row:0{rw}d}"
     if f.kind == "element":
         text += f",{f.col:0{cw}d}"
-    elif f.kind == "block":
+    elif f.kind.startswith("block"):  # (block: per 32 values, block16: per 16)
         text += f",b{f.col}"
     return text + ("*" if f.copy else "")
 
