@@ -30,7 +30,8 @@ from kleidipy.runtime.repack_cache import (
 from kleidipy.target import parse_target
 
 SHAPE = dict(n_layer=1, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_ctx=64)
-#: one weight of every kind of load path: Q4_K by the Q4_1 family, Q6_K and Q5_0 by the exact-weight one, Q4_0 direct
+#: one weight of every kind of load path: Q4_K by the Q4_1 family, Q6_K and Q5_0 requantized per channel (by the
+#: exact-weight family with exact weights), Q4_0 direct
 TYPES = {"blk.0.attn_q.weight": T.Q4_K, "blk.0.ffn_down.weight": T.Q6_K, "blk.0.ffn_up.weight": T.Q5_0, "*": T.Q4_0}
 IDS = [3, 70, 101, 5, 44]
 
@@ -129,17 +130,15 @@ def test_stale_cache_is_noticed_and_rebuilt(model, monkeypatch):
     assert len(list(repack_dir().iterdir())) == 1  # rewritten in place, nothing left behind
 
 
-def test_a_weight_cached_as_another_kernel_type_is_a_miss(model, monkeypatch):
-    """A cache written by a version that packed a GGML type as another kernel weight type (here Q6_K: per-channel
-    int8, then as Q4_0 blocks) is not read for that type: its weights are packed afresh, the others read back."""
-    from kleidipy.runtime import backend
-
+def test_a_weight_cached_as_another_kernel_type_is_a_miss(model):
+    """A cache written by a load that packed a GGML type as another kernel weight type (here Q6_K and Q5_0: per-channel
+    int8 by default, the exact-weight family with ``exact_weights``) is not read for that type: those weights are
+    packed afresh, the others read back."""
     load(model)
-    monkeypatch.setattr(backend, "_REQUANT_TO_Q8_0", backend._REQUANT_TO_Q8_0 - {T.Q6_K})
-    logits, _, calls = load(model)
-    assert {c.ggml_type for c in calls if not c.cached} == {T.Q6_K}
-    assert all(c.pair.weight_type == "q4_0" for c in calls if c.ggml_type == T.Q6_K)
-    assert np.array_equal(logits, load(model, repack_cache=False)[0])
+    logits, _, calls = load(model, exact_weights=True)
+    assert {c.ggml_type for c in calls if not c.cached} == {T.Q6_K, T.Q5_0}
+    assert all(c.pair.weight_type == "qai8c16" for c in calls if not c.cached)
+    assert np.array_equal(logits, load(model, repack_cache=False, exact_weights=True)[0])
 
 
 def test_one_cache_file_per_target(model):
