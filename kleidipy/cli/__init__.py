@@ -419,6 +419,13 @@ def _add_runtime_args(
     if quiet:
         p.add_argument("-q", "--quiet", action="store_true", help=quiet)
     _add_target_arg(p)
+    p.add_argument(
+        "--sme-threads",
+        metavar="N",
+        help="run the SME kernels on N threads and the NEON ones on the others, as llama.cpp does on a CPU with fewer "
+        "SME units than threads (GGML_KLEIDIAI_SME=N, GGML_KLEIDIAI_CHUNK_MULTIPLIER=1): the bits then change with "
+        "-t; an SME target only, the same as its option sme_threads=N (default: SME on every thread)",
+    )
 
 
 def _add_kernel_args(p: argparse.ArgumentParser, shape: str | None, shape_help: str) -> None:
@@ -438,7 +445,7 @@ def _add_target_arg(p: argparse.ArgumentParser) -> None:
         metavar="T",
         help="Arm CPU to target: sme2[:svl=128..2048], sme[:svl=N], i8mm, dotprod or host, each with an optional "
         "table=master|seeds: llama.cpp's kernel table (master, the default: the F16-LHS GEMM for Q4_0 on SME2; "
-        "seeds: the int8 MOPA GEMM), e.g. sme2:svl=512,table=seeds "
+        "seeds: the int8 MOPA GEMM), e.g. sme2:svl=512,table=seeds, and for sme/sme2 sme_threads=N (--sme-threads) "
         "(default: $KLEIDIPY_TARGET, else the host; on a host without Arm matmul features a virtual CPU, which "
         "`kleidipy kernels` names)",
     )

@@ -1,6 +1,7 @@
 """The CPU backend, as ggml-cpu's KleidiAI trait: repack every matmul weight once at load (:class:`KleidiBackend`,
 through a :class:`~kleidipy.runtime.repack_cache.RepackCache` when given one), then run MUL_MAT
-(:func:`compute_forward_mul_mat`: the GEMM when m > 1, the GEMV when m == 1).
+(:func:`compute_forward_mul_mat`: the GEMM when m > 1, the GEMV when m == 1; on a target with ``sme_threads``,
+llama.cpp's SME/NEON hybrid over a second packing of the weights for the NEON kernels).
 
 How each GGUF type reaches a packer: docs/weights-and-repacking.md."""
 
@@ -15,13 +16,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
-from kleidipy.core.matmul import MatmulKernel
-from kleidipy.core.threads import MIN_SPLIT_MACS
+from kleidipy.core.matmul import MatmulKernel, PreparedMatmul
+from kleidipy.core.threads import MIN_SPLIT_MACS, sme_columns
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.runtime.weights import GEMV_ROWS
-from kleidipy.target import KernelPair, Target, select_kernels
+from kleidipy.target import KernelPair, Target, fallback_kernels, select_kernels
 
 #: GGML types the kernels take directly, and the kernel weight type each maps to.
 _DIRECT = {
@@ -43,36 +44,71 @@ class RepackedLinear:
     pair's GEMV (m == 1) or GEMM (m > 1).
     """
 
-    def __init__(self, name: str, pair: KernelPair, n: int, k: int, packed: np.ndarray, backend: KleidiBackend):
+    def __init__(
+        self,
+        name: str,
+        pair: KernelPair,
+        n: int,
+        k: int,
+        packed: np.ndarray,
+        backend: KleidiBackend,
+        fallback: RepackedLinear | None = None,
+    ):
         self.name, self.pair, self.n, self.k, self.packed, self.backend = name, pair, n, k, packed, backend
         opts = {"execution": backend.execution, "min_split_macs": backend.min_split_macs}
         self.gemm = pair.gemm.prepare(n, k, packed, **opts)
         self.gemv = pair.gemv.prepare(n, k, packed, **opts) if pair.gemv is not pair.gemm else self.gemm
+        #: the weight packed again for the NEON pair llama.cpp runs on the threads past ``sme_threads``, or None
+        self.fallback = fallback
+        self.sme_threads = 0 if fallback is None else int(backend.target.sme_threads or 0)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return compute_forward_mul_mat(self, x)
 
+    def sme_columns(self, m: int, threads: int) -> int:
+        """The leading columns this pair computes of m rows on ``threads`` threads, the fallback the others
+        (:func:`~kleidipy.core.threads.sme_columns`; all of them without a fallback)."""
+        if self.fallback is None:
+            return self.n
+        steps = self.pair.gemm.n_step, self.fallback.pair.gemm.n_step
+        return sme_columns(m, self.n, threads, self.sme_threads, *steps)
+
 
 def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray:
     """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule; the GEMV for
-    every m while :data:`~kleidipy.runtime.weights.GEMV_ROWS` is set)."""
+    every m while :data:`~kleidipy.runtime.weights.GEMV_ROWS` is set). With a fallback, llama.cpp's hybrid:
+    the fallback alone, or each pair packing the rows with its own packer and computing its columns
+    (:meth:`RepackedLinear.sme_columns`)."""
     m = x.shape[0]
     if m == 0:  # no rows wanted (a prefill ubatch whose logits nobody reads): nothing to multiply
         return np.empty((0, weight.n), np.float32)
+    cols = weight.sme_columns(1 if GEMV_ROWS.get() else m, weight.backend.threads)
+    if cols == 0:
+        return compute_forward_mul_mat(weight.fallback, x)
     run = weight.gemv if m == 1 else weight.gemm
     if run is not weight.gemv and GEMV_ROWS.get():  # (the GEMV takes one row: row by row, as m decoded tokens)
         return np.concatenate([compute_forward_mul_mat(weight, x[i : i + 1]) for i in range(m)])
+    if cols < weight.n:
+        fallback = weight.fallback
+        return np.concatenate([_run(weight, run, x, 0, cols), _run(fallback, fallback.gemm, x, cols, weight.n)], 1)
+    return _run(weight, run, x, 0, weight.n)
+
+
+def _run(weight: RepackedLinear, run: PreparedMatmul, x: np.ndarray, n0: int, n1: int) -> np.ndarray:
+    """``run``'s LHS pack of x and its kernel over the columns [n0, n1), told to the observers that watch
+    MUL_MATs."""
+    threads, m = weight.backend.threads, x.shape[0]
     watchers = [o for o in weight.backend.observers if o.wants_matmuls]
     if not watchers:
-        return run(x, threads=weight.backend.threads)
+        return run.matmul(run.pack(x, threads), m, threads, n0, n1)
     # Traced: the same prepared matmul, its two halves (LHS quantize+pack, kernel) timed apart.
-    threads = weight.backend.threads
     t0 = perf_counter()
     lhs = run.pack(x, threads)
     t1 = perf_counter()
-    out = run.matmul(lhs, m, threads)
+    out = run.matmul(lhs, m, threads, n0, n1)
     t2 = perf_counter()
-    call = KernelCall(weight.name, run.kernel, m, weight.n, weight.k, int(lhs.nbytes), int(weight.packed.nbytes))
+    rhs_bytes = weight.packed.nbytes if n1 - n0 == weight.n else run.kernel.rhs_packed_size(n1 - n0, weight.k)
+    call = KernelCall(weight.name, run.kernel, m, n1 - n0, weight.k, int(lhs.nbytes), int(rhs_bytes))
     call.lhs_seconds, call.matmul_seconds, call.start = t1 - t0, t2 - t1, t0
     for observer in watchers:
         observer.on_matmul(call)
@@ -110,19 +146,40 @@ class KleidiBackend:
         else:
             weight_type, ggml_type, raw = self.supported(name, source_type, n, k, raw)
             pair = select_kernels(weight_type, self.target)
-            rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
-            t1 = perf_counter()
-            packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
-            t2 = perf_counter()
+            t1, packed, t2 = self._pack(pair, ggml_type, n, k, raw)
         if self.cache is not None:
             self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
-        if self.observers:
-            call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
-            call.cached = hit is not None
-            for observer in self.observers:
-                observer.on_repack(call)
+        call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
+        call.cached = hit is not None
+        self._tell(call)
         self.exact_rows = self.exact_rows and pair.exact_rows
-        return RepackedLinear(name, pair, n, k, packed, self)
+        fallback = fallback_kernels(pair.weight_type, self.target)
+        if fallback is None:
+            return RepackedLinear(name, pair, n, k, packed, self)
+        # llama.cpp's second packed copy, for the NEON pair of the hybrid (packed at every load: not cached)
+        t0 = perf_counter()
+        if hit is not None:
+            _, ggml_type, raw = self.supported(name, source_type, n, k, raw)
+        t1, fb_packed, t2 = self._pack(fallback, ggml_type, n, k, raw)
+        self._tell(
+            RepackCall(name, source_type, fallback, n, k, source_bytes, fb_packed.nbytes, t0, t2 - t0, t1, t2 - t1)
+        )
+        self.exact_rows = self.exact_rows and fallback.exact_rows
+        return RepackedLinear(name, pair, n, k, packed, self, RepackedLinear(name, fallback, n, k, fb_packed, self))
+
+    def _pack(
+        self, pair: KernelPair, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
+    ) -> tuple[float, np.ndarray, float]:
+        """The weight packed for ``pair``'s kernels, between the two perf_counter() readings around the packer."""
+        rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
+        t1 = perf_counter()
+        packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
+        return t1, packed, perf_counter()
+
+    def _tell(self, call: RepackCall) -> None:
+        """A repack (or, ``call.cached``, a read from the cache) told to the observers."""
+        for observer in self.observers:
+            observer.on_repack(call)
 
     def _cached(self, name: str, source_type: GGMLType, n: int, k: int) -> tuple[KernelPair, np.ndarray] | None:
         """(pair, packed bytes) from the cache, if it holds the weight packed for this target's kernel (its
