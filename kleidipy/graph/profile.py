@@ -17,7 +17,7 @@ import numpy as np
 from kleidipy.core.node import P_N_STEP
 from kleidipy.core.pointers import i64_at
 from kleidipy.core.threads import sme_columns
-from kleidipy.graph.plan import OP_ATTENTION, OP_KEEP, OP_MATMUL, OP_NAMES, OP_STORE_KV, Plan
+from kleidipy.graph.plan import OP_ATTENTION, OP_KEEP, OP_MATMUL, OP_NAMES, OP_STORE_KV, MatmulWeight, Plan
 from kleidipy.observer import KernelCall, NodeRun
 
 
@@ -129,7 +129,7 @@ class PlanClock:
     takes the sums of the runs since its last :meth:`take`."""
 
     def __init__(self, plan: Plan, threads: int) -> None:
-        self.plan = plan
+        self.plan, self.threads = plan, threads
         self.groups: list[ClockGroup] = []
         index: dict[ClockGroup, int] = {}
 
@@ -143,7 +143,7 @@ class PlanClock:
             op = node[0]
             if op == OP_MATMUL:
                 linear = plan.weights[node[3]].linear
-                for col, run in enumerate((linear.gemv, linear.gemm)):
+                for col, run in enumerate((self._one_row(node).linear.gemv, linear.gemm)):
                     kern = run.kernel
                     if kern.lhs_packer is not None and node[4] != 1:  # (a shared LHS: no pack ran)
                         self.node_groups[i, 2 * col] = group("lhs_pack", kern.lhs_packer.kai_name)
@@ -165,6 +165,13 @@ class PlanClock:
         #: runs since the last take per (m rows, kept rows, GEMV row by row): what :meth:`work` counts bytes and
         #: operations of
         self.shapes: Counter[tuple[int, int, bool]] = Counter()
+
+    def _one_row(self, node: list[int]) -> MatmulWeight:
+        """The weight whose GEMV a MUL_MAT node runs for a row alone: a hybrid's fallback when the plan's threads are
+        more than the SME ones (a row is fewer than llama.cpp's 128; the clock books a hybrid's GEMM to the SME
+        kernel)."""
+        weight = self.plan.weights[node[3]]
+        return self.plan.weights[node[5]] if node[5] >= 0 and self.threads > weight.linear.sme_threads else weight
 
     def add(self, nth: int, m: int, kept: int, gemv: bool = False) -> None:
         """Sum the stamps of the run just made (``nth`` threads, m rows, ``kept`` rows after the KEEP node; ``gemv``:
@@ -192,7 +199,7 @@ class PlanClock:
             one = rows == 1 or gemv
             lhs, kern = self.node_groups[i, 0 if one else 2], self.node_groups[i, 1 if one else 3]
             if node[0] == OP_MATMUL and rows:
-                w = self.plan.weights[node[3]]
+                w = self._one_row(node) if one else self.plan.weights[node[3]]
                 code = w.gemv if one else w.gemm
                 packed = code.lhs_bytes(rows)
                 if lhs >= 0:
