@@ -16,7 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
-from kleidipy.core.matmul import MatmulKernel, PreparedMatmul
+from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS, sme_columns
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
@@ -76,43 +76,36 @@ class RepackedLinear:
 
 def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray:
     """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule; the GEMV for
-    every m while :data:`~kleidipy.runtime.weights.GEMV_ROWS` is set). With a fallback, llama.cpp's hybrid:
-    the fallback alone, or each pair packing the rows with its own packer and computing its columns
-    (:meth:`RepackedLinear.sme_columns`)."""
+    every m while :data:`~kleidipy.runtime.weights.GEMV_ROWS` is set). With a fallback, llama.cpp's hybrid
+    (:meth:`RepackedLinear.sme_columns`): the fallback alone, or each pair packing the rows with its own packer and
+    computing its columns, told to the observers as one call each."""
     m = x.shape[0]
     if m == 0:  # no rows wanted (a prefill ubatch whose logits nobody reads): nothing to multiply
         return np.empty((0, weight.n), np.float32)
     cols = weight.sme_columns(1 if GEMV_ROWS.get() else m, weight.backend.threads)
-    if cols == 0:
-        return compute_forward_mul_mat(weight.fallback, x)
+    if cols == 0:  # (every column on the NEON fallback)
+        weight, cols = weight.fallback, weight.n
     run = weight.gemv if m == 1 else weight.gemm
     if run is not weight.gemv and GEMV_ROWS.get():  # (the GEMV takes one row: row by row, as m decoded tokens)
         return np.concatenate([compute_forward_mul_mat(weight, x[i : i + 1]) for i in range(m)])
-    if cols < weight.n:
-        fallback = weight.fallback
-        return np.concatenate([_run(weight, run, x, 0, cols), _run(fallback, fallback.gemm, x, cols, weight.n)], 1)
-    return _run(weight, run, x, 0, weight.n)
-
-
-def _run(weight: RepackedLinear, run: PreparedMatmul, x: np.ndarray, n0: int, n1: int) -> np.ndarray:
-    """``run``'s LHS pack of x and its kernel over the columns [n0, n1), told to the observers that watch
-    MUL_MATs."""
-    threads, m = weight.backend.threads, x.shape[0]
+    parts = [(weight, run, 0, cols)]
+    if cols < weight.n:  # (the SME GEMM on the columns [0, cols), the NEON GEMM on the others)
+        parts.append((weight.fallback, weight.fallback.gemm, cols, weight.n))
+    threads = weight.backend.threads
     watchers = [o for o in weight.backend.observers if o.wants_matmuls]
-    if not watchers:
-        return run.matmul(run.pack(x, threads), m, threads, n0, n1)
-    # Traced: the same prepared matmul, its two halves (LHS quantize+pack, kernel) timed apart.
-    t0 = perf_counter()
-    lhs = run.pack(x, threads)
-    t1 = perf_counter()
-    out = run.matmul(lhs, m, threads, n0, n1)
-    t2 = perf_counter()
-    rhs_bytes = weight.packed.nbytes if n1 - n0 == weight.n else run.kernel.rhs_packed_size(n1 - n0, weight.k)
-    call = KernelCall(weight.name, run.kernel, m, n1 - n0, weight.k, int(lhs.nbytes), int(rhs_bytes))
-    call.lhs_seconds, call.matmul_seconds, call.start = t1 - t0, t2 - t1, t0
-    for observer in watchers:
-        observer.on_matmul(call)
-    return out
+    outs = []
+    for part, run, n0, n1 in parts:
+        t0 = perf_counter()
+        lhs = run.pack(x, threads)
+        t1 = perf_counter()
+        outs.append(run.matmul(lhs, m, threads, n0, n1))
+        if watchers:  # traced: the same prepared matmul, its two halves (LHS quantize+pack, kernel) timed apart
+            rhs_bytes = part.packed.nbytes if n1 - n0 == part.n else run.kernel.rhs_packed_size(n1 - n0, part.k)
+            call = KernelCall(part.name, run.kernel, m, n1 - n0, part.k, int(lhs.nbytes), int(rhs_bytes))
+            call.lhs_seconds, call.matmul_seconds, call.start = t1 - t0, perf_counter() - t1, t0
+            for observer in watchers:
+                observer.on_matmul(call)
+    return outs[0] if len(outs) == 1 else np.concatenate(outs, 1)
 
 
 @dataclass
@@ -151,21 +144,22 @@ class KleidiBackend:
             self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
         call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
         call.cached = hit is not None
-        self._tell(call)
+        repacks, second = [call], None
         self.exact_rows = self.exact_rows and pair.exact_rows
         fallback = fallback_kernels(pair.weight_type, self.target)
-        if fallback is None:
-            return RepackedLinear(name, pair, n, k, packed, self)
-        # llama.cpp's second packed copy, for the NEON pair of the hybrid (packed at every load: not cached)
-        t0 = perf_counter()
-        if hit is not None:
-            _, ggml_type, raw = self.supported(name, source_type, n, k, raw)
-        t1, fb_packed, t2 = self._pack(fallback, ggml_type, n, k, raw)
-        self._tell(
-            RepackCall(name, source_type, fallback, n, k, source_bytes, fb_packed.nbytes, t0, t2 - t0, t1, t2 - t1)
-        )
-        self.exact_rows = self.exact_rows and fallback.exact_rows
-        return RepackedLinear(name, pair, n, k, packed, self, RepackedLinear(name, fallback, n, k, fb_packed, self))
+        if fallback is not None:  # llama.cpp's second packed copy, for the hybrid's NEON pair (at every load: uncached)
+            t0 = perf_counter()
+            if hit is not None:
+                _, ggml_type, raw = self.supported(name, source_type, n, k, raw)
+            t1, fb_packed, t2 = self._pack(fallback, ggml_type, n, k, raw)
+            size = int(fb_packed.nbytes)
+            repacks.append(RepackCall(name, source_type, fallback, n, k, source_bytes, size, t0, t2 - t0, t1, t2 - t1))
+            self.exact_rows = self.exact_rows and fallback.exact_rows
+            second = RepackedLinear(name, fallback, n, k, fb_packed, self)
+        for call in repacks:
+            for observer in self.observers:
+                observer.on_repack(call)
+        return RepackedLinear(name, pair, n, k, packed, self, second)
 
     def _pack(
         self, pair: KernelPair, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
@@ -175,11 +169,6 @@ class KleidiBackend:
         t1 = perf_counter()
         packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
         return t1, packed, perf_counter()
-
-    def _tell(self, call: RepackCall) -> None:
-        """A repack (or, ``call.cached``, a read from the cache) told to the observers."""
-        for observer in self.observers:
-            observer.on_repack(call)
 
     def _cached(self, name: str, source_type: GGMLType, n: int, k: int) -> tuple[KernelPair, np.ndarray] | None:
         """(pair, packed bytes) from the cache, if it holds the weight packed for this target's kernel (its
