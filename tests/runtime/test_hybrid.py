@@ -79,7 +79,10 @@ def _build(path: Path, spec: str, threads: int, observers: list[Observer] | None
 def _run(lm: CausalLM, prompt: np.ndarray) -> list[np.ndarray]:
     """All logits of a prompt of more than 128 tokens (hybrid MUL_MATs), a short one (NEON only) and decode steps."""
     cache = lm.new_cache()
-    out = [lm.forward(prompt, all_logits=True, cache=cache), lm.forward(prompt[:5], all_logits=True, cache=lm.new_cache())]
+    out = [
+        lm.forward(prompt, all_logits=True, cache=cache),
+        lm.forward(prompt[:5], all_logits=True, cache=lm.new_cache()),
+    ]
     return out + [lm.forward([t], cache=cache) for t in (17, 200, 256)]
 
 
@@ -143,3 +146,19 @@ def test_bad_sme_threads_are_one_line_cli_errors(args: list[str], capsys: pytest
     assert main(["run", "-m", "nowhere.gguf", *args, "hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("kleidipy: error: sme_threads=")
+
+
+def test_the_plans_clock_books_a_decoded_token_to_the_neon_gemv(tmp_path: Path) -> None:
+    """The server's Inside view (the plan's clock): with SME on fewer threads than the plan's, a row alone runs the
+    NEON GEMV, and the clock says so."""
+    lm = _build(write_model(tmp_path / "m.gguf", "llama", T.Q4_0), HYBRID, threads=2)
+    assert compile_model(lm, 2, adaptive=False)
+    clock = lm.compiled.start_clock()
+    cache = lm.new_cache()
+    lm.forward([1, 2, 3], cache=cache)
+    lm.forward([4], cache=cache)
+    lm.compiled.close()
+    _, calls, _ = clock.take()
+    names = {group.name for group, count in zip(clock.groups, calls, strict=True) if count}
+    assert "kai_run_matmul_clamp_f32_qsi8d32p1x8_qsi4c32p4x8_1x4x32_neon_dotprod" in names
+    assert "kai_run_matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot" not in names
