@@ -106,8 +106,7 @@ def parse_target(spec: str, source: str = "--target") -> Target:
             )
     if name == "host":
         host = detect_target()
-        host = host if table is None else replace(host, table=table)
-        return host if sme_threads is None else with_sme_threads(host, sme_threads)
+        return with_sme_threads(host if table is None else replace(host, table=table), sme_threads)
     if name in ("sme", "sme2"):
         try:
             svl = check_svl(svl or 512)
@@ -116,7 +115,7 @@ def parse_target(spec: str, source: str = "--target") -> Target:
     elif svl is not None:
         raise TargetError(f"target '{spec}': svl applies only to sme/sme2 targets")
     target = Target(name, _NAMED[name], svl, virtual=True, source=source, table=table or DEFAULT_TABLE)
-    return target if sme_threads is None else with_sme_threads(target, sme_threads)
+    return with_sme_threads(target, sme_threads)
 
 
 def with_sme_threads(target: Target, sme_threads: int | str | None) -> Target:
