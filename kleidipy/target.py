@@ -13,7 +13,9 @@ GEMM kernel's nr/kr/sr) serves the GEMM (m > 1) and the GEMV (m == 1) of a pair.
 (the default: llama.cpp's master, whose SME2 Q4_0 pair is the F16-LHS MOPA GEMM with the int8 SDOT GEMV) and
 ``seeds`` (the table of the llama.cpp the seeds were traced on: the int8 MOPA GEMM at prefill), chosen by the
 target option ``table=``: ``sme2:svl=512,table=seeds``, ``host:table=seeds``. :func:`standing` says
-where any kernel, packer or folder name (legacy spellings included) stands in that selection.
+where any kernel, packer or folder name (legacy spellings included) stands in that selection. With ``sme_threads=N``
+(``sme2:svl=512,sme_threads=1``) an SME target runs llama.cpp's SME/NEON hybrid: :func:`fallback_kernels` names the
+NEON pair it chains behind the SME one, :func:`~kleidipy.core.threads.sme_columns` the columns each computes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class Target:
     virtual: bool = True  # True unless detected on the host we run on
     source: str = ""  # how it was chosen: "detected", "--target", "KLEIDIPY_TARGET", "default"
     table: str = "master"  # llama.cpp's selection table the target follows (:data:`TABLES`)
+    #: threads that run the SME kernels, the others the NEON fallback (llama.cpp's GGML_KLEIDIAI_SME=N); None: SME on
+    #: every thread
+    sme_threads: int | None = None
 
     def has(self, *features: str) -> bool:
         return set(features) <= self.features
@@ -63,6 +68,7 @@ class Target:
         """The ``--target`` text that names this target again (``host`` for the detected one)."""
         opts = [f"svl={self.svl_bits}"] if self.svl_bits and self.virtual else []
         opts += [f"table={self.table}"] if self.table != DEFAULT_TABLE else []
+        opts += [f"sme_threads={self.sme_threads}"] if self.sme_threads is not None else []
         base = self.name if self.virtual else "host"
         return f"{base}:{','.join(opts)}" if opts else base
 
@@ -70,32 +76,37 @@ class Target:
         svl = f", SVL {self.svl_bits}" if self.svl_bits else ""
         kind = "virtual " if self.virtual else ""
         feats = ", ".join(sorted(self.features)) or "no Arm matmul features"
-        return f"{kind}{self.name.upper()} CPU{svl} ({feats}), llama.cpp's {self.table} kernel table"
+        hybrid = f", SME kernels on {self.sme_threads} thread(s)" if self.sme_threads is not None else ""
+        return f"{kind}{self.name.upper()} CPU{svl} ({feats}), llama.cpp's {self.table} kernel table{hybrid}"
 
 
 def parse_target(spec: str, source: str = "--target") -> Target:
     """Parse ``sme2[:svl=N]``, ``sme[:svl=N]``, ``i8mm``, ``dotprod`` or ``host``, each with an optional
-    ``table=master|seeds`` (``sme2:svl=512,table=seeds``, ``host:table=seeds``)."""
+    ``table=master|seeds`` (``sme2:svl=512,table=seeds``, ``host:table=seeds``) and, for an SME CPU,
+    ``sme_threads=N`` (:func:`with_sme_threads`)."""
     text = spec.strip().lower()
     name, _, opts = text.partition(":")
     if name in ("auto", ""):
         name = "host"
     if name != "host" and name not in _NAMED:
         raise TargetError(f"unknown target '{spec}': use sme2[:svl=N], sme[:svl=N], i8mm, dotprod or host")
-    svl, table = None, None
+    svl, table, sme_threads = None, None, None
     for opt in filter(None, opts.split(",")):
         key, _, value = opt.partition("=")
         if key == "table" and value in TABLES:
             table = value
         elif key == "svl" and value.isdigit() and name != "host":
             svl = int(value)
+        elif key == "sme_threads":
+            sme_threads = value
         else:
             raise TargetError(
-                f"target '{spec}': unknown option '{opt}' (svl=BITS for sme/sme2, table={'|'.join(TABLES)})"
+                f"target '{spec}': unknown option '{opt}' (svl=BITS for sme/sme2, table={'|'.join(TABLES)}, "
+                "sme_threads=N for sme/sme2)"
             )
     if name == "host":
         host = detect_target()
-        return host if table is None else replace(host, table=table)
+        return with_sme_threads(host if table is None else replace(host, table=table), sme_threads)
     if name in ("sme", "sme2"):
         try:
             svl = check_svl(svl or 512)
@@ -103,7 +114,25 @@ def parse_target(spec: str, source: str = "--target") -> Target:
             raise TargetError(f"target '{spec}': {exc}") from None
     elif svl is not None:
         raise TargetError(f"target '{spec}': svl applies only to sme/sme2 targets")
-    return Target(name, _NAMED[name], svl, virtual=True, source=source, table=table or DEFAULT_TABLE)
+    target = Target(name, _NAMED[name], svl, virtual=True, source=source, table=table or DEFAULT_TABLE)
+    return with_sme_threads(target, sme_threads)
+
+
+def with_sme_threads(target: Target, sme_threads: int | str | None) -> Target:
+    """``target`` running the SME kernels on ``sme_threads`` threads and the NEON fallback on the others, as
+    llama.cpp with ``GGML_KLEIDIAI_SME=N`` (None: ``target`` as it is). TargetError for a count that is not an
+    integer >= 1 (0 is llama.cpp's SME off: the ``i8mm`` target) or a target without SME."""
+    if sme_threads is None:
+        return target
+    text = str(sme_threads).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise TargetError(
+            f"sme_threads={sme_threads}: give an integer >= 1 (llama.cpp's GGML_KLEIDIAI_SME=0, SME off, is "
+            "--target i8mm)"
+        )
+    if not target.has("sme"):
+        raise TargetError(f"sme_threads={text}: the {target.name} target has no SME (use sme2[:svl=N] or sme)")
+    return replace(target, sme_threads=int(text))
 
 
 def detect_target() -> Target:
@@ -296,6 +325,23 @@ def select_kv_gemm(target: Target) -> MatmulKernel | None:
     return None
 
 
+#: the weight types whose SME kernels llama.cpp chains a NEON fallback behind (compute_forward_qx: Q4_0 and Q8_0)
+HYBRID_TYPES = ("q4_0", "q8_0")
+
+
+def fallback_kernels(weight_type: str, target: Target) -> KernelPair | None:
+    """The NEON pair llama.cpp runs on the threads past ``target.sme_threads`` for ``weight_type`` (its kernel chain,
+    ``kleidiai_collect_kernel_chain_common``: the selection for the target's features without SME and SME2, when
+    the first pair is an SME one of the same types), or None: no hybrid (SME on every thread, or not an SME pair)."""
+    wtype = weight_type.lower()
+    if target.sme_threads is None or wtype not in HYBRID_TYPES:
+        return None
+    pair = select_kernels(wtype, target)
+    if not pair.requires & {"sme", "sme2"}:
+        return None
+    return select_kernels(wtype, replace(target, features=target.features - {"sme", "sme2"}, svl_bits=None))
+
+
 def selected_uses(target: Target) -> dict[str, list[str]]:
     """What ``target`` runs each kernel it selects for: kernel name -> ["q4_0 GEMM", "q4_0 GEMV", ...,
     "F16 KV cache GEMM"]."""
@@ -307,6 +353,9 @@ def selected_uses(target: Target) -> dict[str, list[str]]:
             continue
         uses.setdefault(pair.gemm.name, []).append(f"{wtype} GEMM")
         uses.setdefault(pair.gemv.name, []).append(f"{wtype} GEMV")
+        if fallback := fallback_kernels(wtype, target):
+            uses.setdefault(fallback.gemm.name, []).append(f"{wtype} GEMM (NEON threads)")
+            uses.setdefault(fallback.gemv.name, []).append(f"{wtype} GEMV (NEON threads)")
     kv = select_kv_gemm(target)
     if kv is not None:
         uses.setdefault(kv.name, []).append("F16 KV cache GEMM")

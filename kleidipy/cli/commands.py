@@ -40,11 +40,11 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def _target(args: argparse.Namespace) -> Target:
-    """Resolve --target / KLEIDIPY_TARGET / host; with --verbose, say so in one line when the target is the virtual
-    default (`kleidipy kernels` always states it)."""
-    from kleidipy.target import resolve_target
+    """Resolve --target / KLEIDIPY_TARGET / host (and --sme-threads); with --verbose, say so in one line when the
+    target is the virtual default (`kleidipy kernels` always states it)."""
+    from kleidipy.target import resolve_target, with_sme_threads
 
-    target = resolve_target(getattr(args, "target", None))
+    target = with_sme_threads(resolve_target(getattr(args, "target", None)), getattr(args, "sme_threads", None))
     if target.source == "default" and getattr(args, "verbose", False):
         print(f"kleidipy: {_default_target_note(target)}", file=sys.stderr)
     return target
@@ -402,6 +402,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kleidipy.target import with_sme_threads
     from kleidipy.tools.trace import trace_generation, trace_target
     from kleidipy.tools.trace_report import report
 
@@ -410,7 +411,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         args.model,
         args.prompt,
         args.n_decode,
-        trace_target(args.target),  # the seeds' SME2 CPU unless named: not the host's default for `run`
+        with_sme_threads(trace_target(args.target), args.sme_threads),  # (the seeds' SME2 CPU unless named)
         args.threads,
         args.execution,
         args.ctx_size,

@@ -73,12 +73,20 @@ def add_runtime_args(
             "at the next load (default: on; --no-repack-cache repacks at every load and writes nothing)",
         )
     if exact_weights:
-        help_text = "multiply every weight as the file holds it: Q8_0 by kleidipy's exact-weight kernels, not Arm "
-        help_text += "llama.cpp's per-channel int8; F16/F32 as f32 (default: $KLEIDIPY_EXACT_WEIGHTS)"
+        help_text = "multiply every weight as the file holds it: Q5_0/Q5_1/Q5_K/Q6_K/Q8_K/IQ4_NL and Q8_0 by "
+        help_text += "kleidipy's exact-weight kernels (slower today), not requantized per channel to int8 as by "
+        help_text += "default (and as Arm llama.cpp does Q8_0); F16/F32 as f32 (default: $KLEIDIPY_EXACT_WEIGHTS)"
         p.add_argument("--exact-weights", action="store_true", help=help_text)
     if quiet:
         p.add_argument("-q", "--quiet", action="store_true", help=quiet)
     add_target_arg(p)
+    p.add_argument(
+        "--sme-threads",
+        metavar="N",
+        help="run the SME kernels on N threads and the NEON ones on the others, as llama.cpp does on a CPU with fewer "
+        "SME units than threads (GGML_KLEIDIAI_SME=N, GGML_KLEIDIAI_CHUNK_MULTIPLIER=1): the bits then change with "
+        "-t; an SME target only, the same as its option sme_threads=N (default: SME on every thread)",
+    )
 
 
 def add_kernel_args(p: argparse.ArgumentParser, shape: str | None, shape_help: str) -> None:
@@ -98,7 +106,7 @@ def add_target_arg(p: argparse.ArgumentParser) -> None:
         metavar="T",
         help="Arm CPU to target: sme2[:svl=128..2048], sme[:svl=N], i8mm, dotprod or host, each with an optional "
         "table=master|seeds: llama.cpp's kernel table (master, the default: the F16-LHS GEMM for Q4_0 on SME2; "
-        "seeds: the int8 MOPA GEMM), e.g. sme2:svl=512,table=seeds "
+        "seeds: the int8 MOPA GEMM), e.g. sme2:svl=512,table=seeds, and for sme/sme2 sme_threads=N (--sme-threads) "
         "(default: $KLEIDIPY_TARGET, else the host; on a host without Arm matmul features a virtual CPU, which "
         "`kleidipy kernels` names)",
     )

@@ -399,9 +399,12 @@ class PreparedMatmul:
             return lhs.view(np.ndarray)
         return self._pack(np.ascontiguousarray(x), g.mr, g.kr, g.sr, kern.bl, 0)
 
-    def matmul(self, lhs: np.ndarray, m: int, threads: int = 1) -> np.ndarray:
-        """The kernel over a buffer :meth:`pack` made for m rows: [m, n] float32, ±inf clamped to ±FLT_MAX."""
-        out = self.kernel._compute(self._impl, m, self.n, self.k, lhs, self.rhs, threads, self.min_split_macs)
+    def matmul(self, lhs: np.ndarray, m: int, threads: int = 1, n0: int = 0, n1: int | None = None) -> np.ndarray:
+        """The kernel over a buffer :meth:`pack` made for m rows: [m, n] float32, ±inf clamped to ±FLT_MAX; with
+        ``n0``, ``n1`` the columns [n0, n1) alone (n0 a multiple of the kernel's n_step)."""
+        n1 = self.n if n1 is None else n1
+        rhs = self.rhs[self.kernel.get_rhs_packed_offset(n0, self.k) :] if n0 else self.rhs
+        out = self.kernel._compute(self._impl, m, n1 - n0, self.k, lhs, rhs, threads, self.min_split_macs)
         np.maximum(out, _LO, out=out)  # llama.cpp's clamp range [-FLT_MAX, FLT_MAX]: ±inf -> ±FLT_MAX
         return np.minimum(out, _HI, out=out)
 

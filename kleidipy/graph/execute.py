@@ -18,10 +18,11 @@ import numpy as np
 
 from kleidipy.errors import InvalidTokenError, NonFiniteInputError
 from kleidipy.graph.contention import ThreadChoice
+from kleidipy.graph.matmul import second_lhs
 from kleidipy.graph.model import KVCells, PlannedModel, UbatchSegment
 from kleidipy.graph.nodes import routine_addresses
-from kleidipy.graph.plan import NotPlannableError, Plan, build_plan
-from kleidipy.graph.profile import PlanClock, kernel_call, node_runs
+from kleidipy.graph.plan import OP_MATMUL, MatmulWeight, NotPlannableError, Plan, build_plan
+from kleidipy.graph.profile import PlanClock, kernel_calls, node_runs
 from kleidipy.graph.tables import (
     DECODE_SLOTS,
     DECODE_TOKENS,
@@ -68,7 +69,8 @@ class CompiledForward:
         plan = self.plan
         self._rhs_arrays = [np.asarray(w.rhs) for w in plan.weights]  # (kept alive: run_plan reads their addresses)
         self._rhs = address_table(self._rhs_arrays, np.uint8)
-        self._sizes = np.array([[w.n, w.k] for w in plan.weights], np.int64)
+        #: n, k, and for llama.cpp's hybrid the thread count it decides on (this plan's) and the SME threads
+        self._sizes = np.array([[w.n, w.k, threads, w.linear.sme_threads] for w in plan.weights], np.int64)
         width = max(len(k.params) for w in plan.weights for k in (w.gemv, w.gemm))
         self._params = np.zeros((2 * len(plan.weights), width), np.int64)
         for i, w in enumerate(plan.weights):
@@ -170,9 +172,16 @@ class CompiledForward:
             np.zeros((0 if i == self.plan.logits else m, w), np.float32) for i, w in enumerate(self.plan.widths)
         ]
         self._buffers = address_table(self._arrays, np.float32)
-        self._lhs = np.zeros(max(k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)), np.uint8)
+        hybrid = [second_lhs(w.gemm.record, m) + self.plan.weights[f].gemm.lhs_bytes(m) for w, f in self._fallbacks()]
+        single = [k.lhs_bytes(m) for w in self.plan.weights for k in (w.gemv, w.gemm)]
+        self._lhs = np.zeros(max(single + hybrid), np.uint8)
         self._rows = m
         self._static = self._decoding = None
+
+    def _fallbacks(self) -> list[tuple[MatmulWeight, int]]:
+        """The weights of the plan's hybrid MUL_MATs and their fallbacks' index."""
+        nodes = self.plan.nodes.tolist()
+        return [(self.plan.weights[row[3]], row[5]) for row in nodes if row[0] == OP_MATMUL and row[5] >= 0]
 
     def _static_args(self) -> tuple:
         """run_plan's arguments after ``sync``: the same tuple until the buffers grow or other KV caches come (a run
@@ -369,7 +378,8 @@ class CompiledForward:
             for observer in watchers:  # told here, so that their view of the call stack ends in this function
                 observer.on_node(node)
                 if node.op == "MUL_MAT" and node.rows:
-                    observer.on_matmul(kernel_call(self.plan, node, gemv))
+                    for call in kernel_calls(self.plan, node, self.workers.n_threads, gemv):
+                        observer.on_matmul(call)
 
     def _raise_failed(self, ids: Sequence[int] | np.ndarray) -> None:
         """Raise what stopped the run of tokens ``ids`` (its status says)."""

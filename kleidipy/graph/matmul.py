@@ -1,6 +1,6 @@
 """The MUL_MAT node of the compiled plan: a prepared matmul's routines (:func:`node_kernel`), its LHS packing
-(:func:`pack_lhs`) and the thread split (:func:`matmul`, :func:`split`), callable from numba code; the plan never
-names a kernel family.
+(:func:`pack_lhs`) and the thread split (:func:`matmul`, :func:`split`; two kernels' columns in llama.cpp's SME/NEON
+hybrid, :func:`mul_mat_hybrid`), callable from numba code; the plan never names a kernel family.
 
 The entry points' contracts: docs/compiled-plan-execution.md."""
 
@@ -88,19 +88,49 @@ def pack_lhs(params, x, m, out, ith, nth):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def _packed(ith, nth, sync, finite, status, prof, node):  # pragma: no cover - compiled
+    """After thread ith's share of a MUL_MAT's LHS packing (``finite``: its rows held no NaN/Inf): the stamp, the
+    barrier; whether every share was finite (status[0] set otherwise)."""
+    if not finite:
+        status[0] = 1
+    if prof.shape[0] > 0:
+        prof[ith, node, 1] = monotonic_ns()
+    barrier(sync, nth)
+    return status[0] == 0
+
+
+@numba.njit(cache=True, nogil=True)
 def mul_mat(ith, nth, sync, params, x, m, lhs, rhs, out, n, status, prof, node):  # pragma: no cover - compiled
     """A MUL_MAT node as each of the nth threads runs it (the compiled plan's, and ``benchmarks/kernels.py``'s):
     its share of the LHS quantize+pack of x[:m], a barrier, its share of the columns into out. A thread whose share
     holds NaN/Inf sets status[0]; then every thread returns False, nothing multiplied. With a non-empty ``prof``
     the thread stamps prof[ith, node, 1] (monotonic ns) when its pack share is done."""
-    if not pack_lhs(params, x, m, lhs, ith, nth):
-        status[0] = 1
-    if prof.shape[0] > 0:
-        prof[ith, node, 1] = monotonic_ns()
-    barrier(sync, nth)
-    if status[0]:
+    if not _packed(ith, nth, sync, pack_lhs(params, x, m, lhs, ith, nth), status, prof, node):
         return False
     matmul(params, m, n, lhs, rhs, out, ith, nth)
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def second_lhs(params, m):  # pragma: no cover - compiled
+    """Where a hybrid MUL_MAT's second packed LHS starts in the scratch: past the first's m rows, 64-byte aligned."""
+    return ((m + params[P_MR] - 1) // params[P_MR] * params[P_LHS_STRIDE] + 63) // 64 * 64
+
+
+@numba.njit(cache=True, nogil=True)
+def mul_mat_hybrid(
+    ith, nth, sync, params, params2, x, m, lhs, rhs, rhs2, out, n, cols, status, prof, node
+):  # pragma: no cover - compiled
+    """A MUL_MAT node split between two kernels, llama.cpp's SME/NEON hybrid (:func:`mul_mat` otherwise): each
+    packs x[:m] with its own packer (the second's from :func:`second_lhs` on), a barrier, then the columns [0, cols)
+    by the first kernel and [cols, n) by the second, each shared out over the nth threads."""
+    lhs2 = lhs[second_lhs(params, m) :]
+    finite = pack_lhs(params, x, m, lhs, ith, nth)
+    finite = pack_lhs(params2, x, m, lhs2, ith, nth) and finite
+    if not _packed(ith, nth, sync, finite, status, prof, node):
+        return False
+    columns(params, m, 0, cols, lhs, rhs, out, ith, nth)
+    columns(params2, m, cols, n, lhs2, rhs2, out, ith, nth)
     return True
 
 
@@ -120,12 +150,19 @@ def split(m, n, mr, n_step, ith, nth):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True)
 def matmul(params, m, n, lhs, rhs, out, ith, nth):  # pragma: no cover - compiled
     """Thread ith's block of the MUL_MAT (:func:`split`) into out[:m] (docs/compiled-plan-execution.md)."""
+    columns(params, m, 0, n, lhs, rhs, out, ith, nth)
+
+
+@numba.njit(cache=True, nogil=True)
+def columns(params, m, first, end, lhs, rhs, out, ith, nth):  # pragma: no cover - compiled
+    """Thread ith's block (:func:`split`) of the columns [first, end) of the MUL_MAT (``first`` a multiple of the
+    kernel's n_step) into out[:m]."""
     mr, nr = params[P_MR], params[P_NR]
-    r0, r1, n0, n1 = split(m, n, mr, params[P_N_STEP], ith, nth)
+    r0, r1, n0, n1 = split(m, end - first, mr, params[P_N_STEP], ith, nth)
     if n0 >= n1 or r0 >= r1:
         return
     a = lhs.ctypes.data + r0 // mr * params[P_LHS_STRIDE]
-    b = rhs.ctypes.data + n0 // nr * params[P_RHS_STRIDE]
+    b = rhs.ctypes.data + (first + n0) // nr * params[P_RHS_STRIDE]
     ld = out.shape[1]
-    c = out.ctypes.data + (r0 * ld + n0) * 4
+    c = out.ctypes.data + (r0 * ld + first + n0) * 4
     call_matmul(params[P_MATMUL], params.ctypes.data, r1 - r0, n1 - n0, a, b, c, ld)

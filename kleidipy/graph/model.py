@@ -20,13 +20,16 @@ from kleidipy.observer import Observer
 @runtime_checkable
 class RepackedWeight(Protocol):
     """A weight the plan can multiply by: repacked for a KleidiAI kernel pair, prepared for m == 1 (``gemv``) and
-    m > 1 (``gemm``) (:class:`~kleidipy.runtime.backend.RepackedLinear`)."""
+    m > 1 (``gemm``) (:class:`~kleidipy.runtime.backend.RepackedLinear`); with a ``fallback`` (the weight repacked
+    for the NEON pair), llama.cpp's SME/NEON hybrid with the SME kernels on ``sme_threads`` threads."""
 
     name: str
     n: int
     k: int
     gemv: PreparedMatmul
     gemm: PreparedMatmul
+    fallback: RepackedWeight | None
+    sme_threads: int
 
 
 class Norm(Protocol):

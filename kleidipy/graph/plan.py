@@ -15,7 +15,9 @@ from kleidipy.graph.matmul import node_kernel, same_lhs
 from kleidipy.graph.model import Norm, PlannedModel, RepackedWeight, RopeTables
 
 OP_RMS_NORM = 1  #: [op, src, dst, vector, width of a row (head_dim for per-head norms, else 0)]; fparam eps
-OP_MATMUL = 2  #: [op, src, dst, weight, 1 when the previous MUL_MAT's packed LHS serves (same input, same packing)]
+#: [op, src, dst, weight, 1 when the previous MUL_MAT's packed LHS serves (same input, same packing), the weight's
+#: NEON fallback (llama.cpp's SME/NEON hybrid: :func:`~kleidipy.core.threads.sme_columns`) or -1]
+OP_MATMUL = 2
 OP_ADD = 3  #: [op, a, b, dst]
 OP_ADD_ROW = 4  #: [op, buffer, vector] (bias, in place)
 OP_SCALE = 5  #: [op, buffer]; fparam the factor (in place)
@@ -125,6 +127,8 @@ class PlanBuilder:
                     linear,
                 )
             )
+            if linear.fallback is not None:
+                self._weight(linear.fallback)
         return self._weight_ids[id(linear)]
 
     def _rope(self, rope: RopeTables) -> int:
@@ -157,7 +161,9 @@ class PlanBuilder:
         dst = self.buffer(name, weight.n)
         prev = self.weights[self._packed[1]] if self._packed is not None and self._packed[0] == src else None
         shared = prev is not None and same_lhs(prev.gemv, weight.gemv) and same_lhs(prev.gemm, weight.gemm)
-        self._node(OP_MATMUL, src, dst, w, int(shared))
+        fallback = -1 if weight.linear.fallback is None else self._weight_ids[id(weight.linear.fallback)]
+        shared = shared and fallback < 0 and prev is not None and prev.linear.fallback is None  # (hybrids pack anew)
+        self._node(OP_MATMUL, src, dst, w, int(shared), fallback)
         self._packed = (src, w) if dst != src else None  # (an in-place product changed its input)
         if bias is not None:
             self._node(OP_ADD_ROW, dst, self._vector(bias))

@@ -14,8 +14,10 @@ from typing import Any
 import numba
 import numpy as np
 
+from kleidipy.core.node import P_N_STEP
 from kleidipy.core.pointers import i64_at
-from kleidipy.graph.plan import OP_ATTENTION, OP_KEEP, OP_MATMUL, OP_NAMES, OP_STORE_KV, Plan
+from kleidipy.core.threads import sme_columns
+from kleidipy.graph.plan import OP_ATTENTION, OP_KEEP, OP_MATMUL, OP_NAMES, OP_STORE_KV, MatmulWeight, Plan
 from kleidipy.observer import KernelCall, NodeRun
 
 
@@ -49,20 +51,32 @@ def node_runs(plan: Plan, prof: np.ndarray, m: int, kept: int, offset: float, ge
     return out
 
 
-def kernel_call(plan: Plan, node: NodeRun, gemv: bool = False) -> KernelCall:
-    """A MUL_MAT node's run as the eager path reports one: the LHS pack from the first thread's start to the last
+def kernel_calls(plan: Plan, node: NodeRun, threads: int, gemv: bool = False) -> list[KernelCall]:
+    """A MUL_MAT node's run as the eager path reports it: the LHS pack from the first thread's start to the last
     thread's pack end, the kernel (after the barrier) from there to the last thread's end (``gemv``: the run took
-    every matmul's GEMV)."""
-    weight = plan.weights[int(plan.nodes[node.index, 3])]
-    run, code = (weight.linear.gemv, weight.gemv) if node.rows == 1 or gemv else (weight.linear.gemm, weight.gemm)
+    every matmul's GEMV). One call a kernel: a hybrid node of a plan on ``threads`` threads (llama.cpp's SME/NEON
+    hybrid, timed as one node) tells its two kernels, each its columns and its share of the spans by columns."""
+    row = plan.nodes[node.index].tolist()
+    weight, one = plan.weights[row[3]], node.rows == 1 or gemv
+    parts = [(weight, 0, weight.n)]
+    if row[5] >= 0:
+        fallback = plan.weights[row[5]]
+        steps = weight.gemm.record[P_N_STEP], fallback.gemm.record[P_N_STEP]
+        cols = sme_columns(1 if one else node.rows, weight.n, threads, weight.linear.sme_threads, *steps)
+        parts = [p for p in ((weight, 0, cols), (fallback, cols, weight.n)) if p[2] > p[1]]
     start = min(t[0] for t in node.threads)
     packed = max(t[1] for t in node.threads)
     end = max(t[2] for t in node.threads)
-    lhs_bytes = code.lhs_bytes(node.rows)
-    call = KernelCall(weight.name, run.kernel, node.rows, weight.n, weight.k, lhs_bytes, int(weight.rhs.nbytes))
-    call.lhs_seconds, call.matmul_seconds, call.start = packed - start, end - packed, start
-    call.lhs_shared = plan.nodes[node.index, 4] == 1
-    return call
+    calls = []
+    for part, n0, n1 in parts:
+        run, code = (part.linear.gemv, part.gemv) if one else (part.linear.gemm, part.gemm)
+        rhs_bytes = part.rhs.nbytes * (n1 - n0) // weight.n
+        call = KernelCall(part.name, run.kernel, node.rows, n1 - n0, part.k, code.lhs_bytes(node.rows), rhs_bytes)
+        share = (n1 - n0) / weight.n
+        call.lhs_seconds, call.matmul_seconds, call.start = (packed - start) * share, (end - packed) * share, start
+        call.lhs_shared = row[4] == 1
+        calls.append(call)
+    return calls
 
 
 # --------------------------------------------------------------------------------------------- the plan's clock
@@ -79,7 +93,7 @@ CLOCK_SLOTS = 8
 def clock_run(table, nth, m, kept, gemv):  # pragma: no cover - compiled
     """Add the stamps of the run just made on ``nth`` threads (m rows, ``kept`` after the KEEP node; ``gemv`` 1: every
     matmul ran its GEMV, row by row) to the clock's sums per group and clear them: a node from its first thread's
-    start to its last thread's end, a MUL_MAT split at its last thread's end of the LHS pack (as :func:`kernel_call`);
+    start to its last thread's end, a MUL_MAT split at its last thread's end of the LHS pack (as :func:`kernel_calls`);
     a node never ended (no rows) is left out. Every argument an int: a decoded token pays no array unboxing for it."""
     t = i64_at(table, CLOCK_SLOTS)
     n_nodes = t[CLOCK_NODES]
@@ -124,7 +138,7 @@ class PlanClock:
     takes the sums of the runs since its last :meth:`take`."""
 
     def __init__(self, plan: Plan, threads: int) -> None:
-        self.plan = plan
+        self.plan, self.threads = plan, threads
         self.groups: list[ClockGroup] = []
         index: dict[ClockGroup, int] = {}
 
@@ -138,7 +152,7 @@ class PlanClock:
             op = node[0]
             if op == OP_MATMUL:
                 linear = plan.weights[node[3]].linear
-                for col, run in enumerate((linear.gemv, linear.gemm)):
+                for col, run in enumerate((self._one_row(node).linear.gemv, linear.gemm)):
                     kern = run.kernel
                     if kern.lhs_packer is not None and node[4] != 1:  # (a shared LHS: no pack ran)
                         self.node_groups[i, 2 * col] = group("lhs_pack", kern.lhs_packer.kai_name)
@@ -161,6 +175,13 @@ class PlanClock:
         #: runs since the last take per (m rows, kept rows, GEMV row by row): what :meth:`work` counts bytes and
         #: operations of
         self.shapes: Counter[tuple[int, int, bool]] = Counter()
+
+    def _one_row(self, node: list[int]) -> MatmulWeight:
+        """The weight whose GEMV a MUL_MAT node runs for a row alone: a hybrid's fallback when the plan's threads are
+        more than the SME ones (a row is fewer than llama.cpp's 128; the clock books a hybrid's GEMM to the SME
+        kernel)."""
+        weight = self.plan.weights[node[3]]
+        return self.plan.weights[node[5]] if node[5] >= 0 and self.threads > weight.linear.sme_threads else weight
 
     def add(self, nth: int, m: int, kept: int, gemv: bool = False) -> None:
         """Sum the stamps of the run just made (``nth`` threads, m rows, ``kept`` rows after the KEEP node; ``gemv``:
@@ -188,7 +209,7 @@ class PlanClock:
             one = rows == 1 or gemv
             lhs, kern = self.node_groups[i, 0 if one else 2], self.node_groups[i, 1 if one else 3]
             if node[0] == OP_MATMUL and rows:
-                w = self.plan.weights[node[3]]
+                w = self._one_row(node) if one else self.plan.weights[node[3]]
                 code = w.gemv if one else w.gemm
                 packed = code.lhs_bytes(rows)
                 if lhs >= 0:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numba
 
-from kleidipy.core.node import copy
+from kleidipy.core.node import P_N_STEP, copy
 from kleidipy.core.pointers import i64_at, u8_at
+from kleidipy.core.threads import sme_columns
 from kleidipy.formats.rows import get_rows
 from kleidipy.graph import matmul as mm
 from kleidipy.graph.atomics import monotonic_ns
@@ -115,13 +116,23 @@ def run_plan(ith, nth, sync, table, logits_buffer, embd_code, embd_scale):  # pr
             if rows == 0:
                 continue
             kind = 0 if rows == 1 or run[RUN_GEMV] != 0 else 1
-            prm, n, w = params[2 * c + kind], sizes[c, 0], u8_1d(rhs, c)
+            n, e, cols = sizes[c, 0], nodes[i, 5], sizes[c, 0]
+            if e >= 0:  # llama.cpp's SME/NEON hybrid: the SME kernel's columns, the fallback's (e) the others
+                steps = params[2 * c + 1, P_N_STEP], params[2 * e + 1, P_N_STEP]
+                cols = sme_columns(1 if kind == 0 else rows, n, sizes[c, 2], sizes[c, 3], steps[0], steps[1])
+                c = c if cols else e
+            prm, w = params[2 * c + kind], u8_1d(rhs, c)
             x = f32_2d(buffers, a)
             out = logits_2d(arrays) if b == logits_buffer else f32_2d(buffers, b)
             if d == 1:  # the previous MUL_MAT packed this input so: no pack, no barrier
                 if timed:
                     prof[ith, i, 1] = prof[ith, i, 0]
                 mm.matmul(prm, rows, n, lhs, w, out, ith, nth)
+            elif 0 < cols < n:
+                prm2, w2 = params[2 * e + kind], u8_1d(rhs, e)
+                if not mm.mul_mat_hybrid(ith, nth, sync, prm, prm2, x, rows, lhs, w, w2, out, n, cols, status, prof, i):
+                    status[STATUS_NODE] = i
+                    return 1
             elif not mm.mul_mat(ith, nth, sync, prm, x, rows, lhs, w, out, n, status, prof, i):
                 status[STATUS_NODE] = i  # (status[STATUS_NONFINITE] is set) every thread stops here
                 return 1

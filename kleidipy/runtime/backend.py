@@ -1,6 +1,7 @@
 """The CPU backend, as ggml-cpu's KleidiAI trait: repack every matmul weight once at load (:class:`KleidiBackend`,
 through a :class:`~kleidipy.runtime.repack_cache.RepackCache` when given one), then run MUL_MAT
-(:func:`compute_forward_mul_mat`: the GEMM when m > 1, the GEMV when m == 1).
+(:func:`compute_forward_mul_mat`: the GEMM when m > 1, the GEMV when m == 1; on a target with ``sme_threads``,
+llama.cpp's SME/NEON hybrid over a second packing of the weights for the NEON kernels).
 
 How each GGUF type reaches a packer: docs/weights-and-repacking.md."""
 
@@ -19,14 +20,14 @@ from gguf import GGMLQuantizationType as GGMLType
 from kleidipy import formats
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.node import NodeKernel
-from kleidipy.core.threads import MIN_SPLIT_MACS
+from kleidipy.core.threads import MIN_SPLIT_MACS, sme_columns
 from kleidipy.errors import TargetError, WeightsNotExactError
 from kleidipy.formats import codes16
 from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.runtime.weights import GEMV_ROWS
-from kleidipy.target import KernelPair, Target, select_kernels, select_kv_gemm
+from kleidipy.target import KernelPair, Target, fallback_kernels, select_kernels, select_kv_gemm
 
 #: GGML types the kernels take as stored, and the kernel weight type each maps to (Q4_K: sub-blocks of 32 with an f32
 #: scale and minimum, the Q4_1 family; checked exact at load like every type of a family that reads its weights back)
@@ -97,40 +98,68 @@ class RepackedLinear:
     pair's GEMV (m == 1) or GEMM (m > 1).
     """
 
-    def __init__(self, name: str, pair: KernelPair, n: int, k: int, packed: np.ndarray, backend: KleidiBackend):
+    def __init__(
+        self,
+        name: str,
+        pair: KernelPair,
+        n: int,
+        k: int,
+        packed: np.ndarray,
+        backend: KleidiBackend,
+        fallback: RepackedLinear | None = None,
+    ):
         self.name, self.pair, self.n, self.k, self.packed, self.backend = name, pair, n, k, packed, backend
         opts = {"execution": backend.execution, "min_split_macs": backend.min_split_macs}
         self.gemm = pair.gemm.prepare(n, k, packed, **opts)
         self.gemv = pair.gemv.prepare(n, k, packed, **opts) if pair.gemv is not pair.gemm else self.gemm
+        #: the weight packed again for the NEON pair llama.cpp runs on the threads past ``sme_threads``, or None
+        self.fallback = fallback
+        self.sme_threads = 0 if fallback is None else int(backend.target.sme_threads or 0)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return compute_forward_mul_mat(self, x)
 
+    def sme_columns(self, m: int, threads: int) -> int:
+        """The leading columns this pair computes of m rows on ``threads`` threads, the fallback the others
+        (:func:`~kleidipy.core.threads.sme_columns`; all of them without a fallback)."""
+        if self.fallback is None:
+            return self.n
+        steps = self.pair.gemm.n_step, self.fallback.pair.gemm.n_step
+        return sme_columns(m, self.n, threads, self.sme_threads, *steps)
+
 
 def compute_forward_mul_mat(weight: RepackedLinear, x: np.ndarray) -> np.ndarray:
     """MUL_MAT: quantize+pack the m activation rows, then GEMV if m == 1 else GEMM (llama.cpp's rule; the GEMV for
-    every m while :data:`~kleidipy.runtime.weights.GEMV_ROWS` is set)."""
+    every m while :data:`~kleidipy.runtime.weights.GEMV_ROWS` is set). With a fallback, llama.cpp's hybrid
+    (:meth:`RepackedLinear.sme_columns`): the fallback alone, or each pair packing the rows with its own packer and
+    computing its columns, told to the observers as one call each."""
     m = x.shape[0]
     if m == 0:  # no rows wanted (a prefill ubatch whose logits nobody reads): nothing to multiply
         return np.empty((0, weight.n), np.float32)
+    cols = weight.sme_columns(1 if GEMV_ROWS.get() else m, weight.backend.threads)
+    if cols == 0:  # (every column on the NEON fallback)
+        weight, cols = weight.fallback, weight.n
     run = weight.gemv if m == 1 else weight.gemm
     if run is not weight.gemv and GEMV_ROWS.get():  # (the GEMV takes one row: row by row, as m decoded tokens)
         return np.concatenate([compute_forward_mul_mat(weight, x[i : i + 1]) for i in range(m)])
-    watchers = [o for o in weight.backend.observers if o.wants_matmuls]
-    if not watchers:
-        return run(x, threads=weight.backend.threads)
-    # Traced: the same prepared matmul, its two halves (LHS quantize+pack, kernel) timed apart.
+    parts = [(weight, run, 0, cols)]
+    if cols < weight.n:  # (the SME GEMM on the columns [0, cols), the NEON GEMM on the others)
+        parts.append((weight.fallback, weight.fallback.gemm, cols, weight.n))
     threads = weight.backend.threads
-    t0 = perf_counter()
-    lhs = run.pack(x, threads)
-    t1 = perf_counter()
-    out = run.matmul(lhs, m, threads)
-    t2 = perf_counter()
-    call = KernelCall(weight.name, run.kernel, m, weight.n, weight.k, int(lhs.nbytes), int(weight.packed.nbytes))
-    call.lhs_seconds, call.matmul_seconds, call.start = t1 - t0, t2 - t1, t0
-    for observer in watchers:
-        observer.on_matmul(call)
-    return out
+    watchers = [o for o in weight.backend.observers if o.wants_matmuls]
+    outs = []
+    for part, run, n0, n1 in parts:
+        t0 = perf_counter()
+        lhs = run.pack(x, threads)
+        t1 = perf_counter()
+        outs.append(run.matmul(lhs, m, threads, n0, n1))
+        if watchers:  # traced: the same prepared matmul, its two halves (LHS quantize+pack, kernel) timed apart
+            rhs_bytes = part.packed.nbytes if n1 - n0 == part.n else run.kernel.rhs_packed_size(n1 - n0, part.k)
+            call = KernelCall(part.name, run.kernel, m, n1 - n0, part.k, int(lhs.nbytes), int(rhs_bytes))
+            call.lhs_seconds, call.matmul_seconds, call.start = t1 - t0, perf_counter() - t1, t0
+            for observer in watchers:
+                observer.on_matmul(call)
+    return outs[0] if len(outs) == 1 else np.concatenate(outs, 1)
 
 
 @dataclass
@@ -172,13 +201,32 @@ class KleidiBackend:
             pair, packed, t1, t2 = self._repack(name, source_type, n, k, raw, route(source_type, self.exact_weights))
         if self.cache is not None:
             self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
-        if self.observers:
-            call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
-            call.cached = hit is not None
+        call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
+        call.cached = hit is not None
+        repacks, second = [call], None
+        self.exact_rows = self.exact_rows and pair.exact_rows
+        fallback = fallback_kernels(pair.weight_type, self.target)
+        if fallback is not None:  # llama.cpp's second packed copy, for the hybrid's NEON pair (at every load: uncached)
+            t0 = perf_counter()
+            _, fb_type, fb_data = self.supported(name, source_type, n, k, raw, pair.weight_type)
+            t1, fb_packed, t2 = self._pack(fallback, fb_type, n, k, fb_data)
+            size = int(fb_packed.nbytes)
+            repacks.append(RepackCall(name, source_type, fallback, n, k, source_bytes, size, t0, t2 - t0, t1, t2 - t1))
+            self.exact_rows = self.exact_rows and fallback.exact_rows
+            second = RepackedLinear(name, fallback, n, k, fb_packed, self)
+        for call in repacks:
             for observer in self.observers:
                 observer.on_repack(call)
-        self.exact_rows = self.exact_rows and pair.exact_rows
-        return RepackedLinear(name, pair, n, k, packed, self)
+        return RepackedLinear(name, pair, n, k, packed, self, second)
+
+    def _pack(
+        self, pair: KernelPair, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
+    ) -> tuple[float, np.ndarray, float]:
+        """The weight packed for ``pair``'s kernels, between the two perf_counter() readings around the packer."""
+        rhs, kwargs = packer_inputs(ggml_type, n, k, raw, pair.gemm, self.execution)
+        t1 = perf_counter()
+        packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
+        return t1, packed, perf_counter()
 
     @cached_property
     def kv_gemm(self) -> NodeKernel | None:
@@ -200,10 +248,7 @@ class KleidiBackend:
         (one-line notice), any other difference is a :class:`~kleidipy.errors.WeightsNotExactError`."""
         weight_type_in, ggml_type, data = self.supported(name, source_type, n, k, raw, weight_type)
         pair = select_kernels(weight_type_in, self.target)
-        rhs, kwargs = packer_inputs(ggml_type, n, k, data, pair.gemm, self.execution)
-        t1 = perf_counter()
-        packed = pair.gemm.pack_rhs(n, k, rhs, execution=self.execution, **kwargs)
-        t2 = perf_counter()
+        t1, packed, t2 = self._pack(pair, ggml_type, n, k, data)
         if (
             ggml_type == source_type
             and packed_weights_exact(pair, packed, source_type, raw, n, k, self.execution) is False
