@@ -87,7 +87,8 @@ def test_second_load_reads_the_cache_and_gives_identical_logits(model):
     assert calls_again and all(c.cached and c.pack_seconds == 0 for c in calls_again)
     assert {c.ggml_type for c in calls_again} == {T.Q4_K, T.Q6_K, T.Q5_0, T.Q4_0}
     assert np.array_equal(cached, fresh)
-    assert notices_again == notices  # (a requantized type is announced again, read back or not)
+    weights = lambda found: [n for n in found if "requantized" in n]  # noqa: E731 (not the compile-time notices)
+    assert weights(notices_again) == weights(notices) != []  # (a requantized type is announced again, read back or not)
     uncached, _, calls_off = load(model, repack_cache=False)
     assert np.array_equal(uncached, fresh) and not any(c.cached for c in calls_off)
 
