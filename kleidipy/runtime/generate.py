@@ -384,7 +384,7 @@ class Engine:
         self._polls += 1
         if not self.build.started:
             if self._polls > 1:  # (a server's second round: its first request's kernels compiled)
-                self.build.start()
+                self._start_build()
             return False
         if not self.build.finished():
             return False
@@ -394,6 +394,17 @@ class Engine:
         self._compile()
         self.notice("the compiled forward pass is ready: from now on the model runs as one compiled plan")
         return self.lm.compiled is not None
+
+    def _start_build(self) -> None:
+        """Start the background build of the compiled plan if there is one to start; one that cannot start (the
+        system cannot run the child) is a notice, and the model keeps running op by op."""
+        if self.build is None or self.build.started:
+            return
+        why = self.build.start()
+        if why is not None:
+            self.build = None
+            self.notice(f"the compiled forward pass cannot build in the background ({why}): the model keeps running "
+                        f"op by op; {plan_build.ENV}=0 builds it in this process at the next load")  # fmt: skip
 
     def set_threads(self, threads: int) -> None:
         """Run the kernels on ``threads`` threads from now on (a compiled plan gets new workers)."""
@@ -483,8 +494,7 @@ class Engine:
                 if piece:
                     yield piece
         finally:
-            if self.build is not None:
-                self.build.start()  # (after the first answer, not beside it; once)
+            self._start_build()  # (after the first answer, not beside it; once)
         self.finish_reason, t.n_generated = gen.finish_reason, gen.n_generated
         t.n_drafted, t.n_accepted = gen.n_drafted, gen.n_accepted
 

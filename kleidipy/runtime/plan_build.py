@@ -111,17 +111,24 @@ class PlanBuild:
     def started(self) -> bool:
         return self.process is not None
 
-    def start(self) -> None:
-        """Start the child (its output goes to a log beside numba's cache); it outlives this process if need be."""
+    def start(self) -> str | None:
+        """Start the child (its output goes to a log beside numba's cache); it outlives this process if need be.
+        Returns why it could not start (an OSError's message: e.g. an interpreter this system cannot exec), else
+        None."""
         if self.process is not None:
-            return
+            return None
         log = _cache_dir() / "kleidipy-plan-build.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         jit_cache.pause_saving(True)
-        with log.open("w") as out:
-            self.process = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("w") as out:
+                self.process = subprocess.Popen(
+                    self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        except OSError as exc:
+            jit_cache.pause_saving(False)
+            return f"{exc.strerror or exc}: {exc.filename or self.command[0]}"
+        return None
 
     def finished(self) -> bool:
         """Whether the build is over (this child's and any other process's): numba's cache may be written again."""

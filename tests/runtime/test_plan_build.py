@@ -22,7 +22,7 @@ GREEDY = SamplingParams(temperature=0.0)
 class _FakeBuild:
     """A build without a child process (the plan is compiled when the engine takes it), over when ``done`` says."""
 
-    def __init__(self, model: Path, target: str, kv_dtype: type) -> None:
+    def __init__(self, model: Path, target: str, kv_dtype: type, exact_weights: bool = False) -> None:
         self.model, self.target, self.started, self.done = model, target, False, False
 
     def start(self) -> None:
@@ -70,6 +70,23 @@ def test_a_server_starts_the_build_at_its_second_round(monkeypatch) -> None:
     assert not engine.poll_compiled() and not engine.build.started  # before the first round
     assert not engine.poll_compiled() and engine.build.started  # before the second
     jit_cache.pause_saving(False)
+
+
+def test_a_build_that_cannot_start_is_a_notice_and_the_answers_go_on(monkeypatch, tmp_path) -> None:
+    """A child the system cannot exec (as an aarch64 interpreter under qemu-user without binfmt): one notice, the
+    engine keeps answering op by op, numba's cache is written again."""
+    monkeypatch.setenv(plan_build.ENV, "1")
+    monkeypatch.setattr(plan_build, "ready", lambda kv_dtype: False)
+    not_a_program = tmp_path / "python3"
+    not_a_program.write_bytes(b"\x7fELF not for this machine")
+    not_a_program.chmod(0o755)
+    monkeypatch.setattr(plan_build.sys, "executable", str(not_a_program))
+    notices: list[str] = []
+    engine = Engine(SMOLLM2, target=None, progress=False, background_compile=True, notice=notices.append)
+    first = _tokens(engine, "The capital of France is", 4)
+    assert engine.build is None and engine.lm.compiled is None and jit_cache._saving
+    assert [n for n in notices if "cannot build in the background" in n and str(not_a_program) in n]
+    assert _tokens(engine, "The capital of France is", 4) == first
 
 
 def test_no_background_build_when_disabled_or_not_asked(monkeypatch) -> None:
