@@ -262,8 +262,8 @@ _SEEDS: tuple[tuple[str, frozenset[str], str, str], ...] = (
     (
         "qai8c16",
         frozenset({"dotprod"}),
-        "matmul_clamp_f32_qsi8d32p4x8_qai8c16p4x8_8x4_neon_dotprod",
-        "matmul_clamp_f32_qsi8d32p1x8_qai8c16p4x8_1x4_neon_dotprod",
+        "matmul_clamp_f32_qsi8d32p4x4_qai8c16p16x4_4x16_neon_dotprod",
+        "matmul_clamp_f32_qsi8d32p1x4_qai8c16p16x4_1x16_neon_dotprod",
     ),
     (
         "f32",

@@ -28,8 +28,9 @@ from kleidipy.target import Target
 
 #: bumped whenever the file layout, the meaning of its fields or a weight's conversion changes
 #: (2: Q5_0/Q6_K/... quantized per channel from their exact values, no longer through Q8_0 blocks; 3: Q5_0/Q6_K/...
-#: as int8 codes with the file's scales and offsets, weight type qai8c16, which earlier versions cannot select)
-FORMAT_VERSION = 3
+#: as int8 codes with the file's scales and offsets, weight type qai8c16, which earlier versions cannot select; 4: the
+#: qai8c16 layout in groups of 16 columns × 4 values)
+FORMAT_VERSION = 4
 _MAGIC = b"KLEIDIPY-REPACK\n"
 _ALIGN = 64
 

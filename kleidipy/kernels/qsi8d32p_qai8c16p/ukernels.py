@@ -8,10 +8,12 @@ file's. bl = 16 for the RHS because Q6_K has a scale per 16 values, the finest o
 takes every type (the per-32 types repeat scale and offset: 8 bytes of them per 16 codes, 1.5 bytes per weight).
 
 The LHS is the Q4_1 family's (``lhs_quant_pack_qsi8d32pscalef32_f32_neon``: per row and 32-block int8 q with an f32
-recip rc). Geometry of both kernels: nr = 4, kr = 16, sr = 2 (LHS chunks of 8 values); the GEMM has mr = 4.
+recip rc). Geometry of both kernels: nr = 16, kr = 4, sr = 1 (LHS chunks of 4 values); the GEMM has mr = 4. Four
+values of 16 columns are one 64-byte vector (one VNNI ``vpdpbusd`` or four NEON ``sdot`` by element against a
+row's 4 values), so no lane of a dot needs reducing before its block's float steps.
 
 RHS layout ``rhs_pack_nxk_qai8c16p_qai8c16_f32_f32_f32_neon``: per group of nr columns and 16-block b (nr·24
-bytes) the nr·16 int8 codes in chunks of 8 per column (column c's code t at ((t // 8)·nr + c)·8 + t % 8), nr f32
+bytes) the nr·16 int8 codes in chunks of 4 per column (column c's code t at ((t // 4)·nr + c)·4 + t % 4), nr f32
 offsets, nr f32 scales; after the last block nr f32 bias. Columns past n are zero.
 
 Kernel recipe (float32; per row i, column j; 16-block b inside LHS block B = b // 2)::
@@ -60,8 +62,8 @@ class RhsPackNxkQai8c16pQai8c16F32F32F32Neon(RhsPacker):
 
     def check_args(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None) -> None:
         super().check_args(n, k, nr, kr, sr, bl)
-        if nr <= 0 or kr != 16 or sr != 2:
-            raise KernelShapeError(f"{self.name}: needs kr=16, sr=2 (got nr={nr}, kr={kr}, sr={sr})")
+        if nr <= 0 or kr != 4 or sr != 1:
+            raise KernelShapeError(f"{self.name}: needs kr=4, sr=1 (got nr={nr}, kr={kr}, sr={sr})")
 
     def _inputs(self, n, k, rhs, scale, zero, bias) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         codes = np.asarray(rhs)
@@ -168,21 +170,21 @@ RHS_PACKER = RhsPackNxkQai8c16pQai8c16F32F32F32Neon()
 
 
 def _geometry(m_step: int, mr: int):
-    return lambda vl: Geometry(m_step=m_step, n_step=4, mr=mr, nr=4, kr=16, sr=2)
+    return lambda vl: Geometry(m_step=m_step, n_step=16, mr=mr, nr=16, kr=4, sr=1)
 
 
 KERNELS = [
     Qsi8d32pQai8c16pKernel(
-        "matmul_clamp_f32_qsi8d32p4x8_qai8c16p4x8_8x4_neon_dotprod",
+        "matmul_clamp_f32_qsi8d32p4x4_qai8c16p16x4_4x16_neon_dotprod",
         FAMILY_NAME,
         "dotprod",
         "gemm",
         LHS_PACKER,
         RHS_PACKER,
-        _geometry(8, 4),
+        _geometry(4, 4),
     ),
     Qsi8d32pQai8c16pKernel(
-        "matmul_clamp_f32_qsi8d32p1x8_qai8c16p4x8_1x4_neon_dotprod",
+        "matmul_clamp_f32_qsi8d32p1x4_qai8c16p16x4_1x16_neon_dotprod",
         FAMILY_NAME,
         "dotprod",
         "gemv",

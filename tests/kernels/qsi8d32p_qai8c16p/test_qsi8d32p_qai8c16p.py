@@ -88,10 +88,11 @@ def test_packed_weights_are_the_files(t):
 # --------------------------------------------------------------------------------------------- packer, kernels
 
 
-def _weights(rng, n, k, with_bias):
+def _weights(rng, n, k, with_bias, symmetric=False):
     codes = rng.integers(-128, 128, (n, k), dtype=np.int8)
     scale = (rng.standard_normal((n, k // 16)) * 0.01).astype(np.float32)
-    offset = np.where(rng.random((n, k // 16)) < 0.3, np.float32(-0.0), rng.standard_normal((n, k // 16)) * 0.1)
+    zeros = 1.0 if symmetric else 0.3  # the symmetric types store -0 offsets (the VNNI tile skips those blocks)
+    offset = np.where(rng.random((n, k // 16)) < zeros, np.float32(-0.0), rng.standard_normal((n, k // 16)) * 0.1)
     bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
     return codes, scale, offset.astype(np.float32), bias
 
@@ -110,8 +111,8 @@ def test_packer_executions_agree_and_unpack(n, nb, with_bias, seed):
         assert np.array_equal(np.ascontiguousarray(a).view(np.uint8), b.view(np.uint8))
 
 
-def _run(kern, m, n, k, rng, with_bias, clamp=(-FLT_MAX, FLT_MAX)):
-    codes, scale, offset, bias = _weights(rng, n, k, with_bias)
+def _run(kern, m, n, k, rng, with_bias, clamp=(-FLT_MAX, FLT_MAX), symmetric=False):
+    codes, scale, offset, bias = _weights(rng, n, k, with_bias, symmetric)
     x = rng.standard_normal((m, k)).astype(np.float32)
     lhs = kern.pack_lhs(x)
     rhs = kern.pack_rhs(n, k, codes, scale=scale, zero=offset, bias=bias)
@@ -175,8 +176,8 @@ def test_gemm_rows_are_gemv_rows_and_threads_keep_bits():
 
 
 def test_geometry_and_selection():
-    assert (GEMM.mr, GEMM.nr, GEMM.kr, GEMM.sr, GEMM.m_step, GEMM.n_step) == (4, 4, 16, 2, 8, 4)
-    assert (GEMV.mr, GEMV.nr, GEMV.kr, GEMV.sr, GEMV.m_step, GEMV.n_step) == (1, 4, 16, 2, 1, 4)
+    assert (GEMM.mr, GEMM.nr, GEMM.kr, GEMM.sr, GEMM.m_step, GEMM.n_step) == (4, 16, 4, 1, 4, 16)
+    assert (GEMV.mr, GEMV.nr, GEMV.kr, GEMV.sr, GEMV.m_step, GEMV.n_step) == (1, 16, 4, 1, 1, 16)
     assert FAMILY.exact_rows and GEMM.lhs_packer is GEMV.lhs_packer and GEMM.rhs_packer is GEMV.rhs_packer
 
 
@@ -197,9 +198,15 @@ def test_bad_inputs():
 
 @pytest.mark.skipif(not vnni.HAVE_VNNI, reason="the host has no AVX-512 VNNI")
 @settings(max_examples=15, deadline=None)
-@given(m=st.integers(1, 9), n=st.integers(1, 70), nb=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
-def test_vnni_tile_equals_portable_loops(m, n, nb, seed):
+@given(
+    m=st.integers(1, 9),
+    n=st.integers(1, 70),
+    nb=st.integers(1, 5),
+    symmetric=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_vnni_tile_equals_portable_loops(m, n, nb, symmetric, seed):
     k = 32 * nb
-    (ref, _), (lhs, rhs, *_) = _run(GEMM, m, n, k, np.random.default_rng(seed), True)
+    (ref, _), (lhs, rhs, *_) = _run(GEMM, m, n, k, np.random.default_rng(seed), True, symmetric=symmetric)
     args = (m, n, k, GEMM.mr, GEMM.nr, GEMM.kr // GEMM.sr, np.asarray(lhs), np.asarray(rhs))
     assert bits_equal(vnni.compute(*args), jit.matmul(*args)) and bits_equal(vnni.compute(*args), ref)
