@@ -25,18 +25,26 @@ from kleidipy.kernels.qsi8d32p_qai8c16p.jit import BL, RHS_BLOCK_BYTES
 HAVE_VNNI = vnni.HAS_AVX512_VNNI
 ISA = vnni.VNNI512 if HAVE_VNNI else vnni.PORTABLE
 NR = 16  #: the layout's columns per group (both kernels): one vector
-ROWS = 4  #: LHS rows of a tile
+ROWS = 4  #: LHS rows of the GEMM's tile (the GEMV's has one)
 _BLOCK = NR * RHS_BLOCK_BYTES  # bytes of one group's 16-block: 4 code vectors, offsets, scales
 
 
-@intrinsic
-def _tile(typingctx, isa, rhs, j0, n, stride, nb, i0, rows, q, k, qbias, rc, s, out):
-    """out[(i0 + r)·n + j0 + c] for the rows r < min(4, rows) from i0 and the columns c < min(16, n − j0) from j0 (a
-    multiple of 16): the recipe over nb blocks (q int8 [rows padded to 4, k]; per row and block ``qbias`` = −128·Σq
-    int32, ``rc`` and ``s`` = Σq f32), plus the bias."""
-    int64 = types.int64
-    sig = types.void(isa, rhs, int64, int64, int64, int64, int64, int64, q, int64, qbias, rc, s, out)
+def _tile_of(tile_rows: int):
+    """The tile intrinsic of ``tile_rows`` LHS rows."""
 
+    def tile(typingctx, isa, rhs, j0, n, stride, nb, i0, rows, q, k, qbias, rc, s, out):
+        """out[(i0 + r)·n + j0 + c] for the rows r < min(tile_rows, rows) from i0 and the columns c < min(16, n − j0)
+        from j0 (a multiple of 16): the recipe over nb blocks (q int8 [rows padded, k]; per row and block ``qbias`` =
+        −128·Σq int32, ``rc`` and ``s`` = Σq f32), plus the bias."""
+        int64 = types.int64
+        sig = types.void(isa, rhs, int64, int64, int64, int64, int64, int64, q, int64, qbias, rc, s, out)
+        return sig, _codegen(tile_rows)
+
+    tile.__name__ = tile.__qualname__ = f"tile_{tile_rows}_rows"  # (one symbol per variant)
+    return intrinsic(tile)
+
+
+def _codegen(tile_rows: int):
     def codegen(context, builder, signature, args):
         native = vnni.isa_native(signature.args[0])
         _, rhs_p, j0_v, n_v, stride_v, nb_v, i0_v, rows_v, q_p, k_v, qb_p, rc_p, s_p, out_p = vnni.intrinsic_args(
@@ -44,7 +52,7 @@ def _tile(typingctx, isa, rhs, j0, n, stride, nb, i0, rows, q, k, qbias, rc, s, 
         )
         b = builder
         base = byte_ptr(b, rhs_p, b.mul(b.udiv(j0_v, i64(NR)), stride_v))
-        accs = [cgutils.alloca_once_value(b, vnni.const_splat(F32X16, 0.0)) for _ in range(ROWS)]
+        accs = [cgutils.alloca_once_value(b, vnni.const_splat(F32X16, 0.0)) for _ in range(tile_rows)]
         flip = vnni.const_splat(I32X16, -0x7F7F7F80)  # 0x80808080: w + 128 as unsigned bytes
         magnitude = vnni.const_splat(I32X16, 0x7FFFFFFF)
         with cgutils.for_range(b, nb_v) as blk:
@@ -77,7 +85,11 @@ def _tile(typingctx, isa, rhs, j0, n, stride, nb, i0, rows, q, k, qbias, rc, s, 
                 vnni.masked_store(b, b.fadd(b.load(acc), bias), byte_ptr(b, out_p, b.mul(at, i64(4))), count)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+_TILE = _tile_of(ROWS)
+_TILE_GEMV = _tile_of(1)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -102,6 +114,9 @@ def compute(m, n, k, mr, nr, kbl, lhs, rhs):  # pragma: no cover - compiled
     out = np.empty((m, n), np.float32)
     flat = out.reshape(-1)
     for j0 in range(0, n, NR):
+        if m == 1:
+            _TILE_GEMV(ISA, rhs, j0, n, stride, nb, 0, 1, q, k, qbias, rc, s, flat)
+            continue
         for i0 in range(0, m, ROWS):
-            _tile(ISA, rhs, j0, n, stride, nb, i0, m - i0, q, k, qbias, rc, s, flat)
+            _TILE(ISA, rhs, j0, n, stride, nb, i0, m - i0, q, k, qbias, rc, s, flat)
     return out
