@@ -73,9 +73,10 @@ def add_runtime_args(
             "at the next load (default: on; --no-repack-cache repacks at every load and writes nothing)",
         )
     if exact_weights:
-        help_text = "multiply every weight as the file holds it: Q5_0/Q5_1/Q5_K/Q6_K/Q8_K/IQ4_NL and Q8_0 by "
-        help_text += "kleidipy's exact-weight kernels (slower today), not requantized per channel to int8 as by "
-        help_text += "default (and as Arm llama.cpp does Q8_0); F16/F32 as f32 (default: $KLEIDIPY_EXACT_WEIGHTS)"
+        help_text = "multiply every weight as the file holds it: Q8_0 too by kleidipy's exact-weight kernels (as "
+        help_text += "Q5_0/Q5_1/Q5_K/Q6_K/Q8_K/IQ4_NL always are), not requantized per channel to int8 as Arm "
+        help_text += "llama.cpp's KleidiAI path does; F16/F32 as f32, not rounded to bf16 (default: "
+        help_text += "$KLEIDIPY_EXACT_WEIGHTS)"
         p.add_argument("--exact-weights", action="store_true", help=help_text)
     if quiet:
         p.add_argument("-q", "--quiet", action="store_true", help=quiet)

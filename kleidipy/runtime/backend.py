@@ -41,9 +41,8 @@ _DIRECT = {
 }
 #: kleidipy's exact-weight family: int8 codes with the file's f32 scale and offset per 16 values
 EXACT = "qai8c16"
-#: types of 5 bits or more without a KleidiAI kernel: with exact weights, multiplied by the exact-weight family;
-#: by default requantized per channel to int8 (the Q8_0 family: 2-4x faster today, the file's weights rounded once
-#: more)
+#: types of 5 bits or more without a KleidiAI kernel: multiplied by the exact-weight family, the file's weights (as
+#: llama.cpp's native kernels multiply them; KleidiAI's trait declines these types)
 _TO_EXACT = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K, GGMLType.IQ4_NL}
 #: with exact weights (``--exact-weights``): Q8_0 through the exact-weight family instead of llama.cpp-on-Arm's
 #: per-channel int8, float weights kept as f32 (the bf16 kernels of the f16 route round F16 and F32 to bf16)
@@ -58,13 +57,13 @@ def exact_weights_default() -> bool:
 
 
 def route(ggml_type: GGMLType, exact_weights: bool = False) -> str:
-    """The kernel weight type a GGML weight type is multiplied as (:data:`kleidipy.target.WEIGHT_TYPES`): "q8_0" for
-    the wider types without a KleidiAI kernel unless ``exact_weights`` (requantized per channel), "q4_0" for the
-    narrow ones (requantized)."""
+    """The kernel weight type a GGML weight type is multiplied as (:data:`kleidipy.target.WEIGHT_TYPES`): the
+    exact-weight family's for the wider types without a KleidiAI kernel, "q4_0" for the narrow ones (requantized);
+    ``exact_weights`` takes Q8_0 and the float types exactly too."""
     if exact_weights and ggml_type in _EXACT_WEIGHTS:
         return _EXACT_WEIGHTS[ggml_type]
     if ggml_type in _TO_EXACT:
-        return EXACT if exact_weights else "q8_0"
+        return EXACT
     if ggml_type == GGMLType.BF16:
         return "f16"  # (bf16 values: exact through the bf16 kernels and the f32 one)
     return _DIRECT.get(ggml_type, "q4_0")
@@ -279,31 +278,24 @@ class KleidiBackend:
         self, name: str, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray, weight_type: str | None = None
     ) -> tuple[str, GGMLType, np.ndarray]:
         """(kernel weight type, GGML type, data) the family's adaptor takes for a weight routed as ``weight_type``
-        (default: :func:`route`'s): the weight as stored, BF16 as its (exact) f32 values, or for a type without a
-        KleidiAI kernel routed to the Q8_0 or Q4_0 family (one-line notice) its dequantized values (the Q8_0 family
-        quantizes them per channel) or their Q4_0 blocks."""
+        (default: :func:`route`'s): the weight as stored, BF16 as its (exact) f32 values, or for a narrow type without
+        a KleidiAI kernel routed to the Q4_0 family (one-line notice) its dequantized values' Q4_0 blocks."""
         weight_type = weight_type or route(ggml_type, self.exact_weights)
         if ggml_type == GGMLType.BF16:
             return weight_type, GGMLType.F32, formats.dequantize(raw, ggml_type, n, k)
-        requantized = {"q4_0": GGMLType.Q4_0, "q8_0": GGMLType.Q8_0}.get(weight_type)
-        if requantized is None or ggml_type == requantized:
+        if weight_type != "q4_0" or ggml_type == GGMLType.Q4_0:
             return weight_type, ggml_type, raw
         self._notice_requantized(name, ggml_type)
         values = formats.dequantize(raw, ggml_type, n, k)
-        if weight_type == "q8_0":  # (the Q8_0 family's adaptor quantizes f32 values per channel)
-            return weight_type, GGMLType.F32, values
         return "q4_0", GGMLType.Q4_0, formats.quantize(values, GGMLType.Q4_0)
 
     def _notice_requantized(self, name: str, ggml_type: GGMLType) -> None:
-        """Once per type without a kernel: its weights are requantized (also when read back from the cache)."""
-        weight_type = route(ggml_type, self.exact_weights)
-        if weight_type not in ("q4_0", "q8_0") or ggml_type in (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.BF16):
-            return
-        if ggml_type in self._noticed:
+        """Once per narrow type without a kernel: its weights are requantized to Q4_0 (also when read back from the
+        cache)."""
+        if route(ggml_type, self.exact_weights) != "q4_0" or ggml_type == GGMLType.Q4_0 or ggml_type in self._noticed:
             return
         self._noticed.add(ggml_type)
-        how = "int8 per channel (--exact-weights: the file's weights)" if weight_type == "q8_0" else "Q4_0"
-        self.notice(f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to {how} "
+        self.notice(f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to Q4_0 "
                     f"(first: {name})")  # fmt: skip
 
 

@@ -30,16 +30,23 @@ from kleidipy.runtime.repack_cache import (
 from kleidipy.target import parse_target
 
 SHAPE = dict(n_layer=1, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_ctx=64)
-#: one weight of every kind of load path: Q4_K by the Q4_1 family, Q6_K and Q5_0 requantized per channel (by the
-#: exact-weight family with exact weights), Q4_0 direct
-TYPES = {"blk.0.attn_q.weight": T.Q4_K, "blk.0.ffn_down.weight": T.Q6_K, "blk.0.ffn_up.weight": T.Q5_0, "*": T.Q4_0}
+#: one weight of every kind of load path: Q4_K by the Q4_1 family, Q6_K and Q5_0 by the exact-weight family, Q3_K
+#: requantized to Q4_0, Q8_0 per channel (by the exact-weight family with exact weights), Q4_0 direct
+TYPES = {
+    "blk.0.attn_q.weight": T.Q4_K,
+    "blk.0.ffn_down.weight": T.Q6_K,
+    "blk.0.ffn_gate.weight": T.Q5_0,
+    "blk.0.ffn_up.weight": T.Q3_K,
+    "blk.0.attn_k.weight": T.Q8_0,
+    "*": T.Q4_0,
+}
 IDS = [3, 70, 101, 5, 44]
 
 
 def k_quant_blocks(rng: np.random.Generator, ggml_type: T, n: int, k: int) -> np.ndarray:
     """Random blocks of a K-quant weight [n, row_bytes] (gguf cannot quantize to K-quants) with small finite
-    fp16 scales: Q4_K's d and dmin lead each 144-byte block, Q6_K's d ends each 210-byte block."""
-    size = {T.Q4_K: 144, T.Q6_K: 210}[ggml_type]
+    fp16 scales: Q4_K's d and dmin lead each 144-byte block, Q6_K's d ends each 210-byte block, Q3_K's each 110."""
+    size = {T.Q4_K: 144, T.Q6_K: 210, T.Q3_K: 110}[ggml_type]
     blocks = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
     scales = rng.uniform(1e-4, 1e-3, (n, k // 256, 2)).astype(np.float16).view(np.uint8).reshape(n, k // 256, 4)
     if ggml_type == T.Q4_K:
@@ -51,14 +58,14 @@ def k_quant_blocks(rng: np.random.Generator, ggml_type: T, n: int, k: int) -> np
 
 @pytest.fixture
 def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A tiny qwen2 with Q4_K, Q6_K, Q5_0 and Q4_0 weights, and a model cache of its own."""
+    """A tiny qwen2 with Q4_K, Q6_K, Q5_0, Q3_K, Q8_0 and Q4_0 weights, and a model cache of its own."""
     monkeypatch.setenv("KLEIDIPY_CACHE", str(tmp_path / "cache"))
     vocab = bpe_vocab()
     shape = {**SHAPE, "n_vocab": len(vocab["tokenizer.ggml.tokens"])}
     tensors = tiny_tensors("qwen2", **shape)
     rng = np.random.default_rng(7)
     for name, ggml_type in TYPES.items():
-        if ggml_type in (T.Q4_K, T.Q6_K):
+        if ggml_type in (T.Q4_K, T.Q6_K, T.Q3_K):
             n, k = tensors[name].shape
             tensors[name] = k_quant_blocks(rng, ggml_type, n, k)
     return write_gguf(tmp_path / "kquant.gguf", "qwen2", {**tiny_kv("qwen2", **shape), **vocab}, tensors, TYPES)
@@ -85,7 +92,7 @@ def test_second_load_reads_the_cache_and_gives_identical_logits(model):
     assert not any(c.cached for c in calls) and cache_path(model, parse_target("sme2:svl=512"), "jit").is_file()
     cached, notices_again, calls_again = load(model)
     assert calls_again and all(c.cached and c.pack_seconds == 0 for c in calls_again)
-    assert {c.ggml_type for c in calls_again} == {T.Q4_K, T.Q6_K, T.Q5_0, T.Q4_0}
+    assert {c.ggml_type for c in calls_again} == {T.Q4_K, T.Q6_K, T.Q5_0, T.Q3_K, T.Q8_0, T.Q4_0}
     assert np.array_equal(cached, fresh)
     weights = lambda found: [n for n in found if "requantized" in n]  # noqa: E731 (not the compile-time notices)
     assert weights(notices_again) == weights(notices) != []  # (a requantized type is announced again, read back or not)
@@ -132,12 +139,12 @@ def test_stale_cache_is_noticed_and_rebuilt(model, monkeypatch):
 
 
 def test_a_weight_cached_as_another_kernel_type_is_a_miss(model):
-    """A cache written by a load that packed a GGML type as another kernel weight type (here Q6_K and Q5_0: per-channel
-    int8 by default, the exact-weight family with ``exact_weights``) is not read for that type: those weights are
-    packed afresh, the others read back."""
+    """A cache written by a load that packed a GGML type as another kernel weight type (here Q8_0: per-channel int8 by
+    default, the exact-weight family with ``exact_weights``) is not read for that type: those weights are packed
+    afresh, the others read back."""
     load(model)
     logits, _, calls = load(model, exact_weights=True)
-    assert {c.ggml_type for c in calls if not c.cached} == {T.Q6_K, T.Q5_0}
+    assert {c.ggml_type for c in calls if not c.cached} == {T.Q8_0}
     assert all(c.pair.weight_type == "qai8c16" for c in calls if not c.cached)
     assert np.array_equal(logits, load(model, repack_cache=False, exact_weights=True)[0])
 
