@@ -305,9 +305,10 @@ def _say_if_cut(engine: Engine, args: argparse.Namespace) -> None:
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
-    from kleidipy.tools.perplexity import PerplexityError, perplexity
+    from kleidipy.tools.perplexity import PerplexityError, check_options, perplexity
 
     text = _read_text_file(args.file, "text file", PerplexityError).removesuffix("\n")  # as llama-perplexity reads -f
+    check_options(args.ctx_size, args.chunks, args.batch_size)
     engine = _engine(args)
 
     def report(result) -> None:

@@ -54,6 +54,17 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return -log_softmax(logits)[np.arange(len(targets)), targets]
 
 
+def check_options(n_ctx: int, n_chunks: int | None, n_batch: int) -> None:
+    """:class:`PerplexityError` for a context, chunk count or batch size llama-perplexity would refuse (checked
+    before a model is loaded)."""
+    if n_ctx < 4 or n_ctx % 2:
+        raise PerplexityError(f"the context (-c) must be an even number >= 4, got {n_ctx}")
+    if n_batch < 1 or (n_batch < n_ctx and n_ctx % n_batch):
+        raise PerplexityError(f"the batch size (-b {n_batch}) must divide the context {n_ctx} or be >= it")
+    if n_chunks is not None and n_chunks < 1:
+        raise PerplexityError(f"--chunks must be >= 1, got {n_chunks}")
+
+
 def perplexity(
     engine: Engine,
     text: str,
@@ -65,14 +76,9 @@ def perplexity(
 ) -> PerplexityResult:
     """llama-perplexity's estimate of ``text`` under ``engine``'s model (see docs/perplexity.md);
     ``on_chunk`` is called after every chunk with the result so far; ``progress`` shows a bar on stderr."""
-    if n_ctx < 4 or n_ctx % 2:
-        raise PerplexityError(f"the context (-c) must be an even number >= 4, got {n_ctx}")
+    check_options(n_ctx, n_chunks, n_batch)
     if n_ctx > engine.context_length:
         raise PerplexityError(f"the context (-c {n_ctx}) exceeds the engine's context of {engine.context_length}")
-    if n_batch < 1 or (n_batch < n_ctx and n_ctx % n_batch):
-        raise PerplexityError(f"the batch size (-b {n_batch}) must divide the context {n_ctx} or be >= it")
-    if n_chunks is not None and n_chunks < 1:
-        raise PerplexityError(f"--chunks must be >= 1, got {n_chunks}")
     tok = engine.tokenizer
     tokens = np.asarray(tok.encode(text, add_special=True, parse_special=False), dtype=np.int64)
     if tokens.size < 2 * n_ctx:
