@@ -96,6 +96,24 @@ def test_q8_0_and_bf16_weights_with_exact_weights(exact_weights):
     assert np.abs(lin(x) - want).max() <= 2e-2 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("spec", ["i8mm", "sme2:svl=512"])
+@pytest.mark.parametrize("ggml_type", [T.F16, T.F32, T.BF16, T.Q8_0])
+def test_exact_weights_multiply_the_files_values(spec, ggml_type):
+    """Weight error 0 with --exact-weights for the types the default path rounds (Q8_0 per channel, F16/F32 to bf16
+    on SME2): Q8_0's packed weights read back as the file's; a float weight times the identity is the file's matrix
+    bit for bit (one exact product per output, whatever the kernel's layout)."""
+    rng = np.random.default_rng(8)
+    n, k = 40, 64
+    raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), ggml_type)
+    want = formats.dequantize(raw, ggml_type, n, k)
+    lin = KleidiBackend(parse_target(spec), exact_weights=True)("w", ggml_type, (k, n), raw)
+    if ggml_type == T.Q8_0:
+        got = family_of(lin.pair.gemm).get_rows(lin.pair.gemm, lin.packed, np.arange(n), n, k)
+    else:
+        got = lin(np.eye(k, dtype=np.float32)).T
+    assert np.array_equal(np.ascontiguousarray(got).view(np.uint32), want.view(np.uint32))
+
+
 def test_narrow_types_requantized_with_a_notice():
     rng = np.random.default_rng(6)
     n, k = 8, 256
