@@ -10,8 +10,6 @@ The order of each op: docs/elementwise-ops.md."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import platform
 from collections.abc import Callable
 from functools import cache
@@ -20,6 +18,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core.types import ExternalFunction
 from numba.extending import intrinsic, overload
 
 from kleidipy.core.numerics import F16_BITS_TO_F32, f32_bits, f32_to_f16_bits_scalar, fma32, fma_f32
@@ -204,22 +203,17 @@ def libm_f32(fn: Callable[..., np.ndarray], *args: np.ndarray | np.float32) -> n
 
 #: the C library's float functions of one float that :func:`c_libm_f32` calls
 C_LIBM_FUNCTIONS = ("cosf", "sinf")
+#: the same functions as numba sees them: calls to the C symbols, resolved in the process at load (so the loop that
+#: calls them is cached on disk like any other)
+_COSF = ExternalFunction("cosf", types.float32(types.float32))
+_SINF = ExternalFunction("sinf", types.float32(types.float32))
 
 
-@cache
-def _c_libm_loop(name: str) -> Callable[[np.ndarray, np.ndarray], None]:
-    """A compiled loop calling the C library's ``name`` (float -> float) on every element (not cached on disk: it
-    holds the function's address in this process)."""
-    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-    fn = getattr(libm, name)
-    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
-
-    @numba.njit(nogil=True)
-    def loop(x, out):  # pragma: no cover - compiled
-        for i in range(x.size):
-            out[i] = fn(x[i])
-
-    return loop
+@numba.njit(cache=True, nogil=True)
+def _c_libm_loop(which, x, out):  # pragma: no cover - compiled
+    """out[i] = the C library's ``C_LIBM_FUNCTIONS[which]`` of x[i]."""
+    for i in range(x.size):
+        out[i] = _COSF(x[i]) if which == 0 else _SINF(x[i])
 
 
 def c_libm_f32(name: str, x: np.ndarray) -> np.ndarray:
@@ -231,7 +225,7 @@ def c_libm_f32(name: str, x: np.ndarray) -> np.ndarray:
         raise ValueError(f"c_libm_f32 calls {', '.join(C_LIBM_FUNCTIONS)}, not {name!r}")
     flat = np.ascontiguousarray(x, np.float32).reshape(-1)
     out = np.empty_like(flat)
-    _c_libm_loop(name)(flat, out)
+    _c_libm_loop(C_LIBM_FUNCTIONS.index(name), flat, out)
     return out.reshape(np.shape(x))
 
 
