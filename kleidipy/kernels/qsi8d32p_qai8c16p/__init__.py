@@ -10,6 +10,6 @@ to the RHS packer's inputs with the load-time exactness check. No emulator progr
 
 from kleidipy.formats import codes16
 from kleidipy.kernels.declare import declare
-from kleidipy.kernels.qsi8d32p_qai8c16p import ggml, isa, node, ukernels
+from kleidipy.kernels.qsi8d32p_qai8c16p import ggml, isa, neon, node, ukernels
 
-FAMILY = declare(ukernels, isa, ggml, codes16.TYPES, node=node, exact_rows=True)
+FAMILY = declare(ukernels, isa, ggml, codes16.TYPES, native=(neon,), node=node, exact_rows=True)
