@@ -16,16 +16,16 @@ from kleidipy.kernels.qsi8d32p_qai8c16p import neon, ukernels
 SHAPES = [(1, 1, 32), (1, 17, 64), (1, 70, 96), (2, 5, 32), (3, 33, 96), (5, 16, 128), (9, 40, 64)]
 
 
-def operands(kern: MatmulKernel, m: int, n: int, k: int, rng: np.random.Generator, bias: bool) -> tuple:
+def operands(kern: MatmulKernel, m: int, n: int, k: int, rng: np.random.Generator, bias: bool, zeros: float) -> tuple:
     """Packed LHS and RHS (reference packers): rows of mixed magnitudes (an all-zero block in row 0); offsets −0 for
-    a third of the blocks (and +0 for some), the symmetric types' pattern."""
+    a share ``zeros`` of the blocks (the symmetric types' pattern; 1: all, which the tiles skip) and +0 for some."""
     nb = k // 16
     x = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 1e3], (m, 1))).astype(np.float32)
     x[0, :32] = 0.0
     codes = rng.integers(-128, 128, (n, k), dtype=np.int8)
     scale = (rng.standard_normal((n, nb)) * 10.0 ** rng.integers(-4, 1, (n, nb))).astype(np.float32)
     offset = (rng.standard_normal((n, nb)) * 0.1).astype(np.float32)
-    offset[rng.random((n, nb)) < 0.3] = -0.0
+    offset[rng.random((n, nb)) < zeros] = -0.0
     offset[rng.random((n, nb)) < 0.05] = 0.0
     b = np.where(rng.random(n) < 0.3, -0.0, rng.standard_normal(n)).astype(np.float32) if bias else None
     lhs = kern.pack_lhs(x, execution="reference")
@@ -49,7 +49,7 @@ def main() -> int:
         for m, n, k in SHAPES:
             if kern.kind == "gemv" and m > 1:
                 continue
-            lhs, rhs = operands(kern, m, n, k, rng, checked % 2 == 0)
+            lhs, rhs = operands(kern, m, n, k, rng, checked % 2 == 0, (0.3, 1.0)[checked % 2])
             lhs_c = np.asarray(lhs)[: kern.lhs_packed_size(m, k)].copy()
             rhs_c = np.asarray(rhs)[: kern.rhs_packed_size(n, k)].copy()
             got = ukernels.COMPUTE(m, n, k, kern.mr, kern.nr, kern.kr // kern.sr, lhs_c, rhs_c)
