@@ -98,11 +98,12 @@ def tile_module(mr: int, kr: int, isa: native.NativeIsa) -> ir.Module:
                         acc = b.load(accs[NR // 4 * r + v])
                         step = [b.fmul(offset, rcs[r]), neon_ir.lane(b, qsum, V4F32, r), acc]
                         b.store(neon_ir.call(b, "llvm.fma.v4f32", V4F32, step), accs[NR // 4 * r + v])
+        biases = b.mul(nb, I64(RHS_BLOCK))
+        rows = [b.add(b.mul(gi, I64(mr)), I64(r)) for r in range(mr)]
         for v in range(NR // 4):
-            bias = neon_ir.load(b, rhs0, b.add(b.mul(nb, I64(RHS_BLOCK)), I64(16 * v)), V4F32)
+            bias = neon_ir.load(b, rhs0, b.add(biases, I64(16 * v)), V4F32)
             col0 = b.add(b.mul(gj, I64(NR)), I64(4 * v))
-            for r in range(mr):
-                row = b.add(b.mul(gi, I64(mr)), I64(r))
+            for r, row in enumerate(rows):
                 neon_ir.store_row(b, out, m, n, row, col0, b.fadd(b.load(accs[NR // 4 * r + v]), bias))
     b.ret_void()
     return module
@@ -115,11 +116,9 @@ AVAILABLE = HOST_ISA is not None
 
 
 @numba.njit(cache=True, nogil=True)
-def compute(  # pragma: no cover - compiled (aarch64 with DotProd)
-    m: int, n: int, k: int, mr: int, nr: int, kbl: int, lhs: np.ndarray, rhs: np.ndarray
-) -> np.ndarray:
-    """Both kernels on the native tiles (``ukernels.COMPUTE``'s signature and ``jit.matmul``'s bits): float32 [m, n],
-    unclamped (mr 1 or 4, nr 16, kbl = kr = 4)."""
+def compute(m, n, k, mr, nr, kbl, lhs, rhs):  # pragma: no cover - compiled (aarch64 with DotProd)
+    """Both kernels on the native tiles (``ukernels.COMPUTE``'s signature, as :func:`.vnni.compute`, and
+    ``jit.matmul``'s bits): float32 [m, n], unclamped (mr 1 or 4, nr 16, kbl = kr = 4)."""
     out = np.empty((m, n), np.float32)
     _TILES((mr, kbl), (m, n, k // BL), lhs, rhs, out)
     return out
