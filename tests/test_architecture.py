@@ -169,22 +169,16 @@ def test_only_the_table_reaches_a_family(name: str) -> None:
     assert name == "kleidipy.kernels.catalogue" or not reached, f"{name} imports {sorted(reached)}"
 
 
-#: kleidipy's own exact-weight family (issue 51) has no instruction program yet
-NOT_EMULATED = {"qsi8d32p_qai8c16p"}
-
-
 def test_each_family_folder_holds_its_parts() -> None:
     found = {f.name for f in families()}
     folders = {p.name for p in (ROOT / "kernels").iterdir() if (p / "__init__.py").is_file()} - {"pack"}
     assert found == folders
     for fam in families():
         folder = ROOT / "kernels" / fam.name
-        emulated = fam.name not in NOT_EMULATED
-        required = {"ukernels.py", "isa.py"} if emulated else {"ukernels.py"}
-        assert required <= {p.name for p in folder.iterdir()}
+        assert {"ukernels.py", "isa.py"} <= {p.name for p in folder.iterdir()}
         assert fam.from_float is not None
         assert all(k.family == fam.name for k in fam.kernels)
-        assert {k.name for k in fam.kernels} == set(fam.programs) or not emulated, "each kernel has its program"
+        assert {k.name for k in fam.kernels} == set(fam.programs), "every kernel has its instruction program"
         assert bool(fam.ggml_types) == (fam.from_ggml is not None)
         assert fam.node is not None or fam.name == "qai8dxp_qsi4cxp", "the compiled plan's routines (node.py)"
 

@@ -91,13 +91,21 @@ def nibble_codes(b: ir.IRBuilder, base: ir.Value, offset: int) -> list[tuple[ir.
 
 @contextmanager
 def group_pairs(
-    b: ir.IRBuilder, m: ir.Value, n: ir.Value, mr: int, lhs: ir.Value, rhs: ir.Value, strides: tuple, accs: list
+    b: ir.IRBuilder,
+    m: ir.Value,
+    n: ir.Value,
+    mr: int,
+    lhs: ir.Value,
+    rhs: ir.Value,
+    strides: tuple,
+    accs: list,
+    nr: int = COLS,
 ) -> Iterator[tuple[ir.Value, ir.Value, ir.Value, ir.Value]]:
-    """The body of the loops over a tile's LHS groups of mr rows × RHS groups of 4 columns (``strides``: the bytes of
+    """The body of the loops over a tile's LHS groups of mr rows × RHS groups of nr columns (``strides``: the bytes of
     an LHS group and of an RHS group); yields the two group indices and the groups' first bytes (gi, gj, lhs0,
     rhs0), the <4 x float> accumulators ``accs`` set to +0 for each pair."""
     groups = b.udiv(b.add(m, const(I64, mr - 1)), const(I64, mr))
-    col_groups = b.udiv(b.add(n, const(I64, COLS - 1)), const(I64, COLS))
+    col_groups = b.udiv(b.add(n, const(I64, nr - 1)), const(I64, nr))
     with cgutils.for_range(b, groups, intp=I64) as gi, cgutils.for_range(b, col_groups, intp=I64) as gj:
         lhs0 = b.gep(lhs, [b.mul(gi.index, strides[0])])
         rhs0 = b.gep(rhs, [b.mul(gj.index, strides[1])])

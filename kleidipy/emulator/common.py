@@ -98,14 +98,16 @@ def neon_block_tiles(
     rows_step: int,
     block: Callable[[int, int, int, int], None],
     finish: Callable[[int, int, int], None],
+    cols: int = 4,
 ) -> None:
     """The loop nest of the blocked NEON kernels: per M block of ``rows_step`` rows (groups of mr) and N block of
-    4 columns, the row accumulators v16.. are zeroed (MOVI), ``block(m0, rows, n0, b)`` emits each K block (the
-    first block of the first tile traced), then ``finish(m0, rows, n0)`` the tail (traced for the first tile)."""
+    ``cols`` columns, the row accumulators v16.. (cols/4 per row) are zeroed (MOVI), ``block(m0, rows, n0, b)``
+    emits each K block (the first block of the first tile traced), then ``finish(m0, rows, n0)`` the tail (traced
+    for the first tile)."""
     for m0 in range(0, mm, rows_step):
         rows = min(rows_step, mm - m0)
-        for n0 in range(0, n, 4):
-            for r in range(-(-rows // mr) * mr):
+        for n0 in range(0, n, cols):
+            for r in range(-(-rows // mr) * mr * (cols // 4)):
                 neon.movi(m, NEON_ACC + r, 0)
             for b in range(nb):
                 m.trace_when(m0 == 0 and n0 == 0 and b == 0)

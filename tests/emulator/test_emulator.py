@@ -18,14 +18,10 @@ SEED_MOPA = "matmul_clamp_f32_qsi8d32p1vlx4_qsi4c32p4vlx4_1vlx4vl_sme2_mopa"
 SEED_SDOT = "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot"
 
 
-#: kleidipy's own exact-weight family (issue 51) has no instruction program yet
-NOT_EMULATED = {"qsi8d32p_qai8c16p"}
-
-
 def test_every_catalogue_kernel_has_a_program():
-    assert [n for n in uncovered_kernels() if get_kernel(n).family not in NOT_EMULATED] == []
+    assert uncovered_kernels() == []
     programs = {name for fam in families() for name in fam.programs}
-    assert programs == {kern.name for kern in all_kernels() if kern.family not in NOT_EMULATED}
+    assert programs == {kern.name for kern in all_kernels()}
 
 
 def test_golden_set_passes_under_isa(golden_dir):
@@ -96,7 +92,7 @@ def test_report_other_svl(svl):
 
 #: one kernel per program (and per SME tier), run on random shapes with tails at random SVLs.
 _PROPERTY_KERNELS = sorted({prog.__qualname__ + kern.tier: kern.name for kern in all_kernels()
-                            if kern.isa is not None for prog in [kern.isa.program]}.values())  # fmt: skip
+                            for prog in [kern.isa.program]}.values())  # fmt: skip
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,7 +13,7 @@ from kleidipy.core import hwcaps
 from kleidipy.graph import matmul as mm
 from kleidipy.kernels.catalogue import all_kernels, family_of
 
-FAMILIES = ("qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp", "qsi8d32p_qai4c32p")
+FAMILIES = ("qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp", "qsi8d32p_qai4c32p", "qsi8d32p_qai8c16p")
 N, K = 72, 96
 
 

@@ -39,14 +39,16 @@ from kleidipy.core.packers import RhsPacker
 from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
 from kleidipy.kernels.qsi8d32p_qai4c32p.ukernels import LHS_PACKER, inputs_f32, unpack_lhs, writable
 from kleidipy.kernels.qsi8d32p_qai8c16p import jit as _jit
+from kleidipy.kernels.qsi8d32p_qai8c16p import neon as _neon
 from kleidipy.kernels.qsi8d32p_qai8c16p import vnni as _vnni
 
 FAMILY_NAME = "qsi8d32p_qai8c16p"
 BL = _jit.BL
 RHS_BLOCK_BYTES = _jit.RHS_BLOCK_BYTES
 #: the tile chain of the jit and of the compiled plan, ``(m, n, k, mr, nr, kbl, lhs, rhs)`` -> unclamped [m, n]: the
-#: AVX-512 VNNI tile where the host has it, else the portable loops (the same bits)
-COMPUTE = _vnni.compute if _vnni.HAVE_VNNI else _jit.matmul
+#: native aarch64 tiles on an Arm host with DotProd, the AVX-512 VNNI tile where the host has it, else the portable
+#: loops (the same bits)
+COMPUTE = _neon.compute if _neon.AVAILABLE else _vnni.compute if _vnni.HAVE_VNNI else _jit.matmul
 
 
 class RhsPackNxkQai8c16pQai8c16F32F32F32Neon(RhsPacker):

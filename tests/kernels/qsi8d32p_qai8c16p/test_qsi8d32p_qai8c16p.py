@@ -1,7 +1,7 @@
 """Exact-weight family (qsi8d32p × qai8c16p, kleidipy's own: no KleidiAI golden data exists): every GGML type's codes,
 scales and offsets dequantize to gguf's values bit for bit (and so do the packed weights), the packer's executions
-agree, jit == reference == an exact scalar model of the recipe on random shapes with tails in n and k, a GEMM row is
-its GEMV, threads keep the bits, bad inputs raise typed errors."""
+agree, jit == reference == an exact scalar model of the recipe on random shapes with tails in n and k, the emulator's
+programs (isa) == reference, a GEMM row is its GEMV, threads keep the bits, bad inputs raise typed errors."""
 
 from __future__ import annotations
 
@@ -136,6 +136,36 @@ def test_kernels_jit_equals_reference(gemm, m, n, nb, with_bias, clamp, seed):
     (ref, jit), _ = _run(kern, m, n, 32 * nb, np.random.default_rng(seed), with_bias, clamp)
     assert bits_equal(ref, jit)
     assert (ref >= np.float32(clamp[0])).all() and (ref <= np.float32(clamp[1])).all()
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "nb", "symmetric", "seed"),
+    [(1, 1, 1, False, 0), (3, 17, 2, False, 1), (5, 33, 3, True, 2), (9, 40, 1, False, 3), (4, 70, 2, False, 4)],
+)
+def test_isa_programs_equal_reference(m, n, nb, symmetric, seed):
+    """The emulator's programs (``execution="isa"``) give the reference's bits, with ±0 and other offsets (or only
+    ±0), tails in m and n, clamped, for both kernels."""
+    rng = np.random.default_rng(seed)
+    for kern, rows in ((GEMM, m), (GEMV, 1)):
+        (ref, _), (lhs, rhs, *_) = _run(kern, rows, n, 32 * nb, rng, seed % 2 == 0, (-0.5, 0.5), symmetric)
+        assert bits_equal(kern.run(rows, n, 32 * nb, lhs, rhs, None, None, -0.5, 0.5, execution="isa"), ref)
+
+
+def test_isa_counts_by_hand_and_threads_keep_bits():
+    """One 4 × 16 tile, k = 32 (two 16-blocks): per block 4 SDOT for Σq, 4 column vectors × 4 quads × 4 rows SDOT by
+    element, per row and vector 2 FMUL and 2 FMLA; the GEMV's quads are one LDR q per block. 2 threads: the same
+    bits."""
+    (ref, _), (lhs, rhs, *_) = _run(GEMM, 4, 16, 32, np.random.default_rng(9), True)
+    dst, mach = GEMM.isa(GEMM, 4, 16, 32, lhs, rhs)
+    assert bits_equal(dst, ref)
+    c = mach.counts
+    assert c["SDOT"] == 2 * (4 + 4 * 4 * 4) and c["FMUL"] == c["FMLA"] == 2 * 2 * 4 * 4
+    assert c["SCVTF"] == 2 * (1 + 4 * 4) and c["FADD"] == 4 * 4 and c["STR"] == 4 * 4
+    assert c["LDR"] == 2 * (4 + 4 * 6) + 1 + 4  # quads, codes/offsets/scales, the recips, the bias
+    (_, _), (lhs1, rhs1, *_) = _run(GEMV, 1, 16, 32, np.random.default_rng(9), True)
+    _, gemv = GEMV.isa(GEMV, 1, 16, 32, lhs1, rhs1)
+    assert gemv.counts["SDOT"] == 2 * (4 + 4 * 4) and gemv.counts["LDR"] == 2 * (1 + 4 * 6) + 1 + 4
+    assert_threads_keep_bits(GEMM, 6, 37, 64, *_run(GEMM, 6, 37, 64, np.random.default_rng(4), True)[1][:2], ("isa",))
 
 
 def _scalar_model(lhs, m, k, codes, scale, offset, bias):
