@@ -162,7 +162,8 @@ def run_case(root: Path, qemu: Path, driver: Path, case: dict, svl: int) -> dict
     out.mkdir(exist_ok=True)
     cpu = f"max,sme-default-vector-length={svl}"
     clamp = case["clamp"]
-    args = [str(m), str(n), str(k)] + [str(folder / "inputs" / f) for f in ("lhs_f32.bin", "rhs_f32.bin", "bias_f32.bin")]
+    inputs = [str(folder / "inputs" / f) for f in ("lhs_f32.bin", "rhs_f32.bin", "bias_f32.bin")]
+    args = [str(m), str(n), str(k), *inputs]
     args += [clamp["min_bits"], clamp["max_bits"]] + [str(out / KERNELS[f][0]) for f in ("f32p_f32p", "f32_f32p")]
     start = time.perf_counter()
     proc = common.run([str(qemu), "-cpu", cpu, str(driver), *args])
@@ -222,7 +223,9 @@ def main() -> int:
     try:
         driver, test, toolchain = common.build(args.kleidiai, args.rev, work, TEST, "kai_golden_f32p")
         qemu = common.qemu_binary()
-        upstream = {f"svl{svl * 8}": common.upstream_test(qemu, test, svl, GTEST_FILTER, SKIP_REASONS) for svl in SVL_BYTES}
+        upstream = {
+            f"svl{svl * 8}": common.upstream_test(qemu, test, svl, GTEST_FILTER, SKIP_REASONS) for svl in SVL_BYTES
+        }
         scratch = work / "golden"
         shutil.rmtree(scratch, ignore_errors=True)
         for m, n, k, seed, exponents, random_bias in CASES:

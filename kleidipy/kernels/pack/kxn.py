@@ -81,12 +81,14 @@ def check_no_bl(who: str, bl: int | None) -> None:
 def from_ggml(
     ggml_type: GGMLType, raw: np.ndarray, n: int, k: int, packer: RhsPacker, execution: str = "jit"
 ) -> tuple[np.ndarray, dict]:
-    """F16 (or F32) weights [n, k] -> (f32 K x N, {bias: zeros[n]})."""
+    """F16 (or F32) weights [n, k] -> (f32 K x N, {bias: zeros[n]}); an nxk packer (the SME2 GEMV's, in the
+    ``f32_f32p`` family) takes the f32 values as they are, N x K."""
     if ggml_type == GGMLType.F32:
         values = np.asarray(raw).view(np.float32).reshape(n, k)
-        return np.ascontiguousarray(values.T), {"bias": np.zeros(n, np.float32)}
-    rhs, bias = f16_nxk_to_f32_kxn(np.asarray(raw).view(np.float16).reshape(n, k))
-    return rhs, {"bias": bias}
+        rhs, bias = np.ascontiguousarray(values.T), np.zeros(n, np.float32)
+    else:
+        rhs, bias = f16_nxk_to_f32_kxn(np.asarray(raw).view(np.float16).reshape(n, k))
+    return (np.ascontiguousarray(rhs.T) if packer.rhs_order == "nxk" else rhs), {"bias": bias}
 
 
 def from_float(weights: np.ndarray, packer: RhsPacker) -> tuple[np.ndarray, dict]:
