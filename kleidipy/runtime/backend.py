@@ -27,7 +27,15 @@ from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.runtime.weights import GEMV_ROWS
-from kleidipy.target import KernelPair, Target, fallback_kernels, select_kernels, select_kv_gemm
+from kleidipy.target import (
+    F32_KLEIDIAI,
+    KernelPair,
+    Target,
+    fallback_kernels,
+    has_kernels,
+    select_kernels,
+    select_kv_gemm,
+)
 
 #: GGML types the kernels take as stored, and the kernel weight type each maps to (Q4_K: sub-blocks of 32 with an f32
 #: scale and minimum, the Q4_1 family; checked exact at load like every type of a family that reads its weights back)
@@ -57,10 +65,13 @@ def exact_weights_default() -> bool:
     return os.environ.get("KLEIDIPY_EXACT_WEIGHTS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def route(ggml_type: GGMLType, exact_weights: bool = False) -> str:
-    """The kernel weight type a GGML weight type is multiplied as (:data:`kleidipy.target.WEIGHT_TYPES`): "q8_0" for
-    the wider types without a KleidiAI kernel unless ``exact_weights`` (requantized per channel), "q4_0" for the
-    narrow ones (requantized)."""
+def route(ggml_type: GGMLType, exact_weights: bool = False, target: Target | None = None) -> str:
+    """The kernel weight type a GGML weight type is multiplied as (:data:`kleidipy.target.WEIGHT_TYPES`): F32
+    through llama.cpp's F32 table when ``target``'s has an entry for it (SME2 on master's: the F32 values as they
+    are, so also with ``exact_weights``), "q8_0" for the wider types without a KleidiAI kernel unless
+    ``exact_weights`` (requantized per channel), "q4_0" for the narrow ones (requantized)."""
+    if ggml_type == GGMLType.F32 and target is not None and has_kernels(F32_KLEIDIAI, target):
+        return F32_KLEIDIAI
     if exact_weights and ggml_type in _EXACT_WEIGHTS:
         return _EXACT_WEIGHTS[ggml_type]
     if ggml_type in _TO_EXACT:
@@ -198,7 +209,7 @@ class KleidiBackend:
             pair, packed = hit
             t1 = t2 = perf_counter()
         else:
-            pair, packed, t1, t2 = self._repack(name, source_type, n, k, raw, route(source_type, self.exact_weights))
+            pair, packed, t1, t2 = self._repack(name, source_type, n, k, raw, self.route(source_type))
         if self.cache is not None:
             self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
         call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
@@ -218,6 +229,11 @@ class KleidiBackend:
             for observer in self.observers:
                 observer.on_repack(call)
         return RepackedLinear(name, pair, n, k, packed, self, second)
+
+    def route(self, ggml_type: GGMLType) -> str:
+        """:func:`route` on this target (every matmul weight, a tied LM head too: llama.cpp loads the duplicated
+        token_embd as the output, whose op is MUL_MAT, ``llama-model-loader.cpp`` ``buft_for_tensor``)."""
+        return route(ggml_type, self.exact_weights, self.target)
 
     def _pack(
         self, pair: KernelPair, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
@@ -267,7 +283,7 @@ class KleidiBackend:
         hit = self.cache.get(name, source_type, n, k) if self.cache is not None else None
         if hit is None:
             return None
-        wanted = route(source_type, self.exact_weights)
+        wanted = self.route(source_type)
         if hit.weight_type != wanted and not (wanted == "q4_1" and hit.weight_type == EXACT):
             return None
         pair = select_kernels(hit.weight_type, self.target)
@@ -282,7 +298,7 @@ class KleidiBackend:
         (default: :func:`route`'s): the weight as stored, BF16 as its (exact) f32 values, or for a type without a
         KleidiAI kernel routed to the Q8_0 or Q4_0 family (one-line notice) its dequantized values (the Q8_0 family
         quantizes them per channel) or their Q4_0 blocks."""
-        weight_type = weight_type or route(ggml_type, self.exact_weights)
+        weight_type = weight_type or self.route(ggml_type)
         if ggml_type == GGMLType.BF16:
             return weight_type, GGMLType.F32, formats.dequantize(raw, ggml_type, n, k)
         requantized = {"q4_0": GGMLType.Q4_0, "q8_0": GGMLType.Q8_0}.get(weight_type)
