@@ -19,6 +19,7 @@
 #include <sys/prctl.h>
 
 #include "kai/kai_common.h"
+#include "kai_golden_io.h"
 #include "kai/ukernels/matmul/matmul_clamp_f32_f32_f32p/kai_matmul_clamp_f32_f32_f32p2vlx1b_1x16vl_sme2_mla.h"
 #include "kai/ukernels/matmul/matmul_clamp_f32_f32p_f32p/kai_matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_sme2_mopa.h"
 #include "kai/ukernels/matmul/pack/kai_lhs_pack_f32p2vlx1_f32_sme.h"
@@ -26,35 +27,6 @@
 
 #define GEMM(f) f##_matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_sme2_mopa
 #define GEMV(f) f##_matmul_clamp_f32_f32_f32p2vlx1b_1x16vl_sme2_mla
-
-static void* read_file(const char* path, size_t size) {
-    FILE* f = fopen(path, "rb");
-    void* buf = malloc(size);
-    if (f == NULL || buf == NULL || fread(buf, 1, size, f) != size) {
-        fprintf(stderr, "cannot read %zu bytes of %s\n", size, path);
-        exit(2);
-    }
-    fclose(f);
-    return buf;
-}
-
-static void write_file(const char* prefix, const char* suffix, const void* buf, size_t size) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s.%s", prefix, suffix);
-    FILE* f = fopen(path, "wb");
-    if (f == NULL || fwrite(buf, 1, size, f) != size) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(2);
-    }
-    fclose(f);
-}
-
-static float from_bits(const char* hex) {
-    uint32_t bits = (uint32_t)strtoul(hex, NULL, 16);
-    float value;
-    memcpy(&value, &bits, sizeof(value));
-    return value;
-}
 
 static void canary(float* dst, size_t count) {
     const uint32_t bits = 0x7fc0dead;

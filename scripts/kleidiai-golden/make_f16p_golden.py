@@ -177,6 +177,30 @@ def make_case(root: Path, m: int, n: int, k: int, seed: int, exponents: tuple[in
     return {"m": m, "n": n, "k": k, "seed": seed, "inputs": inputs, "clamp": {FAMILY: clamp}, "ref": ref}
 
 
+def clamp_and_check(
+    params: dict, clamp: dict, is_clamped: bool, dst: np.ndarray, clamped: np.ndarray, ref: np.ndarray, info: dict
+) -> dict:
+    """A run's clamp and dst strides (into ``params``) and its check of KleidiAI's dst: the clamped one against the
+    clip of the unclamped one, the unclamped one against the float reference; ``info``: the driver's unwritten
+    counts."""
+    params["clamp"] = [clamp["min"], clamp["max"]] if is_clamped else ["-FLT_MAX", "FLT_MAX"]
+    params.update({"dst_stride_row": 4 * dst.shape[1], "dst_stride_col": 4})
+    if not is_clamped:
+        return {
+            "max_rel_err_vs_float_ref": float(np.abs(dst - ref).max() / np.abs(ref).max()),
+            "finite": bool(np.isfinite(dst).all()),
+            "dst_unwritten": info["dst_unwritten"],
+        }
+    lo, hi = np.float32(clamp["min"]), np.float32(clamp["max"])
+    params["clamp_bits"] = [clamp["min_bits"], clamp["max_bits"]]
+    return {
+        "equals_clip_of_unclamped_dst": bool(np.array_equal(np.clip(dst, lo, hi), clamped)),
+        "fraction_clamped": float(np.mean((clamped == lo) | (clamped == hi))),
+        "finite": bool(np.isfinite(clamped).all()),
+        "dst_unwritten": info["dst_clamped_unwritten"],
+    }
+
+
 def run_case(root: Path, qemu: Path, driver: Path, case: dict, svl: int) -> list[dict]:
     """The driver on one case at one SVL: its two runs (unclamped, clamped)."""
     m, n, k = case["m"], case["n"], case["k"]
@@ -198,28 +222,12 @@ def run_case(root: Path, qemu: Path, driver: Path, case: dict, svl: int) -> list
     dst = np.fromfile(out / f"{VARIANT}.dst_f32.bin", np.float32).reshape(m, n)
     clamped = np.fromfile(out / f"{VARIANT}.dst_clamped_f32.bin", np.float32).reshape(m, n)
     ref = case["ref"]
-    lo, hi = np.float32(clamp["min"]), np.float32(clamp["max"])
     runs = []
     for is_clamped in (False, True):
         params = {"mr": info["mr"], "nr": info["nr"], "kr": info["kr"], "sr": info["sr"], "bl": BL}
         params["rhs_pack_params"] = {"lhs_zero_point": 1, "rhs_zero_point": 8}
         params["bias"] = None
-        params["clamp"] = [clamp["min"], clamp["max"]] if is_clamped else ["-FLT_MAX", "FLT_MAX"]
-        params.update({"dst_stride_row": 4 * n, "dst_stride_col": 4})
-        if is_clamped:
-            params["clamp_bits"] = [clamp["min_bits"], clamp["max_bits"]]
-            check = {
-                "equals_clip_of_unclamped_dst": bool(np.array_equal(np.clip(dst, lo, hi), clamped)),
-                "fraction_clamped": float(np.mean((clamped == lo) | (clamped == hi))),
-                "finite": bool(np.isfinite(clamped).all()),
-                "dst_unwritten": info["dst_clamped_unwritten"],
-            }
-        else:
-            check = {
-                "max_rel_err_vs_float_ref": float(np.abs(dst - ref).max() / np.abs(ref).max()),
-                "finite": bool(np.isfinite(dst).all()),
-                "dst_unwritten": info["dst_unwritten"],
-            }
+        check = clamp_and_check(params, clamp, is_clamped, dst, clamped, ref, info)
         name = "dst_clamped_f32.bin" if is_clamped else "dst_f32.bin"
         runs.append(
             {

@@ -105,28 +105,11 @@ def family_runs(root: Path, case: dict, family: str, svl: int, info: dict, secon
     clamp = case["clamp"]
     dst = np.fromfile(out / f"{variant}.dst_f32.bin", np.float32).reshape(m, n)
     clamped = np.fromfile(out / f"{variant}.dst_clamped_f32.bin", np.float32).reshape(m, n)
-    lo, hi = np.float32(clamp["min"]), np.float32(clamp["max"])
     runs = []
     for is_clamped in (False, True):
         params = {"mr": facts["mr"] if lhs_pack else None, "nr": facts["nr"], "kr": facts["kr"], "sr": facts["sr"]}
         params["bias"] = "bias_f32"
-        params["clamp"] = [clamp["min"], clamp["max"]] if is_clamped else ["-FLT_MAX", "FLT_MAX"]
-        params.update({"dst_stride_row": 4 * n, "dst_stride_col": 4})
-        if is_clamped:
-            params["clamp_bits"] = [clamp["min_bits"], clamp["max_bits"]]
-            check = {
-                "equals_clip_of_unclamped_dst": bool(np.array_equal(np.clip(dst, lo, hi), clamped)),
-                "fraction_clamped": float(np.mean((clamped == lo) | (clamped == hi))),
-                "finite": bool(np.isfinite(clamped).all()),
-                "dst_unwritten": facts["dst_clamped_unwritten"],
-            }
-        else:
-            ref = case["ref"]
-            check = {
-                "max_rel_err_vs_float_ref": float(np.abs(dst - ref).max() / np.abs(ref).max()),
-                "finite": bool(np.isfinite(dst).all()),
-                "dst_unwritten": facts["dst_unwritten"],
-            }
+        check = common.clamp_and_check(params, clamp, is_clamped, dst, clamped, case["ref"], facts)
         name = "dst_clamped_f32.bin" if is_clamped else "dst_f32.bin"
         files = {"rhs_packed": common.entry(root, out / f"{variant}.rhs_packed.bin", "uint8")}
         if lhs_pack:
@@ -243,7 +226,11 @@ def main() -> int:
                 cases[family].append(entry)
             common.log(f"m{m}_n{n}_k{k}: {sum(len(r) for r in runs.values())} runs")
         for family, root in roots.items():
-            shutil.rmtree(root, ignore_errors=True)
+            for old in root.glob("*"):  # (the set's README stays)
+                if old.is_dir():
+                    shutil.rmtree(old)
+                elif old.name != "README.md":
+                    old.unlink()
             keep = {Path(r["dir"]).parts[0] for c in cases[family] for r in c["runs"]}
             for name in keep:
                 shutil.copytree(scratch / name, root / name)

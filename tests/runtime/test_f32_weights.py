@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from kernel_helpers import MatmulRecorder as Calls
 from tiny_models import model_parts, write_model
 
 from kleidipy.graph.execute import compile_model
-from kleidipy.observer import KernelCall, Observer
 from kleidipy.runtime.backend import KleidiBackend, route
 from kleidipy.runtime.layers import CausalLM
 from kleidipy.runtime.model_file import ModelFile
@@ -48,16 +48,6 @@ def test_f32_weights_take_the_f32_table_on_sme2_only(spec: str, weight_type: str
         assert (pair.gemm.name, pair.gemv.name) == (GEMM, GEMV)
         uses = selected_uses(target)
         assert uses[GEMM] == [f"{F32_KLEIDIAI} GEMM"] and uses[GEMV] == [f"{F32_KLEIDIAI} GEMV"]
-
-
-class Calls(Observer):
-    wants_matmuls = True
-
-    def __init__(self) -> None:
-        self.calls: list[KernelCall] = []
-
-    def on_matmul(self, call: KernelCall) -> None:
-        self.calls.append(call)
 
 
 def _model(tmp_path: Path) -> Path:

@@ -25,40 +25,19 @@ import numpy as np
 from kleidipy.core.buffers import check_finite
 from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import fma_f32
-from kleidipy.core.packers import RhsPacker
-from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.pack import f32p_jit
-from kleidipy.kernels.pack.f32p import RHS_F32P2VLX1BIASF32_SME, bias_rows, unpack_bias_rows
-from kleidipy.kernels.pack.kxn import check_no_bl, kxn_inputs
+from kleidipy.kernels.pack.f32p import RHS_F32P2VLX1BIASF32_SME, BiasRowsRhsPacker, unpack_bias_rows
 
 FAMILY_NAME = "f32_f32p"
 NR = 16
 
 
-class X32KxnRhsPacker(RhsPacker):
+class X32KxnRhsPacker(BiasRowsRhsPacker):
     """``rhs_pack_kxn_x32p16x1b_x32_x32_neon``: K x N f32 + f32 bias (None = zeros, as KleidiAI's NULL bias)."""
 
     name = "rhs_pack_kxn_x32p16x1b_x32_x32_neon"
-    blocked = False
     rhs_order = "kxn"
-    inputs = ()
-
-    def get_rhs_packed_stride(self, k: int, nr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        return nr * 4 * (1 + k)
-
-    def check_args(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None) -> None:
-        super().check_args(n, k, nr, kr, sr, bl)
-        check_no_bl(self.name, bl)
-        if (nr, kr, sr) != (NR, 1, 1):
-            raise KernelShapeError(f"{self.name}: takes nr=16, kr=1, sr=1; got nr={nr}, kr={kr}, sr={sr}")
-
-    def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
-        weights, biases = kxn_inputs(self.name, n, k, rhs, scale, zero, bias)
-        return bias_rows(weights, biases, nr)
-
-    def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
-        weights, biases = kxn_inputs(self.name, n, k, rhs, scale, zero, bias)
-        return f32p_jit.pack_bias_rows(np.ascontiguousarray(weights), biases, nr)
+    fixed_nr = NR
 
 
 RHS_X32 = X32KxnRhsPacker()

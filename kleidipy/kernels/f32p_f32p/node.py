@@ -8,18 +8,16 @@ from kleidipy.core.matmul import MatmulKernel
 from kleidipy.kernels.f32p_f32p import jit
 from kleidipy.kernels.pack import f32p_jit
 
-N_PARAMS = kn.P_FAMILY
+
+def _matmul(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
+    p, a, b, dst = kn.matmul_operands(params, kn.P_FAMILY, m, n, lhs, rhs, out, ld)
+    k, mr = p[kn.P_K], p[kn.P_MR]
+    kn.store_clamped(f32p_jit.matmul_f32_fma(m, n, k, jit.lhs_unpack_f32p(a, m, k, mr), b, p[kn.P_NR], True), dst, ld)
 
 
 def _pack(params, x, rows, dst):  # pragma: no cover - compiled
-    p, src, out = kn.pack_operands(params, N_PARAMS, x, rows, dst)
+    p, src, out = kn.pack_operands(params, kn.P_FAMILY, x, rows, dst)
     kn.copy(jit.lhs_pack_f32p(src, p[kn.P_MR]), out)
-
-
-def _matmul(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled
-    p, a, b, dst = kn.matmul_operands(params, N_PARAMS, m, n, lhs, rhs, out, ld)
-    k, mr = p[kn.P_K], p[kn.P_MR]
-    kn.store_clamped(f32p_jit.matmul_f32_fma(m, n, k, jit.lhs_unpack_f32p(a, m, k, mr), b, p[kn.P_NR], True), dst, ld)
 
 
 def node(kern: MatmulKernel, k: int) -> kn.NodeKernel:

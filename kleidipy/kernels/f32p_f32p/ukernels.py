@@ -34,13 +34,13 @@ class LhsPackF32p2vlx1F32Sme(LhsPacker):
     name = "lhs_pack_f32p2vlx1_f32_sme"
     blocked = False
 
-    def get_lhs_packed_stride(self, k: int, mr: int, kr: int, sr: int, bl: int | None = None) -> int:
-        return mr * k * 4
-
     def check_args(self, m: int, k: int, mr: int, kr: int, sr: int, bl: int | None) -> None:
         super().check_args(m, k, mr, kr, sr, bl)
         if mr < 8 or mr % 8 or (kr, sr) != (1, 1):
             raise KernelShapeError(f"{self.name}: takes mr = 2·VL, kr=1, sr=1; got mr={mr}, kr={kr}, sr={sr}")
+
+    def get_lhs_packed_stride(self, k: int, mr: int, kr: int, sr: int, bl: int | None = None) -> int:
+        return 4 * mr * k
 
     def _rows(self, lhs: np.ndarray, row_offset: int) -> np.ndarray:
         if row_offset:

@@ -13,9 +13,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.core.packers import RhsPacker
-from kleidipy.errors import BufferSizeError, DTypeError, KernelShapeError
+from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.pack import f32p_jit
-from kleidipy.kernels.pack.kxn import check_no_bl, kxn_bias
+from kleidipy.kernels.pack.kxn import check_no_bl, float_rhs, kxn_bias, kxn_inputs
 
 
 def bias_rows(weights_kxn: np.ndarray, bias: np.ndarray, nr: int) -> np.ndarray:
@@ -39,29 +39,13 @@ def unpack_bias_rows(rhs: np.ndarray, n: int, k: int, nr: int) -> tuple[np.ndarr
     return packed[:, 0].reshape(-1)[:n], packed[:, 1:].transpose(1, 0, 2).reshape(k, -1)[:, :n]
 
 
-def nxk_rhs(rhs: np.ndarray, n: int, k: int, who: str) -> np.ndarray:
-    """The N x K float32 weights of an nxk packer: a [>=n, >=k] array or >= n·k values (row stride 4k)."""
-    arr = np.asarray(rhs)
-    if arr.dtype != np.float32:
-        raise DTypeError(f"{who}: rhs must be float32 (N x K), got {arr.dtype}")
-    if arr.ndim == 2:
-        if arr.shape[0] < n or arr.shape[1] < k:
-            raise BufferSizeError(f"{who}: rhs is {arr.shape[0]}x{arr.shape[1]}, N x K = {n}x{k} needed")
-        return arr[:n, :k]
-    flat = arr.reshape(-1)
-    if flat.size < n * k:
-        raise BufferSizeError(f"{who}: rhs holds {flat.size} floats, N x K = {n}x{k} needs {n * k}")
-    return flat[: n * k].reshape(n, k)
+class BiasRowsRhsPacker(RhsPacker):
+    """A packer of the bias-then-rows layout: f32 weights (K x N or N x K, its ``rhs_order``) + n f32 biases (None =
+    zeros), kr = sr = 1, nr = ``fixed_nr`` (None: 2·VL, a multiple of 8)."""
 
-
-class RhsPackNxkF32p2vlx1biasf32(RhsPacker):
-    """``rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme``: N x K f32 weights + n f32 biases (None = zeros: KleidiAI
-    asserts a bias, llama.cpp passes zeros) in groups of nr = 2·VL columns."""
-
-    name = "rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"
     blocked = False
-    rhs_order = "nxk"
     inputs = ()
+    fixed_nr: int | None = None
 
     def get_rhs_packed_stride(self, k: int, nr: int, kr: int, sr: int, bl: int | None = None) -> int:
         return nr * 4 * (1 + k)
@@ -69,21 +53,34 @@ class RhsPackNxkF32p2vlx1biasf32(RhsPacker):
     def check_args(self, n: int, k: int, nr: int, kr: int, sr: int, bl: int | None) -> None:
         super().check_args(n, k, nr, kr, sr, bl)
         check_no_bl(self.name, bl)
-        if nr < 8 or nr % 8 or (kr, sr) != (1, 1):
-            raise KernelShapeError(f"{self.name}: takes nr = 2·VL, kr=1, sr=1; got nr={nr}, kr={kr}, sr={sr}")
+        good_nr = nr == self.fixed_nr if self.fixed_nr else nr >= 8 and nr % 8 == 0
+        if not good_nr or (kr, sr) != (1, 1):
+            takes = self.fixed_nr or "2·VL"
+            raise KernelShapeError(f"{self.name}: takes nr={takes}, kr=1, sr=1; got nr={nr}, kr={kr}, sr={sr}")
 
     def _inputs(self, n, k, rhs, scale, zero, bias) -> tuple[np.ndarray, np.ndarray]:
+        """(K x N weights, n biases) of a call; these packers take no scale or zero (KleidiAI asserts scale ==
+        NULL)."""
+        if self.rhs_order == "kxn":
+            return kxn_inputs(self.name, n, k, rhs, scale, zero, bias)
         if scale is not None or zero is not None:
             raise KernelShapeError(f"{self.name}: takes no scale or zero input, only rhs and bias")
-        return nxk_rhs(rhs, n, k, self.name), kxn_bias(bias, n, self.name)
+        return float_rhs(rhs, n, k, self.name, "N x K").T, kxn_bias(bias, n, self.name)
 
     def _reference(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
-        weights, biases = self._inputs(n, k, rhs, scale, zero, bias)
-        return bias_rows(weights.T, biases, nr)
+        return bias_rows(*self._inputs(n, k, rhs, scale, zero, bias), nr)
 
     def _jit(self, n, k, nr, kr, sr, bl, rhs, *, scale, zero, bias) -> np.ndarray:
         weights, biases = self._inputs(n, k, rhs, scale, zero, bias)
-        return f32p_jit.pack_bias_rows(np.ascontiguousarray(weights.T), biases, nr)
+        return f32p_jit.pack_bias_rows(np.ascontiguousarray(weights), biases, nr)
+
+
+class RhsPackNxkF32p2vlx1biasf32(BiasRowsRhsPacker):
+    """``rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme``: N x K f32 weights + n f32 biases (KleidiAI asserts a bias:
+    llama.cpp passes zeros) in groups of nr = 2·VL columns."""
+
+    name = "rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme"
+    rhs_order = "nxk"
 
 
 RHS_F32P2VLX1BIASF32_SME = RhsPackNxkF32p2vlx1biasf32()
