@@ -19,8 +19,7 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import fma_f32
 from kleidipy.core.packers import LhsPacker
 from kleidipy.errors import KernelShapeError
-from kleidipy.kernels.f32p_f32p import jit
-from kleidipy.kernels.pack import f32p_jit
+from kleidipy.kernels.f32p_f32p import jit, sme2
 from kleidipy.kernels.pack.f32p import RHS_F32P2VLX1BIASF32_SME, unpack_bias_rows
 
 FAMILY_NAME = "f32p_f32p"
@@ -81,8 +80,7 @@ class F32pF32pKernel(MatmulKernel):
         return np.asarray(acc, dtype=np.float32)
 
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-        rows = jit.lhs_unpack_f32p(np.ascontiguousarray(lhs), m, k, self.mr)
-        return f32p_jit.matmul_f32_fma(m, n, k, rows, np.ascontiguousarray(rhs), self.nr, True)
+        return sme2.compute(m, n, k, self.mr, self.nr, lhs, rhs)
 
 
 def _sme_gemm(vl: int) -> Geometry:

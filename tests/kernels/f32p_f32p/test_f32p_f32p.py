@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from kernel_helpers import bits_equal, exact_fma, mixed_f32, verify_family
 from paths import F32_SME2_GOLDEN, F32P_GOLDEN
 
+from kleidipy.core import native
 from kleidipy.core.numerics import FLT_MAX
 from kleidipy.errors import BufferSizeError, KernelShapeError
 from kleidipy.kernels.catalogue import get_kernel, get_packer
+from kleidipy.kernels.f32p_f32p import sme2
 from kleidipy.kernels.f32p_f32p import ukernels as fam
 from kleidipy.kernels.pack import f32p
 
@@ -134,3 +136,15 @@ def test_bad_inputs_are_typed_errors() -> None:
         get_kernel(GEMV, 512).run(
             2, 4, 3, np.ones(6, np.float32), packer.run(4, 3, 32, 1, 1, np.ones((4, 3), np.float32))
         )
+
+
+def test_native_tile_is_kleidiais_fmopa_sequence() -> None:
+    """The SME2 tile (``kernels/f32p_f32p/sme2.py``, cross-compiled on any host; run under QEMU by
+    ``../test_sme2_tiles_under_qemu.py``): eight float32 ``fmopa`` into ZA0.S-ZA3.S — four of 1.0 by the biases, four
+    per k — as KleidiAI's kernel, and no other arithmetic."""
+    text = native.assembly(sme2.tile_module(sme2.MOPA), native.ISAS["aarch64-sme2"])
+    ops = [line.split(None, 1) for line in text.splitlines() if line.startswith("\t") and not line.startswith("\t.")]
+    fmopa = [args for op, *args in ops if op == "fmopa"]
+    assert len(fmopa) == 8 and all(".s" in a[0] and "za" in a[0] for a in fmopa)
+    assert not {"fmla", "fadd", "fmul", "fmad"} & {op for op, *_ in ops}
+    assert not sme2.AVAILABLE or sme2.HOST_ISA.name == "aarch64-sme2"
