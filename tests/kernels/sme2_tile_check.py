@@ -1,10 +1,10 @@
 """Run by path with a family's name on an aarch64 host with SME2 (the tests run it under ``scripts/qemu-aarch64
---python`` at SVL 128, 256 and 512): the family's SME2 MOPA kernel bound to the host's SVL on its native tile — the
+--python`` at SVL 128, 256 and 512): the family's SME2 kernel bound to the host's SVL on its native tile — the
 golden runs of the host's SVL through the jit (real KleidiAI's bits), then random shapes with partial row and column
 groups and wide magnitudes against the numpy reference at 1 and 2 threads — bit for bit. Prints the tile's ISA and
 SVL and one line per check; exits 1 on a difference or when the tile is not installed.
 
-    sme2_tile_check.py f16p_qsi4c32p|f32p_f32p
+    sme2_tile_check.py f16p_qsi4c32p|f32p_f32p|f32_f32p
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ FAMILIES = {
         [(1, 1, 32), (3, 17, 96), (17, 70, 64), (33, 200, 160)],
         q4_0.quantize,
     ),
+    "f32_f32p": (
+        "matmul_clamp_f32_f32_f32p2vlx1b_1x16vl_sme2_mla",
+        [(1, 1, 1), (1, 17, 7), (1, 70, 64), (1, 300, 61)],
+        lambda w: w,
+    ),
     "f32p_f32p": (
         "matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_sme2_mopa",
         [(1, 1, 1), (3, 17, 7), (17, 70, 64), (33, 200, 61)],
@@ -41,7 +46,7 @@ def main(family: str) -> int:
     name, shapes, rhs_input = FAMILIES[family]
     sme2 = importlib.import_module(f"kleidipy.kernels.{family}.sme2")
     svl = hwcaps.arm_features()[1]
-    if not sme2.AVAILABLE or not llvm.address_of_symbol(sme2.MOPA):
+    if not sme2.AVAILABLE or not llvm.address_of_symbol(next(iter(sme2.KERNELS))):
         print(f"no native SME2 tile (SVL {svl})")
         return 1
     print(f"native tile: {sme2.HOST_ISA.name}, SVL {svl}")

@@ -25,6 +25,7 @@ import numpy as np
 from kleidipy.core.buffers import check_finite
 from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import fma_f32
+from kleidipy.kernels.f32_f32p import sme2
 from kleidipy.kernels.pack import f32p_jit
 from kleidipy.kernels.pack.f32p import RHS_F32P2VLX1BIASF32_SME, BiasRowsRhsPacker, unpack_bias_rows
 
@@ -64,6 +65,8 @@ class F32MatmulKernel(MatmulKernel):
 
     def _jit(self, m: int, n: int, k: int, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         rows, rhs = self._operands(m, n, k, lhs, rhs)
+        if self.tier == "sme2":  # (the GEMV: its native SME2 tile where this host runs it)
+            return sme2.compute(m, n, k, self.nr, rows, rhs)
         return f32p_jit.matmul_f32_fma(m, n, k, rows, rhs, self.nr, False)
 
 
