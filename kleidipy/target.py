@@ -283,7 +283,20 @@ _MASTER_Q4_0_SME2 = (
     "matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa",
     "matmul_clamp_f32_qsi8d32p1x4_qsi4c32p4vlx4_1x4vl_sme2_sdot",
 )
-_TABLES = {"master": (_MASTER_Q4_0_SME2, *_SEEDS[1:]), "seeds": _SEEDS}
+#: llama.cpp master's F32 table (kernels.cpp ``ggml_kleidiai_kernels_f32``, its SME2 entry; the SME one is not
+#: kleidipy's): the F32 2-D weights of a MUL_MAT (kleidiai.cpp ``supports_op``: src0 F32 with two dimensions, src1 and
+#: dst F32; not GET_ROWS, so not a tied token_embd) packed as stored by rhs_pack_nxk_f32p2vlx1biasf32_f32_f32_sme with
+#: zero biases (``repack``), the MOPA GEMM at m > 1 and, at m == 1, the MLA GEMV on the same packing
+#: (``compute_forward_f32``). Without SME llama.cpp's KleidiAI takes no F32 weight: kleidipy's F16 route then, as
+#: before. The seeds' table has none.
+F32_KLEIDIAI = "f32_kleidiai"
+_MASTER_F32_SME2 = (
+    F32_KLEIDIAI,
+    frozenset({"sme2"}),
+    "matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_sme2_mopa",
+    "matmul_clamp_f32_f32_f32p2vlx1b_1x16vl_sme2_mla",
+)
+_TABLES = {"master": (_MASTER_Q4_0_SME2, *_SEEDS[1:], _MASTER_F32_SME2), "seeds": _SEEDS}
 
 #: llama.cpp master's GEMM of the F16 KV cache, per table: (required features, GEMM name), first match. kleidiai.cpp's
 #: extra buffer takes a MUL_MAT whose src0 is F16 and not a repacked weight when src1 has more than one row and both
@@ -293,7 +306,7 @@ _TABLES = {"master": (_MASTER_Q4_0_SME2, *_SEEDS[1:]), "seeds": _SEEDS}
 #: (V's transposed view) passes the contiguity test, at prefill; decode and KQ stay ggml's. The seeds have none.
 _KV_GEMM = {"master": ((frozenset({"sme2"}), "matmul_clamp_f32_bf16p2vlx2_bf16p2vlx2_2vlx2vl_sme2_mopa"),), "seeds": ()}
 
-WEIGHT_TYPES = ("q4_0", "q8_0", "q4_1", "f16", "qai8c16", "f32")
+WEIGHT_TYPES = ("q4_0", "q8_0", "q4_1", "f16", "qai8c16", "f32", F32_KLEIDIAI)
 
 
 def selection_table(table: str = DEFAULT_TABLE) -> tuple[tuple[str, frozenset[str], str, str], ...]:
@@ -313,6 +326,11 @@ def select_kernels(weight_type: str, target: Target) -> KernelPair:
         if typ == wtype and target.has(*requires):
             return KernelPair(wtype, requires, get_kernel(gemm, target.svl_bits), get_kernel(gemv, target.svl_bits))
     raise TargetError(f"target {target.describe()} has no kernel for {weight_type}")
+
+
+def has_kernels(weight_type: str, target: Target) -> bool:
+    """Whether the target's table has an entry for ``weight_type`` whose required features ``target`` has."""
+    return any(typ == weight_type and target.has(*req) for typ, req, _, _ in selection_table(target.table))
 
 
 def select_kv_gemm(target: Target) -> MatmulKernel | None:

@@ -148,14 +148,16 @@ def ld2(m: Machine, esize: int, zt: int, pg: int, buf: Buffer, off: int) -> None
         m.note(f"LD2{_MEM[esize]} {{z{zt}, z{zt + 1}}}, {addr(buf, off)}   z{zt}.b = {fmt(m.z[zt])}")
 
 
-def ld1rq(m: Machine, zt: int, pg: int, buf: Buffer, off: int) -> None:
-    """LD1RQB zt.b, pg/z, [addr]: 16 bytes replicated into every 128-bit segment."""
-    mask = m.p[pg][:16]
+def ld1rq(m: Machine, zt: int, pg: int, buf: Buffer, off: int, esize: int = 1) -> None:
+    """LD1RQB / LD1RQW zt.T, pg/z, [addr]: 16 bytes (the elements active in pg's first 128 bits, the others 0)
+    replicated into every 128-bit segment."""
+    mask = _expand(m.p[pg][:16], esize)
     data = m.read(buf, off, mask)
     m.z[zt] = np.tile(data, m.vb // 16)
-    m.retire("LD1RQB", loaded=int(mask.sum()))
+    name = f"LD1RQ{_MEM[esize]}"
+    m.retire(name, loaded=int(mask.sum()))
     if m.tracing:
-        m.note(f"LD1RQB z{zt}.b, {addr(buf, off)}   16 B replicated per 128 bits: {fmt(data, 16)}")
+        m.note(f"{name} z{zt}.{_SUFFIX[esize]}, {addr(buf, off)}   16 B replicated per 128 bits: {fmt(data, 16)}")
 
 
 def ld1r(m: Machine, esize: int, zt: int, pg: int, buf: Buffer, off: int) -> None:
@@ -291,6 +293,15 @@ def mova_vgx4(m: Machine, zd: int, slice_index: int) -> None:
         m.note(f"MOVA {{z{zd}.s-z{zd + 3}.s}}, ZA.S[w8, {slice_index}, VGx4]   ZA rows {rows}: {fmt(m.zv(zd, '<i4'))}")
 
 
+def mova_to_vgx4(m: Machine, slice_index: int, zn: int) -> None:
+    """MOVA ZA.D[w, 0, VGx4], {zn.d-zn+3.d}: the four vectors into the vector group's ZA rows."""
+    rows = m.za_vgx4_rows(slice_index)
+    m.za[rows] = m.z[zn : zn + 4]
+    m.retire("MOVA")
+    if m.tracing:
+        m.note(f"MOVA ZA.D[w8, {slice_index}, VGx4], {{z{zn}.d-z{zn + 3}.d}}   ZA rows {rows}")
+
+
 def zero_za(m: Machine) -> None:
     m.za[:] = 0
     m.retire("ZERO")
@@ -346,6 +357,22 @@ def sdot_za_vgx4(m: Machine, slice_index: int, zn: int, zm: int, index: int) -> 
     if m.tracing:
         m.note(
             f"SDOT ZA.S[w8, {slice_index}, VGx4], {{z{zn}.b-z{zn + 3}.b}}, z{zm}.b[{index}]   "
+            f"ZA rows {rows}: row {rows[0]}.s = {fmt(za[rows[0]])}"
+        )
+
+
+def fmla_za_vgx4(m: Machine, slice_index: int, zn: int, zm: int, index: int) -> None:
+    """FMLA ZA.S[w, 0, VGx4], {zn.s-zn+3.s}, zm.s[index] (SME2 multi-vector, indexed): for v = 0..3 and lane e,
+    ZA row (v·VB/4 + w).s[e] = fma(zn+v.s[e], zm.s[4·(e//4) + index], itself) (one rounding)."""
+    scalars = np.repeat(m.zv(zm, "<f4").reshape(-1, 4)[:, index], 4)  # lane e uses its segment's element
+    za = m.za.view("<f4")
+    rows = m.za_vgx4_rows(slice_index)
+    for v in range(4):
+        za[rows[v]] = fma_lanes(m.zv(zn + v, "<f4").copy(), scalars, za[rows[v]].copy())
+    m.retire("FMLA")
+    if m.tracing:
+        m.note(
+            f"FMLA ZA.S[w8, {slice_index}, VGx4], {{z{zn}.s-z{zn + 3}.s}}, z{zm}.s[{index}]   "
             f"ZA rows {rows}: row {rows[0]}.s = {fmt(za[rows[0]])}"
         )
 

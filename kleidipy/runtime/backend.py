@@ -27,7 +27,15 @@ from kleidipy.kernels.catalogue import family_of
 from kleidipy.observer import KernelCall, Observer, RepackCall
 from kleidipy.runtime.repack_cache import CachedWeight, RepackCache
 from kleidipy.runtime.weights import GEMV_ROWS
-from kleidipy.target import KernelPair, Target, fallback_kernels, select_kernels, select_kv_gemm
+from kleidipy.target import (
+    F32_KLEIDIAI,
+    KernelPair,
+    Target,
+    fallback_kernels,
+    has_kernels,
+    select_kernels,
+    select_kv_gemm,
+)
 
 #: GGML types the kernels take as stored, and the kernel weight type each maps to (Q4_K: sub-blocks of 32 with an f32
 #: scale and minimum, the Q4_1 family; checked exact at load like every type of a family that reads its weights back)
@@ -56,10 +64,13 @@ def exact_weights_default() -> bool:
     return os.environ.get("KLEIDIPY_EXACT_WEIGHTS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def route(ggml_type: GGMLType, exact_weights: bool = False) -> str:
-    """The kernel weight type a GGML weight type is multiplied as (:data:`kleidipy.target.WEIGHT_TYPES`): the
-    exact-weight family's for the wider types without a KleidiAI kernel, "q4_0" for the narrow ones (requantized);
-    ``exact_weights`` takes Q8_0 and the float types exactly too."""
+def route(ggml_type: GGMLType, exact_weights: bool = False, target: Target | None = None) -> str:
+    """The kernel weight type a GGML weight type is multiplied as (:data:`kleidipy.target.WEIGHT_TYPES`): F32
+    through llama.cpp's F32 table when ``target``'s has an entry for it (SME2 on master's: the F32 values as they
+    are, so also with ``exact_weights``), the exact-weight family's for the wider types without a KleidiAI kernel,
+    "q4_0" for the narrow ones (requantized); ``exact_weights`` takes Q8_0 and the float types exactly too."""
+    if ggml_type == GGMLType.F32 and target is not None and has_kernels(F32_KLEIDIAI, target):
+        return F32_KLEIDIAI
     if exact_weights and ggml_type in _EXACT_WEIGHTS:
         return _EXACT_WEIGHTS[ggml_type]
     if ggml_type in _TO_EXACT:
@@ -197,7 +208,7 @@ class KleidiBackend:
             pair, packed = hit
             t1 = t2 = perf_counter()
         else:
-            pair, packed, t1, t2 = self._repack(name, source_type, n, k, raw, route(source_type, self.exact_weights))
+            pair, packed, t1, t2 = self._repack(name, source_type, n, k, raw, self.route(source_type))
         if self.cache is not None:
             self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
         call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
@@ -217,6 +228,11 @@ class KleidiBackend:
             for observer in self.observers:
                 observer.on_repack(call)
         return RepackedLinear(name, pair, n, k, packed, self, second)
+
+    def route(self, ggml_type: GGMLType) -> str:
+        """:func:`route` on this target (every matmul weight, a tied LM head too: llama.cpp loads the duplicated
+        token_embd as the output, whose op is MUL_MAT, ``llama-model-loader.cpp`` ``buft_for_tensor``)."""
+        return route(ggml_type, self.exact_weights, self.target)
 
     def _pack(
         self, pair: KernelPair, ggml_type: GGMLType, n: int, k: int, raw: np.ndarray
@@ -266,7 +282,7 @@ class KleidiBackend:
         hit = self.cache.get(name, source_type, n, k) if self.cache is not None else None
         if hit is None:
             return None
-        wanted = route(source_type, self.exact_weights)
+        wanted = self.route(source_type)
         if hit.weight_type != wanted and not (wanted == "q4_1" and hit.weight_type == EXACT):
             return None
         pair = select_kernels(hit.weight_type, self.target)
@@ -280,7 +296,7 @@ class KleidiBackend:
         """(kernel weight type, GGML type, data) the family's adaptor takes for a weight routed as ``weight_type``
         (default: :func:`route`'s): the weight as stored, BF16 as its (exact) f32 values, or for a narrow type without
         a KleidiAI kernel routed to the Q4_0 family (one-line notice) its dequantized values' Q4_0 blocks."""
-        weight_type = weight_type or route(ggml_type, self.exact_weights)
+        weight_type = weight_type or self.route(ggml_type)
         if ggml_type == GGMLType.BF16:
             return weight_type, GGMLType.F32, formats.dequantize(raw, ggml_type, n, k)
         if weight_type != "q4_0" or ggml_type == GGMLType.Q4_0:
@@ -292,7 +308,7 @@ class KleidiBackend:
     def _notice_requantized(self, name: str, ggml_type: GGMLType) -> None:
         """Once per narrow type without a kernel: its weights are requantized to Q4_0 (also when read back from the
         cache)."""
-        if route(ggml_type, self.exact_weights) != "q4_0" or ggml_type == GGMLType.Q4_0 or ggml_type in self._noticed:
+        if self.route(ggml_type) != "q4_0" or ggml_type == GGMLType.Q4_0 or ggml_type in self._noticed:
             return
         self._noticed.add(ggml_type)
         self.notice(f"{ggml_type.name} weights have no KleidiAI kernel: dequantized at load and requantized to Q4_0 "

@@ -86,8 +86,8 @@ def _clamp_values(params: dict) -> tuple[float, float]:
 
 def _rhs_inputs(rhs_input: str, inputs: dict, golden: GoldenSet, n: int) -> dict[str, np.ndarray]:
     """Map a run's ``rhs_input`` description (e.g. "rhs_q4_1_qau4c32_s0s1 + rhs_q4_1_zero_f32 + ...") to
-    the RHS packer's keyword inputs: ``*_scale_f32`` -> scale, ``*_zero_f32`` -> zero, "(+ N zero f32
-    biases)" -> bias = zeros[N], anything else -> rhs."""
+    the RHS packer's keyword inputs: ``*_scale_f32`` -> scale, ``*_zero_f32`` -> zero, ``bias_f32`` -> bias,
+    "(+ N zero f32 biases)" -> bias = zeros[N], anything else -> rhs."""
     args: dict[str, np.ndarray] = {}
     text = rhs_input
     if "zero f32 biases" in text:
@@ -99,7 +99,8 @@ def _rhs_inputs(rhs_input: str, inputs: dict, golden: GoldenSet, n: int) -> dict
         if name not in inputs:
             raise GoldenDataError(f"rhs_input names '{name}', which is not among the case inputs")
         arr = golden.array(inputs[name])
-        key = "scale" if name.endswith("scale_f32") else "zero" if name.endswith("zero_f32") else "rhs"
+        suffixes = {"scale_f32": "scale", "zero_f32": "zero", "bias_f32": "bias"}
+        key = next((key for suffix, key in suffixes.items() if name.endswith(suffix)), "rhs")
         args[key] = arr
     return args
 

@@ -17,40 +17,12 @@
 #include <sys/prctl.h>
 
 #include "kai/kai_common.h"
+#include "kai_golden_io.h"
 #include "kai/ukernels/matmul/matmul_clamp_f32_f16p_qsi4c32p/kai_matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa.h"
 #include "kai/ukernels/matmul/pack/kai_lhs_pack_f16pmrx2_f32_neon.h"
 #include "kai/ukernels/matmul/pack/kai_rhs_pack_nxk_qsi4c32ps1s0scalef16_qsu4c32s16s0_neon.h"
 
 #define KERNEL(f) f##_matmul_clamp_f32_f16p1vlx2_qsi4c32p4vlx2_1vlx4vl_sme2_mopa
-
-static void* read_file(const char* path, size_t size) {
-    FILE* f = fopen(path, "rb");
-    void* buf = malloc(size);
-    if (f == NULL || buf == NULL || fread(buf, 1, size, f) != size) {
-        fprintf(stderr, "cannot read %zu bytes of %s\n", size, path);
-        exit(2);
-    }
-    fclose(f);
-    return buf;
-}
-
-static void write_file(const char* prefix, const char* suffix, const void* buf, size_t size) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s.%s", prefix, suffix);
-    FILE* f = fopen(path, "wb");
-    if (f == NULL || fwrite(buf, 1, size, f) != size) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(2);
-    }
-    fclose(f);
-}
-
-static float from_bits(const char* hex) {
-    uint32_t bits = (uint32_t)strtoul(hex, NULL, 16);
-    float value;
-    memcpy(&value, &bits, sizeof(value));
-    return value;
-}
 
 static size_t run_matmul(
     size_t m, size_t n, size_t k, size_t bl, const void* lhs_packed, const void* rhs_packed, float* dst, float lo,

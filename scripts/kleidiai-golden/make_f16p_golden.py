@@ -70,8 +70,11 @@ def qemu_binary() -> Path:
     return module.ensure_qemu(module.cache_dir())
 
 
-def build(kai_git: str, rev: str, work: Path) -> tuple[Path, Path, dict]:
-    """KleidiAI's sources of ``rev`` under ``work``, built: (driver, KleidiAI's test of the family, toolchain facts)."""
+def build(
+    kai_git: str, rev: str, work: Path, test: str = TEST, driver_name: str = "kai_golden_f16p"
+) -> tuple[Path, Path, dict]:
+    """KleidiAI's sources of ``rev`` under ``work``, built: (driver ``driver_name``, built from this folder's
+    ``<driver_name>.c``, KleidiAI's test ``test``, toolchain facts)."""
     src, bld = work / "kai", work / "build"
     commit = run(["git", "--git-dir", kai_git, "rev-parse", f"{rev}^{{commit}}"]).stdout.strip()
     describe = run(["git", "--git-dir", kai_git, "describe", "--tags", commit]).stdout.strip()
@@ -85,21 +88,21 @@ def build(kai_git: str, rev: str, work: Path) -> tuple[Path, Path, dict]:
     toolchain = HERE / "aarch64-clang.cmake"
     cmake = ["cmake", "-S", str(src), "-B", str(bld), "-G", "Ninja", f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"]
     cmake += ["-DCMAKE_BUILD_TYPE=Release", "-DKLEIDIAI_BUILD_TESTS=ON", "-DKLEIDIAI_BUILD_BENCHMARK=OFF"]
-    log(f"building KleidiAI {describe} and {TEST} in {bld}")
+    log(f"building KleidiAI {describe} and {test} in {bld}")
     run(cmake)
-    run(["cmake", "--build", str(bld), "--target", "kleidiai", TEST])
+    run(["cmake", "--build", str(bld), "--target", "kleidiai", test])
     clang = os.environ.get("KAI_CLANG", "clang-19")
-    driver = bld / "kai_golden_f16p"
+    driver = bld / driver_name
     flags = ["--target=aarch64-linux-gnu", "-march=armv8.2-a", "-O2", "-static", "-fuse-ld=lld"]
-    run([clang, *flags, f"-I{src}", str(HERE / "kai_golden_f16p.c"), str(bld / "libkleidiai.a"), "-o", str(driver)])
+    run([clang, *flags, f"-I{src}", str(HERE / f"{driver_name}.c"), str(bld / "libkleidiai.a"), "-o", str(driver)])
     facts = {
         "cc": run([clang, "--version"]).stdout.splitlines()[0],
         "target": "aarch64-linux-gnu, static glibc (Debian libc6-dev-arm64-cross)",
         "kleidiai_build": "KleidiAI's CMake (Release, its per-file -march flags) with "
         "scripts/kleidiai-golden/aarch64-clang.cmake, KLEIDIAI_BUILD_TESTS=ON",
-        "driver": f"scripts/kleidiai-golden/kai_golden_f16p.c, {' '.join(flags)}, linked with libkleidiai.a",
+        "driver": f"scripts/kleidiai-golden/{driver_name}.c, {' '.join(flags)}, linked with libkleidiai.a",
     }
-    return driver, bld / TEST, {"commit": f"{commit} ({describe})", **facts}
+    return driver, bld / test, {"commit": f"{commit} ({describe})", **facts}
 
 
 def quantize_q4_0(w: np.ndarray) -> np.ndarray:
@@ -174,6 +177,30 @@ def make_case(root: Path, m: int, n: int, k: int, seed: int, exponents: tuple[in
     return {"m": m, "n": n, "k": k, "seed": seed, "inputs": inputs, "clamp": {FAMILY: clamp}, "ref": ref}
 
 
+def clamp_and_check(
+    params: dict, clamp: dict, is_clamped: bool, dst: np.ndarray, clamped: np.ndarray, ref: np.ndarray, info: dict
+) -> dict:
+    """A run's clamp and dst strides (into ``params``) and its check of KleidiAI's dst: the clamped one against the
+    clip of the unclamped one, the unclamped one against the float reference; ``info``: the driver's unwritten
+    counts."""
+    params["clamp"] = [clamp["min"], clamp["max"]] if is_clamped else ["-FLT_MAX", "FLT_MAX"]
+    params.update({"dst_stride_row": 4 * dst.shape[1], "dst_stride_col": 4})
+    if not is_clamped:
+        return {
+            "max_rel_err_vs_float_ref": float(np.abs(dst - ref).max() / np.abs(ref).max()),
+            "finite": bool(np.isfinite(dst).all()),
+            "dst_unwritten": info["dst_unwritten"],
+        }
+    lo, hi = np.float32(clamp["min"]), np.float32(clamp["max"])
+    params["clamp_bits"] = [clamp["min_bits"], clamp["max_bits"]]
+    return {
+        "equals_clip_of_unclamped_dst": bool(np.array_equal(np.clip(dst, lo, hi), clamped)),
+        "fraction_clamped": float(np.mean((clamped == lo) | (clamped == hi))),
+        "finite": bool(np.isfinite(clamped).all()),
+        "dst_unwritten": info["dst_clamped_unwritten"],
+    }
+
+
 def run_case(root: Path, qemu: Path, driver: Path, case: dict, svl: int) -> list[dict]:
     """The driver on one case at one SVL: its two runs (unclamped, clamped)."""
     m, n, k = case["m"], case["n"], case["k"]
@@ -195,28 +222,12 @@ def run_case(root: Path, qemu: Path, driver: Path, case: dict, svl: int) -> list
     dst = np.fromfile(out / f"{VARIANT}.dst_f32.bin", np.float32).reshape(m, n)
     clamped = np.fromfile(out / f"{VARIANT}.dst_clamped_f32.bin", np.float32).reshape(m, n)
     ref = case["ref"]
-    lo, hi = np.float32(clamp["min"]), np.float32(clamp["max"])
     runs = []
     for is_clamped in (False, True):
         params = {"mr": info["mr"], "nr": info["nr"], "kr": info["kr"], "sr": info["sr"], "bl": BL}
         params["rhs_pack_params"] = {"lhs_zero_point": 1, "rhs_zero_point": 8}
         params["bias"] = None
-        params["clamp"] = [clamp["min"], clamp["max"]] if is_clamped else ["-FLT_MAX", "FLT_MAX"]
-        params.update({"dst_stride_row": 4 * n, "dst_stride_col": 4})
-        if is_clamped:
-            params["clamp_bits"] = [clamp["min_bits"], clamp["max_bits"]]
-            check = {
-                "equals_clip_of_unclamped_dst": bool(np.array_equal(np.clip(dst, lo, hi), clamped)),
-                "fraction_clamped": float(np.mean((clamped == lo) | (clamped == hi))),
-                "finite": bool(np.isfinite(clamped).all()),
-                "dst_unwritten": info["dst_clamped_unwritten"],
-            }
-        else:
-            check = {
-                "max_rel_err_vs_float_ref": float(np.abs(dst - ref).max() / np.abs(ref).max()),
-                "finite": bool(np.isfinite(dst).all()),
-                "dst_unwritten": info["dst_unwritten"],
-            }
+        check = clamp_and_check(params, clamp, is_clamped, dst, clamped, ref, info)
         name = "dst_clamped_f32.bin" if is_clamped else "dst_f32.bin"
         runs.append(
             {
@@ -243,11 +254,15 @@ def run_case(root: Path, qemu: Path, driver: Path, case: dict, svl: int) -> list
     return runs
 
 
-def upstream_test(qemu: Path, test: Path, svl: int) -> dict:
-    """KleidiAI's own test of the family at one SVL: its gtest counts (none may fail or be skipped)."""
+def upstream_test(
+    qemu: Path, test: Path, svl: int, gtest_filter: str = "*", skip_reasons: tuple[str, ...] = ()
+) -> dict:
+    """KleidiAI's own test of the family at one SVL (its tests ``gtest_filter`` names): its gtest counts (none may
+    fail; none may be skipped but for one of ``skip_reasons``, the test's own "not valid for this kernel")."""
     cpu = f"max,sme-default-vector-length={svl}"
-    log(f"{TEST} under -cpu {cpu}")
-    proc = subprocess.run([str(qemu), "-cpu", cpu, str(test), "--gtest_brief=1"], capture_output=True, text=True)
+    log(f"{test.name} ({gtest_filter}) under -cpu {cpu}")
+    args = [str(qemu), "-cpu", cpu, str(test), "--gtest_brief=1", f"--gtest_filter={gtest_filter}"]
+    proc = subprocess.run(args, capture_output=True, text=True)
     text = proc.stdout + proc.stderr
 
     def count(tag: str) -> int:
@@ -256,8 +271,14 @@ def upstream_test(qemu: Path, test: Path, svl: int) -> dict:
 
     result = {"qemu_cpu": cpu, "exit": proc.returncode, "passed": count("PASSED"), "failed": count("FAILED")}
     result["skipped"] = count("SKIPPED")
-    if proc.returncode or result["failed"] or result["skipped"] or not result["passed"]:
-        raise SystemExit(f"{TEST} at SVL {svl * 8}: {result}\n{text[-2000:]}")
+    if gtest_filter != "*":
+        result["gtest_filter"] = gtest_filter
+    reasons = set(re.findall(r": Skipped\n(.*)\n", text))
+    if skip_reasons:
+        result["skip_reasons"] = sorted(reasons)
+    unexpected = result["skipped"] and not reasons <= set(skip_reasons)
+    if proc.returncode or result["failed"] or unexpected or not result["passed"]:
+        raise SystemExit(f"{test.name} at SVL {svl * 8}: {result}\n{text[-2000:]}")
     return result
 
 

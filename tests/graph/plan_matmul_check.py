@@ -1,7 +1,8 @@
 """Run by path on an aarch64 host (the tests run it under ``scripts/qemu-aarch64 --python``): the compiled plan's
 MUL_MAT routines (:mod:`kleidipy.graph.matmul`: LHS pack and column split) of every int8 NEON kernel — and of the
-SME2 ones when the host has SME2, bound to its SVL — against the numpy reference, bit for bit, at 1 and 2 threads,
-the NEON kernels on the routines of the native tiles. Prints one line per kernel; exits 1 on a difference."""
+SME2 ones, the F32 ones too, when the host has SME2, bound to its SVL — against the numpy reference, bit for bit, at
+1 and 2 threads, the NEON kernels on the routines of the native tiles. Prints one line per kernel; exits 1 on a
+difference."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kleidipy.core import hwcaps
 from kleidipy.graph import matmul as mm
 from kleidipy.kernels.catalogue import all_kernels, family_of
 
-FAMILIES = ("qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp", "qsi8d32p_qai4c32p", "qsi8d32p_qai8c16p")
+FAMILIES = ("qsi8d32p_qsi4c32p", "qai8dxp_qsi8cxp", "qsi8d32p_qai4c32p", "qsi8d32p_qai8c16p", "f32p_f32p", "f32_f32p")
 N, K = 72, 96
 
 

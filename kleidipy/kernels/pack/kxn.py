@@ -29,19 +29,20 @@ def f16_nxk_to_f32_kxn(rhs_f16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(values.T), np.zeros(values.shape[0], dtype=np.float32)
 
 
-def kxn_rhs(rhs: np.ndarray, k: int, n: int, who: str) -> np.ndarray:
-    """The K x N float32 weights of a kxn packer: a [>=k, >=n] array (row stride = its width) or >= k·n values."""
+def float_rhs(rhs: np.ndarray, rows: int, cols: int, who: str, order: str = "K x N") -> np.ndarray:
+    """The float32 weights [rows, cols] of a packer taking them in ``order`` ("K x N", or "N x K" for an nxk
+    packer): a [>=rows, >=cols] array (row stride = its width) or >= rows·cols values."""
     arr = np.asarray(rhs)
     if arr.dtype != np.float32:
-        raise DTypeError(f"{who}: rhs must be float32 (K x N), got {arr.dtype}")
+        raise DTypeError(f"{who}: rhs must be float32 ({order}), got {arr.dtype}")
     if arr.ndim == 2:
-        if arr.shape[0] < k or arr.shape[1] < n:
-            raise BufferSizeError(f"{who}: rhs is {arr.shape[0]}x{arr.shape[1]}, K x N = {k}x{n} needed")
-        return arr[:k, :n]
+        if arr.shape[0] < rows or arr.shape[1] < cols:
+            raise BufferSizeError(f"{who}: rhs is {arr.shape[0]}x{arr.shape[1]}, {order} = {rows}x{cols} needed")
+        return arr[:rows, :cols]
     flat = arr.reshape(-1)
-    if flat.size < k * n:
-        raise BufferSizeError(f"{who}: rhs holds {flat.size} floats, K x N = {k}x{n} needs {k * n}")
-    return flat[: k * n].reshape(k, n)
+    if flat.size < rows * cols:
+        raise BufferSizeError(f"{who}: rhs holds {flat.size} floats, {order} = {rows}x{cols} needs {rows * cols}")
+    return flat[: rows * cols].reshape(rows, cols)
 
 
 def kxn_bias(bias: np.ndarray | None, n: int, who: str) -> np.ndarray:
@@ -70,7 +71,7 @@ def kxn_inputs(
     scale == NULL)."""
     if scale is not None or zero is not None:
         raise KernelShapeError(f"{who}: takes no scale or zero input, only rhs and bias")
-    return kxn_rhs(rhs, k, n, who), kxn_bias(bias, n, who)
+    return float_rhs(rhs, k, n, who), kxn_bias(bias, n, who)
 
 
 def check_no_bl(who: str, bl: int | None) -> None:
@@ -81,12 +82,14 @@ def check_no_bl(who: str, bl: int | None) -> None:
 def from_ggml(
     ggml_type: GGMLType, raw: np.ndarray, n: int, k: int, packer: RhsPacker, execution: str = "jit"
 ) -> tuple[np.ndarray, dict]:
-    """F16 (or F32) weights [n, k] -> (f32 K x N, {bias: zeros[n]})."""
+    """F16 (or F32) weights [n, k] -> (f32 K x N, {bias: zeros[n]}); an nxk packer (the SME2 GEMV's, in the
+    ``f32_f32p`` family) takes the f32 values as they are, N x K."""
     if ggml_type == GGMLType.F32:
         values = np.asarray(raw).view(np.float32).reshape(n, k)
-        return np.ascontiguousarray(values.T), {"bias": np.zeros(n, np.float32)}
-    rhs, bias = f16_nxk_to_f32_kxn(np.asarray(raw).view(np.float16).reshape(n, k))
-    return rhs, {"bias": bias}
+        rhs, bias = np.ascontiguousarray(values.T), np.zeros(n, np.float32)
+    else:
+        rhs, bias = f16_nxk_to_f32_kxn(np.asarray(raw).view(np.float16).reshape(n, k))
+    return (np.ascontiguousarray(rhs.T) if packer.rhs_order == "nxk" else rhs), {"bias": bias}
 
 
 def from_float(weights: np.ndarray, packer: RhsPacker) -> tuple[np.ndarray, dict]:

@@ -241,26 +241,38 @@ def rhs_per_channel(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channe
     ]
 
 
-def rhs_f16(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
-    """GGML F16 weights [n][k] -> exact f32 K x N (the family's adaptor: llama.cpp's F16 route) + bias."""
+def _float_rhs(
+    n: int, k: int, packer: RhsPacker, ggml_type: GGMLType, values: tuple, one: float | int, dtype: type, label: str
+) -> tuple[str, list[Channel]]:
+    """GGML float weights [n][k] (the bit patterns ``values`` of ``dtype``) through the family's adaptor + bias."""
     width = 2 if "bf16" in packer.name else 4
 
     def inputs(bits: np.ndarray, bias: np.ndarray | None = None) -> RhsInputs:
-        given = _from_ggml(GGMLType.F16, bits, n, k, packer)
+        given = _from_ggml(ggml_type, bits, n, k, packer)
         return bits.view(np.uint8).reshape(-1), given | ({} if bias is None else {"bias": bias})
 
-    ones = np.full((n, k), F16_ONE, np.uint16)
-    return "GGML F16 tensor [n][k]", [
+    ones = np.full((n, k), one, dtype)
+    return f"GGML {ggml_type.name} tensor [n][k]", [
         _channel(
             "w",
             "element",
             (n, k),
-            lambda c: inputs(_pick(c, F16_A, F16_B, np.uint16)),
-            source=("values (fp16)", 2),
+            lambda c: inputs(_pick(c, *values, dtype)),
+            source=(f"values ({label})", np.dtype(dtype).itemsize),
             packed=(f"data ({'bf16' if width == 2 else 'f32'})", width),
         ),
         _channel("bias", "row", (n, 1), lambda c: inputs(ones, _f32_rows(c, n)), packed=("bias (f32)", 4)),
     ]
+
+
+def rhs_f16(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
+    """GGML F16 weights [n][k] -> exact f32 K x N (the family's adaptor: llama.cpp's F16 route) + bias."""
+    return _float_rhs(n, k, packer, GGMLType.F16, (F16_A, F16_B), F16_ONE, np.uint16, "fp16")
+
+
+def rhs_f32(n: int, k: int, packer: RhsPacker) -> tuple[str, list[Channel]]:
+    """GGML F32 weights [n][k] as stored (llama.cpp's F32 route) + bias."""
+    return _float_rhs(n, k, packer, GGMLType.F32, (F32_A, F32_B), 1.0, np.float32, "f32")
 
 
 #: RHS packer name fragment -> encoding of the weights the packer is given (first match wins)
@@ -271,6 +283,7 @@ RHS_FORMATS: tuple[tuple[str, Callable[[int, int, RhsPacker], tuple[str, list[Ch
     ("qsi8cxp", rhs_q8_0),
     ("qsi4cxp", rhs_per_channel),
     ("_kxn_", rhs_f16),
+    ("_nxk_f32p", rhs_f32),
 )
 
 
@@ -339,6 +352,11 @@ def lhs_bf16(m: int, k: int) -> list[Channel]:
     return [_channel("x", "element", (m, k), lambda c: _pick(c, BF16_A, BF16_B, np.float32), packed=("data (bf16)", 2))]
 
 
+def lhs_f32(m: int, k: int) -> list[Channel]:
+    """f32 packers: the float32 values moved as they are."""
+    return [_channel("x", "element", (m, k), lambda c: _pick(c, F32_A, F32_B, np.float32), packed=("data (f32)", 4))]
+
+
 def lhs_f16(m: int, k: int) -> list[Channel]:
     """f16 packers: float32 values converted to F16 (RNE); the values of F16_A and F16_B are exact in F16."""
     a, b = np.array([F16_A, F16_B], np.uint16).view(np.float16).astype(np.float32)
@@ -352,6 +370,7 @@ LHS_FORMATS: tuple[tuple[str, Callable[[int, int], list[Channel]]], ...] = (
     ("qai8dxp", lhs_qai8dxp),
     ("bf16", lhs_bf16),
     ("f16pmrx2", lhs_f16),
+    ("f32p2vlx1_f32", lhs_f32),
 )
 
 

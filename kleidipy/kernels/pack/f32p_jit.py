@@ -1,5 +1,5 @@
-"""Numba code of the f32 family: the x32 K x N RHS packer and the FMLA kernel, each bit for bit the numpy reference
-in ``ukernels.py`` beside it (one fused multiply-add per k, in k order)."""
+"""Numba code of the bias-then-rows f32 layout (:mod:`.f32p`): its packer and the one arithmetic of every kernel that
+reads it (KleidiAI's F32 FMLA and FMOPA kernels: one fused multiply-add per k, in ascending k, from the bias)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from kleidipy.core.numerics import fma32
 
 
 @numba.njit(cache=True, nogil=True)
-def pack_rhs_x32_kxn(rhs, bias, nr):
-    """RHS K x N f32 -> groups of nr columns: nr f32 bias, then for each k the nr f32 of row k."""
+def pack_bias_rows(rhs, bias, nr):
+    """RHS K x N f32 -> groups of nr columns: nr f32 bias, then for each k the nr f32 of row k (padding 0)."""
     k, n = rhs.shape
     groups = (n + nr - 1) // nr
     out = np.zeros(groups * nr * (1 + k), dtype=np.float32)
@@ -28,8 +28,10 @@ def pack_rhs_x32_kxn(rhs, bias, nr):
 
 
 @numba.njit(cache=True, nogil=True)
-def matmul_f32_fma(m, n, k, lhs, rhs, nr):
-    """dst[m, n] = bias + sum_k lhs[., k] * rhs[k, .] as one fused multiply-add per k, in k order (FMLA)."""
+def matmul_f32_fma(m, n, k, lhs, rhs, nr, from_zero):
+    """dst[m, n] = bias + sum_k lhs[., k] * rhs[k, .] as one fused multiply-add per k, in k order, of f32 rows lhs
+    (m·k values) and the bias-then-rows RHS; ``from_zero``: the accumulator starts at +0 + bias (FMOPA of the bias
+    into a zeroed ZA: a −0 bias starts at +0), else at the bias (FMLA's accumulators loaded with it)."""
     r = rhs.view(np.float32)
     gstride = nr * (1 + k)
     out = np.empty((m, n), dtype=np.float32)
@@ -38,6 +40,8 @@ def matmul_f32_fma(m, n, k, lhs, rhs, nr):
         c = j % nr
         for i in range(m):
             acc = r[base + c]
+            if from_zero:
+                acc = acc + np.float32(0.0)
             for kk in range(k):
                 acc = fma32(lhs[i * k + kk], r[base + (1 + kk) * nr + c], acc)
             out[i, j] = acc
