@@ -296,7 +296,14 @@ _MASTER_F32_SME2 = (
     "matmul_clamp_f32_f32p2vlx1_f32p2vlx1biasf32_sme2_mopa",
     "matmul_clamp_f32_f32_f32p2vlx1b_1x16vl_sme2_mla",
 )
-_TABLES = {"master": (_MASTER_Q4_0_SME2, *_SEEDS[1:], _MASTER_F32_SME2), "seeds": _SEEDS}
+#: the seeds' F16 entry on NEON BF16 (the weights rounded to bf16), which master's kernels.cpp does not list: without
+#: SME2 llama.cpp master multiplies F16 weights with ggml's own F16 code, the weights as stored, so master's table
+#: takes them on the F32 NEON kernel (exact weights, issue 51)
+_SEEDS_F16_NEON_BF16 = next(e for e in _SEEDS if e[0] == "f16" and e[1] == frozenset({"bf16"}))
+_TABLES = {
+    "master": (_MASTER_Q4_0_SME2, *(e for e in _SEEDS[1:] if e is not _SEEDS_F16_NEON_BF16), _MASTER_F32_SME2),
+    "seeds": _SEEDS,
+}
 
 #: llama.cpp master's GEMM of the F16 KV cache, per table: (required features, GEMM name), first match. kleidiai.cpp's
 #: extra buffer takes a MUL_MAT whose src0 is F16 and not a repacked weight when src1 has more than one row and both
