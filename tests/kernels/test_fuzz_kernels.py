@@ -41,6 +41,8 @@ def rhs_inputs(packer: RhsPacker, n: int, k: int, seed: int = 0) -> tuple[np.nda
     if packer.rhs_order == "kxn":  # float32 K x N (+ bias)
         extra = {"bias": np.zeros(n, np.float32)} if "bias" in packer.inputs else {}
         return rng.standard_normal((k, n)).astype(np.float32), extra
+    if not packer.blocked:  # float32 N x K + bias (the SME2 F32 packer)
+        return rng.standard_normal((n, k)).astype(np.float32), {"bias": np.zeros(n, np.float32)}
     return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), T.Q4_0), {}  # Q4_0 blocks
 
 
