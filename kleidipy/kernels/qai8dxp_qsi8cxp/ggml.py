@@ -1,6 +1,5 @@
 """GGML -> packer inputs for the Q8_0 family: llama.cpp's per-channel requantization of the Q8_0 blocks
-(:func:`~kleidipy.kernels.qai8dxp_qsi8cxp.ukernels.requantize_q8_0_per_channel`), as it repacks Q8_0 for KleidiAI;
-and the exact values of a wider type without a kernel (Q5_0, Q6_K, ...) quantized per channel in one rounding."""
+(:func:`~kleidipy.kernels.qai8dxp_qsi8cxp.ukernels.requantize_q8_0_per_channel`), as it repacks Q8_0 for KleidiAI."""
 
 from __future__ import annotations
 
@@ -9,17 +8,14 @@ from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy.core.packers import RhsPacker
 from kleidipy.formats import q8_0
-from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import quantize_per_channel, requantize_q8_0_per_channel
+from kleidipy.kernels.qai8dxp_qsi8cxp.ukernels import requantize_q8_0_per_channel
 
 
 def from_ggml(
     ggml_type: GGMLType, raw: np.ndarray, n: int, k: int, packer: RhsPacker, execution: str = "jit"
 ) -> tuple[np.ndarray, dict]:
-    """Q8_0 blocks (or F32 values [n, k]: a weight the backend dequantized) -> (int8 q [n, k], {scale: f32 [n]})."""
-    if ggml_type == GGMLType.F32:
-        q, scale = quantize_per_channel(np.asarray(raw, np.float32).reshape(n, k), execution)
-    else:
-        q, scale = requantize_q8_0_per_channel(raw, n, k, execution=execution)
+    """Q8_0 blocks -> (int8 q [n, k], {scale: f32 [n]})."""
+    q, scale = requantize_q8_0_per_channel(raw, n, k, execution=execution)
     return q, {"scale": scale}
 
 
