@@ -532,3 +532,42 @@ def _dpbusd_chains(typingctx, isa, iters):
 def dpbusd_loop(isa, iters):
     """Run 12 independent chains of ``iters`` vpdpbusd each (12·iters·16·4 multiply-adds); returns a checksum."""
     return _dpbusd_chains(isa, iters)
+
+
+def _make_fp16_vectors(widen: bool):
+    """Intrinsic ``convert(isa, src, src_off, count16, dst, dst_off)`` over x < 16·count16, the fp16 side at byte
+    offsets off + 2x, the float32 side at element offsets off + x: ``widen``, dst[dst_off + x] = float32 of the
+    fp16 at src byte src_off + 2x; else the fp16 bits (RNE) of src[src_off + x] at dst byte dst_off + 2x."""
+
+    @intrinsic
+    def convert(typingctx, isa, src, src_off, count16, dst, dst_off):
+        sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
+
+        def codegen(context, builder, signature, args):
+            _, src_p, src_off_v, count_v, dst_p, dst_off_v = intrinsic_args(context, builder, signature, args)
+            native = isa_native(signature.args[0])
+            b = builder
+
+            def f16_at(base, off, x):
+                return byte_ptr(b, base, b.add(off, b.mul(x, i64(2))))
+
+            def f32_at(base, off, x):
+                return byte_ptr(b, base, b.mul(b.add(off, x), i64(4)))
+
+            with cgutils.for_range(b, count_v) as loop:
+                x = b.mul(loop.index, i64(16))
+                if widen:
+                    value = f16_to_f32(b, f16_at(src_p, src_off_v, x), native)
+                    store(b, value, f32_at(dst_p, dst_off_v, x))
+                else:
+                    bits = f32_to_f16(b, load(b, f32_at(src_p, src_off_v, x), F32X16), native)
+                    store(b, bits, f16_at(dst_p, dst_off_v, x))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return convert
+
+
+f16_to_f32_vectors = _make_fp16_vectors(True)
+f32_to_f16_vectors = _make_fp16_vectors(False)

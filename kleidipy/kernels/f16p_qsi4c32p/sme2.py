@@ -23,7 +23,7 @@ import numpy as np
 
 from kleidipy.core.sme2_ir import PN, B, F, H, IrText, P, sme2_tiles, tuple_type
 from kleidipy.errors import KernelShapeError
-from kleidipy.kernels.f16p_qsi4c32p import jit
+from kleidipy.kernels.f16p_qsi4c32p import avx512, jit
 
 #: the tile's symbol (the GEMM: MOPA) and the streaming vector length in 32-bit lanes
 MOPA = "kleidipy_f16p_q4_0_sme2_mopa"
@@ -127,10 +127,13 @@ def _compute(m, n, k, mr, nr, lhs, rhs):  # pragma: no cover - compiled (aarch64
 
 def compute(m: int, n: int, k: int, mr: int, nr: int, lhs_u8: np.ndarray, rhs_u8: np.ndarray) -> np.ndarray:
     """Unclamped float32 [m, n] = packed LHS (mr rows per group) × packed RHS (nr columns per group): on the SME2
-    tile when this host has SME2 and the kernel is bound to its SVL, else the portable jit; the same bits."""
+    tile when this host has SME2 and the kernel is bound to its SVL, on x86 the AVX-512 tiles (:mod:`.avx512`), else
+    the portable jit; the same bits."""
     if m < 1 or n < 1 or k < 32 or k % 32 or nr % 4 or mr < 1:
         raise KernelShapeError(f"m={m}, n={n}, k={k}, mr={mr}, nr={nr}: need positive sizes, k a multiple of 32")
     lhs_u8, rhs_u8 = np.asarray(lhs_u8), np.asarray(rhs_u8)
     if AVAILABLE:
         return _compute(m, n, k, mr, nr, lhs_u8, rhs_u8)
+    if avx512.AVAILABLE and nr % avx512.VEC_COLS == 0:
+        return avx512.compute(m, n, k, mr, nr, lhs_u8, rhs_u8)
     return jit.matmul(m, n, k, mr, nr, lhs_u8, rhs_u8)

@@ -16,7 +16,7 @@ from kleidipy.core.matmul import Geometry, MatmulKernel
 from kleidipy.core.numerics import f16_bits_to_f32, f32_to_f16_bits
 from kleidipy.core.packers import LhsPacker
 from kleidipy.errors import KernelShapeError
-from kleidipy.kernels.f16p_qsi4c32p import jit, sme2
+from kleidipy.kernels.f16p_qsi4c32p import avx512, jit, sme2
 from kleidipy.kernels.pack.qsi4c32p import BL, RHS_QSI4C32PS1S0SCALEF16_NEON, frozen
 
 FAMILY_NAME = "f16p_qsi4c32p"
@@ -49,7 +49,10 @@ class LhsPackF16pmrx2F32Neon(LhsPacker):
         return np.ascontiguousarray(placed).astype("<u2").view(np.uint8).reshape(-1)
 
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        return jit.lhs_pack_f16pmrx2(frozen(np.asarray(lhs, np.float32)), mr)
+        rows = frozen(np.asarray(lhs, np.float32))
+        if avx512.AVAILABLE and rows.shape[1] % 16 == 0:
+            return avx512.lhs_pack(rows, mr)
+        return jit.lhs_pack_f16pmrx2(rows, mr)
 
     def unpack(self, packed: np.ndarray, m: int, k: int, mr: int) -> np.ndarray:
         """The F16 values [m, k] of a packed buffer, as float32 (how the kernel reads it)."""

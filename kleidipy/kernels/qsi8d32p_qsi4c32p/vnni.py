@@ -294,45 +294,6 @@ _TILE_4_SINGLE = make_tile(TILE_ROWS, lambda t, rhs, j0: t.source(rhs, j0, False
 _GEMV_1, _GEMV_2, _GEMV_3, _GEMV_4 = (make_gemv_tile(p) for p in range(1, GEMV_PANELS + 1))
 
 
-def _make_fp16_vectors(widen: bool):
-    """Intrinsic ``convert(isa, src, src_off, count16, dst, dst_off)`` over x < 16·count16, the fp16 side at byte
-    offsets off + 2x, the float32 side at element offsets off + x: ``widen``, dst[dst_off + x] = float32 of the
-    fp16 at src byte src_off + 2x; else the fp16 bits (RNE) of src[src_off + x] at dst byte dst_off + 2x."""
-
-    @intrinsic
-    def convert(typingctx, isa, src, src_off, count16, dst, dst_off):
-        sig = types.void(isa, src, types.int64, types.int64, dst, types.int64)
-
-        def codegen(context, builder, signature, args):
-            _, src_p, src_off_v, count_v, dst_p, dst_off_v = vnni.intrinsic_args(context, builder, signature, args)
-            native = vnni.isa_native(signature.args[0])
-            b = builder
-
-            def f16_at(base, off, x):
-                return vnni.byte_ptr(b, base, b.add(off, b.mul(x, i64(2))))
-
-            def f32_at(base, off, x):
-                return vnni.byte_ptr(b, base, b.mul(b.add(off, x), i64(4)))
-
-            with cgutils.for_range(b, count_v) as loop:
-                x = b.mul(loop.index, i64(VEC_COLS))
-                if widen:
-                    value = vnni.f16_to_f32(b, f16_at(src_p, src_off_v, x), native)
-                    vnni.store(b, value, f32_at(dst_p, dst_off_v, x))
-                else:
-                    bits = vnni.f32_to_f16(b, vnni.load(b, f32_at(src_p, src_off_v, x), F32X16), native)
-                    vnni.store(b, bits, f16_at(dst_p, dst_off_v, x))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return convert
-
-
-_f16_to_f32_vectors = _make_fp16_vectors(True)
-f32_to_f16_vectors = _make_fp16_vectors(False)
-
-
 # --------------------------------------------------------------------------------------------- drivers
 
 
@@ -350,7 +311,7 @@ def lhs_terms(isa, m, k, mr, lhs):
         count = nb * mr
         vec = count // VEC_COLS
         scales = base + mr * nb * 32
-        _f16_to_f32_vectors(isa, lhs, scales, vec, sl, off)
+        vnni.f16_to_f32_vectors(isa, lhs, scales, vec, sl, off)
         for x in range(vec * VEC_COLS, count):
             sl[off + x] = F16_BITS_TO_F32[np.int64(lhs[scales + 2 * x]) | (np.int64(lhs[scales + 2 * x + 1]) << 8)]
     return corr, sl

@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 from kleidipy.core import vnni
 from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
-from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import VEC_COLS, f32_to_f16_vectors
+from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import VEC_COLS
 
 
 @intrinsic
@@ -120,7 +120,7 @@ def lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no co
                     for e in range(4):
                         out[g * stride + at + e] = one[at + e]
     bits = np.empty(vec * VEC_COLS * 2, np.uint8)
-    f32_to_f16_vectors(isa, sf, 0, vec, bits, 0)
+    vnni.f32_to_f16_vectors(isa, sf, 0, vec, bits, 0)
     for g in range(groups):
         for b in range(nb):
             for r in range(mr):

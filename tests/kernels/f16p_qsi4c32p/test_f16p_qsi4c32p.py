@@ -1,5 +1,6 @@
 """f16p_qsi4c32p family: its golden set (real KleidiAI v1.24.0) in every execution, an exact rational model of the
-widening FMOPA, the LHS packer, random shapes with tails against the reference, and the thread split."""
+widening FMOPA, the LHS packer, random shapes with tails against the reference, the x86 tiles against the portable
+jit, and the thread split."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from paths import F16P_GOLDEN
 from kleidipy.errors import KernelShapeError
 from kleidipy.formats import q4_0
 from kleidipy.kernels.catalogue import get_kernel
+from kleidipy.kernels.f16p_qsi4c32p import avx512, jit
 from kleidipy.kernels.f16p_qsi4c32p import ukernels as fam
 from kleidipy.kernels.pack.qsi4c32p import RHS_QSI4C32PS1S0SCALEF16_NEON
 
@@ -88,6 +90,23 @@ def test_jit_equals_reference_on_random_shapes(shape: tuple, svl: int, wide_seed
     assert bits_equal(packed["jit"].view(np.float32), packed["reference"].view(np.float32))
     want = kern.run(m, n, k, packed["reference"], rhs, execution="reference")
     assert bits_equal(kern.run(m, n, k, packed["jit"], rhs, execution="jit"), want)
+
+
+@pytest.mark.skipif(not avx512.AVAILABLE, reason="the AVX-512 tiles run on x86 with AVX-512 only")
+@pytest.mark.parametrize("svl", [128, 256, 512, 1024])
+def test_avx512_tiles_are_the_portable_jit(svl: int) -> None:
+    """The x86 tiles (what the jit execution runs here) against the portable jit (what it runs elsewhere): rows
+    past a tile, columns past a panel, every SVL's nr, LHS values past F16's range (inf) and F16 subnormals."""
+    kern = get_kernel(KERNEL, svl)
+    mr, nr = kern.mr, kern.nr
+    rng = np.random.default_rng(svl)
+    for m, n, k in [(1, 16, 32), (7, 70, 96), (33, 200, 160)]:
+        x = mixed_f32(rng, (m, k), 2.0**-26, 2.0**6, subnormals=False)
+        x[0, :3] = [7e4, -7e4, 1e-7]
+        lhs = kern.pack_lhs(np.asarray(x, np.float32))
+        rhs = kern.pack_rhs(n, k, q4_0_weights(rng, n, k, True))
+        want = jit.matmul(m, n, k, mr, nr, lhs, rhs)
+        assert bits_equal(avx512.compute(m, n, k, mr, nr, lhs, rhs), want)
 
 
 @pytest.mark.parametrize(("m", "n", "k", "svl"), [(5, 33, 64, 128), (17, 70, 96, 256)])
