@@ -120,7 +120,8 @@ def weight_bytes(g: ModelFile) -> int:
 
 class _Tests:
     """llama-bench's tests of an engine given as ``reset()`` and ``run(token_ids)``: the same random prompt and the
-    same fixed decode tokens for every engine (decode cost only, no sampling), after one warm-up pass; each test from
+    same fixed decode tokens for every engine (decode cost only, no sampling), after llama-bench's warm-up (the prompt
+    in full, then one token); each test from
     an empty cache filled first (untimed) with ``depth`` tokens (llama-bench's ``-d``). :meth:`rep` runs one
     repetition of both: pp and tg tokens/s."""
 
@@ -130,7 +131,9 @@ class _Tests:
         self.gen_ids = [int(i) for i in rng.integers(3, n_vocab, n_gen)]
         self.depth_ids = [int(i) for i in rng.integers(3, n_vocab, depth)]
         self.reset, self.run = reset, run
-        run(self.ids[:8])  # warm-up: JIT caches, page-in
+        self._fresh()  # warm-up, as llama-bench's: the prompt in full (every buffer of the run touched), then a token
+        run(self.ids)
+        run(self.gen_ids[:1])
 
     def _fresh(self) -> None:
         self.reset()

@@ -4,9 +4,10 @@
 
 pp: the prompt as one ``llama_decode`` (n_batch = n_ubatch = the prompt), then ``llama_synchronize``; tg: one token
 per ``llama_decode`` + ``llama_synchronize``; the KV cache cleared before each test and filled (untimed) with
-``-d`` tokens, one warm-up run first; no logits are read (llama-bench's procedure: llama-bench's own pp512 and tg128
-agree with this script's within the spread on this machine). It needs only llama-cpp-python (no kleidipy), so
-``benchmarks/e2e.py`` can run it with another interpreter (``--llama-cpp-python``), in a process of its own.
+``-d`` tokens; first a warm-up as llama-bench's (the whole prompt, then one generated token); no logits are read
+(llama-bench's procedure: llama-bench's own pp512 and tg128 agree with this script's within the spread on this
+machine). It needs only llama-cpp-python (no kleidipy), so ``benchmarks/e2e.py`` can run it with another interpreter
+(``--llama-cpp-python``), in a process of its own.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def bench(path: str, n_prompt: int, n_gen: int, threads: int, reps: int, depth: 
         if filler:
             decode(filler)
 
-    decode(prompt[: min(8, n_prompt)])  # warm-up
+    fresh()  # warm-up, as llama-bench's: the prompt in full (every buffer of the run touched), then one token
+    decode(prompt)
+    decode(gen[:1])
     pp, tg = [], []
     try:
         for _ in range(reps):
