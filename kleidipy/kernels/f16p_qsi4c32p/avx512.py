@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32
 from kleidipy.core.vnni import F32, F32X16, I16X16, I32X16, i64
+from kleidipy.kernels.pack.qsi4c32p_jit import BLOCK_BYTES
 
 #: the host runs the tiles (elsewhere the family runs the portable jit).
 AVAILABLE = vnni.HAS_AVX512_VNNI and vnni.HAS_F16C
@@ -29,9 +30,12 @@ _ISA = vnni.HOST_ISA
 #: columns of a panel (4 vectors of 16) and rows of a tile
 PANEL_COLS, VEC_COLS, TILE_ROWS = 64, 16, 4
 PANEL_VECS = PANEL_COLS // VEC_COLS
-#: bytes of a Q4_0 block in the packed RHS (fp16 scale + 16 bytes of codes)
-BLOCK_BYTES = 18
 HALF16 = ir.VectorType(ir.HalfType(), 16)
+
+
+def runs(nr: int) -> bool:
+    """Whether this host runs the tiles for a kernel of nr columns per group (a multiple of 16 at every SVL)."""
+    return AVAILABLE and nr % VEC_COLS == 0
 
 
 def _f16_round(b: ir.IRBuilder, value: ir.Value) -> ir.Value:

@@ -38,12 +38,8 @@ def _matmul_native(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compi
 
 def node(kern: MatmulKernel, k: int) -> kn.NodeKernel:
     """The compiled plan's routines and parameters of the family's kernel at depth k."""
-    fast = avx512.AVAILABLE and not sme2.AVAILABLE  # (an SME2 host is aarch64: no AVX-512)
-    pack = _pack_avx512 if fast and k % 16 == 0 else _pack
     if sme2.AVAILABLE:
-        matmul = _matmul_native
-    elif fast and kern.nr % avx512.VEC_COLS == 0:
-        matmul = _matmul_avx512
-    else:
-        matmul = _matmul
-    return kn.node_kernel(kern, k, pack, matmul, {}, ())
+        return kn.node_kernel(kern, k, _pack, _matmul_native, {}, ())
+    if avx512.runs(kern.nr):  # (k is a multiple of 32, as the kernel's: the packer's 16 values a step fit)
+        return kn.node_kernel(kern, k, _pack_avx512, _matmul_avx512, {}, ())
+    return kn.node_kernel(kern, k, _pack, _matmul, {}, ())

@@ -134,6 +134,6 @@ def compute(m: int, n: int, k: int, mr: int, nr: int, lhs_u8: np.ndarray, rhs_u8
     lhs_u8, rhs_u8 = np.asarray(lhs_u8), np.asarray(rhs_u8)
     if AVAILABLE:
         return _compute(m, n, k, mr, nr, lhs_u8, rhs_u8)
-    if avx512.AVAILABLE and nr % avx512.VEC_COLS == 0:
+    if avx512.runs(nr):
         return avx512.compute(m, n, k, mr, nr, lhs_u8, rhs_u8)
     return jit.matmul(m, n, k, mr, nr, lhs_u8, rhs_u8)
