@@ -14,23 +14,23 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from kleidipy.core import vnni
-from kleidipy.core.vnni import F32X16, HOST_ISA, I16, I32X16, i64
+from kleidipy.core.vnni import HOST_ISA, I16, I32X16, i64
 from kleidipy.errors import KernelShapeError
 from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import (
     NO_PREFETCH,
     PANEL_COLS,
     PANEL_VECS,
+    SPREAD_BLOCK,
     TILE_ROWS,
     VEC_COLS,
     Tile,
     check_buffers,
     lhs_terms,
+    make_decoder,
     make_tile,
+    source_spread,
 )
 
 #: columns per group of the NEON RHS layout
@@ -41,8 +41,6 @@ PREFETCH_NEON_GROUPS = 8
 QUAD_ORDER = np.array([0, 4, 1, 5, 2, 6, 3, 7], np.int64)
 #: (group, column) of the 16 lanes of a NEON vector
 QC = [(q, c) for q in range(4) for c in range(NEON_NR)]
-#: bytes per block of a decoded NEON panel: 8 K groups × 4 vectors of codes, then 4 vectors of float32 scales
-SPREAD_BLOCK = (8 + 1) * PANEL_VECS * 64
 
 
 def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):
@@ -104,21 +102,6 @@ def source_neon(tile: Tile, rhs, j0, inner: int, prefetch: bool):
     return codes, scales, 8
 
 
-def source_spread(tile: Tile, panel):
-    """A panel decoded by ``_DECODE_4`` / ``_DECODE_8``: per block (SPREAD_BLOCK bytes), the unsigned codes of K
-    group t of vector v at 64·(4t + v), then the 4 vectors' float32 scales at 64·(32 + v)."""
-    b = tile.builder
-
-    def codes(v: int, blk, step, i: int):
-        at = b.add(b.mul(blk, i64(SPREAD_BLOCK)), b.mul(b.add(b.mul(step, i64(4)), i64(v)), i64(64)))
-        return vnni.load(b, vnni.byte_ptr(b, panel, at), I32X16)
-
-    def scales(v: int, blk):
-        return vnni.load(b, vnni.byte_ptr(b, panel, b.add(b.mul(blk, i64(SPREAD_BLOCK)), i64(64 * (32 + v)))), F32X16)
-
-    return codes, scales, 1
-
-
 #: the GEMV (kr 8: 4 bytes per column run; kr 16: 8), one row straight from the packed RHS
 _NEON_1_4 = make_tile(1, lambda t, rhs, j0: source_neon(t, rhs, j0, 4, True))
 _NEON_1_8 = make_tile(1, lambda t, rhs, j0: source_neon(t, rhs, j0, 8, True))
@@ -126,37 +109,10 @@ _NEON_1_8 = make_tile(1, lambda t, rhs, j0: source_neon(t, rhs, j0, 8, True))
 _SPREAD_4 = make_tile(TILE_ROWS, lambda t, rhs, j0: source_spread(t, rhs))
 
 
-def _make_decoder(inner: int):
-    """Intrinsic ``decode(isa, params, rhs, j0, panel)``: the 64 columns from j0 of a NEON-layout RHS with
-    ``inner`` bytes per column run, decoded into ``panel`` (SPREAD_BLOCK bytes per block, see
-    ``source_spread``) so that every row tile reads them with one load per K group and vector."""
-
-    @intrinsic
-    def decode(typingctx, isa, params, rhs, j0, panel):
-        sig = types.void(isa, params, rhs, types.int64, panel)
-
-        def codegen(context, builder, signature, args):
-            _, params_p, rhs_p, j0_v, panel_p = vnni.intrinsic_args(context, builder, signature, args)
-            t = Tile(builder, vnni.isa_native(signature.args[0]), params_p)
-            codes, scales, _ = source_neon(t, rhs_p, j0_v, inner, False)
-            b = builder
-            with cgutils.for_range(b, t.nb) as loop:
-                blk = loop.index
-                at = b.mul(blk, i64(SPREAD_BLOCK))
-                for v in range(PANEL_VECS):
-                    for i in range(8):
-                        vnni.store(
-                            b, codes(v, blk, i64(0), i), vnni.byte_ptr(b, panel_p, b.add(at, i64(64 * (4 * i + v))))
-                        )
-                    vnni.store(b, scales(v, blk), vnni.byte_ptr(b, panel_p, b.add(at, i64(64 * (32 + v)))))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return decode
-
-
-_DECODE_4, _DECODE_8 = _make_decoder(4), _make_decoder(8)
+#: the panel decoders (kr 8, kr 16) of the tiles of more rows
+_DECODE_4, _DECODE_8 = (
+    make_decoder(lambda t, rhs, j0, inner=inner: source_neon(t, rhs, j0, inner, False)) for inner in (4, 8)
+)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -100,10 +100,8 @@ def source_s4s0(tile: Tile, rhs, j0, contiguous: bool):
     return codes, scales, HALVES
 
 
-#: tiles of 1 .. 4 rows for nr a multiple of 64 (the tail rows of m get an exact tile)
-_TILE_1, _TILE_2, _TILE_3, _TILE_4 = (
-    make_tile(rows, lambda t, rhs, j0: source_s4s0(t, rhs, j0, True)) for rows in range(1, TILE_ROWS + 1)
-)
+#: tiles of exactly 1 .. 4 rows for nr a multiple of 64
+_TILE = make_tile(None, lambda t, rhs, j0: source_s4s0(t, rhs, j0, True))
 #: nr = 16 or 32 (SVL 128/256): one row (the GEMV) or 4 (tail rows repeat the last)
 _TILE_1_SINGLE = make_tile(1, lambda t, rhs, j0: source_s4s0(t, rhs, j0, False))
 _TILE_4_SINGLE = make_tile(TILE_ROWS, lambda t, rhs, j0: source_s4s0(t, rhs, j0, False))
@@ -130,19 +128,12 @@ def _compute(isa, m, n, k, mr, nr, lhs, rhs, first_block_fmul):
     for j0 in range(0, n, PANEL_COLS):  # the first row tile streams the panel from memory, the others from L2
         for i0 in range(0, m, TILE_ROWS):
             rows = min(TILE_ROWS, m - i0)
-            if nr % PANEL_COLS:
-                if m == 1:
-                    _TILE_1_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
-                else:
-                    _TILE_4_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
-            elif rows == TILE_ROWS:
-                _TILE_4(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
-            elif rows == 3:
-                _TILE_3(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
-            elif rows == 2:
-                _TILE_2(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+            if nr % PANEL_COLS == 0:
+                _TILE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+            elif m == 1:
+                _TILE_1_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
             else:
-                _TILE_1(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
+                _TILE_4_SINGLE(isa, params, lhs, corr, sl, rhs, flat, acc, i0, rows, j0, init)
     if ldo != n:
         return np.ascontiguousarray(out[:, :n])
     return out

@@ -132,6 +132,21 @@ def test_gemv_streams_over_many_panels(nr: int) -> None:
                 assert bits_equal(vk.compute(1, n, k, 1, nr, lhs, rhs, fmul, isa), want), (n, fmul, isa)
 
 
+@pytest.mark.parametrize("nr", [64, 128])
+def test_decoded_panels(nr: int) -> None:
+    """More than DECODE_ROWS rows read each panel decoded once (fewer spread it in every row tile): both sides of
+    the threshold, tail row tiles of 1-3 rows and a partial last panel, both ISAs, the same bits as the model."""
+    rng = np.random.default_rng(nr + 1)
+    k, n = 96, 2 * 64 + 21
+    for m in (vk.DECODE_ROWS, vk.DECODE_ROWS + 1, vk.DECODE_ROWS + 2, vk.DECODE_ROWS + 3, 2 * vk.DECODE_ROWS + 4):
+        q, s_bits, u, d_bits = operands(rng, m, n, k, special=True)
+        lhs, rhs = pack_lhs(q, s_bits, 16), pack_rhs(u, d_bits, nr)
+        for fmul in (False, True):
+            want = model(q, s_bits, u, d_bits, fmul)
+            for isa in ISAS:
+                assert bits_equal(vk.compute(m, n, k, 16, nr, lhs, rhs, fmul, isa), want), (m, fmul, isa)
+
+
 def test_long_k() -> None:
     """Many blocks (the prefetch runs past the end of the buffer on the last panel: harmless)."""
     rng = np.random.default_rng(9)
