@@ -5,7 +5,8 @@ Starts ``kleidipy.server.serve`` in a subprocess (or uses ``--url``), then for e
 after the other, and prints a markdown table: completion tokens per second over the whole level (all clients),
 time to first token (request sent -> first content delta; includes queueing when clients outnumber slots),
 and each stream's own decode rate (tokens after the first / time after the first). Token counts come from the
-server's usage chunk. A warm-up request runs first. ``--inside-poll S`` polls ``/api/inside`` every S seconds
+server's usage chunk. A warm-up request runs first, then more until a kleidipy server runs its compiled plan (not
+op by op while the plan builds, a first run's state). ``--inside-poll S`` polls ``/api/inside`` every S seconds
 while a level runs, as the chat page's Inside view does when open (0.5), to compare tokens/s with it open and
 closed. The official ``openai`` client is the load generator. While
 a level runs, ``/health`` is polled every 100 ms (its slowest answer shows whether the event loop stays responsive
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -101,6 +103,28 @@ def wait_healthy(proc: subprocess.Popen, port: int) -> tuple[subprocess.Popen, s
             proc.kill()
             raise SystemExit("server did not start within 600 s")
         time.sleep(0.5)
+
+
+def wait_compiled(url: str, model: str, limit: float = 900.0) -> None:
+    """Until a kleidipy server at ``url`` (its /v1 address) runs its compiled plan, send it warm-up requests (it takes
+    the plan between generations once the background build is over): a first run after a change of the code runs op
+    by op while the plan builds (~170 ms a 16-row step instead of ~25), which no figure should include. A server
+    without ``/api/inside`` (llama-server) is not waited for."""
+    inside = url.removesuffix("/v1") + "/api/inside"
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with urllib.request.urlopen(inside, timeout=10) as r:
+                execution = json.load(r).get("execution", "")
+        except (OSError, ValueError):
+            return
+        if not execution.startswith("op by op"):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server still runs op by op after {limit:.0f} s: no compiled plan to measure")
+        print("  waiting for the compiled plan (the server runs op by op while it builds)", file=sys.stderr)
+        asyncio.run(level(url, model, 1, 1, 4))
+        time.sleep(5)
 
 
 async def one_request(client: openai.AsyncOpenAI, model: str, i: int, max_tokens: int) -> Sample:
@@ -274,6 +298,7 @@ def main() -> None:
         runs: dict[str, dict[int, list[Level]]] = {name: {c: [] for c in levels} for name in servers}
         for u, model, _ in servers.values():
             asyncio.run(level(u, model, 1, 1, 4))  # warm-up
+        wait_compiled(url, model=card.id)
         for repeat in range(args.repeats):
             for clients in levels:
                 for name, (u, model, process) in servers.items():
