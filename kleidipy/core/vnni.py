@@ -371,6 +371,12 @@ def f32_to_f16(builder: ir.IRBuilder, value: ir.Value, native: bool) -> ir.Value
     return builder.trunc(builder.or_(h, sign), I16X16)
 
 
+def round_f16(builder: ir.IRBuilder, value: ir.Value, native: bool) -> ir.Value:
+    """The F16 value of 16 float32 lanes, as float32 (:func:`f32_to_f16` then :func:`f16_bits_to_f32`: nearest even,
+    past F16's range infinity; natively vcvtps2ph and vcvtph2ps, which keep NaNs as well)."""
+    return f16_bits_to_f32(builder, f32_to_f16(builder, value, native), native)
+
+
 def unpair(builder: ir.IRBuilder, first: ir.Value, second: ir.Value) -> tuple[ir.Value, ir.Value]:
     """Inverse of the PAIR_LANES order: two vectors in pair order -> the 32 values in natural order."""
     order = [0] * 32

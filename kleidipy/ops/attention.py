@@ -247,7 +247,7 @@ def _softmax(typingctx, jlo, jhi, sc, f16, s):  # pragma: no cover - compile tim
         with cgutils.for_range(b, chunks) as c:
             at, _ = chunk(c.index)
             w = b.fmul(vnni.load(b, at, F32X16), inv)
-            rounded = vnni.f16_bits_to_f32(b, vnni.f32_to_f16(b, w, True), True)
+            rounded = vnni.round_f16(b, w, True)
             vnni.store(b, b.select(f16, rounded, w), at)
         return context.get_dummy_value()
 

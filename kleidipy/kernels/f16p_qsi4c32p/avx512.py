@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -30,17 +29,11 @@ _ISA = vnni.HOST_ISA
 #: columns of a panel (4 vectors of 16) and rows of a tile
 PANEL_COLS, VEC_COLS, TILE_ROWS = 64, 16, 4
 PANEL_VECS = PANEL_COLS // VEC_COLS
-HALF16 = ir.VectorType(ir.HalfType(), 16)
 
 
 def runs(nr: int) -> bool:
     """Whether this host runs the tiles for a kernel of nr columns per group (a multiple of 16 at every SVL)."""
     return AVAILABLE and nr % VEC_COLS == 0
-
-
-def _f16_round(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    """The F16 value of 16 float32 lanes, as float32 (nearest even, overflow to inf, NaN kept: vcvtps2ph)."""
-    return b.fpext(b.fptrunc(value, HALF16), F32X16)
 
 
 @intrinsic
@@ -77,7 +70,7 @@ def _decode_panel(typingctx, rhs, wc, j0, n, nb, nr):
                     words = b.zext(vnni.load(b, at, I16X16), I32X16)
                     for q in range(4):
                         codes = b.and_(b.lshr(words, vnni.const_splat(I32X16, 4 * q)), low)
-                        w = _f16_round(b, b.fmul(b.sitofp(b.sub(codes, eight), F32X16), d))
+                        w = vnni.round_f16(b, b.fmul(b.sitofp(b.sub(codes, eight), F32X16), d), True)
                         at = b.add(row0, i64(((4 * o + q) * PANEL_COLS + VEC_COLS * v) * 4))
                         vnni.store(b, w, vnni.byte_ptr(b, wc_p, at))
         return context.get_dummy_value()
