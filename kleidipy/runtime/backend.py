@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
 from kleidipy import formats
+from kleidipy.core.buffers import HugePageArena
 from kleidipy.core.matmul import MatmulKernel
 from kleidipy.core.node import NodeKernel
 from kleidipy.core.threads import MIN_SPLIT_MACS, sme_columns
@@ -193,6 +194,8 @@ class KleidiBackend:
     #: multiply every weight as the file holds it: Q8_0 through the exact-weight family, floats as f32 (default:
     #: ``KLEIDIPY_EXACT_WEIGHTS``; else Q8_0 takes llama.cpp-on-Arm's per-channel int8)
     exact_weights: bool = field(default_factory=exact_weights_default)
+    #: where the weights packed at this load are kept (a cache file's are read into huge pages of their own)
+    arena: HugePageArena = field(default_factory=HugePageArena)
     _noticed: set = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -209,6 +212,7 @@ class KleidiBackend:
             t1 = t2 = perf_counter()
         else:
             pair, packed, t1, t2 = self._repack(name, source_type, n, k, raw, self.route(source_type))
+            packed = self.arena.keep(packed)
         if self.cache is not None:
             self.cache.put(name, CachedWeight(source_type, pair.weight_type, n, k, packed), fresh=hit is None)
         call = RepackCall(name, source_type, pair, n, k, source_bytes, int(packed.nbytes), t0, t2 - t0, t1, t2 - t1)
@@ -220,6 +224,7 @@ class KleidiBackend:
             t0 = perf_counter()
             _, fb_type, fb_data = self.supported(name, source_type, n, k, raw, pair.weight_type)
             t1, fb_packed, t2 = self._pack(fallback, fb_type, n, k, fb_data)
+            fb_packed = self.arena.keep(fb_packed)
             size = int(fb_packed.nbytes)
             repacks.append(RepackCall(name, source_type, fallback, n, k, source_bytes, size, t0, t2 - t0, t1, t2 - t1))
             self.exact_rows = self.exact_rows and fallback.exact_rows

@@ -21,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 from gguf import GGMLQuantizationType as GGMLType
 
-from kleidipy.core.buffers import PackedBuffer, PackedLayout, roundup
+from kleidipy.core.buffers import HugePageArena, PackedBuffer, PackedLayout, roundup
 from kleidipy.errors import KleidipyError
 from kleidipy.runtime.pull import cache_dir, catalogue_sha256
 from kleidipy.target import Target
@@ -177,10 +177,10 @@ def read_cache(path: Path) -> tuple[dict, dict[str, CachedWeight]]:
     try:
         with path.open("rb") as f:
             header, start = _read_header(f)
-            weights = {}
+            weights, arena = {}, HugePageArena()
             for e in header["weights"]:
                 f.seek(start + e["offset"])
-                data = np.empty(e["nbytes"], np.uint8)
+                data = arena.take(e["nbytes"])
                 if f.readinto(memoryview(data)) != data.nbytes:
                     raise RepackCacheError(f"truncated at weight '{e['name']}'")
                 if zlib.crc32(data) != e["crc32"]:
