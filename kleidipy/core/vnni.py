@@ -407,6 +407,34 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
     )
 
 
+def block_amax(builder: ir.IRBuilder, x: list[ir.Value]) -> ir.Value:
+    """max |x| over every lane of the finite f32x16 vectors x (an LHS packer's 32-block), as f32: the largest
+    magnitude's bits (sign cleared) compared as unsigned integers."""
+    b = builder
+    mags = [b.and_(b.bitcast(v, I32X16), const_splat(I32X16, 0x7FFFFFFF)) for v in x]
+    top = mags[0]
+    for mag in mags[1:]:
+        top = b.select(b.icmp_unsigned(">", top, mag), top, mag)
+    return b.bitcast(reduce_umax(b, top), F32)
+
+
+def store_k_groups(
+    builder: ir.IRBuilder, q: list[ir.Value], out: ir.Value, base: ir.Value, chunk_stride: ir.Value, per_chunk: ir.Value
+) -> None:
+    """Store the 32 int8 of an LHS packer's block, the low bytes of the two i32x16 q (its values 0-15, 16-31), in
+    K groups of 4: group g at out + base + (g // per_chunk)·chunk_stride + (g % per_chunk)·4."""
+    b = builder
+    both = b.shuffle_vector(
+        b.trunc(q[0], ir.VectorType(ir.IntType(8), 16)),
+        b.trunc(q[1], ir.VectorType(ir.IntType(8), 16)),
+        ir.Constant(ir.VectorType(I32, 32), [ir.Constant(I32, i) for i in range(32)]),
+    )
+    words = b.bitcast(both, ir.VectorType(I32, 8))
+    for g in range(8):
+        at = b.add(b.mul(b.udiv(i64(g), per_chunk), chunk_stride), b.mul(b.urem(i64(g), per_chunk), i64(4)))
+        store(b, b.extract_element(words, ir.Constant(I32, g)), byte_ptr(b, out, b.add(base, at)))
+
+
 def reduce_umax(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
     """Largest unsigned i32 lane of an i32x16."""
     return _call(builder, "llvm.vector.reduce.umax.v16i32", I32, [value])

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from kleidipy.core import node as kn
 from kleidipy.core.matmul import MatmulKernel
-from kleidipy.kernels.qsi8d32p_qai4c32p import jit, ukernels
+from kleidipy.core.vnni import HOST_ISA
+from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels, vnni_pack
 
 #: K values per row per chunk of the LHS (kr / sr)
 P_KBL = kn.P_FAMILY
@@ -15,7 +16,7 @@ N_PARAMS = kn.P_FAMILY + 1
 
 def pack_lhs(params, x, rows, dst):  # pragma: no cover - compiled
     p, src, out = kn.pack_operands(params, N_PARAMS, x, rows, dst)
-    kn.copy(jit.lhs_quant_pack(src, p[kn.P_MR], p[P_KBL], 0), out)
+    kn.copy(vnni_pack.lhs_pack(HOST_ISA, src, p[kn.P_MR], p[P_KBL], 0), out)
 
 
 def _matmul_sme2(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled

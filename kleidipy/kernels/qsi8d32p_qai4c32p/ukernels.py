@@ -46,6 +46,7 @@ from kleidipy.kernels.qsi8d32p_qai4c32p import jit as _jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import neon as _neon
 from kleidipy.kernels.qsi8d32p_qai4c32p import sme2 as _sme2
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni as _vnni
+from kleidipy.kernels.qsi8d32p_qai4c32p import vnni_pack as _pack
 
 FAMILY_NAME = "qsi8d32p_qai4c32p"
 #: the family's tile chain, one per RHS layout, for its jit and its compiled-plan routines (unclamped float32
@@ -137,7 +138,7 @@ class LhsQuantPackQsi8d32pscalef32F32Neon(LhsPacker):
         return np.concatenate([data.view(np.uint8), _bytes(params)], axis=-1).reshape(-1)
 
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        return _jit.lhs_quant_pack(writable(lhs), mr, kr // sr, row_offset)
+        return _pack.lhs_quant_pack(writable(lhs), mr, kr // sr, row_offset)  # (jit.lhs_quant_pack's bytes)
 
 
 # --------------------------------------------------------------------------------------------- RHS

@@ -19,7 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
-from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32, I32X16, I64, i64
+from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32X16, I64, i64
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import VEC_COLS
 
@@ -48,10 +48,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, lay, sf, sf_off, sf_step):
             x = [
                 vnni.load(b, vnni.byte_ptr(b, row_p, b.add(b.mul(blk, i64(128)), i64(64 * h))), F32X16) for h in (0, 1)
             ]
-            mags = [b.and_(b.bitcast(v, I32X16), vnni.const_splat(I32X16, 0x7FFFFFFF)) for v in x]
-            amax = b.bitcast(
-                vnni.reduce_umax(b, b.select(b.icmp_unsigned(">", mags[0], mags[1]), mags[0], mags[1])), F32
-            )
+            amax = vnni.block_amax(b, x)
             scale = b.fdiv(amax, ir.Constant(F32, 127.0))
             nonzero = b.fcmp_ordered("!=", scale, ir.Constant(F32, 0.0))
             inv_s = b.select(nonzero, b.fdiv(ir.Constant(F32, 1.0), scale), ir.Constant(F32, 0.0))
@@ -67,16 +64,9 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, lay, sf, sf_off, sf_step):
                 down = b.zext(b.fcmp_ordered("<=", frac, b.fneg(half)), I32X16)
                 even = b.fptosi(vnni.round_even(b, y), I32X16)
                 away = b.sub(b.add(t, up), down)
-                q.append(b.trunc(b.select(ties_even, even, away), ir.VectorType(ir.IntType(8), 16)))
-            both = b.shuffle_vector(
-                q[0], q[1], ir.Constant(ir.VectorType(I32, 32), [ir.Constant(I32, i) for i in range(32)])
-            )
-            words = b.bitcast(both, ir.VectorType(I32, 8))
+                q.append(b.select(ties_even, even, away))
             base = b.add(dst_v, b.add(b.mul(blk, block_stride), block_offset))
-            for g in range(8):
-                word = b.extract_element(words, ir.Constant(I32, g))
-                at = b.add(b.mul(b.udiv(i64(g), per_chunk), chunk_stride), b.mul(b.urem(i64(g), per_chunk), i64(4)))
-                vnni.store(b, word, vnni.byte_ptr(b, out_p, b.add(base, at)))
+            vnni.store_k_groups(b, q, out_p, base, chunk_stride, per_chunk)
             sf_index = b.add(sf_off_v, b.mul(blk, sf_step_v))
             vnni.store(b, scale, vnni.byte_ptr(b, sf_p, b.mul(sf_index, i64(4))))
         return b.load(overflow)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_helpers import assert_sme_geometry, bits_equal, exact_fma, verify_family
 
+from kleidipy.core import vnni
 from kleidipy.core.numerics import F16_BITS_TO_F32, FLT_MAX
 from kleidipy.errors import (
     BufferSizeError,
@@ -20,7 +21,9 @@ from kleidipy.errors import (
     PackedLayoutMismatchError,
 )
 from kleidipy.kernels.catalogue import get_kernel, get_packer
+from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as fam
+from kleidipy.kernels.qsi8d32p_qai4c32p import vnni_pack as q41_pack
 from kleidipy.tools.golden import GoldenSet
 
 KERNEL_NAMES = [k.name for k in fam.KERNELS]
@@ -228,6 +231,30 @@ def test_lhs_packer_rounds_ties_to_even_and_handles_subnormal_blocks():
         q, row_sum, recip = fam.unpack_lhs(packed, 2, 32, 1, 4)
         assert q[0, 0, :6].tolist() == [127, 2, -2, 4, 0, 0]
         assert q[1, 0, :3].tolist() == [127, -128, 0] and recip[1, 0] == 0 and row_sum[1, 0] == 0
+
+
+@pytest.mark.parametrize("isa", [vnni.PORTABLE, *([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])], ids=str)
+def test_vectorised_lhs_packer_is_the_scalar_one(isa):
+    """``vnni_pack`` (the jit's and the compiled plan's packer): ``jit.lhs_quant_pack``'s bytes for every chunk
+    (kbl 4, 8, 16), mr and row offset, with exact ties, zero blocks, tiny blocks whose 127/amax overflows and
+    subnormals, magnitudes from 1e-38 to 1e30."""
+    rng = np.random.default_rng(41)
+    for m, nb, mr, kbl, offset in (
+        (1, 1, 1, 4, 0),
+        (5, 3, 4, 8, 3),
+        (19, 5, 16, 4, 7),
+        (9, 2, 8, 16, 0),
+        (33, 18, 32, 4, 1),
+    ):
+        scale = rng.choice([1e-38, 1e-30, 1e-3, 1.0, 1e3, 1e30], size=(m, 1))
+        x = (rng.standard_normal((m, 32 * nb)) * scale).astype(np.float32)
+        x[rng.random(x.shape) < 0.1] = 0
+        x[0, :2] = [127.0, 2.5]  # (amax 127 in a block of the first row: an exact tie)
+        if m > 2:
+            x[1, :32] = 0
+            x[2, :32] = np.float32(1e-45) * rng.integers(-3, 4, 32)
+        want = q41_jit.lhs_quant_pack(x, mr, kbl, offset)
+        assert np.array_equal(q41_pack.lhs_quant_pack(x, mr, kbl, offset, isa), want), (m, nb, mr, kbl, offset)
 
 
 def test_lhs_packer_threads_split_like_one_thread():
