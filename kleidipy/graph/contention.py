@@ -65,8 +65,10 @@ class ThreadChoice:
     while other processes want their cores (:func:`free_cores`, read only then: tens of µs every PROBE_EVERY or more
     runs). A prefill run (a probe would
     cost a whole batch) takes every worker when there are as many cores that no other process wants at its start
-    (:func:`free_cores`; also where that cannot be read), else the calling thread alone. The result is the same bits
-    at either count."""
+    (:func:`free_cores`; also where that cannot be read), else the calling thread alone — unless it is a run of at
+    most SMALL_BATCH rows (a server's step over its decoding slots: cheap to probe, as a decode run), which then
+    chooses as a decode run does, by its measured cost per row while the cores were wanted. The result is the same
+    bits at either count."""
 
     PROBE_EVERY = 16
     #: looks at the run queue before the cores count as wanted by another process
@@ -78,6 +80,8 @@ class ThreadChoice:
     #: decode runs after a timed one that take the count it chose without being timed (nor choosing): a decoded
     #: token's Python runs cold after the plan, ~1 µs a line, and choosing and timing every run cost it 10-30 µs
     UNTIMED = 3
+    #: rows of a run at most that chooses by its measured cost when the cores are wanted (above: the caller alone)
+    SMALL_BATCH = 32
 
     def __init__(self, threads: int, adaptive: bool = True) -> None:
         self.threads, self.adaptive = threads, adaptive
@@ -88,6 +92,11 @@ class ThreadChoice:
         self._hold, self._held, self._pending = 0, threads, 0
         #: whether the run of the last pick is to be timed (:meth:`record`)
         self.timing = True
+        #: seconds per row of small batches run while the cores were wanted, by thread count; picks of them since
+        #: the last probe of the other count; whether the last pick was one of them
+        self._busy_cost: dict[int, float] = {}
+        self._busy_since_probe = 0
+        self._busy = False
 
     def pick(self, m: int) -> int:
         """The thread count for a run of m tokens; :attr:`timing` says whether to :meth:`record` the run's cost."""
@@ -98,8 +107,14 @@ class ThreadChoice:
             self.timing = False
             return self._held
         self.timing = True
+        self._busy = False
         if m != 1:  # (the plan runs on every worker or on the caller alone)
-            return self.threads if self._cores_free() else 1
+            if self._cores_free():
+                return self.threads
+            if m > self.SMALL_BATCH:
+                return 1
+            self._busy = True
+            return self._pick_busy()
         if self.threads not in self._cost:  # every worker is measured first, once their cores are free (looked at
             if 1 in self._cost:  # every PROBE_EVERY runs: a run on every worker then can cost ~40 on one)
                 self._since_probe += 1
@@ -122,6 +137,21 @@ class ThreadChoice:
             return best  # another process holds the cores: every barrier of the probe would wait for it
         return other
 
+    def _pick_busy(self) -> int:
+        """A small batch's count while other processes want the cores: every worker and the caller alone are each
+        measured once, then the cheaper per row, the other every PROBE_EVERY picks times the ratio of their costs
+        (as a decode run's probes)."""
+        for count in (self.threads, 1):
+            if count not in self._busy_cost:
+                return count
+        cost = self._busy_cost
+        best, other = (1, self.threads) if cost[1] <= self.MARGIN * cost[self.threads] else (self.threads, 1)
+        self._busy_since_probe += 1
+        if self._busy_since_probe < self.PROBE_EVERY * max(1.0, cost[other] / cost[best]):
+            return best
+        self._busy_since_probe = 0
+        return other
+
     def _cores_free(self) -> bool:
         """Whether no other process wants the cores of every worker now (or that cannot be read). A look that finds
         them wanted is taken again, up to LOOKS times: a task runnable for a moment (a kernel worker) is no reason to
@@ -135,6 +165,10 @@ class ThreadChoice:
 
     def record(self, m: int, threads: int, seconds: float) -> None:
         """A run of m tokens on ``threads`` threads took ``seconds``."""
+        if m != 1 and self._busy:
+            old = self._busy_cost.get(threads)
+            per_row = seconds / m
+            self._busy_cost[threads] = per_row if old is None else (1 - self.NEW) * old + self.NEW * per_row
         if m == 1:
             self._hold, self._pending = self._pending, 0
             self._since_probe += self._hold

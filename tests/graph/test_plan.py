@@ -295,6 +295,29 @@ def test_prefill_takes_the_free_cores(
     assert ThreadChoice(threads, adaptive=False).pick(64) == threads
 
 
+def test_a_small_batch_on_busy_cores_chooses_by_its_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of at most SMALL_BATCH rows (a server's step) while other processes want the cores measures every
+    worker and the caller alone (per row), then takes the cheaper, probing the other every PROBE_EVERY picks times
+    their cost ratio; a larger batch takes the caller alone; on free cores every worker, unmeasured."""
+    monkeypatch.setattr(contention, "free_cores", lambda: 1)
+    choice = ThreadChoice(2)
+    assert choice.pick(ThreadChoice.SMALL_BATCH + 1) == 1
+    m = ThreadChoice.SMALL_BATCH
+    assert choice.pick(m) == 2
+    choice.record(m, 2, 0.010 * m)
+    assert choice.pick(m) == 1
+    choice.record(m, 1, 0.020 * m)  # the workers are faster even with the cores wanted
+    picks = [choice.pick(m) for _ in range(2 * ThreadChoice.PROBE_EVERY * 2)]
+    assert picks.count(1) == 2 and picks.count(2) == len(picks) - 2  # probes of the caller alone, ratio 2 apart
+    choice = ThreadChoice(2)
+    for count, per_row in ((2, 0.050), (1, 0.010)):  # a busy loop on the other core: the caller alone
+        assert choice.pick(m) == count
+        choice.record(m, count, per_row * m)
+    assert [choice.pick(m) for _ in range(ThreadChoice.PROBE_EVERY)].count(2) == 0
+    monkeypatch.setattr(contention, "free_cores", lambda: 2)
+    assert choice.pick(m) == 2
+
+
 def test_a_task_runnable_for_a_moment_does_not_take_the_prefill_to_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run queue is looked at again when it shows the cores wanted: a transient task seen once (or LOOKS - 1
     times) leaves the prefill every worker; a process seen at every look takes it to the caller alone."""
