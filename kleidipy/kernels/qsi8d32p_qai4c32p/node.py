@@ -16,7 +16,7 @@ N_PARAMS = kn.P_FAMILY + 1
 
 def pack_lhs(params, x, rows, dst):  # pragma: no cover - compiled
     p, src, out = kn.pack_operands(params, N_PARAMS, x, rows, dst)
-    kn.copy(vnni_pack.lhs_pack(HOST_ISA, src, p[kn.P_MR], p[P_KBL], 0), out)
+    vnni_pack.lhs_pack_into(HOST_ISA, src, p[kn.P_MR], p[P_KBL], 0, out)
 
 
 def _matmul_sme2(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled

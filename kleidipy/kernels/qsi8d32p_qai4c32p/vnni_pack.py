@@ -63,18 +63,29 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, fields, lay):  # pragma: no
 
 
 @numba.njit(cache=True, nogil=True)
-def lhs_pack(isa, lhs, mr, kbl, row_offset):  # pragma: no cover - compiled
-    """``jit.lhs_quant_pack`` (kbl a multiple of 4) of finite float32 rows lhs [m, k], vectorised: the packed bytes
-    (row i at position row_offset + i of its group; padding rows 0)."""
+def lhs_pack_into(isa, lhs, mr, kbl, row_offset, out):  # pragma: no cover - compiled
+    """``jit.lhs_quant_pack`` (kbl a multiple of 4) of finite float32 rows lhs [m, k], vectorised, into ``out``
+    (at least the packed bytes: the compiled plan's scratch, no allocation); row i at position row_offset + i of
+    its group, the other rows of a partial group zeroed."""
     m, k = lhs.shape
     nb = k // BL
     groups = (m + row_offset + mr - 1) // mr
     stride = mr * nb * LHS_BLOCK_BYTES
-    out = np.zeros(groups * stride, np.uint8)
+    if (row_offset + m) % mr or row_offset:
+        out[:stride] = 0
+        out[(groups - 1) * stride : groups * stride] = 0
     lay = np.array([mr * LHS_BLOCK_BYTES, kbl * mr, kbl // 4, 4 * mr], np.int64)
     for i in range(m):
         g, r = divmod(row_offset + i, mr)
         _quantize_row(isa, lhs[i], nb, out, g * stride + r * kbl, g * stride + BL * mr + 4 * r, lay)
+
+
+@numba.njit(cache=True, nogil=True)
+def lhs_pack(isa, lhs, mr, kbl, row_offset):  # pragma: no cover - compiled
+    """:func:`lhs_pack_into` a new array of the packed bytes."""
+    m, k = lhs.shape
+    out = np.zeros((m + row_offset + mr - 1) // mr * mr * (k // BL) * LHS_BLOCK_BYTES, np.uint8)
+    lhs_pack_into(isa, lhs, mr, kbl, row_offset, out)
     return out
 
 

@@ -17,7 +17,7 @@ N_PARAMS = kn.P_FAMILY + 3
 
 def _pack(params, x, rows, dst):  # pragma: no cover - compiled
     p, src, out = kn.pack_operands(params, N_PARAMS, x, rows, dst)
-    kn.copy(vnni_pack.lhs_pack(HOST_ISA, src, p[kn.P_MR], p[P_KBL], 0, p[P_LHS_LAYOUT], p[P_TIES_EVEN]), out)
+    vnni_pack.lhs_pack_into(HOST_ISA, src, p[kn.P_MR], p[P_KBL], 0, p[P_LHS_LAYOUT], p[P_TIES_EVEN], out)
 
 
 def _matmul_neon(params, m, n, lhs, rhs, out, ld):  # pragma: no cover - compiled

@@ -41,7 +41,6 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, lay, sf, sf_off, sf_step):
         lay = [vnni.load(b, vnni.byte_ptr(b, lay_p, i64(8 * i)), I64) for i in range(5)]
         block_stride, block_offset, chunk_stride, per_chunk = lay[:4]
         ties_even = b.icmp_signed("!=", lay[4], i64(0))
-        half = vnni.const_splat(F32X16, 0.5)
         overflow = cgutils.alloca_once_value(b, ir.Constant(I64, 0))
         with cgutils.for_range(b, nb_v) as loop:
             blk = loop.index
@@ -55,18 +54,19 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, lay, sf, sf_off, sf_step):
             inf = b.zext(b.fcmp_ordered("==", inv_s, ir.Constant(F32, float("inf"))), I64)
             b.store(b.or_(b.load(overflow), inf), overflow)
             inv = vnni.splat(b, inv_s, F32X16)
-            q = []
-            for v in x:
-                y = b.fmul(v, inv)
-                t = b.fptosi(y, I32X16)  # toward zero; then roundf: ± 1 when the dropped fraction is >= 0.5
-                frac = b.fsub(y, b.sitofp(t, F32X16))
-                up = b.zext(b.fcmp_ordered(">=", frac, half), I32X16)
-                down = b.zext(b.fcmp_ordered("<=", frac, b.fneg(half)), I32X16)
-                even = b.fptosi(vnni.round_even(b, y), I32X16)
-                away = b.sub(b.add(t, up), down)
-                q.append(b.select(ties_even, even, away))
+            ys = [b.fmul(v, inv) for v in x]
             base = b.add(dst_v, b.add(b.mul(blk, block_stride), block_offset))
-            vnni.store_k_groups(b, q, out_p, base, chunk_stride, per_chunk)
+            with b.if_else(ties_even) as (even, away):  # (one rounding computed, a branch taken the same way)
+                with even:
+                    q = [b.fptosi(vnni.round_even(b, y), I32X16) for y in ys]
+                    vnni.store_k_groups(b, q, out_p, base, chunk_stride, per_chunk)
+                with away:  # roundf(y) = trunc(y + copysign(0.49999997, y)), the largest float below 1/2 (every
+                    q = []  # float of magnitude below 128 checked, as |y| is)
+                    for y in ys:
+                        sign = b.and_(b.bitcast(y, I32X16), vnni.const_splat(I32X16, -0x80000000))
+                        bias = b.bitcast(b.or_(sign, vnni.const_splat(I32X16, 0x3EFFFFFF)), F32X16)
+                        q.append(b.fptosi(b.fadd(y, bias), I32X16))
+                    vnni.store_k_groups(b, q, out_p, base, chunk_stride, per_chunk)
             sf_index = b.add(sf_off_v, b.mul(blk, sf_step_v))
             vnni.store(b, scale, vnni.byte_ptr(b, sf_p, b.mul(sf_index, i64(4))))
         return b.load(overflow)
@@ -82,16 +82,24 @@ def _group_at(layout, mr, kbl, nb, g, r, b, t):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no cover - compiled
+def lhs_pack_into(isa, lhs, mr, kbl, row_offset, layout, ties_even, out):  # pragma: no cover - compiled
+    """:func:`lhs_pack` into ``out`` (at least its bytes: the compiled plan's scratch, no allocation of the packed
+    size, whose fresh pages cost more than the packing); a last group's padding rows are zeroed."""
     if kbl % 4:  # chunks of 1 or 2 values split the 4-value K groups the vectors store: the portable packer
-        return jit.lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even != 0)
+        packed = jit.lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even != 0)
+        for i in range(packed.size):
+            out[i] = packed[i]
+        return
     m, k = lhs.shape
     nb = k // 32
     groups = (row_offset + m + mr - 1) // mr
     stride = mr * nb * 34
-    out = np.zeros(groups * stride, np.uint8)
-    vec = (groups * nb * mr + VEC_COLS - 1) // VEC_COLS
-    sf = np.zeros(vec * VEC_COLS, np.float32)  # [group][block][mr]
+    if (row_offset + m) % mr or row_offset:  # (a partial group: its other rows are the packer's zeros)
+        out[:stride] = 0
+        out[(groups - 1) * stride : groups * stride] = 0
+    vec = (nb + VEC_COLS - 1) // VEC_COLS
+    sf = np.zeros(vec * VEC_COLS, np.float32)  # one row's block scales
+    bits = np.empty(vec * VEC_COLS * 2, np.uint8)
     # LAYOUT_PARAMS: block stride, block offset, chunk stride, K groups per chunk, ties to even
     if layout == jit.LHS_QSI8D32P_NEON:
         lay = np.array([32 * mr, 0, 4 * mr, 1, ties_even], np.int64)
@@ -101,7 +109,7 @@ def lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no co
         g = (row_offset + i) // mr
         r = (row_offset + i) % mr
         row_at = g * stride + r * (4 if layout == jit.LHS_QSI8D32P_NEON else kbl)
-        if _quantize_row(isa, lhs[i], nb, out, row_at, lay, sf, g * nb * mr + r, mr):
+        if _quantize_row(isa, lhs[i], nb, out, row_at, lay, sf, 0, 1):
             # a block whose 1/scale overflowed: this row's int8 from the family's packer (its scales are ours)
             one = jit.lhs_quant_pack_qsi8d32p(lhs[i : i + 1], mr, kbl, r, layout, ties_even != 0)
             for b in range(nb):
@@ -109,15 +117,18 @@ def lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no co
                     at = _group_at(layout, mr, kbl, nb, 0, r, b, t)
                     for e in range(4):
                         out[g * stride + at + e] = one[at + e]
-    bits = np.empty(vec * VEC_COLS * 2, np.uint8)
-    vnni.f32_to_f16_vectors(isa, sf, 0, vec, bits, 0)
-    for g in range(groups):
+        vnni.f32_to_f16_vectors(isa, sf, 0, vec, bits, 0)
         for b in range(nb):
-            for r in range(mr):
-                _, so = jit._lhs_offsets(layout, mr, nb, g * stride, b, r)
-                x = 2 * ((g * nb + b) * mr + r)
-                out[so] = bits[x]
-                out[so + 1] = bits[x + 1]
+            _, so = jit._lhs_offsets(layout, mr, nb, g * stride, b, r)
+            out[so] = bits[2 * b]
+            out[so + 1] = bits[2 * b + 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def lhs_pack(isa, lhs, mr, kbl, row_offset, layout, ties_even):  # pragma: no cover - compiled
+    m, k = lhs.shape
+    out = np.zeros((row_offset + m + mr - 1) // mr * mr * (k // 32) * 34, np.uint8)
+    lhs_pack_into(isa, lhs, mr, kbl, row_offset, layout, ties_even, out)
     return out
 
 
