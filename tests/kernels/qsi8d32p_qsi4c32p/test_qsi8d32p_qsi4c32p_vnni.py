@@ -383,6 +383,24 @@ def test_every_lhs_packer_is_the_portable_one(layout: int, kbl: int, ties_even: 
             assert np.array_equal(got, want), (m, k, mr, offset, isa)
 
 
+@pytest.mark.parametrize("ties_even", [False, True], ids=["away", "even"])
+def test_lhs_pack_rounds_every_half_as_the_portable_packer(ties_even: bool) -> None:
+    """Blocks whose amax is 127 (scale 1: the values are what is rounded) holding k + 1/2 and the floats either side
+    of it for every k < 127, both signs: the vectorised rounding (roundf as trunc(y + copysign(0.49999997, y))) is
+    the portable packer's at each."""
+    from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
+
+    halves = np.arange(127, dtype=np.float32) + np.float32(0.5)
+    values = np.concatenate([np.nextafter(halves, np.float32(0)), halves, np.nextafter(halves, np.float32(200))])
+    values = np.concatenate([values, -values, np.zeros(13)]).astype(np.float32)
+    blocks = values.reshape(-1, 31)  # (775 values: 25 blocks of 31, each with 127 first)
+    x = np.concatenate([np.full((blocks.shape[0], 1), np.float32(127.0)), blocks], axis=1).reshape(1, -1)
+    for layout, kbl in ((jit.LHS_QSI8D32P_NEON, 4), (jit.LHS_QSI8D32P, 8)):
+        want = jit.lhs_quant_pack_qsi8d32p(x, 1, kbl, 0, layout, ties_even)
+        for isa in ISAS:
+            assert np.array_equal(vk_pack.lhs_quant_pack_qsi8d32p(x, 1, kbl, 0, layout, ties_even, isa), want)
+
+
 def test_lhs_pack_golden(golden_dir) -> None:  # noqa: ANN001
     gold, runs = _golden_runs(golden_dir)
     for case, run in runs:
