@@ -1,8 +1,9 @@
-"""Numba executions of the Q4_1 family ``qsi8d32p × qai4c32p``: LHS quantize+pack, the NEON and SME2 RHS
-packers, the matmul compute loops and GET_ROWS.
+"""Numba executions of the Q4_1 family ``qsi8d32p × qai4c32p``: the NEON and SME2 RHS packers, the matmul compute
+loops and GET_ROWS.
 
 Each function matches its numpy statement in :mod:`kleidipy.kernels.qsi8d32p_qai4c32p.ukernels` bit for bit; the
-layouts and the float recipe are documented there. Packed RHS blocks of both layouts are read through one
+layouts and the float recipe are documented there (the LHS quantize+pack is
+:mod:`~kleidipy.kernels.qsi8d32p_qai4c32p.vnni_pack`'s). Packed RHS blocks of both layouts are read through one
 per-column decoder: ``neon`` selects the NEON layout (nibble pair (t, t+16) XOR 0x88, kernel weight
 16·(u−8), chunks of kr/sr bytes) or the SME2 one (nibble pair (2j, 2j+1), weight u−8, chunks of 2 bytes).
 """
@@ -23,43 +24,6 @@ TILE_N = 64  # columns per compute tile of the matmul loop
 
 
 # --------------------------------------------------------------------------------------------- LHS
-
-
-@numba.njit(cache=True, nogil=True)
-def lhs_quant_pack(lhs, mr, kbl, row_offset):
-    """``lhs_quant_pack_qsi8d32pscalef32_f32_neon`` for rows ``lhs`` (float32 [m, k], C-contiguous)."""
-    m, k = lhs.shape
-    nb = k // BL
-    groups = (m + row_offset + mr - 1) // mr
-    stride = mr * nb * LHS_BLOCK_BYTES
-    out = np.zeros(groups * stride, np.uint8)
-    out_i8 = out.view(np.int8)
-    out_f32 = out.view(np.float32)
-    q = np.empty(BL, np.int8)  # one block's codes, then scattered in kbl-long runs
-    for r in range(m):
-        g, ri = divmod(r + row_offset, mr)
-        for b in range(nb):
-            x = lhs[r, b * BL : (b + 1) * BL]
-            amax = np.float32(0.0)
-            for t in range(BL):
-                amax = max(amax, abs(x[t]))
-            scale = np.float32(0.0)
-            recip = np.float32(0.0)
-            if amax != 0:
-                scale = np.float32(127.0) / amax
-                recip = np.float32(1.0) / scale
-            qsum = 0
-            for t in range(BL):  # vectorisable: rint (ties to even) of f32(x·scale), NaN (0·inf) -> 0, clamp
-                y = x[t] * scale
-                v = np.float32(np.rint(y)) if y == y else np.float32(0.0)
-                q[t] = np.int8(min(max(v, np.float32(-128.0)), np.float32(127.0)))
-                qsum += q[t]
-            base = g * stride + b * mr * LHS_BLOCK_BYTES
-            for t in range(BL):  # element by element: numba's slice assignment costs ~10x more here
-                out_i8[base + (t // kbl) * mr * kbl + ri * kbl + t % kbl] = q[t]
-            out_f32[(base + BL * mr) // 4 + ri] = np.float32(qsum) * recip
-            out_f32[(base + (BL + 4) * mr) // 4 + ri] = recip
-    return out
 
 
 @numba.njit(cache=True, nogil=True)

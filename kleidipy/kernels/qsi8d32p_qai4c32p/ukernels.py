@@ -138,7 +138,7 @@ class LhsQuantPackQsi8d32pscalef32F32Neon(LhsPacker):
         return np.concatenate([data.view(np.uint8), _bytes(params)], axis=-1).reshape(-1)
 
     def _jit(self, lhs: np.ndarray, mr: int, kr: int, sr: int, bl: int | None, row_offset: int) -> np.ndarray:
-        return _pack.lhs_quant_pack(writable(lhs), mr, kr // sr, row_offset)  # (jit.lhs_quant_pack's bytes)
+        return _pack.lhs_quant_pack(writable(lhs), mr, kr // sr, row_offset)  # (the reference's bytes)
 
 
 # --------------------------------------------------------------------------------------------- RHS

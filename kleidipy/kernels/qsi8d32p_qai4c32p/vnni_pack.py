@@ -1,5 +1,5 @@
-"""The vectorised ``lhs_quant_pack_qsi8d32pscalef32_f32_neon`` of the Q4_1 family (the same bytes as
-``jit.lhs_quant_pack``), used by the jit and by the compiled plan's MUL_MAT.
+"""The vectorised ``lhs_quant_pack_qsi8d32pscalef32_f32_neon`` of the Q4_1 family (the same bytes as the
+reference packer's), used by the jit and by the compiled plan's MUL_MAT.
 
 Per 32-block a row is read as two float32 vectors: amax, scale = f32(127/amax) (0 when amax is 0), recip =
 f32(1/scale), q = rint(f32(x·scale)) clamped to [−128, 127] (a NaN of 0·inf, where 127/amax overflowed, is 0), then
@@ -64,7 +64,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, fields, lay):  # pragma: no
 
 @numba.njit(cache=True, nogil=True)
 def lhs_pack_into(isa, lhs, mr, kbl, row_offset, out):  # pragma: no cover - compiled
-    """``jit.lhs_quant_pack`` (kbl a multiple of 4) of finite float32 rows lhs [m, k], vectorised, into ``out``
+    """The packer (kbl a multiple of 4) of finite float32 rows lhs [m, k], vectorised, into ``out``
     (at least the packed bytes: the compiled plan's scratch, no allocation); row i at position row_offset + i of
     its group, the other rows of a partial group zeroed."""
     m, k = lhs.shape
@@ -91,5 +91,5 @@ def lhs_pack(isa, lhs, mr, kbl, row_offset):  # pragma: no cover - compiled
 
 def lhs_quant_pack(lhs: np.ndarray, mr: int, kbl: int, row_offset: int = 0, isa: vnni.Isa = HOST_ISA) -> np.ndarray:
     """``kai_run_lhs_quant_pack_qsi8d32pscalef32_f32_neon`` of finite float32 rows lhs [m, k] with kbl (kr / sr)
-    values per chunk, 4, 8 or 16: the bytes of ``jit.lhs_quant_pack``. Releases the GIL."""
+    values per chunk, 4, 8 or 16: the reference packer's bytes. Releases the GIL."""
     return lhs_pack(isa, np.ascontiguousarray(lhs, dtype=np.float32), mr, kbl, row_offset)

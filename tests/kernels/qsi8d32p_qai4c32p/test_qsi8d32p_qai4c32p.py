@@ -21,7 +21,6 @@ from kleidipy.errors import (
     PackedLayoutMismatchError,
 )
 from kleidipy.kernels.catalogue import get_kernel, get_packer
-from kleidipy.kernels.qsi8d32p_qai4c32p import jit as q41_jit
 from kleidipy.kernels.qsi8d32p_qai4c32p import ukernels as fam
 from kleidipy.kernels.qsi8d32p_qai4c32p import vnni_pack as q41_pack
 from kleidipy.tools.golden import GoldenSet
@@ -235,7 +234,7 @@ def test_lhs_packer_rounds_ties_to_even_and_handles_subnormal_blocks():
 
 @pytest.mark.parametrize("isa", [vnni.PORTABLE, *([vnni.VNNI512] if vnni.HAS_AVX512_VNNI else [])], ids=str)
 def test_vectorised_lhs_packer_is_the_scalar_one(isa):
-    """``vnni_pack`` (the jit's and the compiled plan's packer): ``jit.lhs_quant_pack``'s bytes for every chunk
+    """``vnni_pack`` (the jit's and the compiled plan's packer): the reference packer's bytes for every chunk
     (kbl 4, 8, 16), mr and row offset, with exact ties, zero blocks, tiny blocks whose 127/amax overflows and
     subnormals, magnitudes from 1e-38 to 1e30."""
     rng = np.random.default_rng(41)
@@ -253,7 +252,7 @@ def test_vectorised_lhs_packer_is_the_scalar_one(isa):
         if m > 2:
             x[1, :32] = 0
             x[2, :32] = np.float32(1e-45) * rng.integers(-3, 4, 32)
-        want = q41_jit.lhs_quant_pack(x, mr, kbl, offset)
+        want = fam.LHS_PACKER.run(m, 32 * nb, mr, 2 * kbl, 2, x, bl=32, m_idx_start=offset, execution="reference")
         assert np.array_equal(q41_pack.lhs_quant_pack(x, mr, kbl, offset, isa), want), (m, nb, mr, kbl, offset)
 
 
