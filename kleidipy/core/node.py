@@ -201,6 +201,17 @@ def copy(src, dst):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def zero_partial_groups(out, rows, row_offset, mr, stride):  # pragma: no cover - compiled
+    """Zero the first and last of the row groups (``stride`` bytes each) of a packed LHS whose ``rows`` rows start at
+    position ``row_offset`` when either is partial, so that the rows no packed row covers hold the packers' zeros
+    (a packer writing into a scratch that is not zeroed)."""
+    if row_offset or (row_offset + rows) % mr:
+        groups = (row_offset + rows + mr - 1) // mr
+        out[:stride] = 0
+        out[(groups - 1) * stride : groups * stride] = 0
+
+
+@numba.njit(cache=True, nogil=True)
 def store_clamped(res, out, ld):  # pragma: no cover - compiled
     """res [m, n] clamped into the flat float32 rows ``out`` (row i at out[i·ld :])."""
     m, n = res.shape

@@ -407,6 +407,12 @@ def prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
     )
 
 
+def load_block(builder: ir.IRBuilder, row: ir.Value, blk: ir.Value) -> list[ir.Value]:
+    """The two f32x16 of 32-block blk of a float32 row at the i8* ``row`` (an LHS packer's input)."""
+    b = builder
+    return [load(b, byte_ptr(b, row, b.add(b.mul(blk, i64(128)), i64(64 * h))), F32X16) for h in (0, 1)]
+
+
 def block_amax(builder: ir.IRBuilder, x: list[ir.Value]) -> ir.Value:
     """max |x| over every lane of the finite f32x16 vectors x (an LHS packer's 32-block), as f32: the largest
     magnitude's bits (sign cleared) compared as unsigned integers."""

@@ -124,10 +124,8 @@ class ThreadChoice:
             return self.threads if self._cores_free() else 1
         if 1 not in self._cost:
             return 1
-        alone = self._cost[1] <= self.MARGIN * self._cost[self.threads]
-        best, other = (1, self.threads) if alone else (self.threads, 1)
+        best, other, every = self._ranked(self._cost)
         self._since_probe += 1
-        every = self.PROBE_EVERY * max(1.0, self._cost[other] / self._cost[best])
         if self._since_probe < every:  # once this run is recorded, the next up to the probe (at most UNTIMED) take
             self._pending = min(self.UNTIMED, math.ceil(every - self._since_probe) - 1)  # the same count untimed
             self._held = best
@@ -144,13 +142,19 @@ class ThreadChoice:
         for count in (self.threads, 1):
             if count not in self._busy_cost:
                 return count
-        cost = self._busy_cost
-        best, other = (1, self.threads) if cost[1] <= self.MARGIN * cost[self.threads] else (self.threads, 1)
+        best, other, every = self._ranked(self._busy_cost)
         self._busy_since_probe += 1
-        if self._busy_since_probe < self.PROBE_EVERY * max(1.0, cost[other] / cost[best]):
+        if self._busy_since_probe < every:
             return best
         self._busy_since_probe = 0
         return other
+
+    def _ranked(self, cost: dict[int, float]) -> tuple[int, int, float]:
+        """(the count to take, the other, picks between probes of the other) by the measured costs of both counts:
+        the caller alone only when it costs MARGIN of every worker's or less; the other probed every PROBE_EVERY
+        picks times the ratio of their costs."""
+        best, other = (1, self.threads) if cost[1] <= self.MARGIN * cost[self.threads] else (self.threads, 1)
+        return best, other, self.PROBE_EVERY * max(1.0, cost[other] / cost[best])
 
     def _cores_free(self) -> bool:
         """Whether no other process wants the cores of every worker now (or that cannot be read). A look that finds
@@ -166,11 +170,13 @@ class ThreadChoice:
     def record(self, m: int, threads: int, seconds: float) -> None:
         """A run of m tokens on ``threads`` threads took ``seconds``."""
         if m != 1 and self._busy:
-            old = self._busy_cost.get(threads)
-            per_row = seconds / m
-            self._busy_cost[threads] = per_row if old is None else (1 - self.NEW) * old + self.NEW * per_row
+            self._average(self._busy_cost, threads, seconds / m)
         if m == 1:
             self._hold, self._pending = self._pending, 0
             self._since_probe += self._hold
-            old = self._cost.get(threads)
-            self._cost[threads] = seconds if old is None else (1 - self.NEW) * old + self.NEW * seconds
+            self._average(self._cost, threads, seconds)
+
+    def _average(self, cost: dict[int, float], threads: int, value: float) -> None:
+        """Take a new measurement into the running cost of ``threads`` (weight NEW; the first is the cost)."""
+        old = cost.get(threads)
+        cost[threads] = value if old is None else (1 - self.NEW) * old + self.NEW * value

@@ -18,6 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
+from kleidipy.core.node import zero_partial_groups
 from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32X16, I64, i64
 from kleidipy.kernels.qsi8d32p_qai4c32p.jit import BL, LHS_BLOCK_BYTES
 
@@ -38,9 +39,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, fields, lay):  # pragma: no
         zero, low, high = ir.Constant(F32, 0.0), vnni.const_splat(F32X16, -128.0), vnni.const_splat(F32X16, 127.0)
         with cgutils.for_range(b, nb_v) as loop:
             blk = loop.index
-            x = [
-                vnni.load(b, vnni.byte_ptr(b, row_p, b.add(b.mul(blk, i64(128)), i64(64 * h))), F32X16) for h in (0, 1)
-            ]
+            x = vnni.load_block(b, row_p, blk)
             amax = vnni.block_amax(b, x)
             nonzero = b.fcmp_ordered("!=", amax, zero)
             scale = b.select(nonzero, b.fdiv(ir.Constant(F32, 127.0), amax), zero)
@@ -69,11 +68,8 @@ def lhs_pack_into(isa, lhs, mr, kbl, row_offset, out):  # pragma: no cover - com
     its group, the other rows of a partial group zeroed."""
     m, k = lhs.shape
     nb = k // BL
-    groups = (m + row_offset + mr - 1) // mr
     stride = mr * nb * LHS_BLOCK_BYTES
-    if (row_offset + m) % mr or row_offset:
-        out[:stride] = 0
-        out[(groups - 1) * stride : groups * stride] = 0
+    zero_partial_groups(out, m, row_offset, mr, stride)
     lay = np.array([mr * LHS_BLOCK_BYTES, kbl * mr, kbl // 4, 4 * mr], np.int64)
     for i in range(m):
         g, r = divmod(row_offset + i, mr)

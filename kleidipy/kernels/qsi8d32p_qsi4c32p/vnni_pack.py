@@ -19,6 +19,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kleidipy.core import vnni
+from kleidipy.core.node import copy, zero_partial_groups
 from kleidipy.core.vnni import F32, F32X16, HOST_ISA, I32X16, I64, i64
 from kleidipy.kernels.qsi8d32p_qsi4c32p import jit
 from kleidipy.kernels.qsi8d32p_qsi4c32p.vnni import VEC_COLS
@@ -44,9 +45,7 @@ def _quantize_row(typingctx, isa, row, nb, out, dst, lay, sf, sf_off, sf_step):
         overflow = cgutils.alloca_once_value(b, ir.Constant(I64, 0))
         with cgutils.for_range(b, nb_v) as loop:
             blk = loop.index
-            x = [
-                vnni.load(b, vnni.byte_ptr(b, row_p, b.add(b.mul(blk, i64(128)), i64(64 * h))), F32X16) for h in (0, 1)
-            ]
+            x = vnni.load_block(b, row_p, blk)
             amax = vnni.block_amax(b, x)
             scale = b.fdiv(amax, ir.Constant(F32, 127.0))
             nonzero = b.fcmp_ordered("!=", scale, ir.Constant(F32, 0.0))
@@ -86,17 +85,12 @@ def lhs_pack_into(isa, lhs, mr, kbl, row_offset, layout, ties_even, out):  # pra
     """:func:`lhs_pack` into ``out`` (at least its bytes: the compiled plan's scratch, no allocation of the packed
     size, whose fresh pages cost more than the packing); a last group's padding rows are zeroed."""
     if kbl % 4:  # chunks of 1 or 2 values split the 4-value K groups the vectors store: the portable packer
-        packed = jit.lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even != 0)
-        for i in range(packed.size):
-            out[i] = packed[i]
+        copy(jit.lhs_quant_pack_qsi8d32p(lhs, mr, kbl, row_offset, layout, ties_even != 0), out)
         return
     m, k = lhs.shape
     nb = k // 32
-    groups = (row_offset + m + mr - 1) // mr
     stride = mr * nb * 34
-    if (row_offset + m) % mr or row_offset:  # (a partial group: its other rows are the packer's zeros)
-        out[:stride] = 0
-        out[(groups - 1) * stride : groups * stride] = 0
+    zero_partial_groups(out, m, row_offset, mr, stride)
     vec = (nb + VEC_COLS - 1) // VEC_COLS
     sf = np.zeros(vec * VEC_COLS, np.float32)  # one row's block scales
     bits = np.empty(vec * VEC_COLS * 2, np.uint8)
